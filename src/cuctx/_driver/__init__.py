@@ -1,0 +1,97 @@
+"""The seam between cuctx and a driver.
+
+A backend's ``driver`` offers the functions of ``cuda.bindings.driver`` that cuctx uses, with
+the same names, arguments and return convention: a tuple whose first item is a ``CUresult``.
+For the ``cuda`` backend it *is* the ``cuda.bindings.driver`` module, so calls cost exactly
+what cuda.bindings costs; for ``sim`` it is a `SimDriver`. The layers above call
+``backend.driver.cuXxx(...)`` and translate failures into exceptions in one place
+(`cuctx._check`), so both backends raise the same exceptions for the same situations.
+
+A `Backend` also holds the per-backend state of the layers above (the context registry, the
+device objects, the per-thread shadow stacks), so objects of two backends never mix.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+from ..errors import BackendUnavailableError
+
+NAMES = ("auto", "cuda", "sim")
+
+
+@dataclass(eq=False)
+class Backend:
+    name: str
+    driver: object
+    reason: str
+    contexts: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary)
+    devices: dict = field(default_factory=dict)
+    tls: threading.local = field(default_factory=threading.local)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.reason}"
+
+    def __repr__(self) -> str:
+        return f"<cuctx backend {self}>"
+
+
+_lock = threading.Lock()
+_loaded: dict[str, Backend] = {}
+_active: Backend | None = None
+
+
+def active() -> Backend:
+    """The backend new objects use; chosen from CUCTX_BACKEND on first use."""
+    return _active or select(os.environ.get("CUCTX_BACKEND", "auto"))
+
+
+def select(name: str) -> Backend:
+    """Make ``name`` ("auto", "cuda" or "sim") the active backend and return it."""
+    global _active
+    if name not in NAMES:
+        raise ValueError(f"unknown cuctx backend {name!r}: choose one of {', '.join(NAMES)} "
+                         "(set CUCTX_BACKEND or call cuctx.set_backend)")
+    with _lock:
+        if name == "auto":
+            backend = _load_cuda(required=False) or _load_sim(_cuda_missing_reason)
+        elif name == "cuda":
+            backend = _load_cuda(required=True)
+        else:
+            backend = _load_sim("selected by CUCTX_BACKEND=sim or set_backend('sim')")
+        _active = backend
+        return backend
+
+
+_cuda_missing_reason = ""
+
+
+def _load_cuda(required: bool) -> Backend | None:
+    global _cuda_missing_reason
+    if "cuda" in _loaded:
+        return _loaded["cuda"]
+    from .cuda import probe
+    driver, reason = probe()
+    if driver is None:
+        _cuda_missing_reason = reason
+        if required:
+            raise BackendUnavailableError(
+                f"the cuda backend was asked for but cannot run here: {reason}. "
+                "Use CUCTX_BACKEND=sim (or auto) to run on the simulated GPU.")
+        return None
+    _loaded["cuda"] = Backend("cuda", driver, reason)
+    return _loaded["cuda"]
+
+
+def _load_sim(reason: str) -> Backend:
+    if "sim" not in _loaded:
+        from .sim import SimDriver
+        driver = SimDriver.from_env()
+        driver.cuInit(0)
+        _loaded["sim"] = Backend("sim", driver, reason)
+    _loaded["sim"].reason = reason
+    return _loaded["sim"]

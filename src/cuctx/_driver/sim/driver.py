@@ -1,0 +1,40 @@
+"""`SimDriver`: the virtual driver, composed from one mixin per concept.
+
+Mixins cooperate through a few hooks that `ContextModel` defines and later models override
+(always calling ``super()``): ``_synchronize_context`` (run queued work),
+``_release_context_resources`` (free what a destroyed/reset context owned) and
+``_device_bytes_in_use`` (for cuMemGetInfo).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from ._common import h100_spec
+from ._contexts import ContextModel
+from ._devices import DeviceQueries, SimDevice
+
+
+class SimDriver(
+    DeviceQueries,
+    ContextModel,
+):
+    def __init__(self, devices: int = 2):
+        if devices < 0:
+            raise ValueError(f"the sim needs a device count >= 0, got {devices}")
+        self._spec = h100_spec()
+        self._initialized = False
+        self._lock = threading.RLock()
+        self._tls = threading.local()
+        self._devices = [SimDevice(i, self._spec) for i in range(devices)]
+        self._init_contexts()
+
+    @classmethod
+    def from_env(cls) -> "SimDriver":
+        text = os.environ.get("CUCTX_SIM_DEVICES", "2")
+        try:
+            count = int(text)
+        except ValueError:
+            raise ValueError(f"CUCTX_SIM_DEVICES must be a whole number of devices, got {text!r}") from None
+        return cls(count)

@@ -1,0 +1,363 @@
+"""Contexts: primary and created ones, the per-thread context stack, lazy initialisation.
+
+The driver keeps the real stack; cuctx mirrors what it pushes in a per-thread *shadow*
+stack of `Context` objects. The shadow does two jobs: it keeps every context that cuctx made
+current alive while it is on a stack (so garbage collection never destroys a current
+context), and it lets ``with ctx:`` restore the exact previous stack on exit even when the
+block pushed more and did not pop.
+
+A `Context` is in one of three states. ``active``; ``destroyed`` (by `destroy`, by
+`Device.reset` for a primary context, or seen destroyed by the driver); ``poisoned`` (a
+sticky fault happened in it). Every operation checks the state first, because handing the
+driver a destroyed context can abort the process (pushing one corrupts the heap on driver
+580) and a poisoned one only answers with the old fault.
+"""
+
+from __future__ import annotations
+
+import enum
+import weakref
+from typing import TYPE_CHECKING, NoReturn
+
+from cuda.bindings.driver import CUctx_flags
+
+from . import _driver
+from .errors import (STICKY_CODES, ContextDestroyedError, ContextPoisonedError, CudaError,
+                     InvalidContextError, error_for)
+
+if TYPE_CHECKING:
+    from .device import Device
+
+ACTIVE, DESTROYED, POISONED = "active", "destroyed", "poisoned"
+
+ContextFlags = enum.IntFlag("ContextFlags", {
+    flag.name.removeprefix("CU_CTX_"): int(flag) for flag in CUctx_flags
+    if flag.name not in ("CU_CTX_SCHED_MASK", "CU_CTX_FLAGS_MASK", "CU_CTX_BLOCKING_SYNC")
+})
+ContextFlags.__doc__ = "Context creation flags, generated from the driver's CUctx_flags."
+ContextFlags.__module__ = __name__
+
+
+def fail(backend: _driver.Backend, err, operation: str, ctx: Context | None = None,
+         hint: str = "") -> NoReturn:
+    """Raise the exception for a failed driver call, poisoning the context on a sticky fault.
+
+    ``ctx`` is the context the call worked in; without one the thread's current context is
+    taken, which is where the driver reports sticky faults.
+    """
+    code = int(err)
+    status, text = backend.driver.cuGetErrorString(err)
+    exc = error_for(code, operation, text.decode() if not status and text else "", hint)
+    if code in STICKY_CODES:
+        ctx = ctx or _registered_current(backend)
+        if ctx is not None:
+            ctx._poison(exc)
+    elif code == 709 and ctx is not None:
+        ctx._state = DESTROYED
+    raise exc
+
+
+def call(backend: _driver.Backend, operation: str, *args, ctx: Context | None = None):
+    """Call a driver function by name; return its results (one value, a tuple, or None)."""
+    result = getattr(backend.driver, operation)(*args)
+    if result[0]:
+        fail(backend, result[0], operation, ctx)
+    return result[1] if len(result) == 2 else (result[1:] or None)
+
+
+def _shadow(backend: _driver.Backend) -> list[Context]:
+    try:
+        return backend.tls.stack
+    except AttributeError:
+        backend.tls.stack = []
+        backend.tls.blocks = []
+        return backend.tls.stack
+
+
+def _blocks(backend: _driver.Backend) -> list[int]:
+    """The shadow depth at the entry of each open ``with`` block of this thread."""
+    _shadow(backend)
+    return backend.tls.blocks
+
+
+def exit_block(backend: _driver.Backend) -> None:
+    """Leave the innermost ``with ctx:`` / ``with device:`` block of this thread: pop what
+    the block pushed and left, then its own entry, so the stack is exactly as before."""
+    depth = backend.tls.blocks.pop()
+    stack = backend.tls.stack
+    pop = backend.driver.cuCtxPopCurrent
+    while len(stack) > depth:
+        err, _ = pop()
+        if err:
+            fail(backend, err, "cuCtxPopCurrent",
+                 hint="the context stack was popped past a `with` block by other code")
+        stack.pop()
+
+
+class Context:
+    """A CUDA context: the primary context of a device, one made by `Context.create`, or
+    one made by another library and found current (``kind`` says which).
+
+    ``with ctx:`` pushes it on this thread's context stack and restores the exact previous
+    stack on exit. Objects made in a context hold a reference to it, so it lives as long as
+    they do; a created context is destroyed when `destroy` is called or when the last
+    reference goes, a primary context released.
+    """
+
+    __slots__ = ("_backend", "_handle", "_key", "_device", "kind", "_state", "_fault",
+                 "_why_destroyed", "_finalizer", "__weakref__")
+
+    def __init__(self) -> None:
+        raise TypeError("make contexts with Context.create(device), device.primary_context "
+                        "or cuctx.current_context()")
+
+    @classmethod
+    def _wrap(cls, backend, handle, device, kind: str, finalizer=None) -> Context:
+        ctx = object.__new__(cls)
+        ctx._backend = backend
+        ctx._handle = handle
+        ctx._key = int(handle)
+        ctx._device = device
+        ctx.kind = kind
+        ctx._state = ACTIVE
+        ctx._fault = None
+        ctx._why_destroyed = ""
+        ctx._finalizer = weakref.finalize(ctx, *finalizer) if finalizer else None
+        if ctx._finalizer is not None:
+            ctx._finalizer.atexit = False  # the driver tears everything down at exit anyway
+        backend.contexts[ctx._key] = ctx
+        return ctx
+
+    # -- making contexts ------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, device: Device | int | None = None, flags: ContextFlags | int = 0) -> Context:
+        """Create a context on ``device`` and push it on this thread's stack (as
+        cuCtxCreate does). Destroy it with `destroy`, or let it go out of scope."""
+        from .device import Device
+        device = current_device() if device is None else Device(device)
+        if not isinstance(flags, int) or isinstance(flags, bool):
+            raise TypeError(f"flags must be ContextFlags or an int, not {type(flags).__name__}")
+        backend = device._backend
+        drv = backend.driver
+        err, handle = drv.cuCtxCreate(None, int(flags), device._handle)
+        if err:
+            fail(backend, err, "cuCtxCreate",
+                 hint=f"flags={int(flags):#x}; valid flags are ContextFlags members"
+                 if int(err) == 1 else "")
+        ctx = cls._wrap(backend, handle, device, "created", (drv.cuCtxDestroy, handle))
+        _shadow(backend).append(ctx)
+        return ctx
+
+    def destroy(self) -> None:
+        """Destroy a created context. Every object bound to it becomes unusable: using one
+        raises `ContextDestroyedError`. Other threads that have it current get the same."""
+        if self.kind != "created":
+            raise InvalidContextError(
+                201, "Context.destroy", "",
+                f"{self!r} was not created by Context.create; primary contexts are released "
+                "when unreferenced, or reset with device.reset()")
+        if self._state == DESTROYED:
+            raise ContextDestroyedError(operation="Context.destroy",
+                                        hint=f"{self!r} was already destroyed")
+        self._finalizer.detach()
+        err, = self._backend.driver.cuCtxDestroy(self._handle)
+        self._mark_destroyed("by Context.destroy")
+        if err and int(err) != 709:
+            fail(self._backend, err, "cuCtxDestroy", self)
+        stack = _shadow(self._backend)
+        if stack and stack[-1] is self:  # the driver pops it when it is current here
+            stack.pop()
+
+    # -- state ----------------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        """``"active"``, ``"destroyed"`` or ``"poisoned"``."""
+        return self._state
+
+    @property
+    def fault(self) -> CudaError | None:
+        """The sticky fault that poisoned this context, if one did."""
+        return self._fault
+
+    def _mark_destroyed(self, why: str) -> None:
+        self._state = DESTROYED
+        self._why_destroyed = why
+
+    def _poison(self, fault: CudaError) -> None:
+        if self._state == ACTIVE:
+            self._state = POISONED
+            self._fault = fault
+
+    def _unusable(self, operation: str) -> CudaError:
+        if self._state == POISONED:
+            return ContextPoisonedError(self._fault, operation)
+        return ContextDestroyedError(
+            operation=operation,
+            hint=f"{self!r} was destroyed {self._why_destroyed}; objects bound to it cannot "
+                 "be used any more".replace("  ", " "))
+
+    def _check(self, operation: str) -> None:
+        if self._state is not ACTIVE:
+            raise self._unusable(operation)
+
+    # -- the stack ------------------------------------------------------------------------
+
+    def push(self) -> None:
+        """Push this context on the calling thread's context stack."""
+        if self._state is not ACTIVE:
+            raise self._unusable("Context.push")
+        err, = self._backend.driver.cuCtxPushCurrent(self._handle)
+        if err:
+            fail(self._backend, err, "cuCtxPushCurrent", self)
+        _shadow(self._backend).append(self)
+
+    @staticmethod
+    def pop() -> Context:
+        """Pop the calling thread's current context and return it."""
+        backend = _driver.active()
+        err, handle = backend.driver.cuCtxPopCurrent()
+        if err:
+            fail(backend, err, "cuCtxPopCurrent",
+                 hint="the context stack of this thread is empty" if int(err) == 201 else "")
+        stack = _shadow(backend)
+        if stack and stack[-1]._key == int(handle):
+            return stack.pop()
+        return _object_for(backend, handle)
+
+    def set_current(self) -> None:
+        """Replace the top of this thread's stack with this context (push if empty)."""
+        self._check("Context.set_current")
+        err, = self._backend.driver.cuCtxSetCurrent(self._handle)
+        if err:
+            fail(self._backend, err, "cuCtxSetCurrent", self)
+        stack = _shadow(self._backend)
+        if stack:
+            stack[-1] = self
+        else:
+            stack.append(self)
+
+    def __enter__(self) -> Context:
+        stack = _shadow(self._backend)
+        depth = len(stack)
+        self.push()
+        _blocks(self._backend).append(depth)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        exit_block(self._backend)
+
+    def _activated(self, operation: str) -> _Activated:
+        """Make this context current for one internal call, without touching the shadow."""
+        self._check(operation)
+        return _Activated(self)
+
+    # -- queries --------------------------------------------------------------------------
+
+    @property
+    def device(self) -> Device:
+        if self._device is None:
+            self._device = _device_of(self._backend, self._handle)
+        return self._device
+
+    @property
+    def handle(self) -> int:
+        """The CUcontext as an integer, for other libraries."""
+        return self._key
+
+    @property
+    def api_version(self) -> int:
+        self._check("Context.api_version")
+        return call(self._backend, "cuCtxGetApiVersion", self._handle, ctx=self)
+
+    @property
+    def flags(self) -> ContextFlags:
+        with self._activated("Context.flags"):
+            return ContextFlags(call(self._backend, "cuCtxGetFlags", ctx=self))
+
+    def synchronize(self) -> None:
+        """Wait for all work in this context; raises the fault if a kernel in it failed."""
+        with self._activated("Context.synchronize"):
+            err, = self._backend.driver.cuCtxSynchronize()
+        if err:
+            fail(self._backend, err, "cuCtxSynchronize", self)
+
+    def __repr__(self) -> str:
+        where = f"device {self._device.ordinal}" if self._device is not None else "device ?"
+        return f"<Context {self.kind} {where} {self._key:#x} {self._state}>"
+
+
+class _Activated:
+    __slots__ = ("_ctx",)
+
+    def __init__(self, ctx: Context):
+        self._ctx = ctx
+
+    def __enter__(self):
+        ctx = self._ctx
+        err, = ctx._backend.driver.cuCtxPushCurrent(ctx._handle)
+        if err:
+            fail(ctx._backend, err, "cuCtxPushCurrent", ctx)
+
+    def __exit__(self, *exc_info):
+        self._ctx._backend.driver.cuCtxPopCurrent()
+
+
+def _device_of(backend, handle) -> Device:
+    from .device import Device
+    drv = backend.driver
+    err, = drv.cuCtxPushCurrent(handle)
+    if err:
+        fail(backend, err, "cuCtxPushCurrent")
+    err, dev = drv.cuCtxGetDevice()
+    drv.cuCtxPopCurrent()
+    if err:
+        fail(backend, err, "cuCtxGetDevice")
+    with backend.lock:
+        return Device._for_backend(backend, int(dev))
+
+
+def _object_for(backend: _driver.Backend, handle) -> Context:
+    """The Context object of a handle the driver returned; adopts contexts cuctx did not make
+    (another library's), recognising a device's primary context as such."""
+    ctx = backend.contexts.get(int(handle))
+    if ctx is not None:
+        return ctx
+    device = _device_of(backend, handle)
+    primary = device.primary_context  # retains it: as long as we hold it, it stays alive
+    if primary._key == int(handle):
+        return primary
+    return Context._wrap(backend, handle, device, "foreign")
+
+
+def _registered_current(backend: _driver.Backend) -> Context | None:
+    err, handle = backend.driver.cuCtxGetCurrent()
+    return None if err else backend.contexts.get(int(handle))
+
+
+def current_context() -> Context | None:
+    """The calling thread's current context, or None when its stack is empty."""
+    backend = _driver.active()
+    err, handle = backend.driver.cuCtxGetCurrent()
+    if err:
+        fail(backend, err, "cuCtxGetCurrent")
+    return _object_for(backend, handle) if int(handle) else None
+
+
+def current_device() -> Device:
+    """The device of the current context; device 0 when no context is current."""
+    from .device import Device
+    ctx = current_context()
+    return ctx.device if ctx is not None else Device(0)
+
+
+def ensure_context() -> Context:
+    """The current context, initialising lazily as the runtime API does: with none
+    current, the primary context of device 0 becomes current and stays retained."""
+    ctx = current_context()
+    if ctx is None:
+        from .device import Device
+        ctx = Device(0).set_current()
+    return ctx
+

@@ -1,0 +1,126 @@
+"""The CudaError family.
+
+Every failure of a driver call becomes a `CudaError` that carries the driver's numeric code,
+its name, the driver's message and the operation that failed, whichever backend produced
+it. Subclasses exist for the cases users catch; they also derive from the matching Python
+builtin (``InvalidValueError`` is a ``ValueError``) so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+from cuda.bindings.driver import CUresult
+
+# The faults after which the driver refuses all further work in the context (the CUDA
+# programming guide's "sticky" errors): illegal address, hardware stack error, assert,
+# illegal instruction, misaligned address, invalid address space, invalid PC, launch failed,
+# cooperative launch too large is *not* sticky, so it is absent.
+STICKY_CODES = frozenset({700, 702, 710, 714, 715, 716, 717, 718, 719})
+
+
+def error_name(code: int) -> str:
+    try:
+        return CUresult(code).name
+    except ValueError:
+        return f"CUDA_ERROR_{code}"
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed.
+
+    ``code`` is the driver's CUresult value, ``name`` its symbolic name, ``message`` the
+    driver's description and ``operation`` the call (or cuctx operation) that failed.
+    """
+
+    def __init__(self, code: int, operation: str, message: str = "", hint: str = ""):
+        self.code = int(code)
+        self.name = error_name(self.code)
+        self.message = message
+        self.operation = operation
+        self.hint = hint
+        super().__init__(str(self))
+
+    @property
+    def sticky(self) -> bool:
+        """True for faults that leave the context unusable."""
+        return self.code in STICKY_CODES
+
+    def __str__(self) -> str:
+        text = f"{self.operation} failed: {self.name} ({self.code})"
+        if self.message:
+            text += f": {self.message}"
+        if self.hint:
+            text += f"; {self.hint}"
+        return text
+
+    def __reduce__(self):
+        return (type(self), (self.code, self.operation, self.message, self.hint))
+
+
+class InvalidValueError(CudaError, ValueError):
+    """The driver rejected an argument (CUDA_ERROR_INVALID_VALUE)."""
+
+
+class OutOfMemoryError(CudaError, MemoryError):
+    """An allocation did not fit (CUDA_ERROR_OUT_OF_MEMORY)."""
+
+
+class NotSupportedError(CudaError):
+    """The device or driver does not support the operation (CUDA_ERROR_NOT_SUPPORTED)."""
+
+
+class InvalidDeviceError(CudaError, ValueError):
+    """No device has that ordinal (CUDA_ERROR_INVALID_DEVICE)."""
+
+
+class InvalidContextError(CudaError):
+    """No usable context for the call: none current, or the stack is empty."""
+
+
+class ContextDestroyedError(CudaError):
+    """The context, or the context an object belongs to, was destroyed or reset."""
+
+    def __init__(self, code: int = 709, operation: str = "", message: str = "", hint: str = ""):
+        super().__init__(code, operation, message or "context is destroyed", hint)
+
+
+class StickyFaultError(CudaError):
+    """A sticky fault (illegal address, trap, assert, ...): the context is now poisoned."""
+
+
+class ContextPoisonedError(CudaError):
+    """The context saw a sticky fault earlier; it refuses all further work.
+
+    ``fault`` is the original `StickyFaultError`. Destroy the context (or reset the device
+    for a primary context) and start again; other contexts are not affected by cuctx.
+    """
+
+    def __init__(self, fault: CudaError, operation: str):
+        self.fault = fault
+        super().__init__(
+            fault.code, operation, fault.message,
+            f"the context was poisoned by an earlier {fault.name} in {fault.operation}; "
+            "destroy it (or reset the device) and create a new one",
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.fault, self.operation))
+
+
+class BackendUnavailableError(RuntimeError):
+    """The backend asked for (CUCTX_BACKEND or set_backend) cannot run on this machine."""
+
+
+_CLASS_FOR_CODE: dict[int, type[CudaError]] = {
+    1: InvalidValueError,
+    2: OutOfMemoryError,
+    101: InvalidDeviceError,
+    201: InvalidContextError,
+    709: ContextDestroyedError,
+    801: NotSupportedError,
+    **{code: StickyFaultError for code in STICKY_CODES},
+}
+
+
+def error_for(code: int, operation: str, message: str = "", hint: str = "") -> CudaError:
+    """The exception of the right class for a driver result code."""
+    return _CLASS_FOR_CODE.get(int(code), CudaError)(int(code), operation, message, hint)

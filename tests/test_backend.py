@@ -1,0 +1,59 @@
+"""Backend selection: CUCTX_BACKEND, the reason cuctx gives, and clear errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import cuctx
+from cuctx import _driver
+
+from conftest import CUDA_REASON, HAVE_GPU
+
+
+def run_python(code: str, **env) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CUCTX_")}
+    environ.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=environ, timeout=120)
+
+
+def test_auto_says_which_backend_and_why():
+    proc = run_python("import cuctx; b = cuctx.backend(); print(b.name); print(b)")
+    assert proc.returncode == 0, proc.stderr
+    name, text = proc.stdout.splitlines()
+    assert name == ("cuda" if HAVE_GPU else "sim")
+    if HAVE_GPU:
+        assert text.startswith("cuda: NVIDIA driver ")
+    else:
+        assert text.startswith("sim: no NVIDIA driver found")
+
+
+def test_unknown_backend_name_is_a_clear_error():
+    proc = run_python("import cuctx; cuctx.Device(0)", CUCTX_BACKEND="opencl")
+    assert proc.returncode != 0
+    assert "unknown cuctx backend 'opencl'" in proc.stderr and "auto, cuda, sim" in proc.stderr
+    with pytest.raises(ValueError, match="choose one of"):
+        cuctx.set_backend("gpu")
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="this machine has a GPU, so the cuda backend is available")
+def test_asking_for_cuda_without_a_driver_is_a_clear_error():
+    with pytest.raises(cuctx.BackendUnavailableError, match="CUCTX_BACKEND=sim"):
+        _driver.select("cuda")
+
+
+def test_sim_device_count_comes_from_the_environment():
+    code = "import cuctx; print(len(cuctx.devices()))"
+    assert run_python(code, CUCTX_BACKEND="sim").stdout.strip() == "2"
+    assert run_python(code, CUCTX_BACKEND="sim", CUCTX_SIM_DEVICES="3").stdout.strip() == "3"
+    bad = run_python(code, CUCTX_BACKEND="sim", CUCTX_SIM_DEVICES="two")
+    assert bad.returncode != 0 and "CUCTX_SIM_DEVICES must be a whole number" in bad.stderr
+
+
+def test_objects_keep_the_backend_they_were_made_on(sim):
+    device = cuctx.Device(0)
+    assert device._backend is sim
+    assert cuctx.backend() is sim

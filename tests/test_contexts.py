@@ -1,0 +1,248 @@
+"""Contexts on every backend: primary refcounts, created contexts, the per-thread stack,
+lazy initialisation, and use after destroy."""
+
+import gc
+import threading
+
+import pytest
+
+import cuctx
+from cuctx import Context, ContextDestroyedError, InvalidContextError
+
+
+def primary_active(device) -> bool:
+    err, flags, active = device._backend.driver.cuDevicePrimaryCtxGetState(device._handle)
+    assert not err
+    return bool(active)
+
+
+def in_thread(fn):
+    """Run fn in a new thread; return its result or raise its exception here."""
+    box = {}
+
+    def target():
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            box["error"] = exc
+    t = threading.Thread(target=target)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+# -- primary contexts ---------------------------------------------------------------------
+
+def test_primary_context_is_retained_while_referenced(backend):
+    device = cuctx.Device(0)
+    ctx = device.primary_context
+    assert ctx.kind == "primary" and ctx.device is device and ctx.state == "active"
+    assert device.primary_context is ctx
+    assert primary_active(device)
+    del ctx
+    gc.collect()
+    assert not primary_active(device)  # the last reference released it
+    again = device.primary_context
+    assert primary_active(device) and again.state == "active"
+
+
+def test_with_device_pushes_its_primary_context(backend):
+    device = cuctx.devices()[-1]
+    assert cuctx.current_context() is None
+    with device as ctx:
+        assert cuctx.current_context() is ctx is device.primary_context
+        assert cuctx.current_device() is device
+    assert cuctx.current_context() is None
+
+
+def test_reset_invalidates_objects_of_the_primary_context(backend):
+    device = cuctx.Device(0)
+    old = device.primary_context
+    device.reset()
+    assert old.state == "destroyed"
+    with pytest.raises(ContextDestroyedError, match=r"destroyed by device\.reset\(\)"):
+        old.synchronize()
+    new = device.primary_context
+    assert new is not old and new.state == "active"
+    new.synchronize()
+
+
+# -- created contexts ---------------------------------------------------------------------
+
+def test_create_pushes_and_destroy_pops(backend):
+    ctx = Context.create(cuctx.Device(0))
+    try:
+        assert ctx.kind == "created" and cuctx.current_context() is ctx
+        assert ctx.api_version >= 3020
+        assert ctx.flags == cuctx.ContextFlags.SCHED_AUTO
+        ctx.synchronize()
+    finally:
+        ctx.destroy()
+    assert ctx.state == "destroyed" and cuctx.current_context() is None
+
+
+def test_create_with_flags(backend):
+    flags = cuctx.ContextFlags.SCHED_BLOCKING_SYNC | cuctx.ContextFlags.MAP_HOST
+    ctx = Context.create(0, flags=flags)
+    try:
+        assert ctx.flags & cuctx.ContextFlags.SCHED_BLOCKING_SYNC
+    finally:
+        ctx.destroy()
+
+
+def test_bad_flags_are_rejected_by_the_driver_rules(backend):
+    with pytest.raises(cuctx.InvalidValueError, match="flags=0x10000"):
+        Context.create(0, flags=0x10000)
+    with pytest.raises(TypeError, match="flags must be ContextFlags or an int"):
+        Context.create(0, flags="MAP_HOST")
+    assert cuctx.current_context() is None
+
+
+@pytest.mark.parametrize("use", [
+    lambda c: c.synchronize(), lambda c: c.push(), lambda c: c.set_current(),
+    lambda c: c.api_version, lambda c: c.flags, lambda c: c.__enter__(), lambda c: c.destroy(),
+])
+def test_use_after_destroy_raises_context_destroyed(backend, use):
+    ctx = Context.create(0)
+    ctx.destroy()
+    with pytest.raises(ContextDestroyedError) as info:
+        use(ctx)
+    assert info.value.code == 709 and "destroyed" in str(info.value)
+    assert cuctx.current_context() is None
+
+
+def test_destroy_of_a_primary_context_is_refused(backend):
+    ctx = cuctx.Device(0).primary_context
+    with pytest.raises(InvalidContextError, match="device.reset"):
+        ctx.destroy()
+    assert ctx.state == "active"
+
+
+def test_a_dropped_created_context_is_destroyed(backend):
+    ctx = Context.create(0)
+    Context.pop()
+    finalizer = ctx._finalizer
+    del ctx
+    gc.collect()
+    assert not finalizer.alive
+
+
+def test_context_destroyed_by_another_thread(backend):
+    ctx = Context.create(0)  # current here
+    in_thread(ctx.destroy)
+    assert ctx.state == "destroyed"
+    assert cuctx.current_context() is ctx  # the driver keeps it on this thread's stack
+    with pytest.raises(ContextDestroyedError):
+        ctx.synchronize()
+    with pytest.raises(ContextDestroyedError):
+        cuctx.ensure_context().synchronize()
+    assert Context.pop() is ctx
+    assert cuctx.current_context() is None
+
+
+# -- the stack ----------------------------------------------------------------------------
+
+def test_pop_on_an_empty_stack(backend):
+    with pytest.raises(InvalidContextError, match="stack of this thread is empty") as info:
+        Context.pop()
+    assert info.value.code == 201
+
+
+def test_push_pop_order(backend):
+    a = Context.create(0)
+    b = Context.create(0)
+    try:
+        assert [Context.pop(), Context.pop()] == [b, a]
+        a.push(); b.push(); a.push()
+        assert cuctx.current_context() is a
+        assert [Context.pop(), Context.pop(), Context.pop()] == [a, b, a]
+        assert cuctx.current_context() is None
+    finally:
+        a.destroy()
+        b.destroy()
+
+
+def test_set_current_replaces_the_top(backend):
+    a, b = Context.create(0), Context.create(0)
+    try:
+        b.set_current()  # stack: a, b -> a, b(replaced top b by b)
+        a.set_current()  # stack: a, a
+        assert Context.pop() is a and Context.pop() is a
+        b.set_current()  # empty stack: set_current pushes
+        assert Context.pop() is b and cuctx.current_context() is None
+    finally:
+        a.destroy()
+        b.destroy()
+
+
+def test_with_restores_the_exact_stack_when_nested_and_on_exceptions(backend):
+    a = Context.create(0)
+    b = Context.create(0)
+    c = Context.create(0)
+    Context.pop(); Context.pop()  # stack: a
+    try:
+        with b:
+            with pytest.raises(KeyError):
+                with c:
+                    assert cuctx.current_context() is c
+                    b.push()  # left pushed on purpose
+                    raise KeyError
+            assert cuctx.current_context() is b
+            with cuctx.Device(0) as primary:
+                assert cuctx.current_context() is primary
+                c.set_current()
+            assert cuctx.current_context() is b
+        assert cuctx.current_context() is a
+        assert Context.pop() is a
+        assert cuctx.current_context() is None
+    finally:
+        for ctx in (a, b, c):
+            ctx.destroy()
+
+
+def test_contexts_on_a_stack_stay_alive(backend):
+    Context.create(0)  # no reference kept: the stack holds it
+    gc.collect()
+    ctx = cuctx.current_context()
+    assert ctx.state == "active"
+    ctx.synchronize()
+    Context.pop().destroy()
+
+
+# -- lazy initialisation and the current device ---------------------------------------------
+
+def test_lazy_init_uses_device_0s_primary_context(backend):
+    def fresh_thread():
+        assert cuctx.current_context() is None
+        assert cuctx.current_device() is cuctx.Device(0)
+        ctx = cuctx.ensure_context()
+        assert ctx is cuctx.Device(0).primary_context is cuctx.current_context()
+        Context.pop()
+        return ctx
+    assert in_thread(fresh_thread).kind == "primary"
+
+
+def test_set_current_device_then_lazy_init_uses_it(backend):
+    last = cuctx.devices()[-1]
+
+    def fresh_thread():
+        last.set_current()
+        assert cuctx.current_device() is last
+        assert cuctx.ensure_context() is last.primary_context
+        Context.pop()
+    in_thread(fresh_thread)
+
+
+def test_foreign_context_is_adopted(backend):
+    drv = backend.driver
+    err, handle = drv.cuCtxCreate(None, 0, cuctx.Device(0)._handle)  # another library's
+    assert not err
+    try:
+        ctx = cuctx.current_context()
+        assert ctx.kind == "foreign" and ctx.device is cuctx.Device(0)
+        assert cuctx.current_context() is ctx
+    finally:
+        drv.cuCtxPopCurrent()
+        drv.cuCtxDestroy(handle)
