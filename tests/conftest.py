@@ -7,6 +7,8 @@ stack as it found it: a test that leaks a pushed context fails.
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 import cuctx
@@ -45,6 +47,9 @@ def backend(request):
         while b.driver.cuCtxPopCurrent()[0] == 0:
             leaked += 1
     b.tls.__dict__.clear()
+    for device in b.devices.values():  # what Device.set_current retained, as cudaSetDevice does
+        device._runtime_primary = None
+    gc.collect()
     assert leaked == 0 and (before == 0 or _current(b) == before), \
         f"the test left {leaked} context(s) pushed on this thread's stack"
 

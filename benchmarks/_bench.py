@@ -1,0 +1,42 @@
+"""What every benchmark shares: a timer that takes the best of several rounds, and one
+output format, so scripts/gpu-check's log reads the same for all of them.
+
+Each benchmark measures cuctx and its baselines in the same process, interleaved round by
+round, and prints ``ratio = cuctx / baseline``: lower is better for costs, higher for
+bandwidths. No benchmark asserts anything about time; machines are noisy.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+
+def best_time(fn: Callable[[], object], *, inner: int, rounds: int = 7) -> float:
+    """Seconds per call of ``fn``: the best round of ``rounds``, each ``inner`` calls."""
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        best = min(best, (time.perf_counter() - start) / inner)
+    return best
+
+
+def compare(title: str, candidates: dict[str, Callable[[], float]], *, unit: str,
+            reference: str = "cuctx", higher_is_better: bool = False, rounds: int = 5) -> dict[str, float]:
+    """Measure every candidate (each returns one measurement in ``unit``) ``rounds`` times,
+    interleaved so drift hits all alike; keep each one's best; print values and ratios."""
+    best: dict[str, float] = {}
+    pick = max if higher_is_better else min
+    for _ in range(rounds):
+        for name, measure in candidates.items():
+            value = measure()
+            best[name] = value if name not in best else pick(best[name], value)
+    print(f"\n== {title} ({'higher' if higher_is_better else 'lower'} is better)")
+    for name, value in best.items():
+        line = f"  {name:<22} {value:10.3f} {unit}"
+        if name != reference and reference in best:
+            line += f"   {reference}/{name} = {best[reference] / value:.3f}"
+        print(line)
+    return best
