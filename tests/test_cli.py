@@ -42,3 +42,13 @@ def test_info_table_names_backend_and_devices(name):
 def test_unknown_command_fails_with_usage():
     proc = cli("frobnicate", backend="sim")
     assert proc.returncode == 2 and "usage:" in proc.stderr
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_demo_runs_every_example(name):
+    proc = cli("demo", backend=name)
+    assert proc.returncode == 0, proc.stderr
+    assert "using a destroyed context: ContextDestroyedError" in proc.stdout
+    assert "stack empty again: current = None" in proc.stdout
+    bad = cli("demo", "nope", backend=name)
+    assert bad.returncode == 2 and "no example named nope" in bad.stderr

@@ -1,12 +1,15 @@
-"""``python -m cuctx info [--json]``: the backend, the driver and each device."""
+"""``python -m cuctx info [--json]``: the backend, the driver and each device.
+``python -m cuctx demo [NAME...]``: run the seeds' examples written with cuctx."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 
 import cuctx
+from cuctx.examples import EXAMPLES
 
 _KEY_PROPERTIES = ("multiprocessor_count", "max_threads_per_block", "max_shared_memory_per_block_optin",
                    "l2_cache_size", "clock_rate", "memory_clock_rate", "global_memory_bus_width",
@@ -53,10 +56,21 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="show the backend, the driver and each device")
     info.add_argument("--json", action="store_true", help="print JSON for scripts")
+    demo = sub.add_parser("demo", help="run the examples (the seeds' programs, with cuctx)")
+    demo.add_argument("names", nargs="*", metavar="NAME",
+                      help=f"which examples (default: all of {', '.join(EXAMPLES)})")
     args = parser.parse_args(argv)
+    unknown = [n for n in getattr(args, "names", []) if n not in EXAMPLES]
+    if unknown:
+        parser.error(f"no example named {', '.join(unknown)}; choose from {', '.join(EXAMPLES)}")
     if args.command == "info":
         data = describe()
         print(json.dumps(data, indent=2) if args.json else render(data))
+    else:
+        print(f"cuctx {cuctx.__version__} on {cuctx.backend()}")
+        for name in args.names or EXAMPLES:
+            print(f"\n== {name}")
+            importlib.import_module(f"cuctx.examples.{name}").main()
     return 0
 
 
