@@ -83,11 +83,11 @@ def _blocks(backend: _driver.Backend) -> list[int]:
 def exit_block(backend: _driver.Backend) -> None:
     """Leave the innermost ``with ctx:`` / ``with device:`` block of this thread: pop what
     the block pushed and left, then its own entry, so the stack is exactly as before."""
-    depth = backend.tls.blocks.pop()
-    stack = backend.tls.stack
-    pop = backend.driver.cuCtxPopCurrent
+    tls = backend.tls
+    depth = tls.blocks.pop()
+    stack = tls.stack
     while len(stack) > depth:
-        err, _ = pop()
+        err, _ = backend.driver.cuCtxPopCurrent()
         if err:
             fail(backend, err, "cuCtxPopCurrent",
                  hint="the context stack was popped past a `with` block by other code")
@@ -239,10 +239,16 @@ class Context:
             stack.append(self)
 
     def __enter__(self) -> Context:
-        stack = _shadow(self._backend)
-        depth = len(stack)
-        self.push()
-        _blocks(self._backend).append(depth)
+        # push() inlined: this pair is on hot paths and benchmarked against raw push/pop.
+        if self._state is not ACTIVE:
+            raise self._unusable("Context.__enter__")
+        backend = self._backend
+        err, = backend.driver.cuCtxPushCurrent(self._handle)
+        if err:
+            fail(backend, err, "cuCtxPushCurrent", self)
+        stack = _shadow(backend)
+        backend.tls.blocks.append(len(stack))
+        stack.append(self)
         return self
 
     def __exit__(self, *exc_info) -> None:
