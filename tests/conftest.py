@@ -13,6 +13,7 @@ import pytest
 
 import cuctx
 from cuctx import _driver
+from cuctx._driver import ThreadState
 from cuctx._driver.cuda import probe
 
 _cuda_driver, CUDA_REASON = probe()
@@ -46,7 +47,7 @@ def backend(request):
     if before == 0:  # empty the stack again, counting what the test left on it
         while b.driver.cuCtxPopCurrent()[0] == 0:
             leaked += 1
-    b.tls.__dict__.clear()
+    b.tls.state = ThreadState()  # a fresh per-thread state for the next test
     for device in b.devices.values():  # what Device.set_current retained, as cudaSetDevice does
         device._runtime_primary = None
     gc.collect()

@@ -9,6 +9,10 @@ from .device import ComputeCapability, Device, DeviceProperties, MemInfo, device
 from .errors import (BackendUnavailableError, ContextDestroyedError, ContextPoisonedError,
                      CudaError, InvalidContextError, InvalidDeviceError, InvalidValueError,
                      NotSupportedError, OutOfMemoryError, StickyFaultError)
+from .event import Event
+from .memory import (DeviceArray, asarray, copy, defer_cleanup, empty, full, pinned_empty,
+                     register_host, to_device, zeros)
+from .stream import HostFunctionError, Stream, current_stream, legacy_stream, per_thread_stream
 
 __version__ = "0.1.0"
 
@@ -27,8 +31,11 @@ def set_backend(name: str) -> _driver.Backend:
 
 __all__ = [
     "BackendUnavailableError", "ComputeCapability", "Context", "ContextDestroyedError",
-    "ContextFlags", "ContextPoisonedError", "CudaError", "Device", "DeviceProperties",
-    "InvalidContextError", "InvalidDeviceError", "InvalidValueError", "MemInfo",
-    "NotSupportedError", "OutOfMemoryError", "StickyFaultError", "backend", "current_context",
-    "current_device", "devices", "ensure_context", "set_backend",
+    "ContextFlags", "ContextPoisonedError", "CudaError", "Device", "DeviceArray",
+    "DeviceProperties", "Event", "HostFunctionError", "InvalidContextError",
+    "InvalidDeviceError", "InvalidValueError", "MemInfo", "NotSupportedError",
+    "OutOfMemoryError", "StickyFaultError", "Stream", "asarray", "backend", "copy",
+    "current_context", "current_device", "current_stream", "defer_cleanup", "devices",
+    "empty", "ensure_context", "full", "legacy_stream", "per_thread_stream", "pinned_empty",
+    "register_host", "set_backend", "to_device", "zeros",
 ]

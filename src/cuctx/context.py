@@ -65,29 +65,15 @@ def call(backend: _driver.Backend, operation: str, *args, ctx: Context | None = 
     return result[1] if len(result) == 2 else (result[1:] or None)
 
 
-def _shadow(backend: _driver.Backend) -> list[Context]:
-    try:
-        return backend.tls.stack
-    except AttributeError:
-        backend.tls.stack = []
-        backend.tls.blocks = []
-        return backend.tls.stack
-
-
-def _blocks(backend: _driver.Backend) -> list[int]:
-    """The shadow depth at the entry of each open ``with`` block of this thread."""
-    _shadow(backend)
-    return backend.tls.blocks
-
-
 def exit_block(backend: _driver.Backend) -> None:
     """Leave the innermost ``with ctx:`` / ``with device:`` block of this thread: pop what
     the block pushed and left, then its own entry, so the stack is exactly as before."""
-    tls = backend.tls
-    depth = tls.blocks.pop()
-    stack = tls.stack
+    state = backend.tls.state
+    depth = state.blocks.pop()
+    stack = state.stack
+    pop = backend.driver.cuCtxPopCurrent
     while len(stack) > depth:
-        err, _ = backend.driver.cuCtxPopCurrent()
+        err, _ = pop()
         if err:
             fail(backend, err, "cuCtxPopCurrent",
                  hint="the context stack was popped past a `with` block by other code")
@@ -104,7 +90,7 @@ class Context:
     reference goes, a primary context released.
     """
 
-    __slots__ = ("_backend", "_handle", "_key", "_device", "kind", "_state", "_fault",
+    __slots__ = ("_backend", "_drv", "_handle", "_key", "_device", "kind", "_state", "_fault",
                  "_why_destroyed", "_finalizer", "__weakref__")
 
     def __init__(self) -> None:
@@ -115,6 +101,7 @@ class Context:
     def _wrap(cls, backend, handle, device, kind: str, finalizer=None) -> Context:
         ctx = object.__new__(cls)
         ctx._backend = backend
+        ctx._drv = backend.driver
         ctx._handle = handle
         ctx._key = int(handle)
         ctx._device = device
@@ -146,7 +133,7 @@ class Context:
                  hint=f"flags={int(flags):#x}; valid flags are ContextFlags members"
                  if int(err) == 1 else "")
         ctx = cls._wrap(backend, handle, device, "created", (drv.cuCtxDestroy, handle))
-        _shadow(backend).append(ctx)
+        backend.tls.state.stack.append(ctx)
         return ctx
 
     def destroy(self) -> None:
@@ -165,7 +152,7 @@ class Context:
         self._mark_destroyed("by Context.destroy")
         if err and int(err) != 709:
             fail(self._backend, err, "cuCtxDestroy", self)
-        stack = _shadow(self._backend)
+        stack = self._backend.tls.state.stack
         if stack and stack[-1] is self:  # the driver pops it when it is current here
             stack.pop()
 
@@ -204,55 +191,63 @@ class Context:
 
     # -- the stack ------------------------------------------------------------------------
 
+    # push, pop and `with` are hot paths, benchmarked against raw cuCtxPushCurrent/Pop:
+    # they bind what they call and touch the thread state once.
+
     def push(self) -> None:
         """Push this context on the calling thread's context stack."""
         if self._state is not ACTIVE:
             raise self._unusable("Context.push")
-        err, = self._backend.driver.cuCtxPushCurrent(self._handle)
+        err, = self._drv.cuCtxPushCurrent(self._handle)
         if err:
             fail(self._backend, err, "cuCtxPushCurrent", self)
-        _shadow(self._backend).append(self)
+        self._backend.tls.state.stack.append(self)
 
     @staticmethod
     def pop() -> Context:
         """Pop the calling thread's current context and return it."""
-        backend = _driver.active()
+        backend = _driver._active or _driver.active()
         err, handle = backend.driver.cuCtxPopCurrent()
         if err:
             fail(backend, err, "cuCtxPopCurrent",
                  hint="the context stack of this thread is empty" if int(err) == 201 else "")
-        stack = _shadow(backend)
-        if stack and stack[-1]._key == int(handle):
+        stack = backend.tls.state.stack
+        if stack and stack[-1]._handle == handle:
             return stack.pop()
-        return _object_for(backend, handle)
+        return _object_for(backend, handle)  # pushed by other code than cuctx
 
     def set_current(self) -> None:
         """Replace the top of this thread's stack with this context (push if empty)."""
         self._check("Context.set_current")
-        err, = self._backend.driver.cuCtxSetCurrent(self._handle)
+        err, = self._drv.cuCtxSetCurrent(self._handle)
         if err:
             fail(self._backend, err, "cuCtxSetCurrent", self)
-        stack = _shadow(self._backend)
+        stack = self._backend.tls.state.stack
         if stack:
             stack[-1] = self
         else:
             stack.append(self)
 
     def __enter__(self) -> Context:
-        # push() inlined: this pair is on hot paths and benchmarked against raw push/pop.
         if self._state is not ACTIVE:
             raise self._unusable("Context.__enter__")
-        backend = self._backend
-        err, = backend.driver.cuCtxPushCurrent(self._handle)
+        err, = self._drv.cuCtxPushCurrent(self._handle)
         if err:
-            fail(backend, err, "cuCtxPushCurrent", self)
-        stack = _shadow(backend)
-        backend.tls.blocks.append(len(stack))
-        stack.append(self)
+            fail(self._backend, err, "cuCtxPushCurrent", self)
+        state = self._backend.tls.state
+        state.blocks.append(len(state.stack))
+        state.stack.append(self)
         return self
 
-    def __exit__(self, *exc_info) -> None:
-        exit_block(self._backend)
+    def __exit__(self, exc_type, exc, tb) -> None:
+        state = self._backend.tls.state
+        if len(state.stack) != state.blocks[-1] + 1:  # the block left more, or popped us
+            return exit_block(self._backend)
+        state.blocks.pop()
+        err, _ = self._drv.cuCtxPopCurrent()
+        if err:
+            fail(self._backend, err, "cuCtxPopCurrent", self)
+        state.stack.pop()
 
     def _activated(self, operation: str) -> _Activated:
         """Make this context current for one internal call, without touching the shadow."""
@@ -283,11 +278,14 @@ class Context:
             return ContextFlags(call(self._backend, "cuCtxGetFlags", ctx=self))
 
     def synchronize(self) -> None:
-        """Wait for all work in this context; raises the fault if a kernel in it failed."""
+        """Wait for all work in this context; raises the fault if a kernel in it failed, and
+        `HostFunctionError` if a host function launched on one of its streams raised."""
         with self._activated("Context.synchronize"):
             err, = self._backend.driver.cuCtxSynchronize()
         if err:
             fail(self._backend, err, "cuCtxSynchronize", self)
+        from .stream import raise_host_func_errors  # stream.py builds on this module
+        raise_host_func_errors(self)
 
     def __repr__(self) -> str:
         where = f"device {self._device.ordinal}" if self._device is not None else "device ?"

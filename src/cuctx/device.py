@@ -205,6 +205,11 @@ class Device:
                 ctx._mark_destroyed("by device.reset()")
             self._runtime_primary = None
 
+    def create_stream(self, priority: int | None = None, non_blocking: bool = True):
+        """A new `cuctx.Stream` on this device: ``cuctx.Stream(self, priority, non_blocking)``."""
+        from .stream import Stream
+        return Stream(self, priority, non_blocking)
+
     def __enter__(self) -> Context:
         return self.primary_context.__enter__()
 

@@ -8,6 +8,8 @@ builtin (``InvalidValueError`` is a ``ValueError``) so generic handlers keep wor
 
 from __future__ import annotations
 
+from typing import Callable
+
 from cuda.bindings.driver import CUresult
 
 # The faults after which the driver refuses all further work in the context (the CUDA
@@ -104,6 +106,17 @@ class ContextPoisonedError(CudaError):
 
     def __reduce__(self):
         return (type(self), (self.fault, self.operation))
+
+
+class HostFunctionError(RuntimeError):
+    """Host functions launched on a stream raised. ``failures`` lists ``(fn, exception)``;
+    the first exception is also the ``__cause__``."""
+
+    def __init__(self, where: str, failures: list[tuple[Callable, BaseException]]):
+        self.failures = failures
+        parts = "; ".join(f"{getattr(fn, '__qualname__', repr(fn))} raised {exc!r}"
+                          for fn, exc in failures)
+        super().__init__(f"{len(failures)} host function(s) launched on {where} failed: {parts}")
 
 
 class BackendUnavailableError(RuntimeError):

@@ -23,6 +23,25 @@ from ..errors import BackendUnavailableError
 NAMES = ("auto", "cuda", "sim")
 
 
+class ThreadState:
+    """Per-thread state of the layers above: the shadow context stack (`cuctx.context`),
+    the entry depth of each open ``with`` block, the current stream per device."""
+
+    __slots__ = ("stack", "blocks", "streams")
+
+    def __init__(self) -> None:
+        self.stack: list = []
+        self.blocks: list[int] = []
+        self.streams: dict = {}
+
+
+class _Local(threading.local):
+    # One thread-local read per operation (``backend.tls.state``), then plain attributes:
+    # each read of a threading.local attribute costs more than the rest of a push.
+    def __init__(self) -> None:
+        self.state = ThreadState()
+
+
 @dataclass(eq=False)
 class Backend:
     name: str
@@ -30,7 +49,7 @@ class Backend:
     reason: str
     contexts: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary)
     devices: dict = field(default_factory=dict)
-    tls: threading.local = field(default_factory=threading.local)
+    tls: _Local = field(default_factory=_Local)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def __str__(self) -> str:

@@ -14,10 +14,14 @@ import threading
 from ._common import h100_spec
 from ._contexts import ContextModel
 from ._devices import DeviceQueries, SimDevice
+from ._memory import MemoryModel
+from ._streams import StreamModel
 
 
 class SimDriver(
     DeviceQueries,
+    StreamModel,
+    MemoryModel,
     ContextModel,
 ):
     def __init__(self, devices: int = 2):
@@ -29,6 +33,8 @@ class SimDriver(
         self._tls = threading.local()
         self._devices = [SimDevice(i, self._spec) for i in range(devices)]
         self._init_contexts()
+        self._init_streams()
+        self._init_memory()
 
     @classmethod
     def from_env(cls) -> "SimDriver":

@@ -1,0 +1,488 @@
+"""Streams and events of the sim: a lazy, really asynchronous engine with a virtual clock.
+
+Work queued on a stream does not run when it is enqueued. It runs when something forces it:
+synchronizing the stream, an event or the context, querying a stream or an event (each query
+runs one more operation of the queried work, then answers), or a stream waiting on an event whose work has
+not run yet. Synchronizing one stream runs only that stream and what it waits on, so a
+missing ``wait`` shows up as stale data every time. Synchronizing a context interleaves its
+streams: the operation that would *finish* first on the virtual clock runs first, and ties
+are broken by a random generator seeded from ``CUCTX_SIM_SEED`` (default 0), so a race has
+one outcome per seed.
+
+The default streams follow CUDA's rules: the legacy default stream (handle 0 or
+CU_STREAM_LEGACY) of a context waits for all earlier work of the context's blocking streams
+and they wait for it; streams created with CU_STREAM_NON_BLOCKING do neither; the per-thread
+default stream (CU_STREAM_PER_THREAD) is a blocking stream of its own per thread.
+
+The virtual clock: each stream has a clock (when its last operation finished, in ns). An
+operation starts at the latest of its stream's clock, the host's clock when it was enqueued
+and the end of everything it waits on, and lasts ``cost_ns``. The host's clock moves to a
+stream's (or event's) time when the host synchronizes with it. Events record the time at
+which their marker ran, so `cuEventElapsedTime` is exact and deterministic.
+
+Engine contract (used by the memory, launch and graph models):
+
+- ``SimDriver._enqueue(hStream, op, *, nbytes=0, cost_ns=None, label="") -> CUresult``:
+  validate the stream (unknown/destroyed handle -> CUDA_ERROR_INVALID_HANDLE; stream of a
+  destroyed or reset context -> CUDA_ERROR_CONTEXT_IS_DESTROYED; poisoned context -> its
+  sticky code), and append ``op`` (a zero-argument callable returning None or a CUresult)
+  to that stream's queue. Nothing runs at enqueue time. When an op returns a sticky
+  CUresult, the stream's context becomes poisoned (`SimContext.sticky`) and the rest of its
+  queued work is dropped; another non-success CUresult is reported by the next synchronize
+  of that stream or context. ``cost_ns`` defaults to a model of ``nbytes``: ``nbytes /
+  BYTES_PER_NS`` rounded up (a 25 GB/s copy engine; pass ``cost_ns`` for anything else).
+- ``SimDriver._drain(hStream) -> CUresult`` runs everything queued on that stream (and
+  whatever it waits on); the memory model calls it for pageable copies, which are
+  synchronous in CUDA. It returns what a synchronize of the stream would.
+- ``SimDriver._stream_context(hStream) -> (CUresult, SimContext | None)``; handles 0 (legacy
+  default), CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) resolve to the current
+  context's default streams.
+- ``_synchronize_context(ctx)`` drains every stream of the context and
+  ``_release_context_resources(ctx)`` drains them, then invalidates them (calling super()).
+  StreamModel must come before the other resource models in SimDriver's bases, so queued
+  work runs before the memory it uses is freed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import random
+import threading
+from collections import deque
+
+from cuda.bindings.driver import CUcontext, CUdevice, CUevent, CUresult, CUstream
+
+from ._common import CONTEXT_IS_DESTROYED, INVALID_VALUE, OK
+
+INVALID_HANDLE = CUresult.CUDA_ERROR_INVALID_HANDLE
+NOT_READY = CUresult.CUDA_ERROR_NOT_READY
+STICKY = frozenset({700, 702, 710, 714, 715, 716, 717, 718, 719})
+
+BYTES_PER_NS = 25  # the default cost model of a transfer: 25 GB/s
+LEGACY, PER_THREAD = 1, 2  # CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING
+PRIORITY_LEAST, PRIORITY_GREATEST = 0, -5  # cuCtxGetStreamPriorityRange on an H100
+EVENT_DISABLE_TIMING, EVENT_INTERPROCESS = 2, 4
+_EVENT_FLAGS = 1 | 2 | 4
+
+_HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class Op:
+    """One queued operation."""
+
+    __slots__ = ("stream", "fn", "cost", "label", "deps", "submit", "done", "end")
+
+    def __init__(self, stream, fn, cost, label, deps, submit):
+        self.stream = stream
+        self.fn = fn
+        self.cost = cost
+        self.label = label
+        self.deps = deps
+        self.submit = submit
+        self.done = False
+        self.end = 0
+
+
+class SimStream:
+    def __init__(self, handle: int, ctx, flags: int, priority: int, kind: str):
+        self.handle = handle
+        self.ctx = ctx
+        self.flags = flags
+        self.priority = priority
+        self.kind = kind  # "legacy", "per-thread" or "created"
+        self.blocking = kind != "legacy" and not flags & NON_BLOCKING
+        self.queue: deque[Op] = deque()
+        self.last: Op | None = None  # the last op enqueued, done or not
+        self.clock = 0
+        self.error = None  # a non-sticky failure of an op, reported by the next synchronize
+        self.destroyed = False  # cuStreamDestroy'd: the handle is gone, queued work still runs
+        self.gone = False  # its context was destroyed or reset
+
+    def __repr__(self) -> str:
+        return f"<SimStream {self.kind} {self.handle:#x} queued={len(self.queue)}>"
+
+
+class SimEvent:
+    def __init__(self, handle: int, ctx, flags: int):
+        self.handle = handle
+        self.ctx = ctx
+        self.flags = flags
+        self.marker: Op | None = None  # the op of the latest record
+        self.gone = False  # its context was destroyed or reset
+
+
+class StreamModel:
+    """cuStream*, cuEvent*, cuLaunchHostFunc, cuCtxGetStreamPriorityRange, and the engine."""
+
+    def _init_streams(self):
+        self._stream_handles = itertools.count(0x5717_0000_0100, 0x100)
+        self._event_handles = itertools.count(0xE7E7_0000_0100, 0x100)
+        self._streams: dict[int, SimStream] = {}
+        self._events: dict[int, SimEvent] = {}
+        self._now = 0  # the host's virtual clock, ns
+        text = os.environ.get("CUCTX_SIM_SEED", "0")
+        try:
+            self._rng = random.Random(int(text))
+        except ValueError:
+            raise ValueError(f"CUCTX_SIM_SEED must be a whole number, got {text!r}") from None
+
+    # -- finding streams ------------------------------------------------------------------
+
+    @staticmethod
+    def _ctx_streams(ctx) -> dict:
+        return ctx.resources.setdefault("streams", {})
+
+    def _default_stream(self, ctx, which: int) -> SimStream:
+        streams = self._ctx_streams(ctx)
+        key = "legacy" if which == LEGACY else ("per-thread", threading.get_ident())
+        stream = streams.get(key)
+        if stream is None:
+            kind = "legacy" if which == LEGACY else "per-thread"
+            stream = streams[key] = SimStream(which, ctx, 0, 0, kind)
+            stream.clock = self._now
+        return stream
+
+    def _stream(self, hStream):
+        """(error, SimStream) for a stream handle, checked for use."""
+        handle = int(hStream or 0)
+        if handle in (0, LEGACY, PER_THREAD):
+            err, ctx = self._work_context()
+            if err:
+                return err, None
+            return OK, self._default_stream(ctx, PER_THREAD if handle == PER_THREAD else LEGACY)
+        stream = self._streams.get(handle)
+        if stream is None or stream.destroyed:
+            return INVALID_HANDLE, None
+        if stream.gone or stream.ctx.destroyed:
+            return CONTEXT_IS_DESTROYED, None
+        if stream.ctx.sticky is not None:
+            return stream.ctx.sticky, None
+        return OK, stream
+
+    def _stream_context(self, hStream):
+        err, stream = self._stream(hStream)
+        return (err, None) if err else (OK, stream.ctx)
+
+    def _event(self, hEvent):
+        event = self._events.get(int(hEvent or 0))
+        if event is None:
+            return INVALID_HANDLE, None
+        if event.gone or event.ctx.destroyed:
+            return CONTEXT_IS_DESTROYED, None
+        return OK, event
+
+    # -- the engine -----------------------------------------------------------------------
+
+    def _enqueue(self, hStream, op, *, nbytes=0, cost_ns=None, label=""):
+        with self._lock:
+            err, stream = self._stream(hStream)
+            if err:
+                return err
+            self._push(stream, op, -(-nbytes // BYTES_PER_NS) if cost_ns is None else cost_ns,
+                       label)
+            return OK
+
+    def _push(self, stream: SimStream, fn, cost: int, label: str, deps=()) -> Op:
+        deps = [d for d in deps if not d.done]
+        if stream.kind == "legacy":  # waits for the blocking streams' earlier work
+            deps += [s.last for s in self._ctx_streams(stream.ctx).values()
+                     if s.blocking and s.last is not None and not s.last.done]
+        elif stream.blocking:  # waits for the legacy stream's earlier work
+            legacy = self._ctx_streams(stream.ctx).get("legacy")
+            if legacy is not None and legacy.last is not None and not legacy.last.done:
+                deps.append(legacy.last)
+        op = Op(stream, fn, int(cost), label, deps, self._now)
+        stream.queue.append(op)
+        stream.last = op
+        return op
+
+    def _execute(self, op: Op) -> None:
+        stream = op.stream
+        stream.queue.popleft()
+        start = max(stream.clock, op.submit, *(d.end for d in op.deps)) if op.deps \
+            else max(stream.clock, op.submit)
+        fn, op.fn, op.deps = op.fn, None, ()  # drop references as soon as the op ran
+        try:
+            result = fn() if fn is not None and stream.ctx.sticky is None else None
+        finally:
+            op.end = stream.clock = start + op.cost
+            op.done = True
+        if result is not None and result != OK:
+            if int(result) in STICKY:
+                stream.ctx.sticky = CUresult(result)
+                self._drop_queued(stream.ctx)
+            elif stream.error is None:
+                stream.error = CUresult(result)
+
+    def _drop_queued(self, ctx) -> None:
+        """After a sticky fault the GPU runs nothing more of the context."""
+        for stream in self._ctx_streams(ctx).values():
+            for op in stream.queue:
+                op.fn, op.deps, op.done, op.end = None, (), True, stream.clock
+            stream.queue.clear()
+
+    def _complete(self, target: Op) -> None:
+        """Run ops until ``target`` has run: its stream's earlier ops and what they wait on."""
+        pending = [target]
+        while pending:
+            op = pending[-1]
+            if op.done:
+                pending.pop()
+                continue
+            head = op.stream.queue[0]
+            blocker = next((d for d in head.deps if not d.done), None)
+            if blocker is not None:
+                pending.append(blocker)
+            else:
+                self._execute(head)
+
+    def _step(self, target: Op) -> None:
+        """Run one op on the way to ``target`` (what a query does)."""
+        op = target
+        while True:
+            head = op.stream.queue[0]
+            blocker = next((d for d in head.deps if not d.done), None)
+            if blocker is None:
+                self._execute(head)
+                return
+            op = blocker
+
+    def _drain_stream(self, stream: SimStream):
+        if stream.queue:
+            self._complete(stream.queue[-1])
+        self._now = max(self._now, stream.clock)
+        return self._report(stream)
+
+    def _report(self, stream: SimStream):
+        if stream.ctx.sticky is not None:
+            return stream.ctx.sticky
+        err, stream.error = stream.error, None
+        return err or OK
+
+    def _drain(self, hStream):
+        with self._lock:
+            err, stream = self._stream(hStream)
+            return err if err else self._drain_stream(stream)
+
+    def _drain_context(self, ctx):
+        """Run all queued work of ``ctx``, interleaving its streams (see the docstring)."""
+        streams = self._ctx_streams(ctx)
+        while True:
+            busy = [s for s in streams.values() if s.queue]
+            if not busy:
+                break
+            self._rng.shuffle(busy)
+            first = min(busy, key=lambda s: max(s.clock, s.queue[0].submit) + s.queue[0].cost)
+            self._complete(first.queue[0])
+        error = OK
+        for key, stream in list(streams.items()):
+            self._now = max(self._now, stream.clock)
+            err = self._report(stream)
+            error = error or err
+            if stream.destroyed:
+                del streams[key]
+        return error
+
+    def _synchronize_context(self, ctx):
+        with self._lock:
+            err = self._drain_context(ctx)
+        return err or super()._synchronize_context(ctx)
+
+    def _release_context_resources(self, ctx):
+        with self._lock:
+            if ctx.sticky is None:
+                self._drain_context(ctx)
+            for stream in self._ctx_streams(ctx).values():
+                stream.gone = True  # its handle now answers CONTEXT_IS_DESTROYED
+            for event in self._events.values():
+                if event.ctx is ctx:
+                    event.gone = True
+        super()._release_context_resources(ctx)
+
+    # -- streams --------------------------------------------------------------------------
+
+    def cuCtxGetStreamPriorityRange(self):
+        err, _ = self._work_context()
+        if err:
+            return (err, None, None)
+        return (OK, PRIORITY_LEAST, PRIORITY_GREATEST)
+
+    def cuStreamCreate(self, Flags):
+        return self.cuStreamCreateWithPriority(Flags, 0)
+
+    def cuStreamCreateWithPriority(self, flags, priority):
+        if int(flags) & ~NON_BLOCKING:
+            return (INVALID_VALUE, None)
+        err, ctx = self._work_context()
+        if err:
+            return (err, None)
+        priority = min(PRIORITY_LEAST, max(PRIORITY_GREATEST, int(priority)))  # as the driver
+        with self._lock:
+            stream = SimStream(next(self._stream_handles), ctx, int(flags), priority, "created")
+            stream.clock = self._now
+            self._streams[stream.handle] = stream
+            self._ctx_streams(ctx)[stream.handle] = stream
+        return (OK, CUstream(stream.handle))
+
+    def cuStreamDestroy(self, hStream):
+        handle = int(hStream or 0)
+        if handle in (0, LEGACY, PER_THREAD):
+            return (INVALID_HANDLE,)
+        with self._lock:
+            stream = self._streams.pop(handle, None)
+            if stream is None:
+                return (INVALID_HANDLE,)
+            if stream.gone or stream.ctx.destroyed:
+                return (CONTEXT_IS_DESTROYED,)
+            stream.destroyed = True  # its queued work still runs (the driver's contract)
+            if not stream.queue:
+                self._ctx_streams(stream.ctx).pop(handle, None)
+        return (OK,)
+
+    def _stream_query(self, hStream, read):
+        err, stream = self._stream(hStream)
+        return (err, None) if err else (OK, read(stream))
+
+    def cuStreamGetPriority(self, hStream):
+        return self._stream_query(hStream, lambda s: s.priority)
+
+    def cuStreamGetFlags(self, hStream):
+        return self._stream_query(hStream, lambda s: s.flags)
+
+    def cuStreamGetCtx(self, hStream):
+        return self._stream_query(hStream, lambda s: CUcontext(s.ctx.handle))
+
+    def cuStreamGetDevice(self, hStream):
+        return self._stream_query(hStream, lambda s: CUdevice(s.ctx.device))
+
+    def cuStreamGetId(self, hStream):
+        return self._stream_query(hStream, lambda s: id(s))
+
+    def cuStreamSynchronize(self, hStream):
+        return (self._drain(hStream),)
+
+    def cuStreamQuery(self, hStream):
+        with self._lock:
+            err, stream = self._stream(hStream)
+            if err:
+                return (err,)
+            if stream.queue:
+                self._step(stream.queue[-1])
+            if stream.queue:
+                return (NOT_READY,)
+            self._now = max(self._now, stream.clock)
+            return (self._report(stream),)
+
+    def cuStreamWaitEvent(self, hStream, hEvent, Flags):
+        if int(Flags) not in (0, 1):
+            return (INVALID_VALUE,)
+        with self._lock:
+            err, event = self._event(hEvent)
+            if err:
+                return (err,)
+            err, stream = self._stream(hStream)
+            if err:
+                return (err,)
+            if event.marker is not None and not event.marker.done:  # an empty event: no wait
+                self._push(stream, None, 0, "wait", [event.marker])
+        return (OK,)
+
+    def cuLaunchHostFunc(self, hStream, fn, userData):
+        call = _HOST_FN(int(fn))  # the C function pointer the caller passed, as the driver has
+        data = int(userData or 0)
+
+        def run():
+            call(data)
+        return (self._enqueue(hStream, run, label="host function"),)
+
+    # -- events ---------------------------------------------------------------------------
+
+    def cuEventCreate(self, Flags):
+        flags = int(Flags)
+        if flags & ~_EVENT_FLAGS or flags & EVENT_INTERPROCESS and not flags & EVENT_DISABLE_TIMING:
+            return (INVALID_VALUE, None)
+        err, ctx = self._work_context()
+        if err:
+            return (err, None)
+        with self._lock:
+            event = SimEvent(next(self._event_handles), ctx, flags)
+            self._events[event.handle] = event
+        return (OK, CUevent(event.handle))
+
+    def cuEventDestroy(self, hEvent):
+        with self._lock:
+            event = self._events.pop(int(hEvent or 0), None)
+        if event is None:
+            return (INVALID_HANDLE,)
+        return (CONTEXT_IS_DESTROYED,) if event.gone or event.ctx.destroyed else (OK,)
+
+    def cuEventRecord(self, hEvent, hStream):
+        with self._lock:
+            err, event = self._event(hEvent)
+            if err:
+                return (err,)
+            err, stream = self._stream(hStream)
+            if err:
+                return (err,)
+            if stream.ctx is not event.ctx:
+                return (INVALID_HANDLE,)  # "must be from the same context"
+            event.marker = self._push(stream, None, 0, "event", [])
+        return (OK,)
+
+    def cuEventRecordWithFlags(self, hEvent, hStream, flags):
+        if int(flags) not in (0, 1):
+            return (INVALID_VALUE,)
+        return self.cuEventRecord(hEvent, hStream)
+
+    def cuEventQuery(self, hEvent):
+        with self._lock:
+            err, event = self._event(hEvent)
+            if err:
+                return (err,)
+            marker = event.marker
+            if marker is None:
+                return (OK,)
+            if not marker.done:
+                self._step(marker)
+            if not marker.done:
+                return (NOT_READY,)
+            self._now = max(self._now, marker.end)
+            return (OK,)
+
+    def cuEventSynchronize(self, hEvent):
+        with self._lock:
+            err, event = self._event(hEvent)
+            if err:
+                return (err,)
+            marker = event.marker
+            if marker is not None:
+                self._complete(marker)
+                self._now = max(self._now, marker.end)
+            return (event.ctx.sticky or OK,)
+
+    def cuEventElapsedTime(self, hStart, hEnd):
+        with self._lock:
+            events = []
+            for handle in (hStart, hEnd):
+                err, event = self._event(handle)
+                if err:
+                    return (err, None)
+                events.append(event)
+            if any(e.flags & EVENT_DISABLE_TIMING or e.marker is None for e in events):
+                return (INVALID_HANDLE, None)
+            if not all(e.marker.done for e in events):
+                return (NOT_READY, None)
+            start, end = events
+            return (OK, (end.marker.end - start.marker.end) / 1e6)
+
+    # -- a sim-only extension: work of a given duration --------------------------------
+
+    def simStreamBusy(self, hStream, ns):
+        """Enqueue an operation that does nothing for ``ns`` virtual nanoseconds (a stand-in
+        for a long kernel, to test timing and races)."""
+        if int(ns) < 0:
+            return (INVALID_VALUE,)
+        return (self._enqueue(hStream, None, cost_ns=int(ns), label="busy"),)

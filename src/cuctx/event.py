@@ -1,0 +1,162 @@
+"""Events: markers recorded on a stream, for waits across streams and devices and for
+timing.
+
+An event belongs to the context it was created in and can only be recorded on streams of
+that context (the driver's rule); any stream of any device may wait on it. An event that
+was never recorded stands for no work: `done` is True, but `synchronize`, `Stream.wait` and
+`elapsed_ms` raise, because using one is almost always a missing `record`.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from cuda.bindings.driver import CUevent_flags
+
+from . import _driver
+from .context import ACTIVE, DESTROYED, Context, ensure_context, fail
+
+_DISABLE_TIMING = int(CUevent_flags.CU_EVENT_DISABLE_TIMING)
+_BLOCKING_SYNC = int(CUevent_flags.CU_EVENT_BLOCKING_SYNC)
+_INTERPROCESS = int(CUevent_flags.CU_EVENT_INTERPROCESS)
+_NOT_READY = 600
+
+
+class Event:
+    """A CUDA event in the current context.
+
+    ``timing=True`` lets it measure time (`elapsed_ms`, ``end - start``); without it,
+    recording and waiting are cheaper. ``blocking=True`` makes `synchronize` sleep instead
+    of spinning. ``interprocess=True`` allows sharing with another process and cannot be
+    combined with timing (a CUDA rule).
+    """
+
+    __slots__ = ("_backend", "_ctx", "_handle", "_key", "timing", "_recorded", "_finalizer",
+                 "__weakref__")
+
+    def __init__(self, timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False) -> None:
+        if timing and interprocess:
+            raise ValueError("an interprocess event cannot measure time: CUDA requires "
+                             "interprocess events to be created with timing=False")
+        flags = (0 if timing else _DISABLE_TIMING) | (_BLOCKING_SYNC if blocking else 0) \
+            | (_INTERPROCESS if interprocess else 0)
+        self._setup(ensure_context(), flags)
+
+    @classmethod
+    def _create(cls, ctx: Context, timing: bool) -> Event:
+        event = object.__new__(cls)
+        event._setup(ctx, 0 if timing else _DISABLE_TIMING)
+        return event
+
+    def _setup(self, ctx: Context, flags: int) -> None:
+        backend = ctx._backend
+        drv = backend.driver
+        if ctx._state is not ACTIVE:
+            raise ctx._unusable("Event")
+        if int(drv.cuCtxGetCurrent()[1]) == ctx._key:
+            err, handle = drv.cuEventCreate(flags)
+        else:
+            with ctx._activated("Event"):
+                err, handle = drv.cuEventCreate(flags)
+        if err:
+            fail(backend, err, "cuEventCreate", ctx)
+        self._backend = backend
+        self._ctx = ctx
+        self._handle = handle
+        self._key = int(handle)
+        self.timing = not flags & _DISABLE_TIMING
+        self._recorded = False
+        self._finalizer = weakref.finalize(self, _destroy_event, drv, handle, ctx)
+        self._finalizer.atexit = False
+
+    @property
+    def context(self) -> Context:
+        return self._ctx
+
+    @property
+    def device(self):
+        return self._ctx.device
+
+    @property
+    def handle(self) -> int:
+        """The CUevent as an integer, for other libraries."""
+        return self._key
+
+    @property
+    def recorded(self) -> bool:
+        """Whether `record` was called at least once."""
+        return self._recorded
+
+    def record(self, stream=None) -> Event:
+        """Record this event on ``stream`` (default: the current stream of this event's
+        device), which must belong to this event's context. Returns the event."""
+        from .stream import Stream, current_stream  # stream.py imports this module
+        if stream is None:
+            stream = current_stream(self._ctx.device)
+        elif stream.__class__ is not Stream:
+            raise TypeError(f"Event.record takes a cuctx.Stream or None, not "
+                            f"{type(stream).__name__}; adopt another library's stream with "
+                            "cuctx.Stream.wrap(obj)")
+        return stream.record(self)
+
+    def _check_waitable(self, operation: str, backend: _driver.Backend) -> None:
+        if self._backend is not backend:
+            raise ValueError(f"{operation}: {self!r} is of another backend")
+        if self._ctx._state is not ACTIVE:
+            raise self._ctx._unusable(operation)
+        if not self._recorded:
+            raise ValueError(f"{operation}: {self!r} was never recorded, so there is nothing "
+                             "to wait for; call event.record(stream) (or stream.record()) "
+                             "first")
+
+    def synchronize(self) -> None:
+        """Wait on the host until the work captured by the latest record is done."""
+        self._check_waitable("Event.synchronize", self._backend)
+        err, = self._backend.driver.cuEventSynchronize(self._handle)
+        if err:
+            fail(self._backend, err, "cuEventSynchronize", self._ctx)
+
+    @property
+    def done(self) -> bool:
+        """True when the work captured by the latest record is done (cuEventQuery); an event
+        never recorded is done."""
+        if self._ctx._state is not ACTIVE:
+            raise self._ctx._unusable("Event.done")
+        err, = self._backend.driver.cuEventQuery(self._handle)
+        if err and int(err) != _NOT_READY:
+            fail(self._backend, err, "cuEventQuery", self._ctx)
+        return not err
+
+    def elapsed_ms(self, end: Event) -> float:
+        """Milliseconds from this event to ``end``; both must be timing events and recorded.
+        Waits for both to complete first."""
+        if not isinstance(end, Event):
+            raise TypeError(f"elapsed_ms needs an end Event, not {type(end).__name__}")
+        for event, role in ((self, "start"), (end, "end")):
+            if not event.timing:
+                raise ValueError(f"the {role} event {event!r} does not measure time; create "
+                                 "timing events with cuctx.Event(timing=True)")
+            event._check_waitable("Event.elapsed_ms", self._backend)
+        self.synchronize()
+        end.synchronize()
+        err, ms = self._backend.driver.cuEventElapsedTime(self._handle, end._handle)
+        if err:
+            fail(self._backend, err, "cuEventElapsedTime", self._ctx)
+        return float(ms)
+
+    def __sub__(self, start: Event) -> float:
+        """``end - start``: the milliseconds between them, as `elapsed_ms`."""
+        if not isinstance(start, Event):
+            return NotImplemented
+        return start.elapsed_ms(self)
+
+    def __repr__(self) -> str:
+        kind = "timing" if self.timing else "sync"
+        state = "recorded" if self._recorded else "never recorded"
+        return f"<Event {kind} {self._key:#x} {state} ctx {self._ctx._key:#x}>"
+
+
+def _destroy_event(drv, handle, ctx: Context) -> None:
+    if ctx._state != DESTROYED:  # the driver freed it with the context, and must not see it
+        drv.cuEventDestroy(handle)

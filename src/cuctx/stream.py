@@ -1,0 +1,452 @@
+"""Streams: created ones, the two default streams, adopted ones, and the current stream.
+
+A `Stream` belongs to one context and keeps it alive. ``with stream:`` makes the stream's
+context current (as ``with ctx:`` does) and makes the stream this thread's *current stream*
+for its device: every copy or launch that names no stream uses `current_stream`. Outside
+any such block the current stream is the device's legacy default stream, as in PyTorch and
+CuPy; ``with cuctx.per_thread_stream():`` selects the per-thread default stream instead.
+
+Host functions (`Stream.launch_host_func`) run on a driver thread. They never raise into
+it: an exception is kept and raised as `HostFunctionError` by the next `Stream.synchronize`
+of that stream (or `raise_host_func_errors` for a whole context).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import threading
+import weakref
+from typing import Any, Callable
+
+from cuda.bindings.driver import CUhostFn
+
+from . import _driver
+from .context import ACTIVE, DESTROYED, Context, current_device, ensure_context, exit_block, fail
+from .device import Device
+from .errors import HostFunctionError
+from .event import Event
+
+LEGACY, PER_THREAD = 1, 2  # CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+_NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING
+_NOT_READY = 600
+
+
+# -- host functions: one C trampoline, a table of pending Python calls ---------------------
+#
+# The driver gets the address of one ctypes callback and an integer key as its userData. The
+# table keeps each function and its arguments alive until it ran; failures are filed under
+# (context key, stream handle) until a synchronize reports them.
+
+_pending: dict[int, tuple[Callable, tuple, tuple[int, int]]] = {}
+_failures: dict[tuple[int, int], list[tuple[Callable, BaseException]]] = {}
+_failures_lock = threading.Lock()
+_keys = itertools.count(1)
+
+
+def _run_host_func(key: int) -> None:
+    try:
+        fn, args, where = _pending.pop(key)
+    except KeyError:  # never raise into the driver's thread
+        return
+    try:
+        fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - reported at the next synchronize
+        with _failures_lock:
+            _failures.setdefault(where, []).append((fn, exc))
+
+
+_TRAMPOLINE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_run_host_func)
+_TRAMPOLINE_FN = CUhostFn(ctypes.cast(_TRAMPOLINE, ctypes.c_void_p).value)
+
+
+def _take_failures(match: Callable[[tuple[int, int]], bool]) -> list:
+    with _failures_lock:
+        keys = [k for k in _failures if match(k)]
+        return [f for k in keys for f in _failures.pop(k)]
+
+
+def raise_host_func_errors(ctx: Context) -> None:
+    """Raise `HostFunctionError` for host functions of any stream of ``ctx`` that failed
+    since they were last reported (what Context.synchronize reports)."""
+    if _failures:
+        failures = _take_failures(lambda k: k[0] == ctx._key)
+        if failures:
+            raise HostFunctionError(f"streams of {ctx!r}", failures) from failures[0][1]
+
+
+# -- the stream object --------------------------------------------------------------------
+
+class Stream:
+    """A CUDA stream. ``Stream(device=None, priority=None, non_blocking=True)`` creates one
+    in the current context (with ``device``: the current context when it is on that device,
+    else the device's primary context). ``priority`` follows CUDA: lower is more urgent, 0 is
+    the default, and the valid range is the context's (0 to -5 on an H100); values outside
+    it raise instead of being clamped. ``non_blocking=True`` (the default, as PyTorch and
+    CuPy streams are) means no implicit synchronization with the legacy default stream.
+    """
+
+    __slots__ = ("_backend", "_ctx", "_handle", "_key", "kind", "_priority",
+                 "_sync_event", "_finalizer", "_record", "_wait", "_sync", "__weakref__")
+
+    def __init__(self, device: Device | int | None = None, priority: int | None = None,
+                 non_blocking: bool = True) -> None:
+        ctx = _context_for(device)
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+            raise TypeError(f"priority must be an int or None, not {type(priority).__name__}")
+        backend = ctx._backend
+        drv = backend.driver
+        with _in(ctx, "Stream"):
+            if priority is None:
+                priority = 0
+            else:
+                err, least, greatest = drv.cuCtxGetStreamPriorityRange()
+                if err:
+                    fail(backend, err, "cuCtxGetStreamPriorityRange", ctx)
+                if not greatest <= priority <= least:
+                    raise ValueError(
+                        f"stream priority {priority} is outside the range of {ctx.device!r}: "
+                        f"{least} (lowest, the default) to {greatest} (highest); lower numbers "
+                        "are more urgent")
+            flags = _NON_BLOCKING if non_blocking else 0
+            err, handle = drv.cuStreamCreateWithPriority(flags, priority)
+        if err:
+            fail(backend, err, "cuStreamCreateWithPriority", ctx)
+        self._setup(ctx, handle, "created", priority)
+        self._finalizer = weakref.finalize(self, _destroy_stream, drv, handle, ctx)
+        self._finalizer.atexit = False
+
+    def _setup(self, ctx: Context, handle, kind: str, priority: int | None) -> None:
+        drv = ctx._backend.driver
+        self._backend = ctx._backend
+        self._ctx = ctx
+        self._handle = handle
+        self._key = int(handle)
+        self.kind = kind
+        self._priority = priority
+        self._sync_event = None
+        self._finalizer = None
+        self._record = self._bind(drv.cuEventRecord)
+        self._wait = self._bind(drv.cuStreamWaitEvent)
+        self._sync = self._bind(drv.cuStreamSynchronize)
+
+    @classmethod
+    def _adopt(cls, ctx: Context, handle, kind: str) -> Stream:
+        stream = object.__new__(cls)
+        stream._setup(ctx, handle, kind, None)
+        return stream
+
+    @classmethod
+    def wrap(cls, obj: Any) -> Stream:
+        """A `Stream` for another library's stream, without owning it: anything with
+        ``__cuda_stream__`` (PyTorch, CuPy, cuda.core, Numba streams), a ``CUstream`` or a
+        raw handle. The other library must keep its stream alive while this one is used.
+        Handles 0/1 (legacy) and 2 (per-thread) mean the current context's default stream."""
+        if isinstance(obj, Stream):
+            return obj
+        handle = _handle_of(obj)
+        from cuda.bindings.driver import CUstream
+        if handle in (0, LEGACY, PER_THREAD):
+            ctx = ensure_context()
+            return cls._adopt(ctx, CUstream(handle or LEGACY),
+                              "per-thread" if handle == PER_THREAD else "legacy")
+        backend = _driver.active()
+        err, ctx_handle = backend.driver.cuStreamGetCtx(CUstream(handle))
+        if err:
+            fail(backend, err, "cuStreamGetCtx",
+                 hint=f"{obj!r} does not name a live stream of the {backend.name} backend")
+        from .context import _object_for
+        return cls._adopt(_object_for(backend, ctx_handle), CUstream(handle), "adopted")
+
+    # -- properties -----------------------------------------------------------------------
+
+    @property
+    def context(self) -> Context:
+        return self._ctx
+
+    @property
+    def device(self) -> Device:
+        return self._ctx.device
+
+    @property
+    def handle(self) -> int:
+        """The CUstream as an integer (1 for the legacy default stream, 2 for the per-thread
+        one)."""
+        return self._key
+
+    @property
+    def priority(self) -> int:
+        if self._priority is None:
+            self._check("Stream.priority")
+            err, value = self._call(self._backend.driver.cuStreamGetPriority, self._handle)
+            if err:
+                fail(self._backend, err, "cuStreamGetPriority", self._ctx)
+            self._priority = int(value)
+        return self._priority
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The CUDA stream protocol (cuda.core): (version 0, handle)."""
+        return (0, self._key)
+
+    # -- work -----------------------------------------------------------------------------
+
+    def _check(self, operation: str) -> None:
+        if self._ctx._state is not ACTIVE:
+            raise self._ctx._unusable(operation)
+
+    def _bind(self, fn):
+        """``fn`` (a driver function taking this stream), for the hot paths. The default
+        streams' handles mean "the current context's", so for them the call runs with
+        this stream's context current."""
+        if self._key not in (0, LEGACY, PER_THREAD):
+            return fn
+        ctx, current = self._ctx, self._backend.driver.cuCtxGetCurrent
+
+        def in_context(*args):
+            if int(current()[1]) == ctx._key:
+                return fn(*args)
+            with ctx._activated("Stream"):
+                return fn(*args)
+        return in_context
+
+    def _call(self, fn, *args):
+        """Call a driver function that takes this stream (off the hot paths)."""
+        return self._bind(fn)(*args)
+
+    def record(self, event: Event | None = None) -> Event:
+        """Record ``event`` (a new event without timing when None) on this stream; return
+        it. The event must belong to this stream's context."""
+        ctx = self._ctx
+        if ctx._state is not ACTIVE:
+            raise ctx._unusable("Stream.record")
+        if event is None:
+            event = Event._create(ctx, timing=False)
+        elif event.__class__ is not Event or event._ctx is not ctx:
+            _bad_event(self, event)
+        err, = self._record(event._handle, self._handle)
+        if err:
+            fail(self._backend, err, "cuEventRecord", ctx)
+        event._recorded = True
+        return event
+
+    def wait(self, other: Event | Stream) -> None:
+        """Make work queued on this stream after this call wait for ``other``: an event (its
+        latest record) or a stream (everything queued on it so far). Either may belong to
+        another context or device: cross-device waits are legal in CUDA."""
+        ctx = self._ctx
+        if ctx._state is not ACTIVE:
+            raise ctx._unusable("Stream.wait")
+        cls = other.__class__
+        if cls is Event:
+            if not other._recorded or other._ctx._state is not ACTIVE \
+                    or other._backend is not self._backend:
+                other._check_waitable("Stream.wait", self._backend)  # raises the reason
+            err, = self._wait(self._handle, other._handle, 0)
+            if err:
+                fail(self._backend, err, "cuStreamWaitEvent", ctx)
+        elif cls is Stream:
+            self._wait_stream(other)
+        else:
+            raise TypeError(f"Stream.wait takes an Event or a Stream, not {type(other).__name__}"
+                            "; adopt another library's stream with cuctx.Stream.wrap(obj)")
+
+    def _wait_stream(self, other: Stream) -> None:
+        if other._backend is not self._backend:
+            raise ValueError(f"{other!r} is of another backend than {self!r}")
+        if other is self:
+            return
+        other_ctx = other._ctx
+        if other_ctx._state is not ACTIVE:
+            raise other_ctx._unusable("Stream.wait")
+        event = other._sync_event
+        if event is None:
+            event = other._sync_event = Event._create(other_ctx, timing=False)
+        # Threads may share this event without a lock: a record by another thread between
+        # ours and the wait only widens what the wait covers, which is still correct.
+        err, = other._record(event._handle, other._handle)
+        if err:
+            fail(self._backend, err, "cuEventRecord", other_ctx)
+        err, = self._wait(self._handle, event._handle, 0)
+        if err:
+            fail(self._backend, err, "cuStreamWaitEvent", self._ctx)
+
+    def synchronize(self) -> None:
+        """Wait until all work queued on this stream is done. Raises the fault of a failed
+        kernel, and `HostFunctionError` when a host function launched on it raised."""
+        ctx = self._ctx
+        if ctx._state is not ACTIVE:
+            raise ctx._unusable("Stream.synchronize")
+        err, = self._sync(self._handle)
+        if err:
+            fail(self._backend, err, "cuStreamSynchronize", ctx)
+        if _failures:
+            failures = _take_failures(lambda k: k == (ctx._key, self._key))
+            if failures:
+                raise HostFunctionError(repr(self), failures) from failures[0][1]
+
+    @property
+    def done(self) -> bool:
+        """True when all work queued on this stream has finished (cuStreamQuery)."""
+        self._check("Stream.done")
+        err, = self._call(self._backend.driver.cuStreamQuery, self._handle)
+        if err and int(err) != _NOT_READY:
+            fail(self._backend, err, "cuStreamQuery", self._ctx)
+        return not err
+
+    def launch_host_func(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Call ``fn(*args)`` on the host once the work queued before it is done; work
+        queued after it waits for it. ``fn`` must not call CUDA. If it raises, the
+        exception is raised (as `HostFunctionError`) by the next `synchronize` of this
+        stream; ``fn`` and ``args`` are kept alive until it ran."""
+        if not callable(fn):
+            raise TypeError(f"launch_host_func needs a callable, not {type(fn).__name__}")
+        self._check("Stream.launch_host_func")
+        key = next(_keys)
+        _pending[key] = (fn, args, (self._ctx._key, self._key))
+        err, = self._call(self._backend.driver.cuLaunchHostFunc, self._handle, _TRAMPOLINE_FN, key)
+        if err:
+            del _pending[key]
+            fail(self._backend, err, "cuLaunchHostFunc", self._ctx)
+
+    # -- the current stream -----------------------------------------------------------
+
+    def __enter__(self) -> Stream:
+        ctx = self._ctx
+        ctx.__enter__()
+        _stack(self._backend, ctx.device).append(self)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        _stack(self._backend, self._ctx.device).pop()
+        exit_block(self._backend)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Stream):
+            return NotImplemented
+        return self._ctx is other._ctx and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash((self._ctx._key, self._key))
+
+    def __repr__(self) -> str:
+        where = f"device {self._ctx._device.ordinal}" if self._ctx._device is not None else ""
+        return f"<Stream {self.kind} {self._key:#x} {where} ctx {self._ctx._key:#x}>"
+
+
+def _destroy_stream(drv, handle, ctx: Context) -> None:
+    if ctx._state != DESTROYED:  # the driver freed it with the context, and must not see it
+        drv.cuStreamDestroy(handle)
+
+
+def _bad_event(stream: Stream, event: object) -> None:
+    if not isinstance(event, Event):
+        raise TypeError(f"Stream.record takes an Event or None, not {type(event).__name__}")
+    raise ValueError(
+        f"cannot record {event!r} on {stream!r}: the event belongs to {event._ctx!r} and the "
+        "stream to another context; create the event in the stream's context "
+        "(`with stream.context: Event()`) or let stream.record() make one")
+
+
+def _handle_of(obj: Any) -> int:
+    protocol = getattr(obj, "__cuda_stream__", None)
+    if protocol is not None:
+        value = protocol() if callable(protocol) else protocol
+        return int(value[1])
+    if isinstance(obj, bool):
+        raise TypeError("a stream handle must be an int or a CUstream, not a bool")
+    try:
+        return int(obj)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"cannot adopt {type(obj).__name__} as a stream: it has no __cuda_stream__ and is "
+            "not a handle (for PyTorch pass the torch.cuda.Stream, for CuPy the cupy.cuda."
+            "Stream, or pass stream.cuda_stream / stream.ptr as an int)") from None
+
+
+class _in:
+    """Make ``ctx`` current for a block unless it already is (no shadow-stack change)."""
+
+    __slots__ = ("_ctx", "_pushed", "_op")
+
+    def __init__(self, ctx: Context, operation: str):
+        self._ctx = ctx
+        self._op = operation
+
+    def __enter__(self):
+        ctx = self._ctx
+        ctx._check(self._op)
+        current = ctx._backend.driver.cuCtxGetCurrent()[1]
+        self._pushed = int(current) != ctx._key
+        if self._pushed:
+            ctx._activated(self._op).__enter__()
+
+    def __exit__(self, *exc_info):
+        if self._pushed:
+            self._ctx._backend.driver.cuCtxPopCurrent()
+
+
+# -- default and current streams ----------------------------------------------------------
+
+def _context_for(device: Device | int | None) -> Context:
+    """The context a new object on ``device`` goes in: the current one when it is on that
+    device (or no device was named), else the device's primary context."""
+    if device is None:
+        return ensure_context()
+    device = Device(device)
+    backend = device._backend
+    err, handle = backend.driver.cuCtxGetCurrent()
+    ctx = backend.contexts.get(int(handle)) if not err and int(handle) else None
+    if ctx is not None and ctx._device is device:
+        return ctx
+    return device.primary_context
+
+
+def _stack(backend: _driver.Backend, device: Device) -> list[Stream]:
+    return backend.tls.state.streams.setdefault(device, [])
+
+
+def legacy_stream(device: Device | int | None = None) -> Stream:
+    """The legacy default stream (CU_STREAM_LEGACY) of ``device``'s context (see `Stream`
+    for which context). Work on it waits for all earlier work of the context's blocking
+    streams, and they wait for it; non-blocking streams (the default) do not."""
+    return Stream._adopt(_context_for(device), _cu_stream(LEGACY), "legacy")
+
+
+def per_thread_stream(device: Device | int | None = None) -> Stream:
+    """The calling thread's per-thread default stream (CU_STREAM_PER_THREAD) of
+    ``device``'s context: each thread that uses this object gets its own stream, which
+    synchronizes with the legacy default stream but not with other threads' streams."""
+    return Stream._adopt(_context_for(device), _cu_stream(PER_THREAD), "per-thread")
+
+
+def _cu_stream(handle: int):
+    from cuda.bindings.driver import CUstream
+    return CUstream(handle)
+
+
+def current_stream(device: Device | int | None = None) -> Stream:
+    """This thread's current stream for ``device`` (default: the current context's device):
+    the stream of the innermost ``with stream:`` block on that device, else the device's
+    legacy default stream (as torch.cuda.current_stream and CuPy do)."""
+    device = current_device() if device is None else Device(device)
+    stack = _stack(device._backend, device)
+    return stack[-1] if stack else legacy_stream(device)
+
+
+def resolve_stream(stream: Stream | Any | None, ctx: Context, operation: str) -> Stream:
+    """The stream an operation in ``ctx`` runs on: ``stream`` (a Stream, or anything
+    `Stream.wrap` adopts), or the current stream when None. Raises a clear error when the
+    stream belongs to another context."""
+    if stream is None:
+        stack = _stack(ctx._backend, ctx.device)
+        if not stack:
+            return Stream._adopt(ctx, _cu_stream(LEGACY), "legacy")
+        stream = stack[-1]
+    elif stream.__class__ is not Stream:
+        stream = Stream.wrap(stream)
+    if stream._ctx is not ctx:
+        raise ValueError(
+            f"{operation} works in {ctx!r} but was given {stream!r} of {stream._ctx!r}; use a "
+            "stream of the same context (with ctx: cuctx.Stream()), or enter the context "
+            "you mean")
+    return stream

@@ -1,0 +1,199 @@
+"""Zero-copy interop: DeviceArray as a CUDA Array Interface v3 and DLPack producer, and
+cuctx.asarray over other libraries' device memory. On every backend with pure-Python
+producers; against real PyTorch, CuPy, Numba and cuda.core on a GPU."""
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+from test_streams import slow
+
+import cuctx
+from cuctx import Device, DeviceArray, Stream
+from cuctx.memory import _capsule
+
+
+class CAIProducer:
+    """A minimal CUDA Array Interface producer, as a third-party library would be."""
+
+    def __init__(self, arr: DeviceArray, stream: int | None = None):
+        self.arr = arr
+        self.stream = stream
+
+    @property
+    def __cuda_array_interface__(self):
+        cai = dict(self.arr.__cuda_array_interface__)
+        cai["stream"] = self.stream
+        return cai
+
+
+class DLPackOnly:
+    """A producer that speaks DLPack alone (as cuda.core buffers and JAX arrays do)."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __dlpack__(self, **kwargs):
+        return self.obj.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.obj.__dlpack_device__()
+
+
+# -- the producer side --------------------------------------------------------------------
+
+def test_cuda_array_interface_describes_the_array(backend):
+    arr = cuctx.zeros((4, 6), np.float32)
+    cai = arr.__cuda_array_interface__
+    assert cai["version"] == 3 and cai["shape"] == (4, 6) and cai["typestr"] == "<f4"
+    assert cai["data"] == (arr.ptr, False) and cai["strides"] is None
+    assert cai["stream"] == 1  # the legacy default stream, the current one outside `with`
+    view = arr[:, 1::2]
+    assert view.__cuda_array_interface__["strides"] == (24, 8)
+    stream = Stream(Device(0))
+    with stream:
+        assert arr.__cuda_array_interface__["stream"] == stream.handle
+
+
+def test_dlpack_device_is_cuda_and_the_ordinal(backend):
+    assert cuctx.zeros(3).__dlpack_device__() == (2, 0)
+    if len(cuctx.devices()) > 1:
+        assert cuctx.zeros(3, device=1).__dlpack_device__() == (2, 1)
+
+
+def test_dlpack_refuses_copies_and_stream_zero(backend):
+    arr = cuctx.zeros(3)
+    with pytest.raises(BufferError, match="without copying"):
+        arr.__dlpack__(copy=True)
+    with pytest.raises(BufferError, match="ambiguous"):
+        arr.__dlpack__(stream=0)
+    with pytest.raises(BufferError, match="not"):
+        arr.__dlpack__(dl_device=(1, 0))
+
+
+def test_dlpack_capsules_are_valid_dlpack(backend):
+    """The capsule layout, checked by NumPy (which consumes DLPack for host memory): the
+    same builder makes the CUDA capsules, with device (kDLCUDA, ordinal)."""
+    host = np.arange(24, dtype=np.int16).reshape(4, 6)[:, ::2]
+
+    class HostProducer:
+        def __dlpack__(self, **kwargs):
+            ptr = host.__array_interface__["data"][0]
+            return _capsule(ptr, host.shape, host.strides, host.dtype, (1, 0), host)
+
+        def __dlpack_device__(self):
+            return (1, 0)
+    view = np.from_dlpack(HostProducer())
+    assert np.shares_memory(view, host) and view.strides == host.strides
+    np.testing.assert_array_equal(view, host)
+
+
+# -- asarray: the consumer side -------------------------------------------------------------
+
+def test_asarray_wraps_a_cai_producer_without_copying(backend):
+    arr = cuctx.to_device(np.arange(10, dtype=np.float64))
+    producer = CAIProducer(arr)
+    wrapped = cuctx.asarray(producer)
+    assert wrapped.ptr == arr.ptr and wrapped.shape == (10,) and wrapped.dtype == np.float64
+    assert wrapped.device is arr.device
+    wrapped[2:4].fill(-1)
+    assert arr.to_host()[2:4].tolist() == [-1, -1]
+    ref = weakref.ref(producer)
+    del producer
+    gc.collect()
+    assert ref() is not None  # the wrapper keeps its producer alive
+    assert cuctx.asarray(arr) is arr
+
+
+def test_asarray_waits_for_the_producers_stream(backend):
+    producer_stream = Stream(Device(0))
+    pinned = cuctx.pinned_empty(1 << 12)
+    pinned[:] = 7
+    arr = cuctx.empty(1 << 12, stream=producer_stream)
+    slow(producer_stream, 20)
+    cuctx.copy(arr, pinned, stream=producer_stream)  # still queued
+    wrapped = cuctx.asarray(CAIProducer(arr, stream=producer_stream.handle))
+    # The current stream now waits for the producer's, so this copy sees the data.
+    assert wrapped.to_host().sum() == 7 << 12
+
+
+def test_asarray_over_dlpack_keeps_the_exporter_alive(backend):
+    arr = cuctx.to_device(np.arange(12, dtype=np.int32).reshape(3, 4))
+    view = arr[1:]
+    ref = weakref.ref(view)
+    wrapped = cuctx.asarray(DLPackOnly(view))
+    assert wrapped.ptr == arr.ptr + 16 and wrapped.shape == (2, 4) and wrapped.strides == (16, 4)
+    del arr, view
+    gc.collect()
+    assert ref() is not None  # the capsule's tensor holds it
+    np.testing.assert_array_equal(wrapped.to_host(), np.arange(4, 12).reshape(2, 4))
+    del wrapped
+    gc.collect()
+    assert ref() is None  # the deleter ran when the consumer let go
+
+
+def test_asarray_refuses_host_and_unknown_objects(backend):
+    with pytest.raises(TypeError, match="to_device"):
+        cuctx.asarray(np.zeros(3))
+    with pytest.raises(TypeError, match="to_device"):
+        cuctx.asarray(DLPackOnly(np.zeros(3)))
+    with pytest.raises(TypeError, match="neither"):
+        cuctx.asarray([1, 2, 3])
+    with pytest.raises(TypeError, match="bool, integer, float or complex"):
+        class Odd:
+            __cuda_array_interface__ = {"version": 3, "shape": (2,), "typestr": "|O",
+                                        "data": (0, False)}
+        cuctx.asarray(Odd())
+
+
+# -- real libraries on a GPU ----------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_torch_round_trip(gpu):
+    torch = pytest.importorskip("torch")
+    tensor = torch.arange(12, dtype=torch.float32, device="cuda").reshape(3, 4)
+    wrapped = cuctx.asarray(tensor)
+    assert wrapped.ptr == tensor.data_ptr() and wrapped.shape == (3, 4)
+    wrapped.fill(2)
+    torch.cuda.synchronize()
+    assert tensor.sum().item() == 24
+    arr = cuctx.to_device(np.arange(6, dtype=np.int64))
+    back = torch.from_dlpack(arr)
+    assert back.data_ptr() == arr.ptr and back.device == torch.device("cuda", 0)
+    assert back.tolist() == list(range(6))
+    via_cai = torch.as_tensor(arr, device="cuda")
+    assert via_cai.data_ptr() == arr.ptr
+
+
+@pytest.mark.gpu
+def test_cupy_round_trip(gpu):
+    cupy = pytest.importorskip("cupy")
+    cp_arr = cupy.arange(10, dtype=cupy.float64)
+    wrapped = cuctx.asarray(cp_arr)
+    assert wrapped.ptr == cp_arr.data.ptr
+    np.testing.assert_array_equal(wrapped.to_host(), np.arange(10.0))
+    arr = cuctx.to_device(np.arange(8, dtype=np.int32))
+    for view in (cupy.asarray(arr), cupy.from_dlpack(arr)):
+        assert view.data.ptr == arr.ptr and view.tolist() == list(range(8))
+
+
+@pytest.mark.gpu
+def test_numba_device_array(gpu):
+    numba_cuda = pytest.importorskip("numba.cuda")
+    d = numba_cuda.to_device(np.arange(5, dtype=np.float32))
+    wrapped = cuctx.asarray(d)
+    assert wrapped.ptr == d.device_ctypes_pointer.value
+    np.testing.assert_array_equal(wrapped.to_host(), np.arange(5, dtype=np.float32))
+
+
+@pytest.mark.gpu
+def test_cuda_core_buffer(gpu):
+    core = pytest.importorskip("cuda.core")
+    device = core.Device(0)
+    device.set_current()
+    buffer = device.allocate(64, stream=device.default_stream)  # cuda.core >= 1.0 asks for one
+    if not hasattr(buffer, "__dlpack__"):
+        pytest.skip(f"cuda.core {core.__version__} buffers do not export DLPack")
+    wrapped = cuctx.asarray(buffer)
+    assert wrapped.ptr == int(buffer.handle) and wrapped.nbytes == 64
