@@ -4,12 +4,15 @@ on the real driver or on a simulated GPU."""
 from __future__ import annotations
 
 from . import _driver
+from .compiler import CompileError
 from .context import Context, ContextFlags, current_context, current_device, ensure_context
 from .device import ComputeCapability, Device, DeviceProperties, MemInfo, devices
 from .errors import (BackendUnavailableError, ContextDestroyedError, ContextPoisonedError,
                      CudaError, InvalidContextError, InvalidDeviceError, InvalidValueError,
                      NotSupportedError, OutOfMemoryError, StickyFaultError)
 from .event import Event
+from .launch import KernelArgumentError, LaunchConfigError, Launcher, launch
+from .library import BlockSizeSuggestion, Kernel, KernelAttributes, Library, Module
 from .memory import (DeviceArray, asarray, copy, defer_cleanup, empty, full, pinned_empty,
                      register_host, to_device, zeros)
 from .stream import HostFunctionError, Stream, current_stream, legacy_stream, per_thread_stream
@@ -30,12 +33,13 @@ def set_backend(name: str) -> _driver.Backend:
 
 
 __all__ = [
-    "BackendUnavailableError", "ComputeCapability", "Context", "ContextDestroyedError",
-    "ContextFlags", "ContextPoisonedError", "CudaError", "Device", "DeviceArray",
-    "DeviceProperties", "Event", "HostFunctionError", "InvalidContextError",
-    "InvalidDeviceError", "InvalidValueError", "MemInfo", "NotSupportedError",
-    "OutOfMemoryError", "StickyFaultError", "Stream", "asarray", "backend", "copy",
-    "current_context", "current_device", "current_stream", "defer_cleanup", "devices",
-    "empty", "ensure_context", "full", "legacy_stream", "per_thread_stream", "pinned_empty",
-    "register_host", "set_backend", "to_device", "zeros",
+    "BackendUnavailableError", "BlockSizeSuggestion", "CompileError", "ComputeCapability",
+    "Context", "ContextDestroyedError", "ContextFlags", "ContextPoisonedError", "CudaError",
+    "Device", "DeviceArray", "DeviceProperties", "Event", "HostFunctionError",
+    "InvalidContextError", "InvalidDeviceError", "InvalidValueError", "Kernel",
+    "KernelArgumentError", "KernelAttributes", "LaunchConfigError", "Launcher", "Library",
+    "MemInfo", "Module", "NotSupportedError", "OutOfMemoryError", "StickyFaultError", "Stream",
+    "asarray", "backend", "copy", "current_context", "current_device", "current_stream",
+    "defer_cleanup", "devices", "empty", "ensure_context", "full", "launch", "legacy_stream",
+    "per_thread_stream", "pinned_empty", "register_host", "set_backend", "to_device", "zeros",
 ]

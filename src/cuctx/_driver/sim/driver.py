@@ -14,6 +14,7 @@ import threading
 from ._common import h100_spec
 from ._contexts import ContextModel
 from ._devices import DeviceQueries, SimDevice
+from ._library import LibraryModel
 from ._memory import MemoryModel
 from ._streams import StreamModel
 
@@ -21,6 +22,7 @@ from ._streams import StreamModel
 class SimDriver(
     DeviceQueries,
     StreamModel,
+    LibraryModel,
     MemoryModel,
     ContextModel,
 ):
@@ -35,6 +37,7 @@ class SimDriver(
         self._init_contexts()
         self._init_streams()
         self._init_memory()
+        self._init_libraries()
 
     @classmethod
     def from_env(cls) -> "SimDriver":

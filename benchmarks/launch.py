@@ -1,0 +1,215 @@
+"""Host cost of one kernel launch: cuctx against C and the Python peers, all in one run.
+
+The kernel is empty and takes two arguments (a device pointer and an int). Each candidate
+submits batches of 128 launches on its own non-blocking stream (128 fit the launch queue,
+so no submission waits for the GPU), synchronizes between batches, and times only the
+submissions; the best batch counts. Results are printed in ns per launch and as ratios to C
+(lower is better). The C baseline (benchmarks/launch_c.c) is built at run time with gcc
+into /tmp. Also timed: `Library.from_source` on a cold cache against a cache hit.
+
+Run on a GPU machine: ``python benchmarks/launch.py``. Peers that are not installed are
+skipped with a note.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import cuctx  # noqa: E402
+from cuctx.compiler import compile_source  # noqa: E402
+
+SOURCE = 'extern "C" __global__ void empty(float* p, int n) {}'
+BATCH, BATCHES = 128, 200
+
+
+def timed(submit_batch, synchronize) -> float:
+    """ns per launch of the best batch."""
+    best = float("inf")
+    for _ in range(BATCHES):
+        start = time.perf_counter_ns()
+        submit_batch()
+        best = min(best, time.perf_counter_ns() - start)
+        synchronize()
+    return best / BATCH
+
+
+# -- candidates: each returns a measure() -> ns per launch --------------------------------
+
+def c_program(cubin: Path):
+    cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    exe = Path(tempfile.gettempdir()) / "cuctx_launch_c"
+    subprocess.run(["gcc", "-O2", "-o", str(exe), str(Path(__file__).with_name("launch_c.c")),
+                    f"-I{cuda}/include", "-lcuda"], check=True)
+    return lambda: float(subprocess.run([str(exe), str(cubin), "empty", str(BATCHES)],
+                                        check=True, capture_output=True, text=True).stdout)
+
+
+def cuctx_candidates(image: bytes):
+    library = cuctx.Library.from_bytes(image)
+    kernel = library["empty"]
+    with cuctx.Device(0):
+        stream = cuctx.Stream()
+        data = cuctx.zeros(256, np.float32)
+    launcher = kernel[1, 32, 0, stream]
+
+    def held():
+        for _ in range(BATCH):
+            launcher(data, 3)
+
+    def subscript():
+        for _ in range(BATCH):
+            kernel[1, 32, 0, stream](data, 3)
+
+    def function():
+        for _ in range(BATCH):
+            cuctx.launch(kernel, 1, 32, data, 3, stream=stream)
+    sync = stream.synchronize
+    return {"cuctx launcher": lambda: timed(held, sync),
+            "cuctx kernel[...](...)": lambda: timed(subscript, sync),
+            "cuctx.launch": lambda: timed(function, sync)}
+
+
+def bindings_candidates(image: bytes):
+    from cuda.bindings import driver as drv
+    err, lib = drv.cuLibraryLoadData(image, None, None, 0, None, None, 0)
+    assert not err, err
+    err, kernel = drv.cuLibraryGetKernel(lib, b"empty")
+    function = drv.CUfunction(int(kernel))
+    with cuctx.Device(0):
+        err, stream = drv.cuStreamCreate(1)
+        err, ptr = drv.cuMemAlloc(1024)
+    params = ((int(ptr), 3), (ctypes.c_void_p, ctypes.c_int))  # the documented tuple form
+    p, n = ctypes.c_void_p(int(ptr)), ctypes.c_int(3)
+    packed = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(n))
+    address = ctypes.addressof(packed)  # the void** form, packed by hand once
+
+    def tuples():
+        for _ in range(BATCH):
+            drv.cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, 0)
+
+    def prepacked():
+        for _ in range(BATCH):
+            drv.cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, address, 0)
+
+    def sync():
+        drv.cuStreamSynchronize(stream)
+    return {"cuda.bindings (tuples)": lambda: timed(tuples, sync),
+            "cuda.bindings (void**)": lambda: timed(prepacked, sync)}
+
+
+def cuda_core_candidates(image: bytes):
+    try:
+        from cuda.core import Device, LaunchConfig, ObjectCode, launch
+    except ImportError:
+        from cuda.core.experimental import Device, LaunchConfig, ObjectCode, launch
+    device = Device(0)
+    device.set_current()
+    kernel = ObjectCode.from_cubin(image).get_kernel("empty")
+    stream = device.create_stream()
+    buffer = device.memory_resource.allocate(1024, stream=stream)
+    config = LaunchConfig(grid=1, block=32)
+    n = np.int32(3)
+
+    def batch():
+        for _ in range(BATCH):
+            launch(stream, config, kernel, buffer, n)
+    return {"cuda.core": lambda: timed(batch, stream.sync)}
+
+
+def cupy_candidates():
+    import cupy
+    kernel = cupy.RawKernel(SOURCE, "empty")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    data = cupy.zeros(256, cupy.float32)
+    n = np.int32(3)
+
+    def batch():
+        with stream:
+            for _ in range(BATCH):
+                kernel((1,), (32,), (data, n))
+    return {"CuPy RawKernel": lambda: timed(batch, stream.synchronize)}
+
+
+def torch_candidates():
+    import torch
+    data = torch.zeros(256, device="cuda")
+    stream = torch.cuda.Stream()
+    compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
+    if compile_kernel is not None:
+        kernel = compile_kernel(SOURCE, "empty")
+
+        def batch():
+            with torch.cuda.stream(stream):
+                for _ in range(BATCH):
+                    kernel(grid=(1, 1, 1), block=(32, 1, 1), args=[data, 3])
+        name = "PyTorch _compile_kernel"
+    else:  # no raw-kernel launch in this torch: its cheapest kernel-launching op instead
+        small = torch.zeros(1, device="cuda")
+
+        def batch():
+            with torch.cuda.stream(stream):
+                for _ in range(BATCH):
+                    small.zero_()
+        name = "PyTorch tensor.zero_()"
+    return {name: lambda: timed(batch, stream.synchronize)}
+
+
+# -- the run ------------------------------------------------------------------------------
+
+def compile_times() -> None:
+    with tempfile.TemporaryDirectory() as cache:
+        start = time.perf_counter()
+        cuctx.Library.from_source(SOURCE, cache_dir=cache)
+        cold = time.perf_counter() - start
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            cuctx.Library.from_source(SOURCE, cache_dir=cache)
+            best = min(best, time.perf_counter() - start)
+    print(f"\n== Library.from_source: cold compile {cold * 1e3:.1f} ms, cache hit "
+          f"{best * 1e3:.2f} ms ({cold / best:.0f}x faster)")
+
+
+def main() -> None:
+    if cuctx.backend().name != "cuda":
+        sys.exit(f"benchmarks/launch.py needs a GPU ({cuctx.backend()})")
+    device = cuctx.Device(0)
+    cc = device.compute_capability
+    image = compile_source(SOURCE, arch=f"sm_{cc.major}{cc.minor}", cache_dir=False).image
+    cubin = Path(tempfile.gettempdir()) / "cuctx_launch_empty.cubin"
+    cubin.write_bytes(image)
+
+    candidates = {"C cuLaunchKernel": c_program(cubin)}
+    candidates.update(cuctx_candidates(image))
+    for name, make in (("cuda.bindings", lambda: bindings_candidates(image)),
+                       ("cuda.core", lambda: cuda_core_candidates(image)),
+                       ("CuPy", cupy_candidates), ("PyTorch", torch_candidates)):
+        try:
+            candidates.update(make())
+        except Exception as exc:  # noqa: BLE001 - a peer's missing package or changed API
+            print(f"(no {name} baseline: {type(exc).__name__}: {exc})")
+
+    best: dict[str, float] = {}
+    for _ in range(5):  # rounds interleaved, so drift hits every candidate alike
+        for name, measure in candidates.items():
+            best[name] = min(best.get(name, float("inf")), measure())
+    c = best["C cuLaunchKernel"]
+    print(f"\n== host cost per launch, empty kernel, 2 arguments, batches of {BATCH} "
+          f"({device.name}; lower is better)")
+    for name, ns in best.items():
+        print(f"  {name:<28} {ns:8.0f} ns   {ns / c:5.2f}x C")
+    compile_times()
+
+
+if __name__ == "__main__":
+    main()
