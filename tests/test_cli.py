@@ -50,5 +50,10 @@ def test_demo_runs_every_example(name):
     assert proc.returncode == 0, proc.stderr
     assert "using a destroyed context: ContextDestroyedError" in proc.stdout
     assert "stack empty again: current = None" in proc.stdout
+    assert "launches counted in managed memory:" in proc.stdout
+    assert "copy/compute/copy on 4 streams: correct" in proc.stdout
+    assert "sum on another stream, with the wait: 1.0000 (correct)" in proc.stdout
+    if name == "sim":  # deterministic on the sim; a race on a GPU
+        assert "without the wait: 0.0000 (stale" in proc.stdout
     bad = cli("demo", "nope", backend=name)
     assert bad.returncode == 2 and "no example named nope" in bad.stderr

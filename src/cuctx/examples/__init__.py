@@ -1,3 +1,3 @@
 """The seeds' examples written with cuctx; `python -m cuctx demo` runs them all."""
 
-EXAMPLES = ["context_stack", "context_independent"]
+EXAMPLES = ["context_stack", "context_independent", "stream_overlap"]
