@@ -395,7 +395,7 @@ def empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *, stream: Stre
     shape, dtype = _shape(shape), _dtype(dtype)
     stream = _allocation_stream(stream, device)
     nbytes = prod(shape) * dtype.itemsize
-    if nbytes == 0:  # the driver has no empty allocations; an empty array needs no memory
+    if nbytes == 0:  # the driver answers a null pointer; an empty array needs no memory
         stream._ctx._check("cuctx.empty")
         return DeviceArray._make(stream._ctx, 0, shape, dtype, None, None)
     alloc = _allocate(nbytes, stream)

@@ -206,7 +206,9 @@ class MemoryModel:
             err, stream = self._stream(hStream)
             if err:
                 return (err, None)
-            if nbytes <= 0:
+            if nbytes == 0:  # as on driver 580: success, and a null pointer
+                return (OK, CUdeviceptr(0))
+            if nbytes < 0:
                 return (INVALID_VALUE, None)
             ctx = stream.ctx
             block = self._reusable(nbytes, ctx.device, stream) \
