@@ -200,7 +200,7 @@ class _Plan:
     args)``, generated for the signature (a type guard, the pointer conversions, one
     ``struct.pack_into``), so the hot path runs no per-argument Python loop."""
 
-    __slots__ = ("pack", "getters")
+    __slots__ = ("pack", "getters", "types", "pack_into")
 
     def __init__(self, packer: Packer, args: tuple):
         if len(args) != len(packer.params):
@@ -214,8 +214,9 @@ class _Plan:
             pos = offset + size
             getters.append(getter)
         self.getters = tuple(getters)
-        self.pack = _generate(tuple(map(type, args)), self.getters,
-                              struct.Struct("".join(fmt)).pack_into)
+        self.types = tuple(map(type, args))
+        self.pack_into = struct.Struct("".join(fmt)).pack_into
+        self.pack = _generate_pack(self)
 
 
 class _NoPlan:
@@ -229,29 +230,64 @@ class _NoPlan:
 _NO_PLAN = _NoPlan()
 
 
-def _generate(types: tuple[type, ...], getters: tuple, pack_into) -> Callable:
-    n = len(types)
-    names = [f"a{i}" for i in range(n)]
-    guard = " or ".join(f"type(a{i}) is not T{i}" for i in range(n)) or "False"
-    checks, values = [], []
-    for i, getter in enumerate(getters):
+def _argument_code(plan: _Plan, miss: str) -> tuple[str, str, dict]:
+    """Source that unpacks ``args``, checks the types against the plan (running ``miss``
+    when they differ), and the ``, value, ...`` list for ``pack_into``; and its scope."""
+    n = len(plan.types)
+    lines = [f"    if len(args) != {n}:\n        {miss}\n"]
+    if n:
+        lines.append(f"    {', '.join(f'a{i}' for i in range(n))}, = args\n")
+        guard = " or ".join(f"type(a{i}) is not T{i}" for i in range(n))
+        lines.append(f"    if {guard}:\n        {miss}\n")
+    values = []
+    for i, getter in enumerate(plan.getters):
         if getter is _device_array_pointer:  # inlined: the common case on the hot path
-            checks.append(f"    c = a{i}._ctx\n"
-                          f"    if c._state is not ACTIVE or c._device is not device:\n"
-                          f"        G{i}(a{i}, device)\n")
+            lines.append(f"    c = a{i}._ctx\n"
+                         f"    if c._state is not ACTIVE or c._device is not device:\n"
+                         f"        G{i}(a{i}, device)\n")
             values.append(f", a{i}.ptr")
         else:
             values.append(f", G{i}(a{i}, device)" if getter else f", a{i}")
-    unpack = f"    {', '.join(names)}, = args\n" if n else ""
-    source = (f"def pack(buffer, device, args):\n"
-              f"    if len(args) != {n}:\n        raise Miss\n{unpack}"
-              f"    if {guard}:\n        raise Miss\n{''.join(checks)}"
-              f"    pack_into(buffer, 0{''.join(values)})\n")
-    scope = {"Miss": _Miss, "pack_into": pack_into, "ACTIVE": ACTIVE,
-             **{f"T{i}": t for i, t in enumerate(types)},
-             **{f"G{i}": g for i, g in enumerate(getters) if g}}
-    exec(compile(source, f"<cuctx packer {types}>", "exec"), scope)  # noqa: S102 - our source
-    return scope["pack"]
+    scope = {"ACTIVE": ACTIVE, "pack_into": plan.pack_into,
+             **{f"T{i}": t for i, t in enumerate(plan.types)},
+             **{f"G{i}": g for i, g in enumerate(plan.getters) if g}}
+    return "".join(lines), "".join(values), scope
+
+
+def _compile(source: str, scope: dict, name: str, what: str) -> Callable:
+    exec(compile(source, f"<cuctx {what}>", "exec"), scope)  # noqa: S102 - our own source
+    return scope[name]
+
+
+def _generate_pack(plan: _Plan) -> Callable:
+    """``pack(buffer, device, args)`` for one type signature; raises _Miss for others."""
+    checks, values, scope = _argument_code(plan, "raise Miss")
+    source = (f"def pack(buffer, device, args):\n{checks}"
+              f"    pack_into(buffer, 0{values})\n")
+    return _compile(source, {**scope, "Miss": _Miss}, "pack", f"packer {plan.types}")
+
+
+def _generate_launch(plan: _Plan, launcher: Launcher, buffer: bytearray, go: Callable) -> Callable:
+    """``launch(args)`` for one launcher, one type signature and the calling thread's
+    buffer: every check and the driver call in one function, with everything it needs bound
+    as constants. Whatever it was not made for goes to ``launcher._general``."""
+    checks, values, scope = _argument_code(plan, "return general(args)")
+    source = (
+        "def launch(args):\n"
+        "    if ctx._state is not ACTIVE or not owner._loaded or get_ident() != thread:\n"
+        "        return general(args)\n"
+        f"{checks}"
+        "    try:\n"
+        f"        pack_into(buffer, 0{values})\n"
+        "    except struct_error:\n"
+        "        return general(args)\n"
+        "    err, = go()\n"
+        "    if err:\n"
+        "        fail(err)\n")
+    scope.update(ctx=launcher._ctx, owner=launcher._owner, thread=threading.get_ident(),
+                 get_ident=threading.get_ident, general=launcher._general, buffer=buffer,
+                 go=go, fail=launcher._fail, struct_error=struct.error, device=launcher._device)
+    return _compile(source, scope, "launch", f"launcher {launcher.kernel.name} {plan.types}")
 
 
 def _slot(packer: Packer, index: int, size: int, arg: Any):
@@ -399,7 +435,7 @@ class Launcher:
     kernel's arguments to launch. Made by ``kernel[grid, block, shared_mem, stream]``."""
 
     __slots__ = ("kernel", "config", "stream", "_ctx", "_device", "_packer", "_go_at",
-                 "_owner", "_backend", "_plan", "_local", "__weakref__")
+                 "_owner", "_backend", "_plan", "_local", "_fast", "__weakref__")
 
     def __init__(self, kernel: Kernel, config: Config, stream: Stream):
         ctx = stream._ctx
@@ -420,6 +456,8 @@ class Launcher:
         self._packer = kernel._packer()
         self._plan = _NO_PLAN  # the last plan used: the next call most likely has the same types
         self._local = threading.local()  # per thread: (parameter buffer, bound driver call)
+        # The first launch generates the fast path for its thread and argument types.
+        self._fast: Callable | None = None
         self._owner._used_in(ctx)
         drv = ctx._backend.driver
         function, handle = kernel._function, stream._handle
@@ -440,6 +478,11 @@ class Launcher:
         return state
 
     def __call__(self, *args: Any) -> None:
+        (self._fast or self._general)(args)
+
+    def _general(self, args: tuple) -> None:
+        """Every launch the generated fast path was not made for: the first one, other
+        threads, other argument types, bad arguments (for their errors), unusable contexts."""
         ctx = self._ctx
         if ctx._state is not ACTIVE:
             raise ctx._unusable(f"launch of {self.kernel.name!r}")
@@ -462,6 +505,8 @@ class Launcher:
         err, = go()
         if err:
             self._fail(err)
+        if self._fast is None:
+            self._fast = _generate_launch(self._plan, self, buffer, go)
 
     def _fail(self, err) -> None:
         c = self.config
