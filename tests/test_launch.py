@@ -271,3 +271,43 @@ def test_launch_in_destroyed_context_is_refused(lib):
     ctx.destroy()
     with pytest.raises(cuctx.ContextDestroyedError):
         launcher(out, x, 1.0, 8)
+
+
+def test_a_launcher_stays_checked_after_its_fast_path_exists(lib):
+    """The first launch generates a fast path for its thread and argument types; every
+    other case must still take the checked path and behave exactly as before."""
+    out, x = arrays()
+    launcher = lib["add"][1, 8]
+    launcher(out, x, 1.0, 8)  # generates the fast path
+    launcher(out, x, 2.0, 8)  # takes it
+    assert out.to_host().tolist() == list(range(2, 10))
+    launcher(out, x, np.float32(3.0), np.int32(8))  # other types: still correct
+    assert out.to_host().tolist() == list(range(3, 11))
+    with pytest.raises(KernelArgumentError, match="takes 4 argument"):
+        launcher(out, x, 1.0)
+    with pytest.raises(KernelArgumentError, match="parameter 3"):
+        launcher(out, x, 1.0, 2**40)
+    seen = []
+    thread = threading.Thread(target=lambda: (launcher(out, x, 4.0, 8), seen.append(True)))
+    thread.start()
+    thread.join()
+    cuctx.current_stream().synchronize()
+    assert seen and out.to_host().tolist() == list(range(4, 12))
+    launcher(out, x, 5.0, 8)  # back on the fast path after all that
+    assert out.to_host().tolist() == list(range(5, 13))
+
+
+def test_a_fast_path_refuses_a_destroyed_context(backend):
+    library = cuctx.Library.from_source(SOURCE, sim_kernels={"add": add})
+    ctx = cuctx.Context.create(0)
+    try:
+        out, x = arrays()
+        launcher = library["add"][1, 8]
+        launcher(out, x, 1.0, 8)
+        launcher(out, x, 1.0, 8)
+    finally:
+        cuctx.Context.pop()
+    ctx.destroy()
+    with pytest.raises(cuctx.ContextDestroyedError):
+        launcher(out, x, 1.0, 8)
+    library.unload()
