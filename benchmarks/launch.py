@@ -73,8 +73,20 @@ def cuctx_candidates(image: bytes):
     def function():
         for _ in range(BATCH):
             cuctx.launch(kernel, 1, 32, data, 3, stream=stream)
+    # The driver floor for these very objects: cuctx's kernel, stream and array, launched
+    # through cuda.bindings with a void** packed once. cuctx launcher / this = cuctx's own cost.
+    from cuda.bindings import driver as drv
+    p, n = ctypes.c_void_p(data.ptr), ctypes.c_int(3)
+    packed = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(n))
+    address, function, handle = ctypes.addressof(packed), kernel._function, stream._handle
+
+    def floor():
+        for _ in range(BATCH):
+            drv.cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, handle, address, 0)
+
     sync = stream.synchronize
     return {"cuctx launcher": lambda: timed(held, sync),
+            "same objects, raw void**": lambda: timed(floor, sync),
             "cuctx kernel[...](...)": lambda: timed(subscript, sync),
             "cuctx.launch": lambda: timed(function, sync)}
 
@@ -208,6 +220,9 @@ def main() -> None:
           f"({device.name}; lower is better)")
     for name, ns in best.items():
         print(f"  {name:<28} {ns:8.0f} ns   {ns / c:5.2f}x C")
+    floor = best["same objects, raw void**"]
+    print(f"  cuctx launcher / the same launch through raw cuda.bindings = "
+          f"{best['cuctx launcher'] / floor:.3f} (cuctx's own cost)")
     compile_times()
 
 

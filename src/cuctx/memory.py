@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import operator
+import sys
 import threading
 import weakref
 from math import prod
@@ -709,11 +710,16 @@ def _delete_export(managed):
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-def _capsule_destructor(capsule):
+def _capsule_destructor(capsule, _finalizing=sys.is_finalizing):
     # A capsule nobody consumed still owns its tensor; a consumer renames it and calls
-    # the deleter itself when done.
-    if _api.PyCapsule_IsValid(capsule, _NAME):
-        _call_deleter(_api.PyCapsule_GetPointer(ctypes.cast(capsule, ctypes.py_object), _NAME))
+    # the deleter itself when done. Capsules still alive at interpreter exit are destroyed
+    # after this module's globals are gone: then there is nothing left to free.
+    try:
+        if _api.PyCapsule_IsValid(capsule, _NAME):
+            _call_deleter(_api.PyCapsule_GetPointer(ctypes.cast(capsule, ctypes.py_object), _NAME))
+    except Exception:
+        if not _finalizing():
+            raise
 
 
 _DESTRUCTOR = ctypes.cast(_capsule_destructor, ctypes.c_void_p).value

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import sys
 import threading
 import weakref
 from typing import Any, Callable
@@ -44,11 +45,17 @@ _failures_lock = threading.Lock()
 _keys = itertools.count(1)
 
 
-def _run_host_func(key: int) -> None:
+def _run_host_func(key: int, _finalizing=sys.is_finalizing) -> None:
+    # Runs on the driver's thread: nothing may escape into it. A host function still queued
+    # at interpreter exit runs after this module's globals are gone: then it is dropped.
     try:
         fn, args, where = _pending.pop(key)
-    except KeyError:  # never raise into the driver's thread
+    except KeyError:  # already dropped (its context went away)
         return
+    except Exception:
+        if _finalizing():
+            return
+        raise
     try:
         fn(*args)
     except BaseException as exc:  # noqa: BLE001 - reported at the next synchronize
