@@ -12,6 +12,17 @@ import time
 from typing import Callable
 
 
+def start(sim_note: str):
+    """Print the backend; return it and the name of the raw baseline ("cuda.bindings" on a
+    GPU; on the sim, its driver, with ``sim_note`` saying what the ratios then mean)."""
+    import cuctx
+    backend = cuctx.backend()
+    print(f"backend: {backend}")
+    if backend.name != "cuda":
+        print(f"note: {sim_note}")
+    return backend, "cuda.bindings" if backend.name == "cuda" else "sim driver"
+
+
 def best_time(fn: Callable[[], object], *, inner: int, rounds: int = 7) -> float:
     """Seconds per call of ``fn``: the best round of ``rounds``, each ``inner`` calls."""
     best = float("inf")

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 import cuctx
-from _bench import compare
+from _bench import compare, start
 
 NBYTES = 64 << 20
 REPEAT = 10  # copies per measurement, then one synchronize
@@ -52,12 +52,8 @@ def torch_baselines(n: int):
 
 
 def main() -> None:
-    backend = cuctx.backend()
+    backend, raw = start("on the sim these are NumPy copy speeds, not a GPU's")
     drv = backend.driver
-    print(f"backend: {backend}")
-    raw = "cuda.bindings" if backend.name == "cuda" else "sim driver"
-    if backend.name != "cuda":
-        print("note: on the sim these are NumPy copy speeds, not a GPU's")
     with cuctx.Device(0):
         stream = cuctx.Stream()
         host = cuctx.pinned_empty(NBYTES, np.uint8)

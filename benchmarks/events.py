@@ -10,7 +10,7 @@ from __future__ import annotations
 from cuda.bindings.driver import CUevent_flags, CUstream_flags
 
 import cuctx
-from _bench import best_time, compare
+from _bench import best_time, compare, start
 
 INNER = 20_000
 
@@ -24,12 +24,8 @@ def per_call_ns(fn, sync) -> float:
 
 
 def main() -> None:
-    backend = cuctx.backend()
+    backend, raw = start("the baseline is the sim's driver; ratios show cuctx's Python overhead only")
     drv = backend.driver
-    print(f"backend: {backend}")
-    raw = "cuda.bindings" if backend.name == "cuda" else "sim driver"
-    if backend.name != "cuda":
-        print("note: the baseline is the sim's driver; ratios show cuctx's Python overhead only")
     with cuctx.Device(0) as ctx:
         a, b = cuctx.Stream(), cuctx.Stream()
         event = cuctx.Event()

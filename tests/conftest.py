@@ -8,6 +8,7 @@ stack as it found it: a test that leaks a pushed context fails.
 from __future__ import annotations
 
 import gc
+import time
 
 import pytest
 
@@ -15,9 +16,22 @@ import cuctx
 from cuctx import _driver
 from cuctx._driver import ThreadState
 from cuctx._driver.cuda import probe
+from cuctx.compiler import nvrtc_version
 
 _cuda_driver, CUDA_REASON = probe()
 HAVE_GPU = _cuda_driver is not None
+
+def _nvrtc_missing() -> str | None:
+    try:
+        nvrtc_version()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+NVRTC_MISSING = _nvrtc_missing()
+requires_nvrtc = pytest.mark.skipif(NVRTC_MISSING is not None,
+                                    reason=f"NVRTC cannot be loaded: {NVRTC_MISSING}")
 
 BACKENDS = [
     pytest.param("sim", id="sim"),
@@ -73,3 +87,15 @@ def gpu():
     yield b
     _empty_stack(b)  # the other libraries may have made their contexts current
     b.tls.state = ThreadState()
+
+
+def busy(stream, ms: float) -> None:
+    """Queue work that takes ``ms`` milliseconds on ``stream``: virtual time on the sim
+    (simStreamBusy), a sleeping host function on a GPU."""
+    backend = stream._backend
+    if backend.name == "sim":
+        with stream.context:
+            err, = backend.driver.simStreamBusy(stream._handle, int(ms * 1_000_000))
+        assert not err
+    else:
+        stream.launch_host_func(time.sleep, ms / 1000)

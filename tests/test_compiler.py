@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cuctx.compiler as compiler
+from conftest import requires_nvrtc
 from cuctx._cubin import is_cubin, is_ptx, read_kernels
 from cuctx.compiler import (
     CacheWarning,
@@ -24,23 +25,10 @@ from cuctx.compiler import (
     cache_directory,
     compile_source,
     nvrtc_supported_archs,
-    nvrtc_version,
     pick_arch,
 )
 
 
-def _nvrtc_missing() -> str | None:
-    try:
-        nvrtc_version()
-    except RuntimeError as exc:
-        return str(exc)
-    return None
-
-
-_MISSING = _nvrtc_missing()
-requires_nvrtc = pytest.mark.skipif(
-    _MISSING is not None, reason=f"NVRTC cannot be loaded: {_MISSING}"
-)
 
 SRC = r"""
 extern "C" __global__ void scale(float* x, float a, int n) {

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import NVRTC_MISSING, requires_nvrtc
 from cuctx._cubin import (
     KernelInfo,
     Param,
@@ -25,21 +26,9 @@ from cuctx._cubin import (
     ptx_layouts,
     read_kernels,
 )
-from cuctx.compiler import compile_source, nvrtc_version
+from cuctx.compiler import compile_source
 
 
-def _nvrtc_missing() -> str | None:
-    try:
-        nvrtc_version()
-    except RuntimeError as exc:
-        return str(exc)
-    return None
-
-
-_MISSING = _nvrtc_missing()
-requires_nvrtc = pytest.mark.skipif(
-    _MISSING is not None, reason=f"NVRTC cannot be loaded: {_MISSING}"
-)
 
 MIXED_SRC = r"""
 struct S12 { float a; int b; short c; };
@@ -86,8 +75,8 @@ def c_abi_layout(*ctypes_types) -> tuple[tuple[Param, ...], int]:
 
 @pytest.fixture(scope="module")
 def cubin() -> bytes:
-    if _MISSING is not None:
-        pytest.skip(f"NVRTC cannot be loaded: {_MISSING}")
+    if NVRTC_MISSING is not None:
+        pytest.skip(f"NVRTC cannot be loaded: {NVRTC_MISSING}")
     result = compile_source(
         MIXED_SRC, arch="sm_90", name_expressions=["axpy<float>"], cache_dir=False
     )
@@ -96,8 +85,8 @@ def cubin() -> bytes:
 
 @pytest.fixture(scope="module")
 def ptx() -> bytes:
-    if _MISSING is not None:
-        pytest.skip(f"NVRTC cannot be loaded: {_MISSING}")
+    if NVRTC_MISSING is not None:
+        pytest.skip(f"NVRTC cannot be loaded: {NVRTC_MISSING}")
     return compile_source(
         MIXED_SRC, arch="compute_90", name_expressions=["axpy<float>"], cache_dir=False
     ).image

@@ -2,23 +2,13 @@
 on the sim."""
 
 import gc
-import time
 
 import pytest
 
 import cuctx
 from cuctx import Context, ContextDestroyedError, Device, Event, Stream
 
-
-def busy(stream: Stream, ms: float) -> None:
-    """Work of ``ms`` milliseconds: virtual on the sim, a sleeping host function on a GPU."""
-    backend = stream._backend
-    if backend.name == "sim":
-        with stream.context:
-            err, = backend.driver.simStreamBusy(stream._handle, int(ms * 1_000_000))
-        assert not err
-    else:
-        stream.launch_host_func(time.sleep, ms / 1000)
+from conftest import busy
 
 
 def test_an_event_belongs_to_the_current_context(backend):

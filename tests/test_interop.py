@@ -7,7 +7,7 @@ import weakref
 
 import numpy as np
 import pytest
-from test_streams import slow
+from conftest import busy
 
 import cuctx
 from cuctx import Device, DeviceArray, Stream
@@ -111,7 +111,7 @@ def test_asarray_waits_for_the_producers_stream(backend):
     pinned = cuctx.pinned_empty(1 << 12)
     pinned[:] = 7
     arr = cuctx.empty(1 << 12, stream=producer_stream)
-    slow(producer_stream, 20)
+    busy(producer_stream, 20)
     cuctx.copy(arr, pinned, stream=producer_stream)  # still queued
     wrapped = cuctx.asarray(CAIProducer(arr, stream=producer_stream.handle))
     # The current stream now waits for the producer's, so this copy sees the data.

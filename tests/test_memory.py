@@ -9,7 +9,7 @@ import gc
 import numpy as np
 import pytest
 from cuda.bindings.driver import CUresult
-from test_streams import slow
+from conftest import busy
 
 import cuctx
 from cuctx import (Context, ContextDestroyedError, ContextPoisonedError, Device, DeviceArray,
@@ -203,14 +203,14 @@ def test_registering_page_locked_memory_twice_is_refused(backend):
 def normalise_then_sum(wait: bool) -> float:
     """The seeds' bug: a sum on one stream reads an array that another stream is still
     normalising. 'Normalise' is an async copy of the normalised values into the array on
-    s_norm (after slow work there); 'sum' copies it back on s_sum and adds up on the host."""
+    s_norm (after busy work there); 'sum' copies it back on s_sum and adds up on the host."""
     s_norm, s_sum = Stream(Device(0)), Stream(Device(0))
     raw = np.arange(1, 4097, dtype=np.float64)
     data = cuctx.zeros(raw.size, stream=s_norm)
     s_norm.synchronize()
     normalised = cuctx.pinned_empty(raw.size)
     normalised[:] = raw / raw.sum()
-    slow(s_norm, 20)
+    busy(s_norm, 20)
     cuctx.copy(data, normalised, stream=s_norm)
     if wait:
         s_sum.wait(s_norm)
@@ -240,7 +240,7 @@ def use_on_another_stream_then_free(keep) -> tuple[np.ndarray, int, int]:
     first = arr.ptr
     out = cuctx.pinned_empty(4096, np.float32)
     s_use.wait(s_alloc)
-    slow(s_use, 20)  # s_use is busy: its read of arr comes late
+    busy(s_use, 20)  # s_use is busy: its read of arr comes late
     cuctx.copy(out, arr, stream=s_use)
     with keep(arr, s_use):
         del arr

@@ -4,7 +4,6 @@ asynchrony (stale reads without a wait, seeded interleaving) is tested on the si
 
 import gc
 import threading
-import time
 
 import pytest
 
@@ -12,19 +11,7 @@ import cuctx
 import cuctx.sim
 from cuctx import Context, ContextDestroyedError, ContextPoisonedError, Device, Stream
 
-from conftest import fresh
-
-
-def slow(stream: Stream, ms: float) -> None:
-    """Queue work that takes ``ms`` milliseconds: virtual time on the sim, a sleeping host
-    function on a GPU."""
-    backend = stream._backend
-    if backend.name == "sim":
-        with stream.context:
-            err, = backend.driver.simStreamBusy(stream._handle, int(ms * 1_000_000))
-        assert not err
-    else:
-        stream.launch_host_func(time.sleep, ms / 1000)
+from conftest import busy, fresh
 
 
 # -- creating streams ---------------------------------------------------------------------
@@ -78,7 +65,7 @@ def test_work_on_one_stream_runs_in_order(backend):
         stream = Stream()
         order = []
         for i in range(5):
-            slow(stream, 1)
+            busy(stream, 1)
             stream.launch_host_func(order.append, i)
         stream.synchronize()
         assert order == [0, 1, 2, 3, 4]
@@ -89,7 +76,7 @@ def test_wait_on_an_event_orders_two_streams(backend):
     with Device(0):
         producer, consumer = Stream(), Stream()
         box, seen = ["old"], []
-        slow(producer, 20)
+        busy(producer, 20)
         producer.launch_host_func(box.__setitem__, 0, "new")
         ready = producer.record()
         consumer.wait(ready)
@@ -102,7 +89,7 @@ def test_wait_on_a_stream_orders_two_streams(backend):
     with Device(0):
         producer, consumer = Stream(), Stream()
         box, seen = ["old"], []
-        slow(producer, 20)
+        busy(producer, 20)
         producer.launch_host_func(box.__setitem__, 0, "new")
         consumer.wait(producer)
         consumer.launch_host_func(lambda: seen.append(box[0]))
@@ -129,7 +116,7 @@ def test_host_functions_across_streams_follow_the_waits(backend):
         for i, stream in enumerate(streams):
             if i:
                 stream.wait(streams[i - 1])
-            slow(stream, 5)
+            busy(stream, 5)
             stream.launch_host_func(order.append, i)
         streams[-1].synchronize()
         assert order == [0, 1, 2]
@@ -141,7 +128,7 @@ def test_streams_of_two_devices_can_wait_on_each_other(backend):
     box, seen = ["old"], []
     with Device(1):
         producer = Stream()
-        slow(producer, 10)
+        busy(producer, 10)
         producer.launch_host_func(box.__setitem__, 0, "new")
     with Device(0):
         consumer = Stream()
@@ -156,7 +143,7 @@ def test_a_blocking_stream_waits_for_the_legacy_default_stream(backend):
         legacy = cuctx.legacy_stream()
         blocking = Stream(non_blocking=False)
         box, seen = ["old"], []
-        slow(legacy, 10)
+        busy(legacy, 10)
         legacy.launch_host_func(box.__setitem__, 0, "new")
         blocking.launch_host_func(lambda: seen.append(box[0]))  # implicitly ordered after it
         blocking.synchronize()
@@ -190,7 +177,7 @@ def test_host_function_arguments_stay_alive_until_it_ran(backend):
 
         class Payload:
             value = 42
-        slow(stream, 5)
+        busy(stream, 5)
         stream.launch_host_func(lambda p: seen.append(p.value), Payload())
         gc.collect()
         stream.synchronize()
@@ -385,7 +372,7 @@ def test_missing_wait_reads_stale_data_in_the_sim(sim):
     with Device(0):
         producer, consumer = Stream(), Stream()
         box, seen = ["old"], []
-        slow(producer, 1)
+        busy(producer, 1)
         producer.launch_host_func(box.__setitem__, 0, "new")
         consumer.launch_host_func(lambda: seen.append(box[0]))  # forgot consumer.wait(producer)
         consumer.synchronize()
@@ -398,7 +385,7 @@ def test_missing_wait_is_stale_even_when_the_context_synchronizes(sim):
     with Device(0) as ctx:
         producer, consumer = Stream(), Stream()
         box, seen = ["old"], []
-        slow(producer, 1)
+        busy(producer, 1)
         producer.launch_host_func(box.__setitem__, 0, "new")
         consumer.launch_host_func(lambda: seen.append(box[0]))
         ctx.synchronize()  # the read finishes first on the virtual clock

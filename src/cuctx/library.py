@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 from cuda.bindings.driver import CUfunction, CUfunction_attribute
@@ -30,6 +30,9 @@ from .context import ACTIVE, Context, current_context, fail
 from .device import Device, devices
 from .errors import NotSupportedError
 from .launch import Launcher, make_launcher
+
+if TYPE_CHECKING:
+    from typing import Self
 
 _F = CUfunction_attribute
 _INVALID_VALUE = 1
@@ -249,6 +252,31 @@ class _Code:
         self._lock = threading.Lock()
         self._loaded = True
 
+    @classmethod
+    def from_source(cls, src: str, options=(), name_expressions=(),
+                    headers: Mapping[str, str | bytes] | None = None, *,
+                    sim_kernels: Mapping[str, Callable] | None = None,
+                    cache_dir: str | os.PathLike | bool | None = None) -> Self:
+        """Compile CUDA C++ with NVRTC (cached; see docs/compiler.md) for the devices present
+        and load it: a `Library` for every context, a `Module` into the current one only.
+        Template kernels: list them in ``name_expressions`` (``["axpy<float>"]``) and get
+        them by that name. Raises `CompileError` with NVRTC's log when it does not compile."""
+        image, lowered = _compile(src, options, name_expressions, headers, cache_dir)
+        return cls(image, names=lowered, sim_kernels=sim_kernels)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, *,
+                  sim_kernels: Mapping[str, Callable] | None = None) -> Self:
+        """Load a cubin, fatbin or PTX file (recognised by its content)."""
+        with open(path, "rb") as f:
+            return cls(f.read(), sim_kernels=sim_kernels)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *,
+                   sim_kernels: Mapping[str, Callable] | None = None) -> Self:
+        """Load a cubin, fatbin or PTX image held in memory (recognised by its content)."""
+        return cls(data, sim_kernels=sim_kernels)
+
     def _check(self, operation: str) -> None:
         if not self._loaded:
             raise self._gone(operation)
@@ -320,31 +348,6 @@ class Library(_Code):
         self._finalizer = weakref.finalize(self, _unload_library, drv, handle, self._used)
         self._finalizer.atexit = False
         self._install_twins(sim_kernels)
-
-    @classmethod
-    def from_source(cls, src: str, options=(), name_expressions=(),
-                    headers: Mapping[str, str | bytes] | None = None, *,
-                    sim_kernels: Mapping[str, Callable] | None = None,
-                    cache_dir: str | os.PathLike | bool | None = None) -> Library:
-        """Compile CUDA C++ with NVRTC (cached; see docs/compiler.md) for the devices present
-        and load it. Template kernels: list them in ``name_expressions``
-        (``["axpy<float>"]``) and get them by that name. Raises `CompileError` with NVRTC's
-        log when the source does not compile."""
-        image, lowered = _compile(src, options, name_expressions, headers, cache_dir)
-        return cls(image, names=lowered, sim_kernels=sim_kernels)
-
-    @classmethod
-    def from_file(cls, path: str | os.PathLike, *,
-                  sim_kernels: Mapping[str, Callable] | None = None) -> Library:
-        """Load a cubin, fatbin or PTX file (recognised by its content)."""
-        with open(path, "rb") as f:
-            return cls(f.read(), sim_kernels=sim_kernels)
-
-    @classmethod
-    def from_bytes(cls, data: bytes, *,
-                   sim_kernels: Mapping[str, Callable] | None = None) -> Library:
-        """Load a cubin, fatbin or PTX image held in memory (recognised by its content)."""
-        return cls(data, sim_kernels=sim_kernels)
 
     @property
     def handle(self) -> int:
@@ -559,26 +562,6 @@ class Module(_Code):
         self._finalizer = weakref.finalize(self, _unload_module, backend.driver, handle, ctx)
         self._finalizer.atexit = False
         self._install_twins(sim_kernels)
-
-    @classmethod
-    def from_source(cls, src: str, options=(), name_expressions=(),
-                    headers: Mapping[str, str | bytes] | None = None, *,
-                    sim_kernels: Mapping[str, Callable] | None = None,
-                    cache_dir: str | os.PathLike | bool | None = None) -> Module:
-        """As `Library.from_source`, loaded into the current context only."""
-        image, lowered = _compile(src, options, name_expressions, headers, cache_dir)
-        return cls(image, names=lowered, sim_kernels=sim_kernels)
-
-    @classmethod
-    def from_file(cls, path: str | os.PathLike, *,
-                  sim_kernels: Mapping[str, Callable] | None = None) -> Module:
-        with open(path, "rb") as f:
-            return cls(f.read(), sim_kernels=sim_kernels)
-
-    @classmethod
-    def from_bytes(cls, data: bytes, *,
-                   sim_kernels: Mapping[str, Callable] | None = None) -> Module:
-        return cls(data, sim_kernels=sim_kernels)
 
     @property
     def context(self) -> Context:
