@@ -78,11 +78,11 @@ def cuctx_candidates(image: bytes):
     from cuda.bindings import driver as drv
     p, n = ctypes.c_void_p(data.ptr), ctypes.c_int(3)
     packed = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(n))
-    address, function, handle = ctypes.addressof(packed), kernel._function, stream._handle
+    address, cu_function, handle = ctypes.addressof(packed), kernel._function, stream._handle
 
     def floor():
         for _ in range(BATCH):
-            drv.cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, handle, address, 0)
+            drv.cuLaunchKernel(cu_function, 1, 1, 1, 32, 1, 1, 0, handle, address, 0)
 
     sync = stream.synchronize
     return {"cuctx launcher": lambda: timed(held, sync),
