@@ -246,3 +246,17 @@ def test_foreign_context_is_adopted(backend):
     finally:
         drv.cuCtxPopCurrent()
         drv.cuCtxDestroy(handle)
+
+
+def test_lazy_init_after_a_reset_gets_the_reset_primary_context(backend):
+    device = cuctx.Device(0)
+
+    def fresh_thread():
+        old = device.set_current()
+        device.reset()
+        ctx = cuctx.ensure_context()
+        assert ctx is not old and ctx.state == "active" and ctx.kind == "primary"
+        assert cuctx.current_context() is ctx is device.primary_context
+        ctx.synchronize()
+        Context.pop()
+    in_thread(fresh_thread)

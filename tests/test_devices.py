@@ -84,6 +84,8 @@ def test_peer_access_is_reported(backend):
     devices = cuctx.devices()
     assert devices[0].can_access_peer(devices[0]) is False
     if len(devices) > 1:
-        assert isinstance(devices[0].can_access_peer(1), bool)
+        # Peer access is a property of the pair; the sim models NVLink-connected H100s.
+        assert devices[0].can_access_peer(1) == devices[1].can_access_peer(0)
+        assert devices[0].can_access_peer(1) or backend.name == "cuda"
     with pytest.raises(TypeError, match="needs a Device"):
         devices[0].can_access_peer("gpu1")

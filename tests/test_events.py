@@ -79,7 +79,6 @@ def test_elapsed_time_between_timing_events(backend):
         end.record(stream)
         ms = start.elapsed_ms(end)  # waits for both
         assert ms == end - start
-        assert ms >= 0
         if stream._backend.name == "cuda":
             assert ms >= 15  # the host function slept 20 ms between the two markers
 

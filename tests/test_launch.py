@@ -311,3 +311,37 @@ def test_a_fast_path_refuses_a_destroyed_context(backend):
     with pytest.raises(cuctx.ContextDestroyedError):
         launcher(out, x, 1.0, 8)
     library.unload()
+
+
+def test_a_foreign_array_argument_orders_the_launch_stream_after_its_producer(lib):
+    producer, stream = cuctx.Stream(), cuctx.Stream()
+    out, x = arrays()
+    from conftest import busy
+    busy(producer, 20)
+    x.fill(5, stream=producer)
+
+    class Foreign:  # another library's array, last written on `producer`
+        __cuda_array_interface__ = {"version": 3, "shape": (8,), "typestr": "<f4",
+                                    "data": (x.ptr, False), "strides": None,
+                                    "stream": producer.handle}
+    lib["add"][1, 8, 0, stream](out, Foreign(), 1.0, 8)
+    stream.synchronize()
+    assert out.to_host(stream=stream).tolist() == [6.0] * 8
+
+
+def test_a_structured_scalar_of_another_size_is_refused_after_a_good_one(lib):
+    out = cuctx.zeros(4, np.uint32)
+    pair = np.dtype([("a", "<i4"), ("b", "<f4")])
+    wide = np.dtype([("a", "<i4"), ("b", "<f4"), ("c", "<i4")])
+    launcher = lib["store"][1, 1]
+    launcher(out, 5, 1, np.zeros((), pair)[()])
+    with pytest.raises(KernelArgumentError, match="scalar of 12 bytes; the parameter is 8"):
+        launcher(out, 5, 1, np.zeros((), wide)[()])
+
+
+@pytest.mark.parametrize("shared", [False, 0.0, 1.5])
+def test_shared_mem_must_be_an_int_even_after_a_cached_launch(lib, shared):
+    out, x = arrays()
+    lib["add"][1, 8, 0](out, x, 1.0, 8)  # caches the launcher for shared_mem=0
+    with pytest.raises(LaunchConfigError, match="shared_mem must be an int"):
+        lib["add"][1, 8, shared]

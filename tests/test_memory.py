@@ -471,3 +471,60 @@ def test_sim_releases_a_contexts_memory_with_it(sim):
     ctx.destroy()
     assert device.mem_info().free == before
     assert sim.driver._device_view(ptr, 8)[0] == CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
+
+
+@pytest.mark.parametrize("make", ["register_host", "pinned_empty"])
+def test_a_host_array_dropped_while_its_copy_is_queued_stays_valid(backend, make):
+    """An asynchronous copy reads page-locked host memory after the call returns: the
+    stream must keep the array alive until then, whatever the caller does with it."""
+    with Device(0):
+        stream = cuctx.Stream()
+        busy(stream, 20)  # the copy waits behind this
+        if make == "register_host":
+            host = cuctx.register_host(np.full(1 << 20, 7, np.uint8))
+        else:
+            host = cuctx.pinned_empty(1 << 20, np.uint8)
+            host[:] = 7
+        dev = cuctx.empty(host.shape, np.uint8, stream=stream)
+        cuctx.copy(dev, host, stream=stream)
+        del host
+        gc.collect()  # unregisters / frees the host memory, were nothing holding it
+        stream.synchronize()
+        assert (dev.to_host() == 7).all()
+
+
+def test_implicit_streams_follow_the_array_context_not_the_current_stream(backend):
+    """Inside `with s1:` (a stream of a created context), work on an array of another
+    context that names no stream runs on that array's own context's stream."""
+    device = Device(0)
+    with device:
+        arr = cuctx.to_device(np.arange(4, dtype=np.float32))
+    ctx = Context.create(device)
+    Context.pop()
+    try:
+        with ctx:
+            s1 = cuctx.Stream()
+        with s1:
+            assert arr.to_host().tolist() == [0, 1, 2, 3]
+            arr.fill(2)
+            assert arr.to_host().tolist() == [2, 2, 2, 2]
+    finally:
+        ctx.destroy()
+
+
+def test_foreign_array_makes_the_given_stream_wait_for_its_producer(backend):
+    with Device(0):
+        producer, consumer = cuctx.Stream(), cuctx.Stream()
+        x = cuctx.zeros(4, np.float32)
+        busy(producer, 20)
+        x.fill(5, stream=producer)  # the producer's last write, still queued
+
+        class Foreign:  # another library's array, produced on `producer`
+            __cuda_array_interface__ = {"version": 3, "shape": (4,), "typestr": "<f4",
+                                        "data": (x.ptr, False), "strides": None,
+                                        "stream": producer.handle}
+        view = cuctx.asarray(Foreign(), stream=consumer)
+        out = cuctx.pinned_empty(4, np.float32)
+        view.to_host(out=out, stream=consumer)
+        consumer.synchronize()
+        assert out.tolist() == [5, 5, 5, 5]

@@ -458,3 +458,28 @@ def test_an_op_returning_a_sticky_code_poisons_the_context(sim):
             stream.synchronize()
         assert ran == [] and ctx.state == "poisoned"
     Device(0).reset()
+
+
+def test_a_destroyed_context_leaves_no_host_functions_behind(sim):
+    """Host functions queued before a sticky fault never run; destroying the context must
+    drop them (and what they keep alive), not keep them forever."""
+    from cuctx import stream as stream_module
+
+    def mine():
+        return [key for key, (_, _, where) in stream_module._pending.items()
+                if where[0] == ctx.handle]
+    ctx = Context.create(0)
+    try:
+        stream = Stream()
+        busy(stream, 5)
+        for i in range(3):
+            stream.launch_host_func(print, i)
+        cuctx.sim.inject_fault(ctx)
+        with pytest.raises(cuctx.StickyFaultError):
+            ctx.synchronize()
+        assert len(mine()) == 3  # they will never run
+    finally:
+        Context.pop()
+    ctx.destroy()
+    assert mine() == []
+    assert not any(key[0] == ctx.handle for key in stream_module._failures)

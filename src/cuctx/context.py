@@ -53,7 +53,7 @@ def fail(backend: _driver.Backend, err, operation: str, ctx: Context | None = No
         if ctx is not None:
             ctx._poison(exc)
     elif code == 709 and ctx is not None:
-        ctx._state = DESTROYED
+        ctx._mark_destroyed("(the driver reports it destroyed)")
     raise exc
 
 
@@ -91,7 +91,7 @@ class Context:
     """
 
     __slots__ = ("_backend", "_drv", "_handle", "_key", "_device", "kind", "_state", "_fault",
-                 "_why_destroyed", "_finalizer", "__weakref__")
+                 "_why_destroyed", "_finalizer", "_default_streams", "__weakref__")
 
     def __init__(self) -> None:
         raise TypeError("make contexts with Context.create(device), device.primary_context "
@@ -109,6 +109,7 @@ class Context:
         ctx._state = ACTIVE
         ctx._fault = None
         ctx._why_destroyed = ""
+        ctx._default_streams = {}  # "legacy"/"per-thread" -> Stream, made on first use
         ctx._finalizer = weakref.finalize(ctx, *finalizer) if finalizer else None
         if ctx._finalizer is not None:
             ctx._finalizer.atexit = False  # the driver tears everything down at exit anyway
@@ -147,11 +148,11 @@ class Context:
         if self._state == DESTROYED:
             raise ContextDestroyedError(operation="Context.destroy",
                                         hint=f"{self!r} was already destroyed")
-        self._finalizer.detach()
         err, = self._backend.driver.cuCtxDestroy(self._handle)
-        self._mark_destroyed("by Context.destroy")
-        if err and int(err) != 709:
+        if err and int(err) != 709:  # still alive: leave it as it was, finalizer included
             fail(self._backend, err, "cuCtxDestroy", self)
+        self._finalizer.detach()
+        self._mark_destroyed("by Context.destroy")
         stack = self._backend.tls.state.stack
         if stack and stack[-1] is self:  # the driver pops it when it is current here
             stack.pop()
@@ -171,6 +172,8 @@ class Context:
     def _mark_destroyed(self, why: str) -> None:
         self._state = DESTROYED
         self._why_destroyed = why
+        from .stream import forget_context  # stream.py builds on this module
+        forget_context(self)
 
     def _poison(self, fault: CudaError) -> None:
         if self._state == ACTIVE:
@@ -183,7 +186,7 @@ class Context:
         return ContextDestroyedError(
             operation=operation,
             hint=f"{self!r} was destroyed {self._why_destroyed}; objects bound to it cannot "
-                 "be used any more".replace("  ", " "))
+                 "be used any more")
 
     def _check(self, operation: str) -> None:
         if self._state is not ACTIVE:
@@ -258,8 +261,6 @@ class Context:
 
     @property
     def device(self) -> Device:
-        if self._device is None:
-            self._device = _device_of(self._backend, self._handle)
         return self._device
 
     @property
@@ -288,7 +289,7 @@ class Context:
         raise_host_func_errors(self)
 
     def __repr__(self) -> str:
-        where = f"device {self._device.ordinal}" if self._device is not None else "device ?"
+        where = f"device {self._device.ordinal}"
         return f"<Context {self.kind} {where} {self._key:#x} {self._state}>"
 
 

@@ -9,7 +9,7 @@ from typing import NamedTuple
 from cuda.bindings.driver import CUdevice_attribute
 
 from . import _driver
-from .context import ACTIVE, Context, call, exit_block, fail
+from .context import ACTIVE, DESTROYED, Context, call, exit_block, fail
 
 
 class ComputeCapability(NamedTuple):
@@ -180,7 +180,7 @@ class Device:
         it) is referenced, and released after (cuDevicePrimaryCtxRetain/Release)."""
         with self._lock:
             ctx = self._primary() if self._primary is not None else None
-            if ctx is None or ctx._state != ACTIVE and ctx._why_destroyed == "by device.reset()":
+            if ctx is None or ctx._state == DESTROYED:  # reset here, or by other code
                 drv = self._backend.driver
                 handle = call(self._backend, "cuDevicePrimaryCtxRetain", self._handle)
                 ctx = Context._wrap(self._backend, handle, self, "primary",
@@ -203,6 +203,10 @@ class Device:
             ctx = self._primary() if self._primary is not None else None
             if ctx is not None:
                 ctx._mark_destroyed("by device.reset()")
+                # The handle stays the device's primary context: the next lookup of it (a
+                # lazy init, current_context()) must find a new, active Context object.
+                if self._backend.contexts.get(ctx._key) is ctx:
+                    del self._backend.contexts[ctx._key]
             self._runtime_primary = None
 
     def create_stream(self, priority: int | None = None, non_blocking: bool = True):

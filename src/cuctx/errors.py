@@ -13,9 +13,10 @@ from typing import Callable
 from cuda.bindings.driver import CUresult
 
 # The faults after which the driver refuses all further work in the context (the CUDA
-# programming guide's "sticky" errors): illegal address, hardware stack error, assert,
-# illegal instruction, misaligned address, invalid address space, invalid PC, launch failed,
-# cooperative launch too large is *not* sticky, so it is absent.
+# programming guide's "sticky" errors): illegal address (700), launch timeout (702), assert
+# (710), hardware stack error (714), illegal instruction (715), misaligned address (716),
+# invalid address space (717), invalid PC (718), launch failed (719). Cooperative launch too
+# large (720) is not sticky.
 STICKY_CODES = frozenset({700, 702, 710, 714, 715, 716, 717, 718, 719})
 
 

@@ -6,12 +6,13 @@ cooperative=False)`` and ``kernel[grid, block, shared_mem, stream](*args)`` (CUD
 ``<<<Dg, Db, Ns, S>>>``) both go through a `Launcher`: the validated configuration and the
 stream, bound to the driver call with everything but the parameter bytes fixed.
 
-The hot path (`Launcher.__call__`) does: a context-state check, a lookup of the packing plan
-for the argument types (built once per kernel and type signature), one ``struct.pack_into``
-into the kernel's preallocated parameter buffer, and the driver call, which receives the
-address of a preallocated ``void*`` array pointing into that buffer (cuda.bindings passes an
-int ``kernelParams`` straight through as ``void**``). The driver copies the parameters at
-the call, so the buffer is free again when it returns.
+A launcher's first launch generates its fast path: Python source specialised to the
+launcher, the calling thread and the argument types, doing the context and library checks,
+a type guard, one ``struct.pack_into`` into the thread's parameter buffer, and the driver
+call, which receives the address of a ``void*`` array pointing into that buffer
+(cuda.bindings passes an int ``kernelParams`` straight through as ``void**``). The driver
+copies the parameters at the call, so the buffer is free again when it returns. Everything
+else (other threads, other types, bad arguments) takes the checked general path.
 """
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ class _Miss(Exception):
 
 
 class _Plan:
-    """How arguments of one type signature become parameter bytes: ``pack(buffer, device,
+    """How arguments of one type signature become parameter bytes: ``pack(buffer, stream,
     args)``, generated for the signature (a type guard, the pointer conversions, one
     ``struct.pack_into``), so the hot path runs no per-argument Python loop."""
 
@@ -223,7 +224,7 @@ class _NoPlan:
     __slots__ = ()
 
     @staticmethod
-    def pack(buffer, device, args):
+    def pack(buffer, stream, args):
         raise _Miss
 
 
@@ -244,10 +245,10 @@ def _argument_code(plan: _Plan, miss: str) -> tuple[str, str, dict]:
         if getter is _device_array_pointer:  # inlined: the common case on the hot path
             lines.append(f"    c = a{i}._ctx\n"
                          f"    if c._state is not ACTIVE or c._device is not device:\n"
-                         f"        G{i}(a{i}, device)\n")
+                         f"        G{i}(a{i}, stream)\n")
             values.append(f", a{i}.ptr")
         else:
-            values.append(f", G{i}(a{i}, device)" if getter else f", a{i}")
+            values.append(f", G{i}(a{i}, stream)" if getter else f", a{i}")
     scope = {"ACTIVE": ACTIVE, "pack_into": plan.pack_into,
              **{f"T{i}": t for i, t in enumerate(plan.types)},
              **{f"G{i}": g for i, g in enumerate(plan.getters) if g}}
@@ -260,9 +261,9 @@ def _compile(source: str, scope: dict, name: str, what: str) -> Callable:
 
 
 def _generate_pack(plan: _Plan) -> Callable:
-    """``pack(buffer, device, args)`` for one type signature; raises _Miss for others."""
+    """``pack(buffer, stream, args)`` for one type signature; raises _Miss for others."""
     checks, values, scope = _argument_code(plan, "raise Miss")
-    source = (f"def pack(buffer, device, args):\n{checks}"
+    source = (f"def pack(buffer, stream, args):\n    device = stream._ctx._device\n{checks}"
               f"    pack_into(buffer, 0{values})\n")
     return _compile(source, {**scope, "Miss": _Miss}, "pack", f"packer {plan.types}")
 
@@ -286,7 +287,8 @@ def _generate_launch(plan: _Plan, launcher: Launcher, buffer: bytearray, go: Cal
         "        fail(err)\n")
     scope.update(ctx=launcher._ctx, owner=launcher._owner, thread=threading.get_ident(),
                  get_ident=threading.get_ident, general=launcher._general, buffer=buffer,
-                 go=go, fail=launcher._fail, struct_error=struct.error, device=launcher._device)
+                 go=go, fail=launcher._fail, struct_error=struct.error, device=launcher._device,
+                 stream=launcher.stream)
     return _compile(source, scope, "launch", f"launcher {launcher.kernel.name} {plan.types}")
 
 
@@ -311,7 +313,7 @@ def _slot(packer: Packer, index: int, size: int, arg: Any):
             "device with cuctx.to_device(ary) and pass that")
     if isinstance(arg, np.generic):  # NumPy scalars, structured ones (np.void) included
         _same_size(packer, index, size, arg.dtype.itemsize, f"a NumPy {arg.dtype} scalar")
-        return f"{size}s", _as_bytes
+        return f"{size}s", _sized_bytes(packer, index, size)
     if isinstance(arg, (ctypes._SimpleCData, ctypes.Structure, ctypes.Union, ctypes.Array)):
         _same_size(packer, index, size, ctypes.sizeof(arg), f"a ctypes {kind.__name__}")
         return f"{size}s", _ctypes_bytes
@@ -337,15 +339,21 @@ def _same_size(packer: Packer, index: int, size: int, got: int, what: str) -> No
                                   f"parameter is {size} bytes")
 
 
-def _null(arg, device) -> int:
+def _null(arg, stream) -> int:
     return 0
 
 
-def _as_bytes(arg, device) -> bytes:
-    return arg.tobytes()
+def _sized_bytes(packer: Packer, index: int, size: int) -> Callable:
+    """The bytes of a NumPy scalar, checked at every call: one type (np.void, np.bytes_)
+    covers every size, so a plan made for one size must not take another."""
+    def as_bytes(arg, stream) -> bytes:
+        if arg.dtype.itemsize != size:
+            _same_size(packer, index, size, arg.dtype.itemsize, f"a NumPy {arg.dtype} scalar")
+        return arg.tobytes()
+    return as_bytes
 
 
-def _ctypes_bytes(arg, device) -> bytes:
+def _ctypes_bytes(arg, stream) -> bytes:
     return bytes(arg)
 
 
@@ -365,7 +373,8 @@ def _pointer_getter(arg: Any):
     return None
 
 
-def _device_array_pointer(arr, device: Device) -> int:
+def _device_array_pointer(arr, stream: Stream) -> int:
+    device = stream._ctx._device
     ctx = arr._ctx
     if ctx._state is not ACTIVE:
         raise ctx._unusable("launch (a DeviceArray argument)")
@@ -374,7 +383,8 @@ def _device_array_pointer(arr, device: Device) -> int:
     return arr.ptr
 
 
-def _torch_pointer(tensor, device: Device) -> int:
+def _torch_pointer(tensor, stream: Stream) -> int:
+    device = stream._ctx._device
     where = tensor.device
     if where.type != "cuda":
         raise KernelArgumentError(f"a torch tensor on {where} is host memory; move it to the "
@@ -384,15 +394,17 @@ def _torch_pointer(tensor, device: Device) -> int:
     return tensor.data_ptr()
 
 
-def _cupy_pointer(array, device: Device) -> int:
+def _cupy_pointer(array, stream: Stream) -> int:
+    device = stream._ctx._device
     if array.device.id != device.ordinal:
         _reachable(Device._for_backend(device._backend, array.device.id), device, array)
     return array.data.ptr
 
 
-def _foreign_pointer(obj, device: Device) -> int:
+def _foreign_pointer(obj, stream: Stream) -> int:
     from .memory import asarray
-    return _device_array_pointer(asarray(obj), device)
+    # The launch's own stream, not the current one, must wait for the producer's work.
+    return _device_array_pointer(asarray(obj, stream=stream), stream)
 
 
 @functools.lru_cache(maxsize=None)
@@ -408,14 +420,14 @@ def _reachable(owner: Device, device: Device, arr) -> None:
             "it to the launch device first")
 
 
-def pack_slowly(packer: Packer, args: tuple, device: Device, buffer: bytearray) -> None:
+def pack_slowly(packer: Packer, args: tuple, stream: Stream, buffer: bytearray) -> None:
     """Pack ``args`` one by one into ``buffer``, with clear errors: the path for ints the
     fast plan's signed codes rejected (unsigned values) and for values out of range."""
     plan = packer.plan(args)
     for index, ((offset, size), arg) in enumerate(zip(packer.params, args)):
         getter = plan.getters[index]
         try:
-            value = arg if getter is None else getter(arg, device)
+            value = arg if getter is None else getter(arg, stream)
             if isinstance(value, bytes):
                 data = value
             elif isinstance(value, float):
@@ -493,15 +505,15 @@ class Launcher:
         except AttributeError:  # this thread's first launch with this launcher
             buffer, go, _ = self._thread_state()
         try:
-            self._plan.pack(buffer, self._device, args)
+            self._plan.pack(buffer, self.stream, args)
         except _Miss:  # other types than last time (or the first call)
             plan = self._plan = self._packer.plan(args)
             try:
-                plan.pack(buffer, self._device, args)
+                plan.pack(buffer, self.stream, args)
             except struct.error:
-                pack_slowly(self._packer, args, self._device, buffer)
+                pack_slowly(self._packer, args, self.stream, buffer)
         except struct.error:
-            pack_slowly(self._packer, args, self._device, buffer)
+            pack_slowly(self._packer, args, self.stream, buffer)
         err, = go()
         if err:
             self._fail(err)
@@ -556,7 +568,9 @@ def make_launcher(kernel: Kernel, grid: Any, block: Any, shared_mem: int = 0,
         ctx = kernel._home_context() or working_context()
         stream = resolve_stream(None, ctx, f"launch of {kernel.name!r}")
     cache = kernel._launchers
-    key = (grid, block, shared_mem, stream, cluster, cooperative)
+    # Types too: 1.0 == 1 and True == 1, but only the int passes the checks.
+    key = (grid, block, shared_mem, stream, cluster, cooperative,
+           type(grid), type(block), type(shared_mem))
     try:
         return cache[key]
     except KeyError:
@@ -564,7 +578,10 @@ def make_launcher(kernel: Kernel, grid: Any, block: Any, shared_mem: int = 0,
     except TypeError:  # an unhashable configuration (lists): not cached
         key = None
     from .stream import Stream
-    config = Config(dim3(grid, "grid"), dim3(block, "block"), shared_mem,
+    if isinstance(shared_mem, bool) or not isinstance(shared_mem, (int, np.integer)):
+        raise LaunchConfigError(f"shared_mem must be an int (bytes of dynamic shared memory), "
+                                f"got {shared_mem!r}")
+    config = Config(dim3(grid, "grid"), dim3(block, "block"), int(shared_mem),
                     None if cluster is None else dim3(cluster, "cluster"), bool(cooperative))
     launcher = Launcher(kernel, config, Stream.wrap(stream))
     if key is not None:

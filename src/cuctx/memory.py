@@ -17,6 +17,7 @@ synchronous, as in CUDA: it returns when the host side may be used again.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import operator
@@ -32,7 +33,7 @@ from cuda.bindings.driver import CUpointer_attribute, CUstream
 from . import _driver
 from .context import ACTIVE, Context, current_device, fail
 from .device import Device
-from .stream import LEGACY, PER_THREAD, Stream, current_stream, resolve_stream
+from .stream import LEGACY, PER_THREAD, Stream, current_stream, hold, resolve_stream
 
 _OUT_OF_MEMORY = 2
 _HOST_PORTABLE = 0x1  # CU_MEMHOSTALLOC_PORTABLE == CU_MEMHOSTREGISTER_PORTABLE: pinned for all contexts
@@ -175,7 +176,10 @@ def _allocate(nbytes: int, stream: Stream) -> _Allocation:
     alloc = stream._backend.driver.cuMemAllocAsync
     err, ptr = stream._call(alloc, nbytes, stream._handle)
     if err and int(err) == _OUT_OF_MEMORY:
-        ctx.synchronize()  # lets the pool hand back memory whose frees are still queued
+        # Let the pool hand back memory whose frees are still queued. The raw call: faults
+        # and host-function errors of other work are for their own synchronize to report.
+        with ctx._activated("cuctx.empty"):
+            stream._backend.driver.cuCtxSynchronize()
         err, ptr = stream._call(alloc, nbytes, stream._handle)
     if err:
         hint = ""
@@ -498,6 +502,8 @@ def _copy_host(arr: DeviceArray, host: Any, stream, to_device: bool) -> None:
         err, = stream._call(drv.cuMemcpyDtoHAsync, address, arr.ptr, n, stream._handle)
     if err:
         fail(stream._backend, err, "cuMemcpyHtoDAsync" if to_device else "cuMemcpyDtoHAsync", ctx)
+    if _page_locked(address, n):  # asynchronous: the host array must outlive the copy
+        hold(stream, host)
 
 
 def _copy_device(dst: DeviceArray, src: DeviceArray, stream) -> None:
@@ -535,21 +541,44 @@ def _host_context(device: Device | int | None) -> Context:
     return (current_device() if device is None else Device(device)).primary_context
 
 
+# The page-locked host ranges cuctx made (start -> end, starts sorted): a copy with one is
+# asynchronous, so its stream must hold the host array until the copy has run.
+_locked_starts: list[int] = []
+_locked_ends: dict[int, int] = {}
+_locked_lock = threading.Lock()
+
+
+def _lock_range(start: int, nbytes: int) -> None:
+    with _locked_lock:
+        bisect.insort(_locked_starts, start)
+        _locked_ends[start] = start + nbytes
+
+
+def _page_locked(address: int, nbytes: int) -> bool:
+    i = bisect.bisect_right(_locked_starts, address) - 1
+    return i >= 0 and address + nbytes <= _locked_ends.get(_locked_starts[i], 0)
+
+
 class _PinnedMemory:
     """Owns page-locked host memory; it is the ``base`` of the NumPy array over it."""
 
     __slots__ = ("__array_interface__", "__weakref__")
 
-    def __init__(self, ctx: Context, ptr: int, shape, dtype: np.dtype):
+    def __init__(self, ctx: Context, ptr: int, nbytes: int, shape, dtype: np.dtype):
         self.__array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": dtype.str,
                                     "version": 3}
+        _lock_range(ptr, nbytes)
         weakref.finalize(self, _host_call, ctx, "cuMemFreeHost", ptr).atexit = False
 
 
-def _host_call(ctx: Context, operation: str, *args) -> None:
+def _host_call(ctx: Context, operation: str, ptr: int) -> None:
+    """Free or unregister page-locked memory (its range is forgotten first)."""
+    with _locked_lock:
+        if _locked_ends.pop(ptr, None) is not None:
+            _locked_starts.remove(ptr)
     if ctx._state is ACTIVE:  # a reset or destroyed context took the memory with it
         with ctx._activated(operation):
-            getattr(ctx._backend.driver, operation)(*args)
+            getattr(ctx._backend.driver, operation)(ptr)
 
 
 def pinned_empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
@@ -569,7 +598,7 @@ def pinned_empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
     if err:
         fail(ctx._backend, err, "cuMemHostAlloc", ctx,
              f"asked for {nbytes} bytes of page-locked host memory")
-    return np.asarray(_PinnedMemory(ctx, int(ptr), shape, dtype))
+    return np.asarray(_PinnedMemory(ctx, int(ptr), nbytes, shape, dtype))
 
 
 def register_host(ary: np.ndarray, *, device: Device | int | None = None) -> np.ndarray:
@@ -590,24 +619,26 @@ def register_host(ary: np.ndarray, *, device: Device | int | None = None) -> np.
         fail(ctx._backend, err, "cuMemHostRegister", ctx,
              "this memory is already page-locked (pinned_empty or an earlier register_host)"
              if int(err) == 712 else "")
+    _lock_range(ptr, ary.nbytes)
     weakref.finalize(ary, _host_call, ctx, "cuMemHostUnregister", ptr).atexit = False
     return ary
 
 
 # -- zero-copy import ---------------------------------------------------------------------
 
-def asarray(obj: Any) -> DeviceArray:
+def asarray(obj: Any, stream: Stream | Any | None = None) -> DeviceArray:
     """A DeviceArray viewing another library's device memory without copying: anything with
     ``__cuda_array_interface__`` (PyTorch, CuPy, Numba, ...) or ``__dlpack__`` on a CUDA
     device (cuda.core buffers, JAX, ...). The result keeps ``obj`` alive. Work queued
-    later on this thread's current stream waits for the stream the producer names."""
+    later on ``stream`` (default: this thread's current stream on the array's device) waits
+    for the stream the producer names."""
     if isinstance(obj, DeviceArray):
         return obj
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
-        return _from_cai(obj, cai)
+        return _from_cai(obj, cai, stream)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-        return _from_dlpack(obj)
+        return _from_dlpack(obj, stream)
     if isinstance(obj, np.ndarray):
         raise TypeError("cuctx.asarray wraps device memory; this is a NumPy (host) array: "
                         "copy it with cuctx.to_device(ary)")
@@ -629,17 +660,22 @@ def _context_of(ptr: int) -> Context:
     return Device(int(ordinal)).primary_context
 
 
-def _after(ctx: Context, producer: int | None) -> None:
-    """Make this thread's current stream on ctx's device wait for the producer's stream."""
+def _consumer(ctx: Context, stream: Stream | Any | None) -> Stream:
+    """The stream that will use an imported array: ``stream``, else the current one."""
+    return current_stream(ctx.device) if stream is None else Stream.wrap(stream)
+
+
+def _after(ctx: Context, producer: int | None, stream: Stream | Any | None) -> None:
+    """Make the consuming stream wait for the producer's stream."""
     if producer is None:
         return
-    consumer = current_stream(ctx.device)
+    consumer = _consumer(ctx, stream)
     theirs = _foreign_stream(ctx, int(producer))
     if consumer != theirs:
         consumer.wait(theirs)
 
 
-def _from_cai(obj: Any, cai: dict) -> DeviceArray:
+def _from_cai(obj: Any, cai: dict, stream: Stream | Any | None) -> DeviceArray:
     if cai.get("mask") is not None:
         raise ValueError("cuctx.asarray: masked arrays (a CUDA Array Interface 'mask') are "
                          "not supported")
@@ -647,18 +683,17 @@ def _from_cai(obj: Any, cai: dict) -> DeviceArray:
     dtype = _dtype(cai["typestr"])
     ptr = int(cai["data"][0])
     ctx = _context_of(ptr)
-    _after(ctx, cai.get("stream"))
+    _after(ctx, cai.get("stream"), stream)
     return DeviceArray._make(ctx, ptr, shape, dtype, cai.get("strides"), None, obj)
 
 
-def _from_dlpack(obj: Any) -> DeviceArray:
+def _from_dlpack(obj: Any, stream: Stream | Any | None) -> DeviceArray:
     kind, ordinal = obj.__dlpack_device__()
     if int(kind) != _DL_CUDA:
         raise TypeError(f"cuctx.asarray: {type(obj).__name__} is on DLPack device type "
                         f"{int(kind)}, not CUDA (2); copy host data with cuctx.to_device")
     ctx = Device(int(ordinal)).primary_context
-    consumer = current_stream(ctx.device)
-    capsule = obj.__dlpack__(stream=consumer._key)
+    capsule = obj.__dlpack__(stream=_consumer(ctx, stream)._key)
     return _import_capsule(capsule, ctx)
 
 

@@ -14,6 +14,7 @@ of that stream (or `raise_host_func_errors` for a whole context).
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import sys
 import threading
@@ -65,6 +66,45 @@ def _run_host_func(key: int, _finalizing=sys.is_finalizing) -> None:
 
 _TRAMPOLINE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_run_host_func)
 _TRAMPOLINE_FN = CUhostFn(ctypes.cast(_TRAMPOLINE, ctypes.c_void_p).value)
+
+
+# -- host memory that queued copies still read or write ------------------------------------
+#
+# An asynchronous copy reads or writes its host array after the call returns, so the array
+# must outlive it. Each stream (by context and handle, since several Stream objects can name
+# one stream) holds the host arrays of its copies until it is known to be idle.
+
+_holds: dict[tuple[int, int], list] = {}
+_HOLD_CHECK = 64  # past this many, ask the driver whether the stream is idle
+
+
+def hold(stream: Stream, owner: Any) -> None:
+    """Keep ``owner`` alive until the work queued on ``stream`` so far is done."""
+    held = _holds.setdefault((stream._ctx._key, stream._key), [])
+    held.append(owner)
+    if len(held) > _HOLD_CHECK and stream._call(stream._backend.driver.cuStreamQuery,
+                                                stream._handle)[0] == 0:
+        held.clear()
+
+
+def _release(ctx_key: int, stream_key: int | None = None) -> None:
+    """Forget the holds of one stream (known idle) or, without stream_key, of a context."""
+    if stream_key is not None:
+        _holds.pop((ctx_key, stream_key), None)
+    else:
+        for key in [k for k in _holds if k[0] == ctx_key]:
+            del _holds[key]
+
+
+def forget_context(ctx: Context) -> None:
+    """Drop everything kept for a context that is gone: host functions that will never
+    run, failures nobody can ask for any more, and held host arrays."""
+    with _failures_lock:
+        for key in [k for k, (_, _, where) in _pending.items() if where[0] == ctx._key]:
+            del _pending[key]
+        for key in [k for k in _failures if k[0] == ctx._key]:
+            del _failures[key]
+    _release(ctx._key)
 
 
 def _take_failures(match: Callable[[tuple[int, int]], bool]) -> list:
@@ -154,9 +194,8 @@ class Stream:
         handle = _handle_of(obj)
         from cuda.bindings.driver import CUstream
         if handle in (0, LEGACY, PER_THREAD):
-            ctx = ensure_context()
-            return cls._adopt(ctx, CUstream(handle or LEGACY),
-                              "per-thread" if handle == PER_THREAD else "legacy")
+            return _default_stream(ensure_context(),
+                                   "per-thread" if handle == PER_THREAD else "legacy")
         backend = _driver.active()
         err, ctx_handle = backend.driver.cuStreamGetCtx(CUstream(handle))
         if err:
@@ -207,18 +246,19 @@ class Stream:
         this stream's context current."""
         if self._key not in (0, LEGACY, PER_THREAD):
             return fn
-        ctx, current = self._ctx, self._backend.driver.cuCtxGetCurrent
+        return functools.partial(self._in_context, fn)
 
-        def in_context(*args):
-            if int(current()[1]) == ctx._key:
-                return fn(*args)
-            with ctx._activated("Stream"):
-                return fn(*args)
-        return in_context
+    def _in_context(self, fn, *args):
+        if int(self._backend.driver.cuCtxGetCurrent()[1]) == self._ctx._key:
+            return fn(*args)
+        with self._ctx._activated("Stream"):
+            return fn(*args)
 
     def _call(self, fn, *args):
         """Call a driver function that takes this stream (off the hot paths)."""
-        return self._bind(fn)(*args)
+        if self._key not in (0, LEGACY, PER_THREAD):
+            return fn(*args)
+        return self._in_context(fn, *args)
 
     def record(self, event: Event | None = None) -> Event:
         """Record ``event`` (a new event without timing when None) on this stream; return
@@ -286,6 +326,8 @@ class Stream:
         err, = self._sync(self._handle)
         if err:
             fail(self._backend, err, "cuStreamSynchronize", ctx)
+        if _holds:
+            _release(ctx._key, self._key)
         if _failures:
             failures = _take_failures(lambda k: k == (ctx._key, self._key))
             if failures:
@@ -342,6 +384,9 @@ class Stream:
 
 def _destroy_stream(drv, handle, ctx: Context) -> None:
     if ctx._state != DESTROYED:  # the driver freed it with the context, and must not see it
+        if (ctx._key, int(handle)) in _holds:  # its copies still use host arrays we hold
+            drv.cuStreamSynchronize(handle)
+            _release(ctx._key, int(handle))
         drv.cuStreamDestroy(handle)
 
 
@@ -412,23 +457,28 @@ def _stack(backend: _driver.Backend, device: Device) -> list[Stream]:
     return backend.tls.state.streams.setdefault(device, [])
 
 
+def _default_stream(ctx: Context, kind: str) -> Stream:
+    """The one `Stream` object for a default stream of ``ctx`` ("legacy" or "per-thread")."""
+    stream = ctx._default_streams.get(kind)
+    if stream is None:
+        from cuda.bindings.driver import CUstream
+        stream = Stream._adopt(ctx, CUstream(LEGACY if kind == "legacy" else PER_THREAD), kind)
+        ctx._default_streams[kind] = stream
+    return stream
+
+
 def legacy_stream(device: Device | int | None = None) -> Stream:
     """The legacy default stream (CU_STREAM_LEGACY) of ``device``'s context (see `Stream`
     for which context). Work on it waits for all earlier work of the context's blocking
     streams, and they wait for it; non-blocking streams (the default) do not."""
-    return Stream._adopt(_context_for(device), _cu_stream(LEGACY), "legacy")
+    return _default_stream(_context_for(device), "legacy")
 
 
 def per_thread_stream(device: Device | int | None = None) -> Stream:
     """The calling thread's per-thread default stream (CU_STREAM_PER_THREAD) of
     ``device``'s context: each thread that uses this object gets its own stream, which
     synchronizes with the legacy default stream but not with other threads' streams."""
-    return Stream._adopt(_context_for(device), _cu_stream(PER_THREAD), "per-thread")
-
-
-def _cu_stream(handle: int):
-    from cuda.bindings.driver import CUstream
-    return CUstream(handle)
+    return _default_stream(_context_for(device), "per-thread")
 
 
 def current_stream(device: Device | int | None = None) -> Stream:
@@ -442,14 +492,14 @@ def current_stream(device: Device | int | None = None) -> Stream:
 
 def resolve_stream(stream: Stream | Any | None, ctx: Context, operation: str) -> Stream:
     """The stream an operation in ``ctx`` runs on: ``stream`` (a Stream, or anything
-    `Stream.wrap` adopts), or the current stream when None. Raises a clear error when the
-    stream belongs to another context."""
+    `Stream.wrap` adopts), or, when None, the current stream when it is of ``ctx`` and else
+    ``ctx``'s legacy default stream. Raises a clear error when a stream given belongs to
+    another context."""
     if stream is None:
-        stack = _stack(ctx._backend, ctx.device)
-        if not stack:
-            return Stream._adopt(ctx, _cu_stream(LEGACY), "legacy")
-        stream = stack[-1]
-    elif stream.__class__ is not Stream:
+        stack = _stack(ctx._backend, ctx._device)
+        # The current stream of the device, if it is of this context; else the context's own.
+        return stack[-1] if stack and stack[-1]._ctx is ctx else _default_stream(ctx, "legacy")
+    if stream.__class__ is not Stream:
         stream = Stream.wrap(stream)
     if stream._ctx is not ctx:
         raise ValueError(

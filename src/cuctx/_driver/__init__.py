@@ -5,7 +5,7 @@ the same names, arguments and return convention: a tuple whose first item is a `
 For the ``cuda`` backend it *is* the ``cuda.bindings.driver`` module, so calls cost exactly
 what cuda.bindings costs; for ``sim`` it is a `SimDriver`. The layers above call
 ``backend.driver.cuXxx(...)`` and translate failures into exceptions in one place
-(`cuctx._check`), so both backends raise the same exceptions for the same situations.
+(`cuctx.context.fail`), so both backends raise the same exceptions for the same situations.
 
 A `Backend` also holds the per-backend state of the layers above (the context registry, the
 device objects, the per-thread shadow stacks), so objects of two backends never mix.
