@@ -1,5 +1,5 @@
 """Record what the real driver does, so the sim can be checked against it (dev tool)."""
-import json, os, sys, threading, subprocess, importlib
+import json, os, sys, subprocess, importlib
 from cuda.bindings import driver as d
 out = os.environ.get("OUT", "/tmp")
 info = {}
@@ -72,7 +72,6 @@ rec("create_flags_bad", d.cuCtxCreate(None, 0xFFFF, dev))
 rec("attr_bad_dev", d.cuDeviceGetAttribute(d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_WARP_SIZE, d.CUdevice(77)))
 rec("can_access_peer_self", d.cuDeviceCanAccessPeer(dev, dev))
 """
-import textwrap
 def run_steps():
     lines = STEPS.strip("\n").splitlines()
     for n in range(1, len(lines) + 1):

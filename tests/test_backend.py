@@ -1,6 +1,5 @@
 """Backend selection: CUCTX_BACKEND, the reason cuctx gives, and clear errors."""
 
-import json
 import os
 import subprocess
 import sys
@@ -10,7 +9,7 @@ import pytest
 import cuctx
 from cuctx import _driver
 
-from conftest import CUDA_REASON, HAVE_GPU
+from conftest import HAVE_GPU
 
 
 def run_python(code: str, **env) -> subprocess.CompletedProcess:

@@ -8,7 +8,6 @@ import textwrap
 
 import pytest
 
-import cuctx
 from cuctx import Context, ContextPoisonedError, StickyFaultError
 from cuctx.sim import inject_fault
 

@@ -252,6 +252,11 @@ class Context:
             fail(self._backend, err, "cuCtxPopCurrent", self)
         state.stack.pop()
 
+    def _current(self, operation: str) -> _MadeCurrent:
+        """Make this context current for a block unless it already is (the shadow stack is
+        left alone); the block gets the context."""
+        return _MadeCurrent(self, operation)
+
     def _activated(self, operation: str) -> _Activated:
         """Make this context current for one internal call, without touching the shadow."""
         self._check(operation)
@@ -307,6 +312,26 @@ class _Activated:
 
     def __exit__(self, *exc_info):
         self._ctx._backend.driver.cuCtxPopCurrent()
+
+
+class _MadeCurrent:
+    __slots__ = ("_ctx", "_op", "_pushed")
+
+    def __init__(self, ctx: Context, operation: str):
+        self._ctx = ctx
+        self._op = operation
+
+    def __enter__(self) -> Context:
+        ctx = self._ctx
+        ctx._check(self._op)
+        self._pushed = int(ctx._backend.driver.cuCtxGetCurrent()[1]) != ctx._key
+        if self._pushed:
+            ctx._activated(self._op).__enter__()
+        return ctx
+
+    def __exit__(self, *exc_info) -> None:
+        if self._pushed:
+            self._ctx._backend.driver.cuCtxPopCurrent()
 
 
 def _device_of(backend, handle) -> Device:

@@ -164,13 +164,19 @@ class Device:
 
     def mem_info(self) -> MemInfo:
         """Free and total memory of the device, as seen from its primary context (or the
-        current context when that is on this device)."""
-        current = self._backend.driver.cuCtxGetCurrent()[1]
-        ctx = self._backend.contexts.get(int(current))
-        if ctx is not None and ctx._device is self and ctx._state is ACTIVE:
+        current context when that is on this device and usable)."""
+        ctx = self._current_or_primary()
+        if ctx._state is not ACTIVE:
+            ctx = self.primary_context
+        with ctx._current("Device.mem_info"):
             return MemInfo(*self._query("cuMemGetInfo"))
-        with self.primary_context._activated("Device.mem_info"):
-            return MemInfo(*self._query("cuMemGetInfo"))
+
+    def _current_or_primary(self) -> Context:
+        """The context work on this device goes in: the current context when it is on this
+        device, else the device's primary context."""
+        err, handle = self._backend.driver.cuCtxGetCurrent()
+        ctx = self._backend.contexts.get(int(handle)) if not err and int(handle) else None
+        return ctx if ctx is not None and ctx._device is self else self.primary_context
 
     # -- the primary context --------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from cuda.bindings.driver import CUfunction, CUfunction_attribute
 from . import _cubin
 from . import _driver
 from .compiler import CompileError, compile_source, pick_arch
-from .context import ACTIVE, Context, current_context, fail
+from .context import ACTIVE, Context, _MadeCurrent, current_context, fail
 from .device import Device, devices
 from .errors import NotSupportedError
 from .launch import Launcher, make_launcher
@@ -106,7 +106,8 @@ class Kernel:
             query = self._owner._param_info
             params = []
             # The driver asks for a current context (INVALID_CONTEXT without one).
-            with _Current(getattr(self._owner, "_ctx", None) or working_context(), operation):
+            home = getattr(self._owner, "_ctx", None) or working_context()
+            with home._current(operation):
                 while True:
                     err, offset, size = query(self._handle, len(params))
                     if err:
@@ -402,14 +403,9 @@ class Library(_Code):
     def _used_in(self, ctx: Context) -> None:
         self._used.add(ctx)
 
-    def _context_on(self, device: Device, operation: str) -> _Current:
+    def _context_on(self, device: Device, operation: str) -> _MadeCurrent:
         """The current context when it is on ``device``, else the device's primary one."""
-        backend = self._backend
-        err, handle = backend.driver.cuCtxGetCurrent()
-        ctx = backend.contexts.get(int(handle)) if not err and int(handle) else None
-        if ctx is None or ctx._device is not device:
-            ctx = device.primary_context
-        return _Current(ctx, operation)
+        return device._current_or_primary()._current(operation)
 
     # -- variables ------------------------------------------------------------------------
 
@@ -420,7 +416,7 @@ class Library(_Code):
         ``shape`` say how to see its bytes (default: all of them as uint8)."""
         self._check("Library.get_global")
         ctx = working_context()
-        with _Current(ctx, "Library.get_global"):
+        with ctx._current("Library.get_global"):
             err, ptr, nbytes = self._backend.driver.cuLibraryGetGlobal(self._handle,
                                                                      name.encode())
         if err:
@@ -437,7 +433,7 @@ class Library(_Code):
         self._check("Library.get_managed")
         # Managed variables exist once the library is loaded into a context: ask in one.
         ctx = working_context()
-        with _Current(ctx, "Library.get_managed"):
+        with ctx._current("Library.get_managed"):
             err, ptr, nbytes = self._backend.driver.cuLibraryGetManaged(self._handle,
                                                                       name.encode())
         if err:
@@ -480,28 +476,6 @@ def _synchronize_all(contexts: list[Context]) -> None:
         if ctx._state is ACTIVE:
             with ctx._activated("unload"):
                 ctx._backend.driver.cuCtxSynchronize()
-
-
-class _Current:
-    """Make ``ctx`` current for a block unless it already is; yields the context."""
-
-    __slots__ = ("_ctx", "_op", "_pushed")
-
-    def __init__(self, ctx: Context, operation: str):
-        self._ctx = ctx
-        self._op = operation
-
-    def __enter__(self) -> Context:
-        ctx = self._ctx
-        ctx._check(self._op)
-        self._pushed = int(ctx._backend.driver.cuCtxGetCurrent()[1]) != ctx._key
-        if self._pushed:
-            ctx._activated(self._op).__enter__()
-        return ctx
-
-    def __exit__(self, *exc_info) -> None:
-        if self._pushed:
-            self._ctx._backend.driver.cuCtxPopCurrent()
 
 
 def _view_shape(nbytes: int, dtype: Any, shape, name: str):
@@ -552,7 +526,7 @@ class Module(_Code):
         image = _image_from(data)
         ctx = working_context()
         backend = ctx._backend
-        with _Current(ctx, "Module"):
+        with ctx._current("Module"):
             err, handle = backend.driver.cuModuleLoadData(image)
         if err:
             fail(backend, err, "cuModuleLoadData", ctx)
@@ -606,8 +580,8 @@ class Module(_Code):
     def _used_in(self, ctx: Context) -> None:
         return None  # its one context is synchronized before unloading
 
-    def _context_on(self, device: Device, operation: str) -> _Current:
-        return _Current(self._ctx, operation)
+    def _context_on(self, device: Device, operation: str) -> _MadeCurrent:
+        return self._ctx._current(operation)
 
     def get_global(self, name: str, dtype: Any = np.uint8,
                    shape: int | tuple[int, ...] | None = None):

@@ -143,7 +143,7 @@ class Stream:
             raise TypeError(f"priority must be an int or None, not {type(priority).__name__}")
         backend = ctx._backend
         drv = backend.driver
-        with _in(ctx, "Stream"):
+        with ctx._current("Stream"):
             if priority is None:
                 priority = 0
             else:
@@ -415,28 +415,6 @@ def _handle_of(obj: Any) -> int:
             "Stream, or pass stream.cuda_stream / stream.ptr as an int)") from None
 
 
-class _in:
-    """Make ``ctx`` current for a block unless it already is (no shadow-stack change)."""
-
-    __slots__ = ("_ctx", "_pushed", "_op")
-
-    def __init__(self, ctx: Context, operation: str):
-        self._ctx = ctx
-        self._op = operation
-
-    def __enter__(self):
-        ctx = self._ctx
-        ctx._check(self._op)
-        current = ctx._backend.driver.cuCtxGetCurrent()[1]
-        self._pushed = int(current) != ctx._key
-        if self._pushed:
-            ctx._activated(self._op).__enter__()
-
-    def __exit__(self, *exc_info):
-        if self._pushed:
-            self._ctx._backend.driver.cuCtxPopCurrent()
-
-
 # -- default and current streams ----------------------------------------------------------
 
 def _context_for(device: Device | int | None) -> Context:
@@ -444,13 +422,7 @@ def _context_for(device: Device | int | None) -> Context:
     device (or no device was named), else the device's primary context."""
     if device is None:
         return ensure_context()
-    device = Device(device)
-    backend = device._backend
-    err, handle = backend.driver.cuCtxGetCurrent()
-    ctx = backend.contexts.get(int(handle)) if not err and int(handle) else None
-    if ctx is not None and ctx._device is device:
-        return ctx
-    return device.primary_context
+    return Device(device)._current_or_primary()
 
 
 def _stack(backend: _driver.Backend, device: Device) -> list[Stream]:

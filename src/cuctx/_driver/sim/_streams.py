@@ -54,11 +54,11 @@ from collections import deque
 
 from cuda.bindings.driver import CUcontext, CUdevice, CUevent, CUresult, CUstream
 
+from ...errors import STICKY_CODES
 from ._common import CONTEXT_IS_DESTROYED, INVALID_VALUE, OK
 
 INVALID_HANDLE = CUresult.CUDA_ERROR_INVALID_HANDLE
 NOT_READY = CUresult.CUDA_ERROR_NOT_READY
-STICKY = frozenset({700, 702, 710, 714, 715, 716, 717, 718, 719})
 
 BYTES_PER_NS = 25  # the default cost model of a transfer: 25 GB/s
 LEGACY, PER_THREAD = 1, 2  # CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
@@ -211,7 +211,7 @@ class StreamModel:
             op.end = stream.clock = start + op.cost
             op.done = True
         if result is not None and result != OK:
-            if int(result) in STICKY:
+            if int(result) in STICKY_CODES:
                 stream.ctx.sticky = CUresult(result)
                 self._drop_queued(stream.ctx)
             elif stream.error is None:
