@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import cuctx._compile_cache as cache_format
 import cuctx.compiler as compiler
 from conftest import requires_nvrtc
 from cuctx._cubin import is_cubin, is_ptx, read_kernels
@@ -88,6 +90,17 @@ def test_cubin_compile(cache):
     assert [p.size for p in read_kernels(result.image)["scale"].params] == [8, 4, 4]
     assert result.lowered_names == {}
     assert isinstance(result.log, str) and "\0" not in result.log
+
+
+@requires_nvrtc
+def test_a_cubin_comes_with_the_ptx_of_the_same_program(cache):
+    """The PTX carries the parameter types a cubin does not record; the cache keeps it."""
+    first = compile_source(SRC, arch="sm_90", cache_dir=cache)
+    assert first.ptx is not None and is_ptx(first.ptx) and b".entry scale(" in first.ptx
+    again = compile_source(SRC, arch="sm_90", cache_dir=cache)
+    assert again.from_cache and again.ptx == first.ptx
+    ptx = compile_source(SRC, arch="compute_90", cache_dir=cache)
+    assert ptx.ptx == ptx.image
 
 
 @requires_nvrtc
@@ -347,29 +360,33 @@ def test_corrupt_entry_is_rebuilt(cache, damage):
     assert compile_source(SRC, arch="sm_90", cache_dir=cache).from_cache
 
 
-def test_entry_round_trip():
+@pytest.mark.parametrize("ptx", [None, b".version 9.0\n.target sm_90\n\0", b"\x7fELF image"])
+def test_entry_round_trip(ptx):
+    """With its PTX beside the cubin, without any, or with the image itself as the PTX."""
     result = CompileResult(
-        b"\x7fELF image", "cubin", "sm_90", {"f<int>": "_Z1fIiEvv"}, "a log", False
+        b"\x7fELF image", "cubin", "sm_90", {"f<int>": "_Z1fIiEvv"}, "a log", False, ptx
     )
-    decoded = compiler._decode_entry(compiler._encode_entry("k" * 64, result), "k" * 64)
+    decoded = cache_format._decode_entry(cache_format._encode_entry("k" * 64, result), "k" * 64)
     assert decoded == replace(result, from_cache=True)
 
 
 def test_entry_for_another_key_is_rejected():
     result = CompileResult(b"image", "ptx", "compute_90", {}, "", False)
-    assert compiler._decode_entry(compiler._encode_entry("a" * 64, result), "b" * 64) is None
+    entry = cache_format._encode_entry("a" * 64, result)
+    assert cache_format._decode_entry(entry, "b" * 64) is None
 
 
-_ENTRY = compiler._encode_entry(
+_ENTRY = cache_format._encode_entry(
     "k" * 64,
-    CompileResult(b"\x7fELF" + bytes(range(256)), "cubin", "sm_90", {"a": "b"}, "log", False),
+    CompileResult(b"\x7fELF" + bytes(range(256)), "cubin", "sm_90", {"a": "b"}, "log", False,
+                  b".version 9.0\n.target sm_90\n.visible .entry a()\n{\n}\n\0"),
 )
 
 
 @settings(max_examples=300)
 @given(cut=st.integers(0, len(_ENTRY) - 1))
 def test_every_truncation_is_detected(cut):
-    assert compiler._decode_entry(_ENTRY[:cut], "k" * 64) is None
+    assert cache_format._decode_entry(_ENTRY[:cut], "k" * 64) is None
 
 
 @settings(max_examples=500)
@@ -377,14 +394,30 @@ def test_every_truncation_is_detected(cut):
 def test_every_single_byte_change_is_detected(pos, mask):
     damaged = bytearray(_ENTRY)
     damaged[pos] ^= mask
-    assert compiler._decode_entry(bytes(damaged), "k" * 64) is None
+    assert cache_format._decode_entry(bytes(damaged), "k" * 64) is None
+
+
+def _blob(data: bytes) -> bytes:
+    return cache_format._BLOB_LEN.pack(len(data)) + data
+
+
+def _meta(**fields) -> bytes:
+    meta = {"key": "k" * 64, "kind": "cubin", "arch": "sm_90", "lowered_names": {}, "log": "",
+            "ptx": "none", **fields}
+    return json.dumps(meta).encode()
+
+
+def test_the_payload_helpers_make_a_valid_entry():
+    payload = _blob(b"abc") + _blob(b"ptx") + _meta(ptx="blob")
+    result = cache_format._decode_entry(_entry_with_payload(payload), "k" * 64)
+    assert result is not None and (result.image, result.ptx) == (b"abc", b"ptx")
 
 
 def _entry_with_payload(payload: bytes) -> bytes:
     """An entry whose header is consistent with an arbitrary payload."""
-    header = compiler._HEADER.pack(
-        compiler._MAGIC,
-        compiler.CACHE_FORMAT_VERSION,
+    header = cache_format._HEADER.pack(
+        cache_format._MAGIC,
+        cache_format.CACHE_FORMAT_VERSION,
         len(payload),
         hashlib.sha256(payload).digest(),
     )
@@ -394,15 +427,18 @@ def _entry_with_payload(payload: bytes) -> bytes:
 @pytest.mark.parametrize(
     "payload",
     [
-        compiler._IMAGE_LEN.pack(3) + b"abc" + b"{not json",
-        compiler._IMAGE_LEN.pack(3) + b"abc" + b'["a list"]',
-        compiler._IMAGE_LEN.pack(3) + b"abc" + b'{"key": "' + b"k" * 64 + b'", "kind": "elf"}',
-        compiler._IMAGE_LEN.pack(1000) + b"abc",
+        _blob(b"abc") + _blob(b"") + b"{not json",
+        _blob(b"abc") + _blob(b"") + b'["a list"]',
+        _blob(b"abc") + _blob(b"") + b'{"key": "' + b"k" * 64 + b'", "kind": "elf"}',
+        cache_format._BLOB_LEN.pack(1000) + b"abc",
+        _blob(b"abc") + cache_format._BLOB_LEN.pack(1000) + b"ptx",
+        _blob(b"abc") + _blob(b"ptx") + _meta(ptx="none"),  # a PTX blob it says is not there
+        _blob(b"abc") + _blob(b"") + _meta(ptx="elsewhere"),
         b"\x01",
     ],
 )
 def test_well_hashed_but_invalid_payloads_are_rejected(payload):
-    assert compiler._decode_entry(_entry_with_payload(payload), "k" * 64) is None
+    assert cache_format._decode_entry(_entry_with_payload(payload), "k" * 64) is None
 
 
 def test_concurrent_writers_never_expose_a_partial_entry(tmp_path):
@@ -412,18 +448,18 @@ def test_concurrent_writers_never_expose_a_partial_entry(tmp_path):
         CompileResult(bytes([i]) * 200_000, "cubin", "sm_90", {"n": str(i)}, f"log {i}", False)
         for i in range(4)
     ]
-    compiler._store_entry(path, key, results[0])
+    cache_format._store_entry(path, key, results[0])
     images = {r.image for r in results}
     stop = threading.Event()
     seen = []
 
     def write(result):
         for _ in range(25):
-            compiler._store_entry(path, key, result)
+            cache_format._store_entry(path, key, result)
 
     def read():
         while not stop.is_set():
-            seen.append(compiler._load_entry(path, key))
+            seen.append(cache_format._load_entry(path, key))
 
     readers = [threading.Thread(target=read) for _ in range(3)]
     writers = [threading.Thread(target=write, args=(r,)) for r in results]
@@ -435,7 +471,7 @@ def test_concurrent_writers_never_expose_a_partial_entry(tmp_path):
     for t in readers:
         t.join()
     assert seen and all(r is not None and r.image in images for r in seen)
-    assert compiler._load_entry(path, key).image in images
+    assert cache_format._load_entry(path, key).image in images
     assert [p.name for p in tmp_path.iterdir()] == ["entry.bin"]
 
 

@@ -10,14 +10,13 @@ import hashlib
 import json
 import os
 import re
-import struct
-import tempfile
-import threading
-import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from ._compile_cache import (CACHE_FORMAT_VERSION, CacheWarning, CompileResult, _load_entry,
+                             _store_entry)
 
 __all__ = [
     "CacheWarning",
@@ -30,13 +29,6 @@ __all__ = [
     "pick_arch",
 ]
 
-# Bump whenever the entry layout or the meaning of the key changes; it is
-# hashed into the key and written into every entry header.
-CACHE_FORMAT_VERSION = 1
-_MAGIC = b"CUCTXNVR"
-# magic, format version, payload length, sha256(payload)
-_HEADER = struct.Struct("<8sIQ32s")
-_IMAGE_LEN = struct.Struct("<Q")
 _ENTRY_PREFIX = "nvrtc-"
 _ENTRY_SUFFIX = ".bin"
 
@@ -44,9 +36,6 @@ _ARCH_RE = re.compile(r"(?:sm|compute)_\d+[af]?")
 # The target comes from `arch`; a second one in `options` would silently win
 # (NVRTC only warns), so it is rejected instead.
 _ARCH_OPTION_RE = re.compile(r"(-arch|--gpu-architecture)(=|\s|$)")
-
-_warned_dirs: set[str] = set()
-_warned_lock = threading.Lock()
 
 
 class CompileError(Exception):
@@ -57,26 +46,6 @@ class CompileError(Exception):
         self.options = options
         self.name = name
         super().__init__(f"{message}\nNVRTC options: {list(options)}\n{log}")
-
-
-class CacheWarning(RuntimeWarning):
-    """The compile cache could not be used; compilation went ahead without it."""
-
-
-@dataclass(frozen=True)
-class CompileResult:
-    """A compiled image.
-
-    ``image`` is exactly what NVRTC returned: for ``kind == "ptx"`` it keeps
-    NVRTC's trailing NUL, which cuModuleLoadData requires.
-    """
-
-    image: bytes
-    kind: Literal["cubin", "ptx"]
-    arch: str
-    lowered_names: dict[str, str]
-    log: str
-    from_cache: bool
 
 
 # --------------------------------------------------------------------------
@@ -325,10 +294,13 @@ def _compile_program(
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise fail(f"NVRTC could not lower name expression {expr!r}: {_err_name(err)}")
         lowered[expr] = mangled.decode()
+    ptx = _ptx_of(nvrtc, prog)
     if kind == "cubin":
         image = _read_buffer(nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, prog)
+    elif ptx is None:
+        raise fail(f"NVRTC produced no PTX for {request.arch}")
     else:
-        image = _read_buffer(nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, prog)
+        image = ptx
     return CompileResult(
         image=image,
         kind=kind,
@@ -336,7 +308,18 @@ def _compile_program(
         lowered_names=lowered,
         log=_program_log(nvrtc, prog),
         from_cache=False,
+        ptx=ptx,
     )
+
+
+def _ptx_of(nvrtc, prog) -> bytes | None:
+    """The program's PTX, which NVRTC keeps beside a cubin too; None when it has none
+    (with -dlto it holds LTO IR instead)."""
+    try:
+        ptx = _read_buffer(nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, prog)
+    except RuntimeError:
+        return None
+    return ptx if ptx.rstrip(b"\0") else None
 
 
 def _read_buffer(get_size, get_data, prog) -> bytes:
@@ -374,113 +357,3 @@ def cache_directory(cache_dir: str | os.PathLike | Literal[False] | None = None)
     if not isinstance(cache_dir, (str, os.PathLike)):
         raise TypeError(f"cache_dir must be a path, None or False, got {type(cache_dir).__name__}")
     return Path(cache_dir) if os.fspath(cache_dir) else None
-
-
-def _encode_entry(key: str, result: CompileResult) -> bytes:
-    meta = json.dumps(
-        {
-            "key": key,
-            "kind": result.kind,
-            "arch": result.arch,
-            "lowered_names": result.lowered_names,
-            "log": result.log,
-        }
-    ).encode()
-    payload = _IMAGE_LEN.pack(len(result.image)) + result.image + meta
-    return (
-        _HEADER.pack(_MAGIC, CACHE_FORMAT_VERSION, len(payload), hashlib.sha256(payload).digest())
-        + payload
-    )
-
-
-def _decode_entry(data: bytes, key: str) -> CompileResult | None:
-    """The entry's result, or None if ``data`` is not an intact entry for ``key``."""
-    if len(data) < _HEADER.size:
-        return None
-    magic, version, length, digest = _HEADER.unpack_from(data)
-    payload = data[_HEADER.size :]
-    if magic != _MAGIC or version != CACHE_FORMAT_VERSION or length != len(payload):
-        return None
-    if hashlib.sha256(payload).digest() != digest or len(payload) < _IMAGE_LEN.size:
-        return None
-    (image_len,) = _IMAGE_LEN.unpack_from(payload)
-    image_end = _IMAGE_LEN.size + image_len
-    if image_end > len(payload):
-        return None
-    try:
-        meta = json.loads(payload[image_end:])
-    except ValueError:
-        return None
-    if not _valid_meta(meta, key):
-        return None
-    return CompileResult(
-        image=payload[_IMAGE_LEN.size : image_end],
-        kind=meta["kind"],
-        arch=meta["arch"],
-        lowered_names=meta["lowered_names"],
-        log=meta["log"],
-        from_cache=True,
-    )
-
-
-def _valid_meta(meta, key: str) -> bool:
-    return (
-        isinstance(meta, dict)
-        and meta.get("key") == key
-        and meta.get("kind") in ("cubin", "ptx")
-        and isinstance(meta.get("arch"), str)
-        and isinstance(meta.get("log"), str)
-        and isinstance(meta.get("lowered_names"), dict)
-        and all(isinstance(k, str) and isinstance(v, str) for k, v in meta["lowered_names"].items())
-    )
-
-
-def _load_entry(path: Path, key: str) -> CompileResult | None:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        # Missing, or unreadable: either way a miss; the store reports problems.
-        return None
-    result = _decode_entry(data, key)
-    if result is None:
-        # A damaged entry must never be loaded; remove it so the rebuilt one
-        # replaces it. Losing a race with a writer only costs a recompile.
-        try:
-            path.unlink()
-        except OSError:
-            pass
-    return result
-
-
-def _store_entry(path: Path, key: str, result: CompileResult) -> None:
-    data = _encode_entry(key, result)
-    tmp_name = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Same directory as the target so os.replace is an atomic rename:
-        # readers see the old entry or the complete new one, never a mix.
-        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_name, path)
-    except OSError as exc:
-        if tmp_name is not None:
-            try:
-                os.unlink(tmp_name)
-            except OSError:
-                pass
-        _warn_unwritable(path.parent, exc)
-
-
-def _warn_unwritable(directory: Path, exc: OSError) -> None:
-    with _warned_lock:
-        if str(directory) in _warned_dirs:
-            return
-        _warned_dirs.add(str(directory))
-    warnings.warn(
-        f"cuctx compile cache at {directory} is not writable ({exc}); compiling without caching",
-        CacheWarning,
-        stacklevel=4,
-    )
