@@ -1,19 +1,32 @@
-"""`python -m cuctx info`: a readable table and JSON for scripts."""
+"""`python -m cuctx`: what a newcomer types first. Each test runs the command in a subprocess,
+as a user would, and checks what it prints and its exit status."""
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
 
-from conftest import BACKENDS
+from conftest import BACKENDS, HAVE_GPU
+
+from cuctx.examples import EXAMPLES
 
 
-def cli(*args, backend):
-    env = dict(os.environ, CUCTX_BACKEND=backend)
+def cli(*args, backend, **env):
+    env = dict(os.environ, CUCTX_BACKEND=backend, **env)
     return subprocess.run([sys.executable, "-m", "cuctx", *args], capture_output=True,
                           text=True, env=env, timeout=120)
+
+
+def one_line_error(proc) -> str:
+    """The error a failed command printed: exactly one line on stderr, no traceback."""
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
 
 
 @pytest.mark.parametrize("name", BACKENDS)
@@ -29,14 +42,63 @@ def test_info_json_describes_every_device(name):
 
 
 @pytest.mark.parametrize("name", BACKENDS)
+def test_info_shows_versions_and_where_things_are(name, tmp_path):
+    proc = cli("info", "--json", backend=name, CUCTX_CACHE_DIR=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    import cuda.bindings
+    import numpy as np
+    import cuctx
+    assert info["versions"]["cuctx"] == cuctx.__version__
+    assert info["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert info["versions"]["cuda_bindings"] == cuda.bindings.__version__
+    assert info["versions"]["numpy"] == np.__version__
+    assert info["versions"]["os"] and info["versions"]["nvrtc"]
+    assert info["compile_cache"] == str(tmp_path)
+    assert info["environment"]["CUCTX_CACHE_DIR"] == str(tmp_path)
+    assert info["environment"]["CUCTX_BACKEND"] == name
+    assert info["simulated"] is (name == "sim")
+    if name == "sim":
+        assert info["libcuda"] is None
+    else:  # the library the driver calls go to
+        assert pathlib.Path(info["libcuda"]).name.startswith("libcuda")
+        assert pathlib.Path(info["libcuda"]).exists()
+
+
+def test_info_says_when_the_cache_is_off():
+    proc = cli("info", backend="sim", CUCTX_CACHE_DIR="")
+    assert proc.returncode == 0, proc.stderr
+    assert "compile cache : off (CUCTX_CACHE_DIR is empty)" in proc.stdout.splitlines()
+    assert json.loads(cli("info", "--json", backend="sim", CUCTX_CACHE_DIR="").stdout)[
+        "compile_cache"] is None
+
+
+@pytest.mark.parametrize("name", BACKENDS)
 def test_info_table_names_backend_and_devices(name):
     proc = cli("info", backend=name)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith(f"backend : {name} (")
+    fields = dict(line.split(" : ", 1) for line in lines[:lines.index("")])
+    fields = {key.strip(): value for key, value in fields.items()}
+    for key in ("cuctx", "Python", "OS", "cuda-bindings", "NVRTC", "NumPy", "libcuda",
+                "compile cache", "environment"):
+        assert fields[key], key
+    assert fields["backend"].startswith(f"{name} (")
+    assert f"CUCTX_BACKEND={name}" in fields["environment"]
+    if name == "sim":  # what the sim reports is marked as modelled, not measured
+        assert "simulated" in fields["driver"] and "simulated" in fields["timings"]
+        assert fields["libcuda"].startswith("none")
+    else:
+        assert "simulated" not in fields["driver"] and "timings" not in fields
     header = next(i for i, line in enumerate(lines) if line.startswith("#"))
     assert "memory free/total" in lines[header]
-    assert len(lines) - header - 2 == int(lines[2].split(":")[1])
+    assert len(lines) - header - 2 == int(fields["devices"])
+
+
+def test_version():
+    import cuctx
+    proc = cli("--version", backend="sim")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"cuctx {cuctx.__version__}"
 
 
 def test_unknown_command_fails_with_usage():
@@ -44,16 +106,82 @@ def test_unknown_command_fails_with_usage():
     assert proc.returncode == 2 and "usage:" in proc.stderr
 
 
+@pytest.mark.parametrize("command", [["info"], ["demo"]])
+def test_a_bad_backend_name_is_one_line_not_a_traceback(command):
+    line = one_line_error(cli(*command, backend="no-such-backend"))
+    assert line.startswith("python -m cuctx: error: ValueError: ")
+    assert "'no-such-backend'" in line and "CUCTX_BACKEND" in line
+
+
+def test_errors_are_a_json_object_with_json():
+    proc = cli("info", "--json", backend="no-such-backend")
+    error = json.loads(one_line_error(proc))
+    assert error["type"] == "ValueError" and "'no-such-backend'" in error["error"]
+    assert proc.stdout == ""
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="needs a machine without a usable NVIDIA driver")
+def test_cuda_backend_without_a_driver_is_one_line():
+    line = one_line_error(cli("info", backend="cuda"))
+    assert line.startswith("python -m cuctx: error: BackendUnavailableError: ")
+    assert "CUCTX_BACKEND=sim" in line  # what to do about it
+    error = json.loads(one_line_error(cli("info", "--json", backend="cuda")))
+    assert error["type"] == "BackendUnavailableError"
+
+
+def test_a_failing_example_names_itself_in_one_line():
+    # A sim without devices: the first example's Device(0) fails.
+    line = one_line_error(cli("demo", "context_stack", backend="sim", CUCTX_SIM_DEVICES="0"))
+    assert line.startswith("python -m cuctx: error: ")
+    assert "in the example context_stack" in line
+    assert "python -m cuctx.examples.context_stack" in line  # where the traceback is
+
+
+def test_a_reader_that_leaves_early_is_no_error():
+    # `python -m cuctx info | head -1`: stdout is a pipe whose reader has gone.
+    read, write = os.pipe()
+    os.close(read)
+    proc = subprocess.run([sys.executable, "-m", "cuctx", "info"], stdout=write,
+                          stderr=subprocess.PIPE, text=True, timeout=120,
+                          env=dict(os.environ, CUCTX_BACKEND="sim"))
+    os.close(write)
+    assert proc.stderr == ""
+
+
 @pytest.mark.parametrize("name", BACKENDS)
-def test_demo_runs_every_example(name):
+def test_demo_runs_every_example_and_says_what_it_shows(name):
     proc = cli("demo", backend=name)
     assert proc.returncode == 0, proc.stderr
-    assert "using a destroyed context: ContextDestroyedError" in proc.stdout
-    assert "stack empty again: current = None" in proc.stdout
-    assert "launches counted in managed memory:" in proc.stdout
-    assert "copy/compute/copy on 4 streams: correct" in proc.stdout
-    assert "sum on another stream, with the wait: 1.0000 (correct)" in proc.stdout
+    out = proc.stdout
+    for example in EXAMPLES.values():  # each one introduced: what it is, what to look at
+        assert f"== {example.title} (python -m cuctx demo {example.name})" in out
+        assert f"Shows: {example.shows}" in out and f"Look at: {example.look_at}" in out
+    assert "using a destroyed context: ContextDestroyedError" in out
+    assert "stack empty again: current = None" in out
+    assert f"launches counted in managed memory: {out.count(': [0.0, 2.0, 4.0, 6.0]')}" in out
+    assert "copy/compute/copy on 4 streams: correct" in out
+    assert "sum on another stream, with the wait: 1.0000 (correct)" in out
     if name == "sim":  # deterministic on the sim; a race on a GPU
-        assert "without the wait: 0.0000 (stale" in proc.stdout
+        assert "without the wait: 0.0000 (stale" in out
+        assert "ms of simulated GPU time" in out
+    else:
+        assert "simulated" not in out
     bad = cli("demo", "nope", backend=name)
     assert bad.returncode == 2 and "no example named nope" in bad.stderr
+
+
+def test_demo_runs_the_examples_named():
+    proc = cli("demo", "stream_overlap", backend="sim")
+    assert proc.returncode == 0, proc.stderr
+    assert "copy/compute/copy on four streams" in proc.stdout
+    assert "context stack walk" not in proc.stdout
+
+
+@pytest.mark.parametrize("args", [["--help"], ["info", "--help"], ["demo", "--help"]])
+def test_help_names_examples_by_what_they_show(args):
+    proc = cli(*args, backend="sim")
+    assert proc.returncode == 0, proc.stderr
+    assert "seed" not in proc.stdout.lower()
+    if args[0] == "demo":
+        for example in EXAMPLES.values():
+            assert f"{example.name}: {example.title}" in proc.stdout

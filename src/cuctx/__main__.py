@@ -1,14 +1,25 @@
-"""``python -m cuctx info [--json]``: the backend, the driver and each device.
-``python -m cuctx demo [NAME...]``: run the seeds' examples written with cuctx."""
+"""The cuctx command line: what cuctx finds on this machine, and examples of what it does.
+
+  python -m cuctx info [--json]   versions, the backend, the driver and each device
+  python -m cuctx demo [NAME...]  run the examples, saying what each one shows
+
+An error is one line on stderr (a JSON object with --json) and exit status 1.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import os
+import platform
 import sys
+import textwrap
+
+import numpy as np
 
 import cuctx
+from cuctx.compiler import cache_directory, nvrtc_version
 from cuctx.examples import EXAMPLES
 
 _KEY_PROPERTIES = ("multiprocessor_count", "max_threads_per_block", "max_shared_memory_per_block_optin",
@@ -16,9 +27,29 @@ _KEY_PROPERTIES = ("multiprocessor_count", "max_threads_per_block", "max_shared_
                    "unified_addressing", "concurrent_managed_access")
 
 
+def _nvrtc() -> str:
+    try:
+        major, minor = nvrtc_version()
+    except RuntimeError as exc:  # Library.from_source needs it; everything else works without
+        return f"unavailable ({exc})"
+    return f"{major}.{minor}"
+
+
+def _libcuda_path(backend: cuctx._driver.Backend) -> str | None:
+    """The driver library the cuda backend has loaded; None on the sim, which loads none."""
+    if backend.name == "sim":
+        return None
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+    # cuda.bindings loads libcuda through this function, and its cache hands back that same
+    # library: nothing is loaded a second time.
+    return load_nvidia_dynamic_lib("cuda").abs_path
+
+
 def describe() -> dict:
+    """Everything `info` shows, as plain data (what `info --json` prints)."""
     backend = cuctx.backend()
     version = backend.driver.cuDriverGetVersion()[1]
+    cache = cache_directory()
     devices = []
     for device in cuctx.devices():
         free, total = device.mem_info()
@@ -29,8 +60,25 @@ def describe() -> dict:
             "total_memory": total, "free_memory": free,
             "properties": {k: props[k] for k in _KEY_PROPERTIES if k in props},
         })
-    return {"backend": backend.name, "reason": backend.reason,
-            "driver_version": f"{version // 1000}.{version % 1000 // 10}", "devices": devices}
+    return {
+        "versions": {"cuctx": cuctx.__version__, "python": platform.python_version(),
+                     "os": platform.platform(), "cuda_bindings": _cuda_bindings_version(),
+                     "nvrtc": _nvrtc(), "numpy": np.__version__},
+        "backend": backend.name, "reason": backend.reason,
+        # On the sim the driver version is the one it models, and event times come from its
+        # virtual clock: both are simulated, not measured.
+        "simulated": backend.name == "sim",
+        "driver_version": f"{version // 1000}.{version % 1000 // 10}",
+        "libcuda": _libcuda_path(backend),
+        "compile_cache": None if cache is None else str(cache),
+        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("CUCTX_")},
+        "devices": devices,
+    }
+
+
+def _cuda_bindings_version() -> str:
+    import cuda.bindings
+    return cuda.bindings.__version__
 
 
 def _gib(n: int) -> str:
@@ -38,8 +86,27 @@ def _gib(n: int) -> str:
 
 
 def render(info: dict) -> str:
-    lines = [f"backend : {info['backend']} ({info['reason']})",
-             f"driver  : CUDA {info['driver_version']}", f"devices : {len(info['devices'])}", ""]
+    """`describe()` as the text `info` prints: one `key : value` line each, then a device table."""
+    sim = info["simulated"]
+    v = info["versions"]
+    fields = [
+        ("cuctx", v["cuctx"]), ("Python", v["python"]), ("OS", v["os"]),
+        ("cuda-bindings", v["cuda_bindings"]), ("NVRTC", v["nvrtc"]), ("NumPy", v["numpy"]),
+        ("backend", f"{info['backend']} ({info['reason']})"),
+        ("driver", f"CUDA {info['driver_version']}"
+                   + (" (simulated: the version the sim models)" if sim else "")),
+        ("libcuda", info["libcuda"] or ("none (the simulated GPU needs no driver)" if sim
+                                        else "loaded, path unknown")),
+        ("compile cache", info["compile_cache"] or "off (CUCTX_CACHE_DIR is empty)"),
+        ("environment", ", ".join(f"{k}={val}" for k, val in info["environment"].items())
+                        or "no CUCTX_* variables set"),
+    ]
+    if sim:
+        fields.append(("timings", "simulated: event times come from the sim's virtual clock"))
+    fields.append(("devices", str(len(info["devices"]))))
+    width = max(len(key) for key, _ in fields)
+    lines = [f"{key.ljust(width)} : {value}" for key, value in fields]
+    lines.append("")
     header = ("#", "name", "cc", "SMs", "memory free/total", "pci bus", "uuid")
     rows = [(str(d["ordinal"]), d["name"], d["compute_capability"],
              str(d["properties"].get("multiprocessor_count", "?")),
@@ -51,27 +118,86 @@ def render(info: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cuctx", description=__doc__)
+def _info(args: argparse.Namespace) -> None:
+    data = describe()
+    print(json.dumps(data, indent=2) if args.json else render(data))
+
+
+def _demo(args: argparse.Namespace) -> None:
+    backend = cuctx.backend()
+    print(f"cuctx {cuctx.__version__} on {backend}")
+    if backend.name == "sim":
+        print("The simulated GPU computes every result for real; its times are simulated.")
+    for name in args.names or EXAMPLES:
+        example = EXAMPLES[name]
+        print(f"\n== {example.title} (python -m cuctx demo {name})")
+        print(f"Shows: {example.shows}\nLook at: {example.look_at}\n")
+        try:
+            importlib.import_module(f"cuctx.examples.{name}").main()
+        except Exception as exc:
+            raise _ExampleFailed(name) from exc
+
+
+class _ExampleFailed(Exception):
+    """An example raised (its exception is the ``__cause__``): the error line names both."""
+
+
+def _examples_epilog() -> str:
+    text = ["examples:"]
+    for e in EXAMPLES.values():
+        text.append(f"  {e.name}: {e.title}")
+        text += textwrap.wrap(e.shows, 76, initial_indent="    ", subsequent_indent="    ")
+    return "\n".join(text)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m cuctx", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"cuctx {cuctx.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    info = sub.add_parser("info", help="show the backend, the driver and each device")
-    info.add_argument("--json", action="store_true", help="print JSON for scripts")
-    demo = sub.add_parser("demo", help="run the examples (the seeds' programs, with cuctx)")
+    info = sub.add_parser("info", help="show versions, the backend, the driver and each device")
+    info.add_argument("--json", action="store_true",
+                      help="print JSON for scripts (an error too: {\"error\": ..., \"type\": ...})")
+    info.set_defaults(run=_info)
+    demo = sub.add_parser("demo", help="run the examples, saying what each one shows",
+                          epilog=_examples_epilog(),
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("names", nargs="*", metavar="NAME",
                       help=f"which examples (default: all of {', '.join(EXAMPLES)})")
-    args = parser.parse_args(argv)
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def _describe_error(exc: BaseException) -> tuple[str, str]:
+    """(type name, message on one line) of an error; for an example, of what it raised."""
+    where = ""
+    if isinstance(exc, _ExampleFailed):
+        name, exc = exc.args[0], exc.__cause__
+        where = (f" (in the example {name}; `python -m cuctx.examples.{name}` shows the "
+                 "traceback)")
+    return type(exc).__name__, " ".join(str(exc).split()) + where
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)  # usage errors: argparse's own message, exit status 2
     unknown = [n for n in getattr(args, "names", []) if n not in EXAMPLES]
     if unknown:
         parser.error(f"no example named {', '.join(unknown)}; choose from {', '.join(EXAMPLES)}")
-    if args.command == "info":
-        data = describe()
-        print(json.dumps(data, indent=2) if args.json else render(data))
-    else:
-        print(f"cuctx {cuctx.__version__} on {cuctx.backend()}")
-        for name in args.names or EXAMPLES:
-            print(f"\n== {name}")
-            importlib.import_module(f"cuctx.examples.{name}").main()
-    return 0
+    try:
+        args.run(args)
+        sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
+        return 0
+    except BrokenPipeError:  # `python -m cuctx info | head -3`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (Exception, KeyboardInterrupt) as exc:
+        kind, message = _describe_error(exc)
+        if getattr(args, "json", False):
+            print(json.dumps({"error": message, "type": kind}), file=sys.stderr)
+        else:
+            print(f"python -m cuctx: error: {kind}: {message}", file=sys.stderr)
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 
 if __name__ == "__main__":

@@ -1,3 +1,40 @@
-"""The seeds' examples written with cuctx; `python -m cuctx demo` runs them all."""
+"""Short programs written with cuctx; `python -m cuctx demo` runs them and says what each shows.
 
-EXAMPLES = ["context_stack", "context_independent", "stream_overlap"]
+Each is also a script: ``python -m cuctx.examples.<name>`` runs one on its own (with the full
+traceback, should it fail).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Example:
+    name: str  # the module in cuctx.examples: what `python -m cuctx demo NAME` takes
+    title: str  # what it shows, in a few words
+    shows: str  # one sentence: what the program does
+    look_at: str  # one sentence: what to look at in its output
+
+
+EXAMPLES: dict[str, Example] = {e.name: e for e in (
+    Example(
+        "context_stack", "the context stack walk",
+        "Two contexts created on one device, pushed and popped on the thread's context stack, "
+        "then destroyed, and the device's primary context made current for a block.",
+        "each `current =` line names the top of the stack; using the destroyed context is a "
+        "ContextDestroyedError, not a crash; the stack ends empty."),
+    Example(
+        "context_independent", "one library, any context",
+        "One kernel library loaded once, before any context exists, and the same kernel "
+        "handle launched in every device's primary context and in a context created later.",
+        "every context prints [0.0, 2.0, 4.0, 6.0], and the launch count kept in managed "
+        "memory equals the number of contexts."),
+    Example(
+        "stream_overlap", "copy/compute/copy on four streams",
+        "An array cut in four chunks, each copied in, scaled by a kernel and copied back on "
+        "its own stream so that the streams overlap; then a read on a second stream that "
+        "forgets to wait for the kernel.",
+        "the four-stream result is correct; the sum read without the wait is stale (every time "
+        "on the simulated GPU, now and then on a real one) and 1.0000 with the wait."),
+)}

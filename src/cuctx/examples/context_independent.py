@@ -1,4 +1,4 @@
-"""Context-independent loading (seed 002), written with cuctx.
+"""One library, any context: context-independent loading, written with cuctx.
 
 One library, loaded once with no context in sight (cuLibraryLoadData), one kernel handle
 (CUkernel), launched in several contexts: the primary context of every device, and a context
@@ -30,7 +30,7 @@ def main() -> None:
         data.view(np.float32, n)[:] *= np.float32(factor)
         managed["launches"][0] += 1
 
-    # Load once, before any context exists in this program (the seed's libraryInitialize).
+    # Load once, before any context exists in this program.
     library = cuctx.Library.from_source(SOURCE, sim_kernels={"scale": scale_twin})
     managed["launches"] = library.get_managed("launches", np.int32)
     scale = library.kernel("scale")  # one handle for every context and device
@@ -53,7 +53,7 @@ def main() -> None:
     # A __managed__ variable has one copy for all contexts and devices (cuLibraryGetManaged).
     print(f"launches counted in managed memory: {int(managed['launches'][0])}")
     created.destroy()
-    library.unload()  # the seed's libraryDeinitialize: one call, whatever contexts came and went
+    library.unload()  # one call, whatever contexts came and went
 
 
 if __name__ == "__main__":

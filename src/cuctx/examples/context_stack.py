@@ -1,4 +1,4 @@
-"""The context stack (seed 001), written with cuctx.
+"""The context stack walk, written with cuctx.
 
 Two created contexts on one device, the per-thread stack they live on, push and pop, and the
 primary context the runtime API uses. Each step prints what the driver reports.

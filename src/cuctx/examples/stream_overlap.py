@@ -1,9 +1,9 @@
-"""Copy, compute, copy on several streams (seed 003), written with cuctx.
+"""Copy, compute, copy on four streams, written with cuctx.
 
 The CUDA programming guide's pattern: the input is cut in chunks, and each chunk goes
 host-to-device, through a kernel, and device-to-host on its own stream, so one chunk's copies
 overlap another's kernel. Only page-locked host memory can overlap; `cuctx.pinned_empty`
-gives it. Then the seed's classic bug: a sum on one stream that does not wait for the
+gives it. Then a classic bug: a sum on one stream that does not wait for the
 normalising step queued on another.
 """
 
@@ -42,9 +42,11 @@ def overlap(scale: cuctx.Kernel) -> None:
         streams[0].wait(stream)
     end.record(streams[0])
     end.synchronize()
+    # The sim's events read its virtual clock: a model of the GPU's time, not a measurement.
+    clock = "simulated GPU time" if cuctx.backend().name == "sim" else "GPU time"
     print(f"{CHUNKS} chunks of {CHUNK * 4 >> 20} MiB, copy/compute/copy on {CHUNKS} streams: "
           f"{'correct' if np.array_equal(host, expected) else 'WRONG'}, {end - start:.3f} ms "
-          "of GPU time")
+          f"of {clock}")
 
 
 def missing_wait(scale: cuctx.Kernel) -> None:
