@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections import Counter, defaultdict
 
 import pytest
 
@@ -99,3 +100,26 @@ def busy(stream, ms: float) -> None:
         assert not err
     else:
         stream.launch_host_func(time.sleep, ms / 1000)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Skipped tests grouped by reason, one line per reason with counts.
+
+    Without a GPU about half the suite skips for one reason; pytest's ``-rs`` prints a line per
+    skipped test, which buries failures. pyproject's ``-rfExX`` keeps pytest's own lines for
+    failures, errors and xfails; asking for ``-rs``/``-ra`` brings back pytest's skip lines,
+    and then this summary stays out of the way."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped or any(c in config.option.reportchars for c in "sSaA"):
+        return
+    counts: Counter[str] = Counter()
+    files: defaultdict[str, set[str]] = defaultdict(set)
+    for report in skipped:
+        path, _, reason = report.longrepr
+        reason = reason.removeprefix("Skipped: ")
+        counts[reason] += 1
+        files[reason].add(path)
+    terminalreporter.write_sep("=", f"{len(skipped)} skipped, by reason")
+    for reason, count in counts.most_common():
+        where = len(files[reason])
+        terminalreporter.write_line(f"{count:4} in {where} file{'s' * (where != 1)}: {reason}")
