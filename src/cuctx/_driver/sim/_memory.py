@@ -1,30 +1,34 @@
-"""Device and host memory of the sim.
+"""Device memory of the sim.
 
 The address space: one virtual address space for the whole process, as under CUDA's unified
 addressing. Pointers are plain integers, unique across devices and contexts, and the
-allocation a pointer falls in tells its device. Every allocation is a *block* (a range of
-addresses with NumPy bytes behind it); block addresses are never handed out twice, so a
+allocation a pointer falls in tells its device. Every allocation lives in a *block* (a range
+of addresses with NumPy bytes behind it); block addresses are never handed out twice, so a
 stale pointer into a released block stays invalid for ever.
 
 Checking accesses: driver calls (cuMemcpy*, cuMemset*) check their ranges when called and
-answer CUDA_ERROR_INVALID_VALUE, as the real driver does. Queued work checks again when it
-runs: an access outside every live allocation then is CUDA_ERROR_ILLEGAL_ADDRESS, which is
-sticky and poisons the context (the stream engine does that for any op returning it).
-Kernel twins get memory through `_device_view`, which applies the same check.
+answer CUDA_ERROR_INVALID_VALUE, as the real driver does. The work they queue remembers the
+allocation it was checked against and checks again when it runs: valid while that
+allocation's free has not run (even if the block already holds a later, smaller allocation
+on the freeing stream); after it has run, valid only where a later allocation of the block
+covers the bytes (the GPU would touch the new owner's data: a race the sim shows as such).
+Anything else is CUDA_ERROR_ILLEGAL_ADDRESS, which is sticky and poisons the context (the
+stream engine does that for any op returning it). Kernel twins have only addresses, so
+`_device_view` accepts any range that some not yet freed allocation of the block covers.
 
 Stream-ordered allocation (cuMemAllocAsync / cuMemFreeAsync) models a device's default
 memory pool: a freed block goes back to the pool at once, and a later allocation *on the
-same stream* may reuse it straight away (stream order makes that safe); allocations on other
-streams may reuse it only after the free has run. The memory stays live for the work queued
-before the free; after the free has run, an access is an illegal address (a use after free
-that a GPU would let slip). Pool blocks whose free has run are released back to the device
-when a context synchronizes or an allocation would not fit otherwise (the pool's release
-threshold is 0, the driver's default).
+same stream* may reuse it straight away (stream order makes that safe: the work queued for
+the old allocation runs first); allocations on other streams may reuse it only after the
+free has run. The memory stays valid for the work queued before the free; after the free has
+run, an access is an illegal address (a use after free that a GPU would let slip). Pool
+blocks whose free has run are released back to the device when a context synchronizes or
+an allocation would not fit otherwise (the pool's release threshold is 0, the driver's
+default).
 
-Host memory: cuMemHostAlloc and cuMemHostRegister make page-locked ranges. A copy whose host
-side lies in one is asynchronous; any other host memory is pageable and the copy drains its
-stream before returning, as CUDA's pageable copies are synchronous. Host memory is not owned
-by a context here (allocations are portable), so tearing a context down leaves it alone.
+Arguments: sizes and memset values are converted as cuda.bindings converts C arguments
+(a negative size or a value too large is an OverflowError), so the sim never queues work
+that NumPy would refuse when it runs.
 """
 
 from __future__ import annotations
@@ -35,23 +39,48 @@ import numpy as np
 from cuda.bindings.driver import CUdeviceptr, CUpointer_attribute, CUresult
 
 from ._common import CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_VALUE, OK
+from ._host import HostMemory, HostSide
 
 ILLEGAL_ADDRESS = CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
 OUT_OF_MEMORY = CUresult.CUDA_ERROR_OUT_OF_MEMORY
-ALREADY_REGISTERED = CUresult.CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
-NOT_REGISTERED = CUresult.CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
 
 ADDRESS_BASE = 0x7000_0000_0000  # where the device address space starts (CUDA's is similar)
 ALIGNMENT = 512  # cuMemAlloc's alignment
-_HOST_ALLOC_FLAGS = 0x1 | 0x2 | 0x4  # PORTABLE, DEVICEMAP, WRITECOMBINED
-_HOST_REGISTER_FLAGS = 0x1 | 0x2 | 0x4 | 0x8  # PORTABLE, DEVICEMAP, IOMEMORY, READ_ONLY
+
+
+def unsigned(value, bits: int, name: str) -> int:
+    """``value`` converted as cuda.bindings converts an unsigned C argument of type ``name``."""
+    number = int(value)
+    if number < 0:
+        raise OverflowError(f"can't convert negative value to {name}")
+    if number >> bits:
+        raise OverflowError(f"value too large to convert to {name}")
+    return number
+
+
+def size_t(value) -> int:
+    return unsigned(value, 64, "size_t")
+
+
+class Allocation:
+    """One allocation made in a block. Its memory is valid until its free has run (a block
+    may already hold the next allocation by then, on the freeing stream: stream order makes
+    that safe). Queued copies and memsets remember the allocation they were checked against
+    when queued, so they are checked against it, not against whatever reuses the block."""
+
+    __slots__ = ("block", "length", "live")
+
+    def __init__(self, block: "Block", length: int):
+        self.block = block
+        self.length = length
+        self.live = True
 
 
 class Block:
     """A range of device addresses with bytes behind it, used by one allocation at a time."""
 
-    __slots__ = ("base", "size", "device", "ctx", "data", "length", "live", "generation",
-                 "pooled", "free_stream", "released")
+    __slots__ = ("base", "size", "device", "ctx", "data", "current", "valid", "pooled",
+                 "free_stream", "released")
 
     def __init__(self, base: int, size: int, device: int, ctx):
         self.base = base
@@ -59,35 +88,68 @@ class Block:
         self.device = device
         self.ctx = ctx  # the context of the allocation using it
         self.data = np.zeros(size, np.uint8)  # calloc: pages are only touched when written
-        self.length = 0  # bytes of the current allocation (accesses are checked against it)
-        self.live = False
-        self.generation = 0  # bumped on each reuse, so a stale free does not kill a reuse
+        self.current: Allocation | None = None  # the latest allocation
+        self.valid: list[Allocation] = []  # allocations whose free has not run yet
         self.pooled = False  # in the pool (freed or its free queued), not allocated
         self.free_stream = None  # the SimStream whose queued free put it in the pool
         self.released = False  # that free has run: any stream may reuse it
 
+    @property
+    def length(self) -> int:
+        """Bytes of the current allocation (what a new call is checked against)."""
+        return self.current.length if self.current is not None else 0
+
+    @property
+    def live(self) -> bool:
+        return self.current is not None and self.current.live
+
+    def reach(self) -> int:
+        """Bytes from the base that some not yet freed allocation covers: what work running
+        now (a kernel twin, queued before the reuse) may touch."""
+        return max((a.length for a in self.valid), default=0)
+
     def allocate(self, nbytes: int, ctx) -> int:
         self.ctx = ctx
-        self.length = nbytes
-        self.live = True
+        self.current = Allocation(self, nbytes)
+        self.valid.append(self.current)
         self.pooled = False
         self.free_stream = None
         self.released = False
-        self.generation += 1
         return self.base
 
+    def end(self, alloc: Allocation) -> None:
+        """``alloc``'s free has run: its memory is invalid unless a later allocation holds it."""
+        alloc.live = False
+        if alloc in self.valid:
+            self.valid.remove(alloc)
+        if alloc is self.current:
+            self.released = True
 
-class _Raw:
-    """Exposes raw host memory to NumPy without copying (the sim reads and writes the
-    caller's host memory exactly where the driver would)."""
 
-    def __init__(self, address: int, nbytes: int):
-        self.__array_interface__ = {"data": (address, False), "shape": (nbytes,),
-                                    "typestr": "|u1", "version": 3}
+class DeviceSpan:
+    """Device bytes a queued op will touch, in the allocation they were checked against."""
+
+    __slots__ = ("alloc", "offset", "nbytes")
+
+    def __init__(self, alloc: Allocation, offset: int, nbytes: int):
+        self.alloc = alloc
+        self.offset = offset
+        self.nbytes = nbytes
+
+    def get(self):
+        """(CUresult, uint8 ndarray) when the op runs. Once the allocation's free has run,
+        the bytes are valid only where a later allocation of the block covers them (the op
+        then touches the new owner's data, as a GPU would); elsewhere: ILLEGAL_ADDRESS."""
+        block = self.alloc.block
+        end = self.offset + self.nbytes
+        if not self.alloc.live and end > block.reach():
+            return ILLEGAL_ADDRESS, None
+        return OK, block.data[self.offset:end]
 
 
-class MemoryModel:
-    """cuMemAlloc*, cuMemFree*, cuMemcpy*, cuMemset*, cuMemHost*, cuPointerGetAttribute."""
+class MemoryModel(HostMemory):
+    """cuMemAlloc*, cuMemFree*, cuMemcpy*, cuMemset*, cuPointerGetAttribute (host memory
+    in `HostMemory`)."""
 
     def _init_memory(self):
         self._next_address = ADDRESS_BASE
@@ -95,8 +157,7 @@ class MemoryModel:
         self._blocks: dict[int, Block] = {}
         self._pools: list[list[Block]] = [[] for _ in self._devices]  # pooled blocks
         self._in_use = [0] * len(self._devices)  # bytes of blocks per device
-        self._host_starts: list[int] = []  # sorted starts of page-locked ranges
-        self._host_ranges: dict[int, tuple] = {}  # start -> (end, NumPy buffer or None)
+        self._init_host()
 
     # -- the address space ----------------------------------------------------------------
 
@@ -108,19 +169,26 @@ class MemoryModel:
         return block if ptr < block.base + block.size else None
 
     def _live_range(self, ptr: int, nbytes: int) -> Block | None:
-        """The live allocation holding all of [ptr, ptr + nbytes), or None."""
+        """The block whose current, live allocation holds all of [ptr, ptr + nbytes), or
+        None (what a call is checked against when it is made)."""
         block = self._block_at(int(ptr))
         if block is None or not block.live or int(ptr) + nbytes > block.base + block.length:
             return None
         return block
 
-    def _device_view(self, ptr, nbytes: int):
-        """(CUresult, uint8 ndarray) viewing device bytes [ptr, ptr + nbytes), for queued
-        work and kernel twins. Outside every live allocation: CUDA_ERROR_ILLEGAL_ADDRESS,
-        which poisons the context when the op running returns it."""
-        ptr = int(ptr)
+    def _device_span(self, ptr: int, nbytes: int) -> DeviceSpan | None:
+        """[ptr, ptr + nbytes) in the current allocation, for work queued now; or None."""
         block = self._live_range(ptr, nbytes)
-        if block is None:
+        return None if block is None else DeviceSpan(block.current, ptr - block.base, nbytes)
+
+    def _device_view(self, ptr, nbytes: int):
+        """(CUresult, uint8 ndarray) viewing device bytes [ptr, ptr + nbytes), for kernel
+        twins, which have only the address: it must lie in an allocation whose free has not
+        run. Outside: CUDA_ERROR_ILLEGAL_ADDRESS, which poisons the context when the op
+        running returns it."""
+        ptr = int(ptr)
+        block = self._block_at(ptr)
+        if block is None or nbytes < 0 or ptr + nbytes > block.base + block.reach():
             return ILLEGAL_ADDRESS, None
         offset = ptr - block.base
         return OK, block.data[offset:offset + nbytes]
@@ -148,7 +216,11 @@ class MemoryModel:
         del self._bases[i]
         del self._blocks[block.base]
         self._in_use[block.device] -= block.size
-        block.live = False
+        for alloc in block.valid:
+            alloc.live = False
+        block.valid.clear()
+        if block.current is not None:
+            block.current.live = False
 
     def _trim_pool(self, device: int) -> None:
         pool = self._pools[device]
@@ -176,16 +248,17 @@ class MemoryModel:
     # -- allocation -----------------------------------------------------------------------
 
     def cuMemAlloc(self, bytesize):
+        nbytes = size_t(bytesize)
         err, ctx = self._work_context()
         if err:
             return (err, None)
-        if int(bytesize) <= 0:
+        if nbytes == 0:
             return (INVALID_VALUE, None)
         with self._lock:
-            block = self._new_block(int(bytesize), ctx.device, ctx)
+            block = self._new_block(nbytes, ctx.device, ctx)
             if block is None:
                 return (OUT_OF_MEMORY, None)
-            return (OK, CUdeviceptr(block.allocate(int(bytesize), ctx)))
+            return (OK, CUdeviceptr(block.allocate(nbytes, ctx)))
 
     def cuMemFree(self, dptr):
         err, ctx = self._work_context()
@@ -201,15 +274,13 @@ class MemoryModel:
         return (err or OK,)
 
     def cuMemAllocAsync(self, bytesize, hStream):
-        nbytes = int(bytesize)
+        nbytes = size_t(bytesize)
         with self._lock:
             err, stream = self._stream(hStream)
             if err:
                 return (err, None)
             if nbytes == 0:  # as on driver 580: success, and a null pointer
                 return (OK, CUdeviceptr(0))
-            if nbytes < 0:
-                return (INVALID_VALUE, None)
             ctx = stream.ctx
             block = self._reusable(nbytes, ctx.device, stream) \
                 or self._new_block(nbytes, ctx.device, ctx)
@@ -240,100 +311,81 @@ class MemoryModel:
             block.pooled = True
             block.free_stream = stream
             self._pools[block.device].append(block)
-            generation = block.generation
+            alloc = block.current
 
             def free():
-                if block.generation == generation:  # not reused on this stream meanwhile
-                    block.live = False
-                    block.released = True
+                block.end(alloc)
             return (self._enqueue(hStream, free, label="free"),)
 
     # -- copies ---------------------------------------------------------------------------
 
-    def _host_view(self, address: int, nbytes: int) -> np.ndarray:
-        """Host bytes [address, address + nbytes): a slice of the sim's own page-locked
-        buffer when it is one (which keeps that buffer alive while work is queued)."""
-        start, end, buffer = self._host_range(address)
-        if buffer is not None and address + nbytes <= end:
-            return buffer[address - start:address - start + nbytes]
-        return np.asarray(_Raw(address, nbytes))
-
-    def _host_range(self, address: int):
-        i = bisect.bisect_right(self._host_starts, address) - 1
-        if i >= 0:
-            start = self._host_starts[i]
-            end, buffer = self._host_ranges[start]
-            if address < end:
-                return start, end, buffer
-        return None, None, None
-
-    def _pinned(self, address: int, nbytes: int) -> bool:
-        start, end, _ = self._host_range(address)
-        return start is not None and address + nbytes <= end
-
-    def _copy(self, hStream, nbytes: int, run, host: int | None, label: str):
+    def _copy(self, hStream, nbytes: int, run, host: HostSide | None, label: str):
         """Queue ``run`` (which copies); drain the stream when the host side is pageable."""
+        pageable = host is not None and not host.pinned
         err = self._enqueue(hStream, run, nbytes=nbytes, label=label)
-        if err or host is None or self._pinned(host, nbytes):
+        if err or not pageable:
             return (err,)
         return (self._drain(hStream),)
 
     def _checked(self, hStream, *device_ranges):
-        """The call-time checks of a copy: a usable stream, live device ranges."""
+        """The call-time checks of a copy: a usable stream, live device ranges. Returns
+        (CUresult, [DeviceSpan per range])."""
         err, _ = self._stream_context(hStream)
         if err:
-            return err
-        if any(self._live_range(p, n) is None for p, n in device_ranges):
-            return INVALID_VALUE
-        return OK
+            return err, None
+        spans = [self._device_span(p, n) for p, n in device_ranges]
+        if any(span is None for span in spans):
+            return INVALID_VALUE, None
+        return OK, spans
+
+    def _host_copy(self, hStream, device: int, host: int, n: int, to_device: bool):
+        err, spans = self._checked(hStream, (device, n))
+        if err or n == 0:
+            return (err,)
+        side = self._host_side(host, n)
+        if side is None:
+            return (INVALID_VALUE,)
+        span = spans[0]
+
+        def run():
+            err, view = span.get()
+            if not err:
+                err, host_bytes = side.get()
+            if err:
+                return err
+            if to_device:
+                view[:] = host_bytes
+            else:
+                host_bytes[:] = view
+        return self._copy(hStream, n, run, side, "HtoD" if to_device else "DtoH")
 
     def cuMemcpyHtoDAsync(self, dstDevice, srcHost, ByteCount, hStream):
-        n, dst, src = int(ByteCount), int(dstDevice), int(srcHost)
-        err = self._checked(hStream, (dst, n))
-        if err or n == 0:
-            return (err,)
-        host = self._host_view(src, n)
-
-        def run():
-            err, view = self._device_view(dst, n)
-            if err:
-                return err
-            view[:] = host
-        return self._copy(hStream, n, run, src, "HtoD")
+        return self._host_copy(hStream, int(dstDevice), int(srcHost), size_t(ByteCount), True)
 
     def cuMemcpyDtoHAsync(self, dstHost, srcDevice, ByteCount, hStream):
-        n, dst, src = int(ByteCount), int(dstHost), int(srcDevice)
-        err = self._checked(hStream, (src, n))
-        if err or n == 0:
-            return (err,)
-        host = self._host_view(dst, n)
-
-        def run():
-            err, view = self._device_view(src, n)
-            if err:
-                return err
-            host[:] = view
-        return self._copy(hStream, n, run, dst, "DtoH")
+        return self._host_copy(hStream, int(srcDevice), int(dstHost), size_t(ByteCount), False)
 
     def _device_copy(self, hStream, dst: int, src: int, n: int, label: str):
-        err = self._checked(hStream, (dst, n), (src, n))
+        err, spans = self._checked(hStream, (dst, n), (src, n))
         if err or n == 0:
             return (err,)
+        target, source = spans
 
         def run():
-            err, source = self._device_view(src, n)
+            err, src_bytes = source.get()
             if not err:
-                err, target = self._device_view(dst, n)
+                err, dst_bytes = target.get()
             if err:
                 return err
-            target[:] = source  # NumPy copies through a buffer when the ranges overlap
+            dst_bytes[:] = src_bytes  # NumPy copies through a buffer when the ranges overlap
         return self._copy(hStream, n, run, None, label)
 
     def cuMemcpyDtoDAsync(self, dstDevice, srcDevice, ByteCount, hStream):
-        return self._device_copy(hStream, int(dstDevice), int(srcDevice), int(ByteCount), "DtoD")
+        return self._device_copy(hStream, int(dstDevice), int(srcDevice), size_t(ByteCount),
+                                 "DtoD")
 
     def cuMemcpyPeerAsync(self, dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream):
-        n, dst, src = int(ByteCount), int(dstDevice), int(srcDevice)
+        n, dst, src = size_t(ByteCount), int(dstDevice), int(srcDevice)
         for ctx, ptr in ((dstContext, dst), (srcContext, src)):
             target = self._lookup(ctx)
             if target is None:
@@ -363,98 +415,50 @@ class MemoryModel:
     def _memset(self, hStream, dst: int, span: int, align: int, write, label: str):
         if dst % align:
             return (INVALID_VALUE,)
-        err = self._checked(hStream, (dst, span))
+        err, spans = self._checked(hStream, (dst, span))
         if err or span == 0:
             return (err,)
+        target = spans[0]
 
         def run():
-            err, view = self._device_view(dst, span)
+            err, view = target.get()
             if err:
                 return err
             write(view)
         return (self._enqueue(hStream, run, nbytes=span, label=label),)
 
     def cuMemsetD8Async(self, dstDevice, uc, N, hStream):
+        value = unsigned(uc, 8, "unsigned char")
+
         def write(view):
-            view[:] = int(uc)
-        return self._memset(hStream, int(dstDevice), int(N), 1, write, "memset8")
+            view[:] = value
+        return self._memset(hStream, int(dstDevice), size_t(N), 1, write, "memset8")
 
     def cuMemsetD16Async(self, dstDevice, us, N, hStream):
+        value = unsigned(us, 16, "unsigned short")
+
         def write(view):
-            view.view(np.uint16)[:] = int(us)
-        return self._memset(hStream, int(dstDevice), 2 * int(N), 2, write, "memset16")
+            view.view(np.uint16)[:] = value
+        return self._memset(hStream, int(dstDevice), 2 * size_t(N), 2, write, "memset16")
 
     def cuMemsetD32Async(self, dstDevice, ui, N, hStream):
+        value = unsigned(ui, 32, "unsigned int")
+
         def write(view):
-            view.view(np.uint32)[:] = int(ui)
-        return self._memset(hStream, int(dstDevice), 4 * int(N), 4, write, "memset32")
+            view.view(np.uint32)[:] = value
+        return self._memset(hStream, int(dstDevice), 4 * size_t(N), 4, write, "memset32")
 
     def cuMemsetD2D32Async(self, dstDevice, dstPitch, ui, Width, Height, hStream):
-        pitch, width, height = int(dstPitch), int(Width), int(Height)
+        pitch, width, height = size_t(dstPitch), size_t(Width), size_t(Height)
         if pitch < 4 * width:
             return (INVALID_VALUE,)
         span = (height - 1) * pitch + 4 * width if width and height else 0
+        value = unsigned(ui, 32, "unsigned int")
 
         def write(view):
             rows = np.ndarray((height, width), np.uint32, buffer=view, strides=(pitch, 4))
-            rows[...] = int(ui)
+            rows[...] = value
         return self._memset(hStream, int(dstDevice), span, 4, write, "memset2D32")
-
-    # -- host memory ----------------------------------------------------------------------
-
-    def _add_host_range(self, start: int, end: int, buffer) -> CUresult:
-        i = bisect.bisect_left(self._host_starts, start)
-        before = self._host_starts[i - 1] if i else None
-        after = self._host_starts[i] if i < len(self._host_starts) else None
-        if (before is not None and self._host_ranges[before][0] > start) \
-                or (after is not None and after < end):
-            return ALREADY_REGISTERED
-        self._host_starts.insert(i, start)
-        self._host_ranges[start] = (end, buffer)
-        return OK
-
-    def _remove_host_range(self, start: int, owned: bool) -> bool:
-        entry = self._host_ranges.get(start)
-        if entry is None or (entry[1] is not None) != owned:
-            return False
-        del self._host_ranges[start]
-        self._host_starts.remove(start)
-        return True
-
-    def cuMemHostAlloc(self, bytesize, Flags):
-        err, _ = self._work_context()
-        if err:
-            return (err, None)
-        if int(bytesize) <= 0 or int(Flags) & ~_HOST_ALLOC_FLAGS:
-            return (INVALID_VALUE, None)
-        buffer = np.zeros(int(bytesize), np.uint8)
-        address = buffer.__array_interface__["data"][0]
-        with self._lock:
-            self._add_host_range(address, address + buffer.size, buffer)
-        return (OK, address)
-
-    def cuMemFreeHost(self, p):
-        with self._lock:
-            if not self._remove_host_range(int(p), owned=True):
-                return (INVALID_VALUE,)
-        return (OK,)
-
-    def cuMemHostRegister(self, p, bytesize, Flags):
-        err, _ = self._work_context()
-        if err:
-            return (err,)
-        start, n = int(p), int(bytesize)
-        if start == 0 or n <= 0 or int(Flags) & ~_HOST_REGISTER_FLAGS:
-            return (INVALID_VALUE,)
-        with self._lock:
-            return (self._add_host_range(start, start + n, None),)
-
-    def cuMemHostUnregister(self, p):
-        err, _ = self._work_context()
-        if err:
-            return (err,)
-        with self._lock:
-            return (OK,) if self._remove_host_range(int(p), owned=False) else (NOT_REGISTERED,)
 
     # -- pointer queries ------------------------------------------------------------------
 
