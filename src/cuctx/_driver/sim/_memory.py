@@ -40,6 +40,7 @@ from cuda.bindings.driver import CUdeviceptr, CUpointer_attribute, CUresult
 
 from ._common import CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_VALUE, OK
 from ._host import HostMemory, HostSide
+from ._pitched import PitchedCopies
 
 ILLEGAL_ADDRESS = CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
 OUT_OF_MEMORY = CUresult.CUDA_ERROR_OUT_OF_MEMORY
@@ -147,9 +148,9 @@ class DeviceSpan:
         return OK, block.data[self.offset:end]
 
 
-class MemoryModel(HostMemory):
+class MemoryModel(PitchedCopies, HostMemory):
     """cuMemAlloc*, cuMemFree*, cuMemcpy*, cuMemset*, cuPointerGetAttribute (host memory
-    in `HostMemory`)."""
+    in `HostMemory`, 2D and 3D copies in `PitchedCopies`)."""
 
     def _init_memory(self):
         self._next_address = ADDRESS_BASE

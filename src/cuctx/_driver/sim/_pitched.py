@@ -1,0 +1,136 @@
+"""2D and 3D copies of the sim: cuMemcpy2D(Async) and cuMemcpy3D(Async), taking
+cuda.bindings' own CUDA_MEMCPY2D / CUDA_MEMCPY3D.
+
+Each side is host or device memory: CU_MEMORYTYPE_HOST names it by ``srcHost``/``dstHost``,
+CU_MEMORYTYPE_DEVICE and CU_MEMORYTYPE_UNIFIED by ``srcDevice``/``dstDevice`` (unified:
+device or host memory by where the address falls, as under unified addressing; a device
+address may also be page-locked host memory, which has the same address on the device).
+CUDA arrays are not modelled: CU_MEMORYTYPE_ARRAY answers CUDA_ERROR_NOT_SUPPORTED. A side
+is ``Depth`` slices of ``Height`` rows of ``WidthInBytes`` bytes; rows lie ``Pitch`` apart,
+slices ``Pitch * Height`` apart (the side's ``srcHeight``/``dstHeight``), and the copy starts
+at ``X + Y * Pitch + Z * Pitch * Height`` from the side's address.
+
+Checked when called (CUDA_ERROR_INVALID_VALUE, as the driver documents): an unset memory
+type, a pitch below ``XInBytes + WidthInBytes`` or above CU_DEVICE_ATTRIBUTE_MAX_PITCH, a
+slice height below ``Y + Height`` where slices are stepped over (more than one slice, or a
+Z offset), a nonzero LOD; and, as the sim's 1D copies are checked, a device side outside the
+live allocation it starts in, or a host side that is null, unmapped or a device address.
+An empty copy (a zero extent) is a successful no-op. The copy is queued like the 1D copies:
+asynchronous unless a host side is pageable, when the stream is drained before returning;
+the synchronous forms are the legacy stream's copy, waited for.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from cuda.bindings.driver import CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUmemorytype
+
+from ._common import INVALID_VALUE, NOT_SUPPORTED, OK
+
+HOST, DEVICE = CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE
+ARRAY = CUmemorytype.CU_MEMORYTYPE_ARRAY
+_MAX_PITCH = "CU_DEVICE_ATTRIBUTE_MAX_PITCH"
+
+
+class _Side:
+    """One side of a pitched copy, resolved when the call is made."""
+
+    __slots__ = ("start", "pitch", "slice", "extent", "host", "bytes")
+
+    def __init__(self, start: int, pitch: int, slice_: int, extent: int):
+        self.start = start
+        self.pitch = pitch
+        self.slice = slice_
+        self.extent = extent
+        self.host = False  # host memory (a HostSide), not device memory (a DeviceSpan)
+        self.bytes = None  # a DeviceSpan or a HostSide: .get() -> (CUresult, uint8 ndarray)
+
+
+def _checked_type(copy, expected):
+    if copy is not None and not isinstance(copy, expected):
+        # What cuda.bindings raises, so code that runs on the sim runs on the driver.
+        raise TypeError(f"Argument 'pCopy' has incorrect type (expected "
+                        f"cuda.bindings.driver.{expected.__name__}, got {type(copy).__name__})")
+
+
+class PitchedCopies:
+    """cuMemcpy2D, cuMemcpy2DAsync, cuMemcpy3D, cuMemcpy3DAsync."""
+
+    def cuMemcpy2DAsync(self, pCopy, hStream):
+        _checked_type(pCopy, CUDA_MEMCPY2D)
+        return self._pitched_copy(pCopy, hStream, depth=1, three_d=False)
+
+    def cuMemcpy3DAsync(self, pCopy, hStream):
+        _checked_type(pCopy, CUDA_MEMCPY3D)
+        depth = pCopy.Depth if pCopy is not None else 0
+        return self._pitched_copy(pCopy, hStream, depth=depth, three_d=True)
+
+    def cuMemcpy2D(self, pCopy):
+        return self._synchronous(self.cuMemcpy2DAsync(pCopy, 0))
+
+    def cuMemcpy3D(self, pCopy):
+        return self._synchronous(self.cuMemcpy3DAsync(pCopy, 0))
+
+    def _pitched_copy(self, copy, hStream, depth: int, three_d: bool):
+        if copy is None:
+            return (INVALID_VALUE,)
+        err, _ = self._stream_context(hStream)
+        if err:
+            return (err,)
+        width, height = copy.WidthInBytes, copy.Height
+        sides = []
+        for prefix in ("src", "dst"):
+            err, side = self._pitched_side(copy, prefix, width, height, depth, three_d)
+            if err:
+                return (err,)
+            sides.append(side)
+        if not (width and height and depth):
+            return (OK,)
+        source, target = sides
+        shape = (depth, height, width)
+
+        def run():
+            err, src_bytes = source.bytes.get()
+            if not err:
+                err, dst_bytes = target.bytes.get()
+            if err:
+                return err
+            src = np.ndarray(shape, np.uint8, src_bytes, strides=(source.slice, source.pitch, 1))
+            dst = np.ndarray(shape, np.uint8, dst_bytes, strides=(target.slice, target.pitch, 1))
+            dst[...] = src  # NumPy copies through a buffer when the two overlap
+        hosts = [s.bytes for s in sides if s.host]  # pageable if either side is
+        host = next((h for h in hosts if not h.pinned), hosts[0] if hosts else None)
+        return self._copy(hStream, width * height * depth, run, host,
+                          "copy3D" if three_d else "copy2D")
+
+    def _pitched_side(self, copy, prefix: str, width: int, height: int, depth: int,
+                      three_d: bool):
+        """(CUresult, _Side) for the source (``prefix`` "src") or destination ("dst")."""
+        def field(name: str):
+            return getattr(copy, prefix + name)
+        try:
+            kind = field("MemoryType")
+        except ValueError:  # never set, or not a CUmemorytype: cuda.bindings cannot read it
+            return INVALID_VALUE, None
+        if kind == ARRAY:
+            return NOT_SUPPORTED, None  # the sim has no CUDA arrays
+        x, y, pitch = field("XInBytes"), field("Y"), field("Pitch")
+        z, rows, lod = (field("Z"), field("Height"), field("LOD")) if three_d else (0, 0, 0)
+        if lod or pitch < x + width or pitch > self._spec["attributes"][_MAX_PITCH]:
+            return INVALID_VALUE, None
+        if (depth > 1 or z) and rows < y + height:
+            return INVALID_VALUE, None
+        address = int(field("Host")) if kind == HOST else int(field("Device"))
+        slice_ = pitch * rows
+        start = address + x + y * pitch + z * slice_
+        extent = (depth - 1) * slice_ + (height - 1) * pitch + width
+        side = _Side(start, pitch, slice_, extent)
+        if not (width and height and depth):
+            return OK, side
+        on_device = kind != HOST and self._block_at(address) is not None
+        if kind == DEVICE and not on_device and not self._pinned(start, extent):
+            return INVALID_VALUE, None  # neither device memory nor page-locked host memory
+        side.host = not on_device
+        side.bytes = self._host_side(start, extent) if side.host \
+            else self._device_span(start, extent)
+        return (OK, side) if side.bytes is not None else (INVALID_VALUE, None)
