@@ -11,7 +11,7 @@ from conftest import busy
 
 import cuctx
 from cuctx import Device, DeviceArray, Stream
-from cuctx.memory import _capsule
+from cuctx._interop import export
 
 
 class CAIProducer:
@@ -72,7 +72,8 @@ def test_dlpack_refuses_copies_and_stream_zero(backend):
         arr.__dlpack__(dl_device=(1, 0))
 
 
-def test_dlpack_capsules_are_valid_dlpack(backend):
+@pytest.mark.parametrize("max_version", [None, (1, 0), (1, 3)])
+def test_dlpack_capsules_are_valid_dlpack(backend, max_version):
     """The capsule layout, checked by NumPy (which consumes DLPack for host memory): the
     same builder makes the CUDA capsules, with device (kDLCUDA, ordinal)."""
     host = np.arange(24, dtype=np.int16).reshape(4, 6)[:, ::2]
@@ -80,7 +81,7 @@ def test_dlpack_capsules_are_valid_dlpack(backend):
     class HostProducer:
         def __dlpack__(self, **kwargs):
             ptr = host.__array_interface__["data"][0]
-            return _capsule(ptr, host.shape, host.strides, host.dtype, (1, 0), host)
+            return export(host, ptr, host.shape, host.strides, host.dtype, (1, 0), max_version)
 
         def __dlpack_device__(self):
             return (1, 0)

@@ -1,0 +1,271 @@
+"""Copies and fills of device arrays of any layout (memory.py's `copy` and `fill`).
+
+A copy is planned as rows of contiguous bytes (`_layout.plan`) and issued as one linear
+copy (cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemcpyDtoDAsync), one 2D copy
+(cuMemcpy2DAsync, CUDA_MEMCPY2D) or one 3D copy (cuMemcpy3DAsync, CUDA_MEMCPY3D) per
+iteration of the plan's loops. Where the two layouts disagree (a transpose, a reversed
+axis), the copy goes through a temporary when that takes fewer driver calls: a pageable host
+buffer in the device array's own layout that NumPy reorders. Between devices the copy is
+cuMemcpyPeerAsync of contiguous buffers, staging a non-contiguous side on its own device.
+"""
+
+from __future__ import annotations
+
+import itertools
+from math import prod
+from typing import Any
+
+import numpy as np
+from cuda.bindings.driver import CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUmemorytype
+
+from . import _layout
+from ._alloc import allocate
+from ._host import page_locked
+from ._layout import Plan
+from .context import fail
+from .stream import Stream, hold, resolve_stream
+
+_HOST, _DEVICE = CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE
+_LINEAR = {(True, False): "cuMemcpyHtoDAsync", (False, True): "cuMemcpyDtoHAsync",
+           (True, True): "cuMemcpyDtoDAsync"}
+
+
+def issue(stream, plan: Plan, dst: int, src: int, dst_on_device: bool, src_on_device: bool,
+          ctx) -> None:
+    """Queue ``plan`` on ``stream``: ``dst``/``src`` are the addresses of the first elements
+    (host or device as the flags say). Raises the driver's error as a CudaError."""
+    drv = stream._backend.driver
+    dst += plan.dst_offset
+    src += plan.src_offset
+    if plan.rows is None:
+        name = _LINEAR[dst_on_device, src_on_device]
+        call = getattr(drv, name)
+
+        def one(d, s):
+            return stream._call(call, d, s, plan.width, stream._handle)
+    else:
+        name = "cuMemcpy3DAsync" if plan.slices else "cuMemcpy2DAsync"
+        call = getattr(drv, name)
+        params = _params(plan, dst_on_device, src_on_device)
+
+        def one(d, s):
+            _place(params, "dst", d, dst_on_device)
+            _place(params, "src", s, src_on_device)
+            return stream._call(call, params, stream._handle)
+    for index in itertools.product(*(range(n) for n, _, _ in plan.loops)):
+        d = dst + sum(i * step for i, (_, step, _) in zip(index, plan.loops))
+        s = src + sum(i * step for i, (_, _, step) in zip(index, plan.loops))
+        err, = one(d, s)
+        if err:
+            fail(stream._backend, err, name, ctx)
+
+
+def _params(plan: Plan, dst_on_device: bool, src_on_device: bool):
+    height, dst_pitch, src_pitch = plan.rows
+    params = CUDA_MEMCPY3D() if plan.slices else CUDA_MEMCPY2D()
+    params.WidthInBytes = plan.width
+    params.Height = height
+    params.dstPitch, params.srcPitch = dst_pitch, src_pitch
+    params.dstMemoryType = _DEVICE if dst_on_device else _HOST
+    params.srcMemoryType = _DEVICE if src_on_device else _HOST
+    if plan.slices:
+        depth, dst_slice, src_slice = plan.slices
+        params.Depth = depth
+        params.dstHeight = dst_slice // dst_pitch
+        params.srcHeight = src_slice // src_pitch
+    return params
+
+
+def _place(params, side: str, address: int, on_device: bool) -> None:
+    setattr(params, side + ("Device" if on_device else "Host"), address)
+
+
+# -- fills ---------------------------------------------------------------------------------
+
+def fill_pattern(value: Any, dtype: np.dtype) -> bytes:
+    """The bytes of one element ``value`` of ``dtype``, refusing what would change it."""
+    v = np.asarray(value)
+    if v.ndim or v.dtype.kind not in "biufc":
+        raise TypeError(f"fill takes one number (bool, int, float or complex), not {value!r}")
+    if dtype.kind in "biu" and v.dtype.kind in "fc":
+        raise TypeError(f"cannot fill a {dtype} array with {value!r}: it would be "
+                        "truncated; pass a whole number")
+    if dtype.kind != "c" and v.dtype.kind == "c":
+        raise TypeError(f"cannot fill a {dtype} array with {value!r}: the imaginary part "
+                        "would be dropped")
+    if dtype.kind in "iu" and v.dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if not info.min <= int(v) <= info.max:
+            raise OverflowError(f"{value!r} is out of range for {dtype} "
+                                f"[{info.min}, {info.max}]")
+    return np.array(value, dtype=dtype).tobytes()
+
+
+def memset(arr, pattern: bytes, stream: Stream) -> None:
+    """Fill the dense, aligned ``arr`` with the element ``pattern``: one memset for 1-, 2-
+    and 4-byte patterns and repeating 4-byte words, else one strided 32-bit memset per word."""
+    drv, h, n, call = stream._backend.driver, stream._handle, arr.size, stream._call
+    if len(pattern) == 1:
+        results = [call(drv.cuMemsetD8Async, arr.ptr, pattern[0], n, h)]
+    elif len(pattern) == 2:
+        results = [call(drv.cuMemsetD16Async, arr.ptr, int.from_bytes(pattern, "little"), n, h)]
+    else:
+        words = np.frombuffer(pattern, "<u4").tolist()
+        if len(set(words)) == 1:
+            results = [call(drv.cuMemsetD32Async, arr.ptr, words[0], n * len(words), h)]
+        else:
+            results = [call(drv.cuMemsetD2D32Async, arr.ptr + 4 * i, len(pattern), w, 1, n, h)
+                       for i, w in enumerate(words)]
+    for err, in results:
+        if err:
+            fail(stream._backend, err, "cuMemset", arr._ctx)
+
+
+# -- copies between arrays -----------------------------------------------------------------
+
+def _matching(dst, src) -> int:
+    """Check that dst and src can be copied; return the element count."""
+    if dst.shape != src.shape:
+        raise ValueError(f"cuctx.copy: shapes differ: dst {dst.shape}, src {src.shape}")
+    if dst.dtype != src.dtype:
+        raise TypeError(f"cuctx.copy: dtypes differ: dst {dst.dtype}, src {src.dtype}; "
+                        "copies do not convert (convert on the host with astype first)")
+    if _layout.self_overlapping(dst.shape, dst.strides, dst.dtype.itemsize):
+        raise ValueError(f"cuctx.copy: the destination's elements overlap (strides "
+                         f"{dst.strides}): copy into an array without repeated elements")
+    return prod(dst.shape)
+
+
+def _own_plan(arr) -> Plan:
+    """The plan between ``arr`` and a dense buffer in its own axis order."""
+    dense, _ = _layout.dense_strides(arr.shape, arr.strides, arr.dtype.itemsize)
+    return _layout.plan(arr.shape, dense, arr.strides, arr.dtype.itemsize)
+
+
+def _dense_host(like) -> np.ndarray:
+    """A pageable host array with the axis order and directions of ``like``'s layout."""
+    strides, offset = _layout.dense_strides(like.shape, like.strides, like.dtype.itemsize)
+    buffer = np.empty(prod(like.shape) * like.dtype.itemsize, np.uint8)
+    return np.ndarray(like.shape, like.dtype, buffer, offset, strides)
+
+
+def copy_host(arr, host: Any, stream, to_device: bool) -> None:
+    if not isinstance(host, np.ndarray):
+        raise TypeError(f"cuctx.copy: the host side must be a numpy.ndarray, not "
+                        f"{type(host).__name__} (use numpy.asarray(x, dtype=...) first)")
+    arr._check("cuctx.copy")
+    if to_device:
+        n = _matching(arr, host)
+    else:
+        n = _matching(host, arr)
+        if not host.flags.writeable:
+            raise ValueError("cuctx.copy: the destination host array is read-only")
+    if n == 0:
+        return
+    stream = resolve_stream(stream, arr._ctx, "cuctx.copy")
+    itemsize = arr.dtype.itemsize
+    dst, src = (arr, host) if to_device else (host, arr)
+    direct = _layout.plan(arr.shape, dst.strides, src.strides, itemsize)
+    if _own_plan(arr).calls < direct.calls:
+        # The host layout disagrees with the device's (a transpose, say): move the bytes in
+        # the device's own layout through a pageable temporary and let NumPy reorder them.
+        temp = _dense_host(arr)
+        if to_device:
+            np.copyto(temp, host)
+            _transfer(arr, temp, stream, True)
+        else:
+            _transfer(arr, temp, stream, False)  # pageable: the data is there on return
+            np.copyto(host, temp)
+        return
+    _transfer(arr, host, stream, to_device, direct)
+
+
+def _transfer(arr, host: np.ndarray, stream: Stream, to_device: bool,
+              plan: Plan | None = None) -> None:
+    itemsize = arr.dtype.itemsize
+    if plan is None:
+        dst, src = (arr, host) if to_device else (host, arr)
+        plan = _layout.plan(arr.shape, dst.strides, src.strides, itemsize)
+    address = host.__array_interface__["data"][0]
+    if to_device:
+        issue(stream, plan, arr.ptr, address, True, False, arr._ctx)
+    else:
+        issue(stream, plan, address, arr.ptr, False, True, arr._ctx)
+    lo, hi = _layout.span(host.shape, host.strides, itemsize)
+    if page_locked(address + lo, hi - lo):  # asynchronous: the host array must outlive the copy
+        hold(stream, host)
+
+
+def _either_stream(stream, dst, src, operation: str) -> Stream:
+    """The stream of a copy between contexts: ``stream`` if it is of src's context, else
+    ``stream`` (or the current stream) of dst's."""
+    if stream is not None:
+        given = Stream.wrap(stream)
+        if given._ctx is src._ctx:
+            return given
+    return resolve_stream(stream, dst._ctx, operation)
+
+
+def copy_device(dst, src, stream) -> None:
+    dst._check("cuctx.copy")
+    src._check("cuctx.copy")
+    if dst._ctx._backend is not src._ctx._backend:
+        raise ValueError("cuctx.copy: the arrays belong to different backends")
+    if _matching(dst, src) == 0:
+        return
+    if dst._ctx._device is not src._ctx._device:
+        return _copy_peer(dst, src, stream)
+    # One device, one context or two: under unified addressing every context of a device
+    # can use the memory of the others (docs/memory.md, "Contexts").
+    stream = _either_stream(stream, dst, src, "cuctx.copy")
+    itemsize = dst.dtype.itemsize
+    d_lo, d_hi = _layout.span(dst.shape, dst.strides, itemsize)
+    s_lo, s_hi = _layout.span(src.shape, src.strides, itemsize)
+    if dst.ptr + d_lo < src.ptr + s_hi and src.ptr + s_lo < dst.ptr + d_hi:
+        # Overlapping memory: a copy's order of reads and writes is undefined; stage.
+        staged = _dense_device(src, stream)
+        copy_device(staged, src, stream)
+        src = staged
+    direct = _layout.plan(dst.shape, dst.strides, src.strides, itemsize)
+    if _own_plan(src).calls + _own_plan(dst).calls < direct.calls:
+        # The layouts disagree (a transpose or reversal): the copy engines cannot reorder
+        # elements in few calls, so NumPy does it on the host.
+        host = _dense_host(src)
+        copy_host(src, host, stream, to_device=False)
+        copy_host(dst, host, stream, to_device=True)
+        return
+    issue(stream, direct, dst.ptr, src.ptr, True, True, stream._ctx)
+
+
+def _copy_peer(dst, src, stream) -> None:
+    """Between devices: cuMemcpyPeerAsync (no peer access needed) of C-contiguous buffers;
+    a side that is not is staged through a contiguous array on its own device."""
+    run = _either_stream(stream, dst, src, "cuctx.copy (between devices)")
+    source, target = src, dst
+    if not ((src._c and dst._c) or (src._f and dst._f)):
+        if not src._c:
+            near = run if run._ctx is src._ctx else resolve_stream(None, src._ctx, "cuctx.copy")
+            source = src.copy(near)
+            if near is not run:
+                run.wait(near)
+                source.record_stream(run)
+        if not dst._c:
+            near = run if run._ctx is dst._ctx else resolve_stream(None, dst._ctx, "cuctx.copy")
+            target = _dense_device(dst, near)
+            if near is not run:
+                target.record_stream(run)
+    err, = run._call(run._backend.driver.cuMemcpyPeerAsync, target.ptr, target._ctx._handle,
+                     source.ptr, source._ctx._handle, target.nbytes, run._handle)
+    if err:
+        fail(run._backend, err, "cuMemcpyPeerAsync", run._ctx)
+    if target is not dst:
+        near = target._alloc.stream
+        if near is not run:
+            near.wait(run)
+        copy_device(dst, target, near)
+
+
+def _dense_device(like, stream: Stream):
+    """A new C-contiguous device array shaped like the non-empty ``like``, on ``stream``."""
+    alloc = allocate(like.nbytes, stream)
+    return type(like)._make(stream._ctx, alloc.ptr, like.shape, like.dtype, None, alloc)
