@@ -4,6 +4,7 @@ as a user would, and checks what it prints and its exit status."""
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -185,3 +186,12 @@ def test_help_names_examples_by_what_they_show(args):
     if args[0] == "demo":
         for example in EXAMPLES.values():
             assert f"{example.name}: {example.title}" in proc.stdout
+
+
+def test_the_installed_script_names_itself():
+    script = shutil.which("cuctx", path=os.path.dirname(sys.executable))
+    if script is None:
+        pytest.skip("the `cuctx` script is not installed next to this Python (pip install -e .)")
+    proc = subprocess.run([script, "info"], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, CUCTX_BACKEND="no-such-backend"))
+    assert one_line_error(proc).startswith("cuctx: error: ValueError: ")

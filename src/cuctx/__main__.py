@@ -150,8 +150,13 @@ def _examples_epilog() -> str:
     return "\n".join(text)
 
 
+def _prog() -> str:
+    """How the user called us: the `cuctx` script that pip installs, or `python -m cuctx`."""
+    return "cuctx" if os.path.basename(sys.argv[0]) == "cuctx" else "python -m cuctx"
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m cuctx", description=__doc__,
+    parser = argparse.ArgumentParser(prog=_prog(), description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"cuctx {cuctx.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -196,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "json", False):
             print(json.dumps({"error": message, "type": kind}), file=sys.stderr)
         else:
-            print(f"python -m cuctx: error: {kind}: {message}", file=sys.stderr)
+            print(f"{parser.prog}: error: {kind}: {message}", file=sys.stderr)
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 
