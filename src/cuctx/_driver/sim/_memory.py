@@ -44,6 +44,7 @@ from ._pitched import PitchedCopies
 
 ILLEGAL_ADDRESS = CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
 OUT_OF_MEMORY = CUresult.CUDA_ERROR_OUT_OF_MEMORY
+NOT_PERMITTED = CUresult.CUDA_ERROR_NOT_PERMITTED
 
 ADDRESS_BASE = 0x7000_0000_0000  # where the device address space starts (CUDA's is similar)
 ALIGNMENT = 512  # cuMemAlloc's alignment
@@ -250,6 +251,8 @@ class MemoryModel(PitchedCopies, HostMemory):
 
     def cuMemAlloc(self, bytesize):
         nbytes = size_t(bytesize)
+        if self._in_host_function():
+            return (NOT_PERMITTED, None)  # as on an H100, driver 580
         err, ctx = self._work_context()
         if err:
             return (err, None)
@@ -262,6 +265,8 @@ class MemoryModel(PitchedCopies, HostMemory):
             return (OK, CUdeviceptr(block.allocate(nbytes, ctx)))
 
     def cuMemFree(self, dptr):
+        if self._in_host_function():
+            return (NOT_PERMITTED,)  # it waits for the device, which runs this host function
         err, ctx = self._work_context()
         if err:
             return (err,)
@@ -323,6 +328,8 @@ class MemoryModel(PitchedCopies, HostMemory):
     def _copy(self, hStream, nbytes: int, run, host: HostSide | None, label: str):
         """Queue ``run`` (which copies); drain the stream when the host side is pageable."""
         pageable = host is not None and not host.pinned
+        if pageable and self._in_host_function():
+            return (NOT_PERMITTED,)  # a synchronous copy would wait for this host function
         err = self._enqueue(hStream, run, nbytes=nbytes, label=label)
         if err or not pageable:
             return (err,)
@@ -416,8 +423,10 @@ class MemoryModel(PitchedCopies, HostMemory):
     def _memset(self, hStream, dst: int, span: int, align: int, write, label: str):
         if dst % align:
             return (INVALID_VALUE,)
+        if span == 0:  # as on an H100: cuMemsetD8Async(0, 0, 0, stream) succeeds
+            return (self._stream_context(hStream)[0],)
         err, spans = self._checked(hStream, (dst, span))
-        if err or span == 0:
+        if err:
             return (err,)
         target = spans[0]
 

@@ -20,6 +20,14 @@ and the end of everything it waits on, and lasts ``cost_ns``. The host's clock m
 stream's (or event's) time when the host synchronizes with it. Events record the time at
 which their marker ran, so `cuEventElapsedTime` is exact and deterministic.
 
+Host functions (cuLaunchHostFunc) run on the thread whose synchronize or query makes them
+run. While one runs, the sim answers as the real driver did on an H100 (driver 580):
+cuMemAlloc is CUDA_ERROR_NOT_PERMITTED, cuStreamQuery of its stream CUDA_ERROR_NOT_READY,
+queuing asynchronous work succeeds (it runs after the host function). Where the driver
+would wait for the host function itself (synchronizing, cuMemFree, a pageable copy), it
+deadlocks or refuses; the sim refuses with CUDA_ERROR_NOT_PERMITTED. `_in_host_function()`
+tells the other models; no work blocked by the running op ever runs before it returns.
+
 Engine contract (used by the memory, launch and graph models):
 
 - ``SimDriver._enqueue(hStream, op, *, nbytes=0, cost_ns=None, label="") -> CUresult``:
@@ -59,6 +67,7 @@ from ._common import CONTEXT_IS_DESTROYED, INVALID_VALUE, OK
 
 INVALID_HANDLE = CUresult.CUDA_ERROR_INVALID_HANDLE
 NOT_READY = CUresult.CUDA_ERROR_NOT_READY
+NOT_PERMITTED = CUresult.CUDA_ERROR_NOT_PERMITTED
 
 BYTES_PER_NS = 25  # the default cost model of a transfer: 25 GB/s
 LEGACY, PER_THREAD = 1, 2  # CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
@@ -98,6 +107,7 @@ class SimStream:
         self.last: Op | None = None  # the last op enqueued, done or not
         self.clock = 0
         self.error = None  # a non-sticky failure of an op, reported by the next synchronize
+        self.running: Op | None = None  # the op executing now (a host function, a twin)
         self.destroyed = False  # cuStreamDestroy'd: the handle is gone, queued work still runs
         self.gone = False  # its context was destroyed or reset
 
@@ -205,9 +215,11 @@ class StreamModel:
         start = max(stream.clock, op.submit, *(d.end for d in op.deps)) if op.deps \
             else max(stream.clock, op.submit)
         fn, op.fn, op.deps = op.fn, None, ()  # drop references as soon as the op ran
+        stream.running = op
         try:
             result = fn() if fn is not None and stream.ctx.sticky is None else None
         finally:
+            stream.running = None
             op.end = stream.clock = start + op.cost
             op.done = True
         if result is not None and result != OK:
@@ -224,25 +236,33 @@ class StreamModel:
                 op.fn, op.deps, op.done, op.end = None, (), True, stream.clock
             stream.queue.clear()
 
-    def _complete(self, target: Op) -> None:
-        """Run ops until ``target`` has run: its stream's earlier ops and what they wait on."""
+    def _complete(self, target: Op) -> bool:
+        """Run ops until ``target`` has run: its stream's earlier ops and what they wait on.
+        False when that needs an op that is executing now (this is work it started): the
+        real device would wait for it for ever; the sim runs nothing out of order."""
         pending = [target]
         while pending:
             op = pending[-1]
             if op.done:
                 pending.pop()
                 continue
+            if op.stream.running is not None:
+                return False
             head = op.stream.queue[0]
             blocker = next((d for d in head.deps if not d.done), None)
             if blocker is not None:
                 pending.append(blocker)
             else:
                 self._execute(head)
+        return True
 
     def _step(self, target: Op) -> None:
-        """Run one op on the way to ``target`` (what a query does)."""
+        """Run one op on the way to ``target`` (what a query does); none when the way is
+        blocked by an op executing now."""
         op = target
         while True:
+            if op.stream.running is not None:
+                return
             head = op.stream.queue[0]
             blocker = next((d for d in head.deps if not d.done), None)
             if blocker is None:
@@ -265,7 +285,11 @@ class StreamModel:
     def _drain(self, hStream):
         with self._lock:
             err, stream = self._stream(hStream)
-            return err if err else self._drain_stream(stream)
+            if err:
+                return err
+            if self._in_host_function():
+                return NOT_PERMITTED  # the driver deadlocks or says so; the sim says so
+            return self._drain_stream(stream)
 
     def _drain_context(self, ctx):
         """Run all queued work of ``ctx``, interleaving its streams (see the docstring)."""
@@ -276,7 +300,8 @@ class StreamModel:
                 break
             self._rng.shuffle(busy)
             first = min(busy, key=lambda s: max(s.clock, s.queue[0].submit) + s.queue[0].cost)
-            self._complete(first.queue[0])
+            if not self._complete(first.queue[0]):
+                break  # called from work of this context that is executing: leave the rest
         error = OK
         for key, stream in list(streams.items()):
             self._now = max(self._now, stream.clock)
@@ -286,7 +311,14 @@ class StreamModel:
                 del streams[key]
         return error
 
+    def _in_host_function(self) -> bool:
+        """Whether this thread is inside a host function the sim is running: the driver
+        refuses CUDA calls there (CUDA_ERROR_NOT_PERMITTED) or deadlocks on waits."""
+        return getattr(self._tls, "host_functions", 0) > 0
+
     def _synchronize_context(self, ctx):
+        if self._in_host_function():
+            return NOT_PERMITTED
         with self._lock:
             err = self._drain_context(ctx)
         return err or super()._synchronize_context(ctx)
@@ -371,7 +403,7 @@ class StreamModel:
                 return (err,)
             if stream.queue:
                 self._step(stream.queue[-1])
-            if stream.queue:
+            if stream.queue or stream.running is not None:
                 return (NOT_READY,)
             self._now = max(self._now, stream.clock)
             return (self._report(stream),)
@@ -391,11 +423,20 @@ class StreamModel:
         return (OK,)
 
     def cuLaunchHostFunc(self, hStream, fn, userData):
+        if not int(fn or 0):
+            return (INVALID_VALUE,)  # calling it would crash the interpreter
         call = _HOST_FN(int(fn))  # the C function pointer the caller passed, as the driver has
         data = int(userData or 0)
+        tls = self._tls
 
         def run():
-            call(data)
+            # Host functions run on this thread (the one that made the work run), so the
+            # marker is per thread: another thread's calls are not inside this function.
+            tls.host_functions = getattr(tls, "host_functions", 0) + 1
+            try:
+                call(data)
+            finally:
+                tls.host_functions -= 1
         return (self._enqueue(hStream, run, label="host function"),)
 
     # -- events ---------------------------------------------------------------------------
@@ -457,6 +498,8 @@ class StreamModel:
             err, event = self._event(hEvent)
             if err:
                 return (err,)
+            if self._in_host_function():
+                return (NOT_PERMITTED,)
             marker = event.marker
             if marker is not None:
                 self._complete(marker)
