@@ -134,6 +134,8 @@ def _demo(args: argparse.Namespace) -> None:
         print(f"Shows: {example.shows}\nLook at: {example.look_at}\n")
         try:
             importlib.import_module(f"cuctx.examples.{name}").main()
+        except BrokenPipeError:  # `demo | head`: the reader left; no fault of the example
+            raise
         except Exception as exc:
             raise _ExampleFailed(name) from exc
 
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         args.run(args)
         sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
         return 0
-    except BrokenPipeError:  # `python -m cuctx info | head -3`: the reader left, not an error
+    except BrokenPipeError:  # `python -m cuctx info | head -3`: the reader left; say nothing
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except (Exception, KeyboardInterrupt) as exc:
@@ -201,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "json", False):
             print(json.dumps({"error": message, "type": kind}), file=sys.stderr)
         else:
-            print(f"{parser.prog}: error: {kind}: {message}", file=sys.stderr)
+            line = f"{kind}: {message}" if message else kind  # e.g. a bare KeyboardInterrupt
+            print(f"{parser.prog}: error: {line}", file=sys.stderr)
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 
