@@ -133,13 +133,13 @@ def test_context_destroyed_by_another_thread(backend):
     ctx = Context.create(0)  # current here
     in_thread(ctx.destroy)
     assert ctx.state == "destroyed"
-    assert cuctx.current_context() is ctx  # the driver keeps it on this thread's stack
+    # The driver keeps it on this thread's stack; the next cuctx call here drops it.
+    assert int(backend.driver.cuCtxGetCurrent()[1]) == ctx.handle
     with pytest.raises(ContextDestroyedError):
         ctx.synchronize()
-    with pytest.raises(ContextDestroyedError):
-        cuctx.ensure_context().synchronize()
-    assert Context.pop() is ctx
     assert cuctx.current_context() is None
+    assert int(backend.driver.cuCtxGetCurrent()[1]) == 0
+    assert backend.tls.state.stack == []
 
 
 # -- the stack ----------------------------------------------------------------------------
@@ -260,3 +260,141 @@ def test_lazy_init_after_a_reset_gets_the_reset_primary_context(backend):
         ctx.synchronize()
         Context.pop()
     in_thread(fresh_thread)
+
+
+# -- destroy takes a context out of this thread's stack --------------------------------------
+
+def raw_current(backend) -> int:
+    err, handle = backend.driver.cuCtxGetCurrent()
+    assert not err
+    return int(handle)
+
+
+def test_the_driver_leaves_a_destroyed_context_current_after_the_stack_walk(backend):
+    """What the driver itself does (raw calls), which the sim models: cuCtxDestroy pops the
+    context only when it is on top; the walk below leaves the destroyed A current."""
+    drv, dev = backend.driver, cuctx.Device(0)._handle
+    err, a = drv.cuCtxCreate(None, 0, dev)
+    err, b = drv.cuCtxCreate(None, 0, dev)
+    assert drv.cuCtxPushCurrent(a)[0] == 0
+    assert int(drv.cuCtxPopCurrent()[1]) == int(a)
+    assert drv.cuCtxDestroy(a)[0] == 0  # not on top: it stays in the stack
+    assert drv.cuCtxDestroy(b)[0] == 0  # on top: popped
+    assert raw_current(backend) == int(a)
+    assert int(drv.cuCtxPopCurrent()[1]) == int(a)  # popping a destroyed context is safe
+    assert raw_current(backend) == 0
+
+
+def test_the_stack_walk_leaves_no_destroyed_context_current(backend):
+    a = Context.create(0)
+    b = Context.create(0)
+    a.push()
+    assert Context.pop() is a
+    a.destroy()  # under b: taken out of the stack, which is now [b]
+    assert cuctx.current_context() is b and backend.tls.state.stack == [b]
+    b.destroy()
+    assert cuctx.current_context() is None
+    assert raw_current(backend) == 0 and backend.tls.state.stack == []
+
+
+def test_destroy_takes_every_entry_out_and_keeps_the_rest_in_order(backend):
+    a, b, c = Context.create(0), Context.create(0), Context.create(0)  # stack [a, b, c]
+    a.push()
+    b.push()  # [a, b, c, a, b]
+    a.destroy()
+    assert backend.tls.state.stack == [b, c, b]
+    assert [Context.pop(), Context.pop(), Context.pop()] == [b, c, b]
+    assert raw_current(backend) == 0
+    b.destroy()
+    c.destroy()
+
+
+def test_destroy_inside_with_blocks_keeps_their_exits_exact(backend):
+    a, b = Context.create(0), Context.create(0)
+    Context.pop()
+    Context.pop()
+    outer = cuctx.Device(0).primary_context
+    with outer:
+        with a:
+            with b:
+                a.destroy()  # below b's block: b's and a's blocks still exit correctly
+                assert cuctx.current_context() is b
+            assert cuctx.current_context() is outer
+        assert cuctx.current_context() is outer
+    assert cuctx.current_context() is None and raw_current(backend) == 0
+    b.destroy()
+
+
+# -- lazy initialisation leaves the primary context current -----------------------------------
+
+@pytest.mark.parametrize("first_call", [
+    lambda: cuctx.zeros(3), lambda: cuctx.Stream(), lambda: cuctx.Event(),
+    lambda: cuctx.current_stream(), lambda: cuctx.ensure_context(), lambda: cuctx.synchronize(),
+], ids=["zeros", "Stream", "Event", "current_stream", "ensure_context", "synchronize"])
+def test_lazy_init_leaves_device_0s_primary_context_current(backend, first_call):
+    def fresh_thread():
+        assert cuctx.current_context() is None
+        first_call()
+        ctx = cuctx.current_context()
+        assert ctx is cuctx.Device(0).primary_context
+        assert raw_current(backend) == ctx.handle  # the driver agrees, as the runtime API
+        Context.pop()
+    in_thread(fresh_thread)
+
+
+def test_lazy_init_of_a_named_device_makes_its_primary_context_current(backend):
+    last = cuctx.devices()[-1]
+
+    def fresh_thread():
+        stream = cuctx.Stream(last)
+        assert stream.context is last.primary_context is cuctx.current_context()
+        assert cuctx.current_device() is last
+        Context.pop()
+    in_thread(fresh_thread)
+
+
+def test_a_named_device_does_not_replace_a_current_context(backend):
+    last = cuctx.devices()[-1]
+    with cuctx.Device(0) as ctx:
+        stream = cuctx.Stream(last)
+        assert stream.context is last.primary_context
+        assert cuctx.current_context() is ctx
+
+
+# -- synchronize ------------------------------------------------------------------------------
+
+def test_device_synchronize_waits_for_every_context_of_the_device(backend):
+    from conftest import busy
+    device = cuctx.Device(0)
+    created = Context.create(device)
+    try:
+        done = []
+        with device:
+            primary_stream = cuctx.Stream()
+        created_stream = cuctx.Stream()
+        for stream in (primary_stream, created_stream):
+            busy(stream, 5)
+            stream.launch_host_func(done.append, stream.context.kind)
+        device.synchronize()
+        assert sorted(done) == ["created", "primary"]
+    finally:
+        created.destroy()
+
+
+def test_synchronize_raises_host_function_errors_of_the_current_device(backend):
+    with cuctx.Device(0):
+        stream = cuctx.Stream()
+        stream.launch_host_func(int, "not a number")
+        with pytest.raises(cuctx.HostFunctionError, match="int raised ValueError"):
+            cuctx.synchronize()
+        cuctx.synchronize()  # reported once
+
+
+def test_cuctx_synchronize_is_the_current_devices(backend):
+    last = cuctx.devices()[-1]
+    with last:
+        stream = cuctx.Stream()
+        done = []
+        stream.launch_host_func(done.append, 1)
+        cuctx.synchronize()
+        assert done == [1]

@@ -44,21 +44,43 @@ def test_memory_sizes_are_consistent(backend):
     device = cuctx.Device(0)
     info = device.mem_info()
     assert 0 < info.free <= info.total == device.total_memory
-    assert cuctx.current_context() is None  # asking did not leave a context current
+    # It needs a context: with none current, the device's primary one became current.
+    assert cuctx.Context.pop() is device.primary_context
 
 
 def test_properties_cover_every_attribute_of_the_enum(backend):
     props = cuctx.Device(0).properties
-    expected = {a.name.removeprefix("CU_DEVICE_ATTRIBUTE_").lower()
-                for a in CUdevice_attribute if a.name != "CU_DEVICE_ATTRIBUTE_MAX"}
+    expected = {name.removeprefix("CU_DEVICE_ATTRIBUTE_").lower()
+                for name in CUdevice_attribute.__members__ if name != "CU_DEVICE_ATTRIBUTE_MAX"}
     assert set(ATTRIBUTE_NAMES) == expected
     values = props.as_dict()
     assert len(values) >= 140  # a few very new attributes may be unknown to the driver
     assert values["warp_size"] == 32 == props.warp_size
+    assert type(props.warp_size) is int
     assert values["max_threads_per_block"] == 1024
     cc = cuctx.Device(0).compute_capability
     assert (values["compute_capability_major"], values["compute_capability_minor"]) == cc
     assert cc >= (7, 0) and str(cc) == f"{cc.major}.{cc.minor}"
+
+
+def test_properties_include_the_enums_aliases(backend):
+    props = cuctx.Device(0).properties
+    # Two names for one value in CUdevice_attribute: both work and agree.
+    assert props.virtual_memory_management_supported == props.virtual_address_management_supported
+    assert props.max_shared_memory_per_block == props.shared_memory_per_block
+    assert "virtual_memory_management_supported" in props.as_dict()
+
+
+def test_yes_no_properties_are_bools(backend):
+    props = cuctx.Device(0).properties
+    for name in ("unified_addressing", "managed_memory", "concurrent_kernels",
+                 "can_map_host_memory", "memory_pools_supported", "ecc_enabled",
+                 "cooperative_launch", "virtual_memory_management_supported"):
+        assert type(getattr(props, name)) is bool, name
+    assert props.unified_addressing is True and props.memory_pools_supported is True
+    assert type(props.multiprocessor_count) is int and type(props.compute_mode) is int
+    assert all(type(value) is bool for name, value in props.as_dict().items()
+               if name.endswith("_supported"))
 
 
 def test_attribute_unknown_to_the_driver_is_not_supported(sim):

@@ -197,7 +197,7 @@ def test_with_stream_makes_it_current_and_restores(backend):
     with device:
         default = cuctx.current_stream()
         assert default == cuctx.legacy_stream() and default.kind == "legacy"
-    outer, inner = device.create_stream(), device.create_stream()
+        outer, inner = device.create_stream(), device.create_stream()
     with outer:
         assert cuctx.current_stream() is outer
         assert cuctx.current_context() is outer.context
@@ -205,20 +205,24 @@ def test_with_stream_makes_it_current_and_restores(backend):
             assert cuctx.current_stream(device) is inner
         assert cuctx.current_stream() is outer
     assert cuctx.current_context() is None
-    assert cuctx.current_stream(device).kind == "legacy"
+    assert cuctx.current_stream(device).kind == "legacy"  # (lazy init: the device is current)
+    assert Context.pop() is device.primary_context
 
 
 def test_with_stream_restores_after_an_exception(backend):
-    stream = Device(0).create_stream()
+    with Device(0):
+        stream = Stream()
     with pytest.raises(RuntimeError):
         with stream:
             raise RuntimeError("boom")
-    assert cuctx.current_stream(Device(0)).kind == "legacy"
     assert cuctx.current_context() is None
+    with Device(0):
+        assert cuctx.current_stream().kind == "legacy"
 
 
 def test_the_current_stream_is_per_thread(backend):
-    stream = Device(0).create_stream()
+    with Device(0):
+        stream = Stream()
     with stream:
         other = []
         t = threading.Thread(target=lambda: other.append(cuctx.current_stream(Device(0)).kind))
@@ -241,7 +245,8 @@ def test_per_thread_default_stream_can_be_selected(backend):
 
 
 def test_default_streams_work_when_another_context_is_current(backend):
-    legacy = cuctx.legacy_stream(Device(0))
+    with Device(0):
+        legacy = cuctx.legacy_stream()
     created = Context.create(Device(0))
     try:
         order = []
@@ -466,7 +471,7 @@ def test_a_destroyed_context_leaves_no_host_functions_behind(sim):
     from cuctx import stream as stream_module
 
     def mine():
-        return [key for key, (_, _, where) in stream_module._pending.items()
+        return [key for key, (_, _, where, _) in stream_module._pending.items()
                 if where[0] == ctx.handle]
     ctx = Context.create(0)
     try:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from . import _driver
 from .compiler import CompileError
-from .context import Context, ContextFlags, current_context, current_device, ensure_context
+from .context import (Context, ContextFlags, current_context, current_device, ensure_context,
+                      synchronize)
 from .device import ComputeCapability, Device, DeviceProperties, MemInfo, devices
 from .errors import (BackendUnavailableError, ContextDestroyedError, ContextPoisonedError,
                      CudaError, InvalidContextError, InvalidDeviceError, InvalidValueError,
-                     NotSupportedError, OutOfMemoryError, StickyFaultError)
+                     NotPermittedError, NotSupportedError, OutOfMemoryError, StickyFaultError)
 from .event import Event
 from .launch import KernelArgumentError, LaunchConfigError, Launcher, launch
 from .library import BlockSizeSuggestion, Kernel, KernelAttributes, Library, Module
@@ -38,8 +39,9 @@ __all__ = [
     "Device", "DeviceArray", "DeviceProperties", "Event", "HostFunctionError",
     "InvalidContextError", "InvalidDeviceError", "InvalidValueError", "Kernel",
     "KernelArgumentError", "KernelAttributes", "LaunchConfigError", "Launcher", "Library",
-    "MemInfo", "Module", "NotSupportedError", "OutOfMemoryError", "StickyFaultError", "Stream",
-    "asarray", "backend", "copy", "current_context", "current_device", "current_stream",
-    "defer_cleanup", "devices", "empty", "ensure_context", "full", "launch", "legacy_stream",
-    "per_thread_stream", "pinned_empty", "register_host", "set_backend", "to_device", "zeros",
+    "MemInfo", "Module", "NotPermittedError", "NotSupportedError", "OutOfMemoryError",
+    "StickyFaultError", "Stream", "asarray", "backend", "copy", "current_context",
+    "current_device", "current_stream", "defer_cleanup", "devices", "empty",
+    "ensure_context", "full", "launch", "legacy_stream", "per_thread_stream",
+    "pinned_empty", "register_host", "set_backend", "synchronize", "to_device", "zeros",
 ]

@@ -16,14 +16,16 @@ driver a destroyed context can abort the process (pushing one corrupts the heap 
 from __future__ import annotations
 
 import enum
+import threading
 import weakref
 from typing import TYPE_CHECKING, NoReturn
 
 from cuda.bindings.driver import CUctx_flags
 
 from . import _driver
+from ._driver import in_host_function
 from .errors import (STICKY_CODES, ContextDestroyedError, ContextPoisonedError, CudaError,
-                     InvalidContextError, error_for)
+                     InvalidContextError, called_from_host_function, error_for)
 
 if TYPE_CHECKING:
     from .device import Device
@@ -38,6 +40,14 @@ ContextFlags.__doc__ = "Context creation flags, generated from the driver's CUct
 ContextFlags.__module__ = __name__
 
 
+def refuse_in_host_function(operation: str) -> None:
+    """Raise `NotPermittedError` when called from inside a host function. For the entries
+    that read no thread state (those that do fail on that read, see
+    `_driver.HostFunctionState`); the set is empty unless a host function is running."""
+    if in_host_function and threading.get_ident() in in_host_function:
+        raise called_from_host_function(operation)
+
+
 def fail(backend: _driver.Backend, err, operation: str, ctx: Context | None = None,
          hint: str = "") -> NoReturn:
     """Raise the exception for a failed driver call, poisoning the context on a sticky fault.
@@ -46,6 +56,8 @@ def fail(backend: _driver.Backend, err, operation: str, ctx: Context | None = No
     taken, which is where the driver reports sticky faults.
     """
     code = int(err)
+    if code == 800:  # the driver refuses CUDA calls from host functions (when it notices)
+        refuse_in_host_function(operation)
     status, text = backend.driver.cuGetErrorString(err)
     exc = error_for(code, operation, text.decode() if not status and text else "", hint)
     if code in STICKY_CODES:
@@ -59,6 +71,7 @@ def fail(backend: _driver.Backend, err, operation: str, ctx: Context | None = No
 
 def call(backend: _driver.Backend, operation: str, *args, ctx: Context | None = None):
     """Call a driver function by name; return its results (one value, a tuple, or None)."""
+    refuse_in_host_function(operation)
     result = getattr(backend.driver, operation)(*args)
     if result[0]:
         fail(backend, result[0], operation, ctx)
@@ -128,18 +141,21 @@ class Context:
             raise TypeError(f"flags must be ContextFlags or an int, not {type(flags).__name__}")
         backend = device._backend
         drv = backend.driver
+        stack = backend.tls.state.stack  # (read first: inside a host function it raises)
         err, handle = drv.cuCtxCreate(None, int(flags), device._handle)
         if err:
             fail(backend, err, "cuCtxCreate",
                  hint=f"flags={int(flags):#x}; valid flags are ContextFlags members"
                  if int(err) == 1 else "")
         ctx = cls._wrap(backend, handle, device, "created", (drv.cuCtxDestroy, handle))
-        backend.tls.state.stack.append(ctx)
+        stack.append(ctx)
         return ctx
 
     def destroy(self) -> None:
         """Destroy a created context. Every object bound to it becomes unusable: using one
-        raises `ContextDestroyedError`. Other threads that have it current get the same."""
+        raises `ContextDestroyedError`. It leaves the calling thread's context stack wherever
+        it sits there (the driver only pops it when it is on top); other threads that have it
+        on their stacks drop it when their next cuctx call finds it current."""
         if self.kind != "created":
             raise InvalidContextError(
                 201, "Context.destroy", "",
@@ -148,14 +164,20 @@ class Context:
         if self._state == DESTROYED:
             raise ContextDestroyedError(operation="Context.destroy",
                                         hint=f"{self!r} was already destroyed")
-        err, = self._backend.driver.cuCtxDestroy(self._handle)
+        backend = self._backend
+        drv = backend.driver
+        state = backend.tls.state
+        on_top = int(drv.cuCtxGetCurrent()[1] or 0) == self._key
+        err, = drv.cuCtxDestroy(self._handle)
         if err and int(err) != 709:  # still alive: leave it as it was, finalizer included
-            fail(self._backend, err, "cuCtxDestroy", self)
+            fail(backend, err, "cuCtxDestroy", self)
         self._finalizer.detach()
         self._mark_destroyed("by Context.destroy")
-        stack = self._backend.tls.state.stack
-        if stack and stack[-1] is self:  # the driver pops it when it is current here
+        stack = state.stack
+        if on_top and stack and stack[-1] is self:  # the driver popped it
             stack.pop()
+        if self in stack:  # deeper in the stack: the driver leaves it there, current later
+            _take_out_of_stack(backend, state, self)
 
     # -- state ----------------------------------------------------------------------------
 
@@ -201,20 +223,21 @@ class Context:
         """Push this context on the calling thread's context stack."""
         if self._state is not ACTIVE:
             raise self._unusable("Context.push")
+        stack = self._backend.tls.state.stack  # before the driver call: see HostFunctionState
         err, = self._drv.cuCtxPushCurrent(self._handle)
         if err:
             fail(self._backend, err, "cuCtxPushCurrent", self)
-        self._backend.tls.state.stack.append(self)
+        stack.append(self)
 
     @staticmethod
     def pop() -> Context:
         """Pop the calling thread's current context and return it."""
         backend = _driver._active or _driver.active()
+        stack = backend.tls.state.stack
         err, handle = backend.driver.cuCtxPopCurrent()
         if err:
             fail(backend, err, "cuCtxPopCurrent",
                  hint="the context stack of this thread is empty" if int(err) == 201 else "")
-        stack = backend.tls.state.stack
         if stack and stack[-1]._handle == handle:
             return stack.pop()
         return _object_for(backend, handle)  # pushed by other code than cuctx
@@ -222,10 +245,10 @@ class Context:
     def set_current(self) -> None:
         """Replace the top of this thread's stack with this context (push if empty)."""
         self._check("Context.set_current")
+        stack = self._backend.tls.state.stack
         err, = self._drv.cuCtxSetCurrent(self._handle)
         if err:
             fail(self._backend, err, "cuCtxSetCurrent", self)
-        stack = self._backend.tls.state.stack
         if stack:
             stack[-1] = self
         else:
@@ -234,10 +257,10 @@ class Context:
     def __enter__(self) -> Context:
         if self._state is not ACTIVE:
             raise self._unusable("Context.__enter__")
+        state = self._backend.tls.state
         err, = self._drv.cuCtxPushCurrent(self._handle)
         if err:
             fail(self._backend, err, "cuCtxPushCurrent", self)
-        state = self._backend.tls.state
         state.blocks.append(len(state.stack))
         state.stack.append(self)
         return self
@@ -260,6 +283,7 @@ class Context:
     def _activated(self, operation: str) -> _Activated:
         """Make this context current for one internal call, without touching the shadow."""
         self._check(operation)
+        refuse_in_host_function(operation)
         return _Activated(self)
 
     # -- queries --------------------------------------------------------------------------
@@ -287,7 +311,7 @@ class Context:
         """Wait for all work in this context; raises the fault if a kernel in it failed, and
         `HostFunctionError` if a host function launched on one of its streams raised."""
         with self._activated("Context.synchronize"):
-            err, = self._backend.driver.cuCtxSynchronize()
+            err, = self._drv.cuCtxSynchronize()
         if err:
             fail(self._backend, err, "cuCtxSynchronize", self)
         from .stream import raise_host_func_errors  # stream.py builds on this module
@@ -324,6 +348,7 @@ class _MadeCurrent:
     def __enter__(self) -> Context:
         ctx = self._ctx
         ctx._check(self._op)
+        refuse_in_host_function(self._op)
         self._pushed = int(ctx._backend.driver.cuCtxGetCurrent()[1]) != ctx._key
         if self._pushed:
             ctx._activated(self._op).__enter__()
@@ -334,27 +359,53 @@ class _MadeCurrent:
             self._ctx._backend.driver.cuCtxPopCurrent()
 
 
-def _device_of(backend, handle) -> Device:
+def _take_out_of_stack(backend: _driver.Backend, state, ctx: Context) -> None:
+    """Take the destroyed ``ctx`` out of this thread's stack wherever it sits: pop the driver's
+    stack down to its deepest entry, then push back what was above it (popping a destroyed
+    context is safe; pushing one can abort the process, so no destroyed context goes back)."""
+    stack, drv = state.stack, backend.driver
+    first = stack.index(ctx)
+    above = stack[first:]
+    popped = []
+    for _ in above:
+        err, handle = drv.cuCtxPopCurrent()
+        if err:  # other code popped more than cuctx knows of: nothing below to restore
+            break
+        popped.append(handle)
+    keep = []
+    for entry, handle in zip(above, reversed(popped)):  # bottom first
+        if entry is not ctx and (entry._state != DESTROYED or entry.kind == "primary"):
+            drv.cuCtxPushCurrent(handle)
+            keep.append(entry)
+    gone = [first + i for i, entry in enumerate(above) if entry not in keep]
+    stack[first:] = keep
+    state.blocks[:] = [depth - sum(1 for i in gone if i < depth) for depth in state.blocks]
+
+
+def _device_of(backend, handle, current: bool = False) -> Device:
     from .device import Device
     drv = backend.driver
-    err, = drv.cuCtxPushCurrent(handle)
-    if err:
-        fail(backend, err, "cuCtxPushCurrent")
+    if not current:  # the driver answers for the current context only
+        err, = drv.cuCtxPushCurrent(handle)
+        if err:
+            fail(backend, err, "cuCtxPushCurrent")
     err, dev = drv.cuCtxGetDevice()
-    drv.cuCtxPopCurrent()
+    if not current:
+        drv.cuCtxPopCurrent()
     if err:
         fail(backend, err, "cuCtxGetDevice")
     with backend.lock:
         return Device._for_backend(backend, int(dev))
 
 
-def _object_for(backend: _driver.Backend, handle) -> Context:
-    """The Context object of a handle the driver returned; adopts contexts cuctx did not make
-    (another library's), recognising a device's primary context as such."""
+def _object_for(backend: _driver.Backend, handle, current: bool = False) -> Context:
+    """The Context object of a handle the driver returned (``current``: the calling thread's
+    current context); adopts contexts cuctx did not make (another library's), recognising a
+    device's primary context as such."""
     ctx = backend.contexts.get(int(handle))
     if ctx is not None:
         return ctx
-    device = _device_of(backend, handle)
+    device = _device_of(backend, handle, current)
     primary = device.primary_context  # retains it: as long as we hold it, it stays alive
     if primary._key == int(handle):
         return primary
@@ -366,17 +417,40 @@ def _registered_current(backend: _driver.Backend) -> Context | None:
     return None if err else backend.contexts.get(int(handle))
 
 
+def live_current(backend: _driver.Backend) -> Context | None:
+    """The calling thread's current context, or None; never a destroyed one. A created
+    context destroyed while current here (by another thread, or below the top of this
+    stack) is popped first, from the driver's stack and the shadow, as often as needed."""
+    stack = backend.tls.state.stack  # (read first: inside a host function it raises)
+    drv = backend.driver
+    while True:
+        err, handle = drv.cuCtxGetCurrent()
+        if err:
+            fail(backend, err, "cuCtxGetCurrent")
+        if not int(handle):
+            return None
+        ctx = backend.contexts.get(int(handle))
+        if ctx is None:
+            return _object_for(backend, handle, current=True)
+        if ctx._state != DESTROYED:
+            return ctx
+        if ctx.kind == "primary":  # the handle outlives a reset: a new object stands for it
+            backend.contexts.pop(ctx._key, None)
+            return _object_for(backend, handle, current=True)
+        drv.cuCtxPopCurrent()
+        if stack and stack[-1] is ctx:
+            stack.pop()
+
+
 def current_context() -> Context | None:
-    """The calling thread's current context, or None when its stack is empty."""
-    backend = _driver.active()
-    err, handle = backend.driver.cuCtxGetCurrent()
-    if err:
-        fail(backend, err, "cuCtxGetCurrent")
-    return _object_for(backend, handle) if int(handle) else None
+    """The calling thread's current context, or None when its stack is empty. Never a
+    destroyed context: one found current (destroyed by another thread) is popped first."""
+    return live_current(_driver.active())
 
 
 def current_device() -> Device:
-    """The device of the current context; device 0 when no context is current."""
+    """The device of the current context; device 0 when no context is current. (A query:
+    it makes no context current; the next call that needs a context will, on this device.)"""
     from .device import Device
     ctx = current_context()
     return ctx.device if ctx is not None else Device(0)
@@ -391,3 +465,8 @@ def ensure_context() -> Context:
         ctx = Device(0).set_current()
     return ctx
 
+
+def synchronize() -> None:
+    """Wait for all work on the current device (`Device.synchronize`), as
+    cudaDeviceSynchronize does; with no context current, device 0 is initialised first."""
+    ensure_context().device.synchronize()

@@ -6,10 +6,15 @@ import threading
 import weakref
 from typing import NamedTuple
 
-from cuda.bindings.driver import CUdevice_attribute
+from cuda.bindings.driver import (CUdevice_attribute, CUmemAccess_flags, CUmemAccessDesc,
+                                  CUmemLocationType)
 
 from . import _driver
-from .context import ACTIVE, DESTROYED, Context, call, exit_block, fail
+from .context import (ACTIVE, DESTROYED, Context, call, exit_block, fail, live_current,
+                      refuse_in_host_function)
+from .errors import NotSupportedError
+
+_PEER_ACCESS_ALREADY_ENABLED, _PEER_ACCESS_NOT_ENABLED = 704, 705
 
 
 class ComputeCapability(NamedTuple):
@@ -25,24 +30,47 @@ class MemInfo(NamedTuple):
     total: int
 
 
-def _attribute_name(attribute: CUdevice_attribute) -> str:
-    return attribute.name.removeprefix("CU_DEVICE_ATTRIBUTE_").lower()
+def _attribute_name(name: str) -> str:
+    return name.removeprefix("CU_DEVICE_ATTRIBUTE_").lower()
 
 
-def _property_for(attribute: CUdevice_attribute) -> property:
-    def read(self: DeviceProperties) -> int:
-        return self._read(attribute)
-    read.__name__ = _attribute_name(attribute)
-    read.__doc__ = f"The device's {attribute.name}."
+# Attributes that answer yes or no (0/1), returned as bool: those named *_SUPPORTED, CAN_*,
+# *_ENABLED, and these, whose names do not say so.
+_YES_NO = frozenset({
+    "gpu_overlap", "kernel_exec_timeout", "integrated", "concurrent_kernels", "tcc_driver",
+    "unified_addressing", "managed_memory", "multi_gpu_board", "pageable_memory_access",
+    "concurrent_managed_access", "cooperative_launch", "cooperative_multi_device_launch",
+    "pageable_memory_access_uses_host_page_tables", "direct_managed_mem_access_from_host",
+    "cluster_launch", "unified_function_pointers",
+})
+
+
+def is_yes_no(name: str) -> bool:
+    return (name.endswith(("_supported", "_enabled")) or name.startswith("can_")
+            or name in _YES_NO)
+
+
+def _property_for(attribute: CUdevice_attribute, name: str) -> property:
+    if is_yes_no(name):
+        def read(self: DeviceProperties) -> bool | int:
+            return bool(self._read(attribute))
+    else:
+        def read(self: DeviceProperties) -> bool | int:
+            return self._read(attribute)
+    read.__name__ = name
+    read.__doc__ = f"The device's CU_DEVICE_ATTRIBUTE_{name.upper()}" + \
+        (" (a bool)." if is_yes_no(name) else ".")
     return property(read)
 
 
 class DeviceProperties:
     """Every CU_DEVICE_ATTRIBUTE_* of a device, under its lower-case name without the prefix
-    (``max_threads_per_block`` for CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK). The
-    properties are generated from the driver's enum, so a newer cuda-bindings brings new ones.
-    Values are read once and cached; an attribute the installed driver does not know raises
-    `NotSupportedError`.
+    (``max_threads_per_block`` for CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK), each alias
+    of the enum included (``virtual_memory_management_supported`` and
+    ``virtual_address_management_supported`` are one attribute). Yes/no attributes are
+    ``bool``, the others ``int``. The properties are generated from the driver's enum, so a
+    newer cuda-bindings brings new ones. Values are read once and cached; an attribute the
+    installed driver does not know raises `NotSupportedError`.
     """
 
     __slots__ = ("_device", "_cache")
@@ -58,15 +86,14 @@ class DeviceProperties:
             err, value = backend.driver.cuDeviceGetAttribute(attribute, self._device._handle)
             if err:
                 if int(err) == 1:  # INVALID_VALUE: the driver predates this attribute
-                    from .errors import NotSupportedError
                     raise NotSupportedError(801, "cuDeviceGetAttribute", "",
                                             f"this driver does not know {attribute.name}")
                 fail(backend, err, "cuDeviceGetAttribute")
             value = self._cache[attribute] = int(value)
         return value
 
-    def as_dict(self) -> dict[str, int]:
-        """Every attribute the driver knows, by name."""
+    def as_dict(self) -> dict[str, bool | int]:
+        """Every attribute the driver knows, by each of its names."""
         values = {}
         for name in ATTRIBUTE_NAMES:
             try:
@@ -80,11 +107,13 @@ class DeviceProperties:
         return f"<DeviceProperties of {self._device!r}>"
 
 
-ATTRIBUTE_NAMES = tuple(_attribute_name(a) for a in CUdevice_attribute
-                        if a.name != "CU_DEVICE_ATTRIBUTE_MAX")
-for _attribute in CUdevice_attribute:
-    if _attribute.name != "CU_DEVICE_ATTRIBUTE_MAX":
-        setattr(DeviceProperties, _attribute_name(_attribute), _property_for(_attribute))
+# __members__, not iteration: iterating an enum skips the aliases (a second name for a value).
+_ATTRIBUTES = {_attribute_name(name): attribute
+               for name, attribute in CUdevice_attribute.__members__.items()
+               if name != "CU_DEVICE_ATTRIBUTE_MAX"}
+ATTRIBUTE_NAMES = tuple(_ATTRIBUTES)
+for _name, _attribute in _ATTRIBUTES.items():
+    setattr(DeviceProperties, _name, _property_for(_attribute, _name))
 
 
 class Device:
@@ -92,7 +121,7 @@ class Device:
     backend. ``with device:`` makes its primary context current for the block."""
 
     __slots__ = ("_backend", "ordinal", "_handle", "_primary", "_runtime_primary",
-                 "_properties", "_lock", "__weakref__")
+                 "_properties", "_lock", "_peers", "_peer_holds", "__weakref__")
 
     def __new__(cls, ordinal: int | Device = 0) -> Device:
         if isinstance(ordinal, Device):
@@ -121,6 +150,8 @@ class Device:
             device._runtime_primary = None
             device._properties = None
             device._lock = threading.Lock()
+            device._peers = set()  # devices whose memory kernels on this one may use
+            device._peer_holds = {}  # peer -> the two primary contexts the access lives in
             backend.devices[ordinal] = device
         return device
 
@@ -157,10 +188,109 @@ class Device:
         return ComputeCapability(p.compute_capability_major, p.compute_capability_minor)
 
     def can_access_peer(self, other: Device | int) -> bool:
-        other = Device._for_backend(self._backend, other) if isinstance(other, int) else other
-        if not isinstance(other, Device) or other._backend is not self._backend:
-            raise TypeError(f"can_access_peer needs a Device of the same backend, got {other!r}")
+        """Whether kernels on this device can be given access to ``other``'s memory
+        (cuDeviceCanAccessPeer); False for the device itself, whose memory needs no access."""
+        other = self._other(other, "can_access_peer")
         return bool(self._query("cuDeviceCanAccessPeer", self._handle, other._handle))
+
+    def _other(self, other: Device | int, operation: str) -> Device:
+        if isinstance(other, int) and not isinstance(other, bool):
+            other = Device._for_backend(self._backend, other)
+        if not isinstance(other, Device) or other._backend is not self._backend:
+            raise TypeError(f"{operation} needs a Device of the same backend, got {other!r}")
+        return other
+
+    # -- peer access -----------------------------------------------------------------------
+
+    def enable_peer_access(self, other: Device | int) -> None:
+        """Let kernels on this device read and write memory of ``other``. Enabling twice, or
+        what other code already enabled, is fine. Copies between devices need no access.
+
+        Two grants, because cuctx allocates from each device's default memory pool, which
+        cuCtxEnablePeerAccess does not cover: cuMemPoolSetAccess on ``other``'s default pool
+        (memory cuctx allocates, in any context of this device) and cuCtxEnablePeerAccess
+        from this device's primary context to ``other``'s (memory allocated with cuMemAlloc,
+        such as other libraries'). Both primary contexts stay retained while it is enabled.
+        """
+        other = self._peer_of(other, "enable_peer_access")
+        if other in self._peers:
+            return
+        if not self.can_access_peer(other):
+            raise NotSupportedError(
+                217, "Device.enable_peer_access", "peer access is not supported between these "
+                "two devices", f"{self!r} cannot access memory of {other!r} "
+                "(cuDeviceCanAccessPeer is 0); copy the data with cuctx.copy instead (copies "
+                "between devices need no peer access)")
+        mine, theirs = self.primary_context, other.primary_context
+        with mine._current("Device.enable_peer_access"):
+            err, = self._backend.driver.cuCtxEnablePeerAccess(theirs._handle, 0)
+        if err and int(err) != _PEER_ACCESS_ALREADY_ENABLED:
+            fail(self._backend, err, "cuCtxEnablePeerAccess", mine)
+        try:
+            self._grant_pool(other, CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+        except BaseException:
+            if not err:  # undo what this call did, so a failure changes nothing
+                with mine._current("Device.enable_peer_access"):
+                    self._backend.driver.cuCtxDisablePeerAccess(theirs._handle)
+            raise
+        self._peers.add(other)
+        self._peer_holds[other] = (mine, theirs)
+
+    def disable_peer_access(self, other: Device | int) -> None:
+        """Undo `enable_peer_access` (also what other code enabled); disabling what is not
+        enabled is fine. Waits first for the work queued in this device's contexts, since a
+        kernel still using ``other``'s memory would fault."""
+        other = self._peer_of(other, "disable_peer_access")
+        if not self.can_access_peer(other):
+            return  # nothing can have been enabled
+        for ctx in [c for c in list(self._backend.contexts.values())
+                    if c._device is self and c._state is ACTIVE]:
+            with ctx._activated("Device.disable_peer_access"):
+                self._backend.driver.cuCtxSynchronize()  # a fault stays for its next use
+        self._grant_pool(other, CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE)
+        mine, theirs = self.primary_context, other.primary_context
+        with mine._current("Device.disable_peer_access"):
+            err, = self._backend.driver.cuCtxDisablePeerAccess(theirs._handle)
+        self._peers.discard(other)
+        self._peer_holds.pop(other, None)
+        if err and int(err) != _PEER_ACCESS_NOT_ENABLED:
+            fail(self._backend, err, "cuCtxDisablePeerAccess", mine)
+
+    def _peer_of(self, other: Device | int, operation: str) -> Device:
+        other = self._other(other, operation)
+        if other is self:
+            raise ValueError(
+                f"{operation}: {self!r} is the device itself; kernels always have access to "
+                "their own device's memory, in any of its contexts, so there is nothing to "
+                "enable or disable")
+        return other
+
+    def _grant_pool(self, other: Device, flags: CUmemAccess_flags) -> None:
+        """Set this device's access to ``other``'s default memory pool."""
+        pool = call(self._backend, "cuDeviceGetDefaultMemPool", other._handle)
+        desc = CUmemAccessDesc()
+        desc.location.type = CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        desc.location.id = self.ordinal
+        desc.flags = flags
+        call(self._backend, "cuMemPoolSetAccess", pool, [desc], 1)
+
+    def synchronize(self) -> None:
+        """Wait for all work queued on this device: in every context of it that cuctx knows
+        (its primary context, created and adopted ones). Raises what `Context.synchronize`
+        raises (a fault, `HostFunctionError`) after waiting for all of them."""
+        refuse_in_host_function("Device.synchronize")
+        contexts = [c for c in list(self._backend.contexts.values())
+                    if c._device is self and c._state is ACTIVE]
+        errors = []
+        for ctx in contexts:
+            try:
+                ctx.synchronize()
+            except Exception as exc:  # noqa: BLE001 - raised below, once all contexts waited
+                errors.append(exc)
+        if errors:
+            for other in errors[1:]:
+                errors[0].add_note(f"also: {type(other).__name__}: {other}")
+            raise errors[0]
 
     def mem_info(self) -> MemInfo:
         """Free and total memory of the device, as seen from its primary context (or the
@@ -173,10 +303,12 @@ class Device:
 
     def _current_or_primary(self) -> Context:
         """The context work on this device goes in: the current context when it is on this
-        device, else the device's primary context."""
-        err, handle = self._backend.driver.cuCtxGetCurrent()
-        ctx = self._backend.contexts.get(int(handle)) if not err and int(handle) else None
-        return ctx if ctx is not None and ctx._device is self else self.primary_context
+        device, else the device's primary context. With no context current, the primary
+        context is made current (lazy initialisation, as the runtime API does)."""
+        ctx = live_current(self._backend)
+        if ctx is None:
+            return self.set_current()
+        return ctx if ctx._device is self else self.primary_context
 
     # -- the primary context --------------------------------------------------------------
 
@@ -214,6 +346,13 @@ class Device:
                 if self._backend.contexts.get(ctx._key) is ctx:
                     del self._backend.contexts[ctx._key]
             self._runtime_primary = None
+        # Peer access lives in primary contexts: the reset ended this device's, and others'
+        # access to this device's memory. Enable again after a reset.
+        self._peers.clear()
+        self._peer_holds.clear()
+        for device in self._backend.devices.values():
+            device._peers.discard(self)
+            device._peer_holds.pop(self, None)
 
     def create_stream(self, priority: int | None = None, non_blocking: bool = True):
         """A new `cuctx.Stream` on this device: ``cuctx.Stream(self, priority, non_blocking)``."""

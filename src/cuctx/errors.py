@@ -120,6 +120,23 @@ class HostFunctionError(RuntimeError):
         super().__init__(f"{len(failures)} host function(s) launched on {where} failed: {parts}")
 
 
+class NotPermittedError(CudaError):
+    """The operation is not permitted where it was called (CUDA_ERROR_NOT_PERMITTED), for
+    example any cuctx call made from inside a host function (`Stream.launch_host_func`)."""
+
+
+HOST_FUNCTION_HINT = (
+    "it was called from inside a host function (Stream.launch_host_func), and host functions "
+    "must not call CUDA (the driver may refuse or deadlock). Do the CUDA work on the stream "
+    "before or after the host function from the thread that launched it, or hand the data to "
+    "another thread (e.g. through a queue.Queue) that makes the call")
+
+
+def called_from_host_function(operation: str) -> NotPermittedError:
+    """The error for a cuctx call made from inside a host function."""
+    return NotPermittedError(800, operation, "operation not permitted", HOST_FUNCTION_HINT)
+
+
 class BackendUnavailableError(RuntimeError):
     """The backend asked for (CUCTX_BACKEND or set_backend) cannot run on this machine."""
 
@@ -129,7 +146,9 @@ _CLASS_FOR_CODE: dict[int, type[CudaError]] = {
     2: OutOfMemoryError,
     101: InvalidDeviceError,
     201: InvalidContextError,
+    217: NotSupportedError,  # PEER_ACCESS_UNSUPPORTED
     709: ContextDestroyedError,
+    800: NotPermittedError,
     801: NotSupportedError,
     **{code: StickyFaultError for code in STICKY_CODES},
 }

@@ -14,7 +14,7 @@ import weakref
 from cuda.bindings.driver import CUevent_flags
 
 from . import _driver
-from .context import ACTIVE, DESTROYED, Context, ensure_context, fail
+from .context import ACTIVE, DESTROYED, Context, ensure_context, fail, refuse_in_host_function
 
 _DISABLE_TIMING = int(CUevent_flags.CU_EVENT_DISABLE_TIMING)
 _BLOCKING_SYNC = int(CUevent_flags.CU_EVENT_BLOCKING_SYNC)
@@ -89,12 +89,15 @@ class Event:
         return self._recorded
 
     def record(self, stream=None) -> Event:
-        """Record this event on ``stream`` (default: the current stream of this event's
-        device), which must belong to this event's context. Returns the event."""
-        from .stream import Stream, current_stream  # stream.py imports this module
+        """Record this event on ``stream``, which must belong to this event's context
+        (default: the current stream when it is of that context, else the context's legacy
+        default stream). Returns the event."""
+        from .stream import Stream, resolve_stream  # stream.py imports this module
+        if self._ctx._state is not ACTIVE:
+            raise self._ctx._unusable("Event.record")
         if stream is None:
-            stream = current_stream(self._ctx.device)
-        elif stream.__class__ is not Stream:
+            stream = resolve_stream(None, self._ctx, "Event.record")
+        elif not isinstance(stream, Stream):
             raise TypeError(f"Event.record takes a cuctx.Stream or None, not "
                             f"{type(stream).__name__}; adopt another library's stream with "
                             "cuctx.Stream.wrap(obj)")
@@ -113,6 +116,7 @@ class Event:
     def synchronize(self) -> None:
         """Wait on the host until the work captured by the latest record is done."""
         self._check_waitable("Event.synchronize", self._backend)
+        refuse_in_host_function("Event.synchronize")
         err, = self._backend.driver.cuEventSynchronize(self._handle)
         if err:
             fail(self._backend, err, "cuEventSynchronize", self._ctx)
@@ -123,14 +127,15 @@ class Event:
         never recorded is done."""
         if self._ctx._state is not ACTIVE:
             raise self._ctx._unusable("Event.done")
+        refuse_in_host_function("Event.done")
         err, = self._backend.driver.cuEventQuery(self._handle)
         if err and int(err) != _NOT_READY:
             fail(self._backend, err, "cuEventQuery", self._ctx)
         return not err
 
     def elapsed_ms(self, end: Event) -> float:
-        """Milliseconds from this event to ``end``; both must be timing events and recorded.
-        Waits for both to complete first."""
+        """Milliseconds from this event to ``end``; both must be timing events, recorded,
+        and of one device (two devices have no common clock). Waits for both first."""
         if not isinstance(end, Event):
             raise TypeError(f"elapsed_ms needs an end Event, not {type(end).__name__}")
         for event, role in ((self, "start"), (end, "end")):
@@ -138,6 +143,11 @@ class Event:
                 raise ValueError(f"the {role} event {event!r} does not measure time; create "
                                  "timing events with cuctx.Event(timing=True)")
             event._check_waitable("Event.elapsed_ms", self._backend)
+        if end._ctx._device is not self._ctx._device:
+            raise ValueError(
+                f"elapsed_ms between events of two devices ({self._ctx._device!r} and "
+                f"{end._ctx._device!r}): their clocks are not comparable, so CUDA gives no "
+                "meaningful answer; time each device's work with two events of that device")
         self.synchronize()
         end.synchronize()
         err, ms = self._backend.driver.cuEventElapsedTime(self._handle, end._handle)

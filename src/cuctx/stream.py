@@ -8,23 +8,29 @@ CuPy; ``with cuctx.per_thread_stream():`` selects the per-thread default stream 
 
 Host functions (`Stream.launch_host_func`) run on a driver thread. They never raise into
 it: an exception is kept and raised as `HostFunctionError` by the next `Stream.synchronize`
-of that stream (or `raise_host_func_errors` for a whole context).
+of that stream (or `raise_host_func_errors` for a whole context). A cuctx call made inside
+one raises `NotPermittedError` (CUDA forbids it; the driver notices only sometimes): while
+a host function runs, its thread's state is swapped for `_driver.HostFunctionState`.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import itertools
 import sys
 import threading
+import time
 import weakref
 from typing import Any, Callable
 
 from cuda.bindings.driver import CUhostFn
 
 from . import _driver
-from .context import ACTIVE, DESTROYED, Context, current_device, ensure_context, exit_block, fail
+from ._driver import HOST_FUNCTION_STATE, in_host_function
+from .context import (ACTIVE, DESTROYED, Context, current_device, ensure_context, exit_block,
+                      fail, refuse_in_host_function)
 from .device import Device
 from .errors import HostFunctionError
 from .event import Event
@@ -40,17 +46,18 @@ _NOT_READY = 600
 # table keeps each function and its arguments alive until it ran; failures are filed under
 # (context key, stream handle) until a synchronize reports them.
 
-_pending: dict[int, tuple[Callable, tuple, tuple[int, int]]] = {}
+_pending: dict[int, tuple[Callable, tuple, tuple[int, int], bool]] = {}  # ..., on a GPU
 _failures: dict[tuple[int, int], list[tuple[Callable, BaseException]]] = {}
 _failures_lock = threading.Lock()
 _keys = itertools.count(1)
 
 
 def _run_host_func(key: int, _finalizing=sys.is_finalizing) -> None:
-    # Runs on the driver's thread: nothing may escape into it. A host function still queued
-    # at interpreter exit runs after this module's globals are gone: then it is dropped.
+    # Runs on the driver's thread (on the sim: the thread that synchronizes): nothing may
+    # escape into it. One that runs while the interpreter tears down is dropped.
     try:
-        fn, args, where = _pending.pop(key)
+        fn, args, where, _ = _pending.pop(key)
+        guard = _enter_host_function()
     except KeyError:  # already dropped (its context went away)
         return
     except Exception:
@@ -62,10 +69,44 @@ def _run_host_func(key: int, _finalizing=sys.is_finalizing) -> None:
     except BaseException as exc:  # noqa: BLE001 - reported at the next synchronize
         with _failures_lock:
             _failures.setdefault(where, []).append((fn, exc))
+    finally:
+        _leave_host_function(guard)
+
+
+def _enter_host_function() -> tuple:
+    """Until `_leave_host_function`, every cuctx call of this thread raises: its state (of
+    each backend) becomes HOST_FUNCTION_STATE, and the thread is marked for the entries that
+    read no state."""
+    ident = threading.get_ident()
+    saved = [(backend, backend.tls.state) for backend in list(_driver._loaded.values())]
+    for backend, _ in saved:
+        backend.tls.state = HOST_FUNCTION_STATE
+    nested = ident in in_host_function
+    in_host_function.add(ident)
+    return ident, nested, saved
+
+
+def _leave_host_function(guard: tuple) -> None:
+    ident, nested, saved = guard
+    for backend, state in saved:
+        backend.tls.state = state
+    if not nested:
+        in_host_function.discard(ident)
 
 
 _TRAMPOLINE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_run_host_func)
 _TRAMPOLINE_FN = CUhostFn(ctypes.cast(_TRAMPOLINE, ctypes.c_void_p).value)
+_EXIT_WAIT_S = 5.0
+
+
+@atexit.register
+def _wait_for_host_functions() -> None:
+    """At interpreter exit, give host functions still queued on a GPU a few seconds to run:
+    the driver would otherwise call the trampoline from its thread while Python tears down."""
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    while (any(on_gpu for *_, on_gpu in list(_pending.values())) or in_host_function) \
+            and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 # -- host memory that queued copies still read or write ------------------------------------
@@ -100,7 +141,7 @@ def forget_context(ctx: Context) -> None:
     """Drop everything kept for a context that is gone: host functions that will never
     run, failures nobody can ask for any more, and held host arrays."""
     with _failures_lock:
-        for key in [k for k, (_, _, where) in _pending.items() if where[0] == ctx._key]:
+        for key in [k for k, (_, _, where, _) in _pending.items() if where[0] == ctx._key]:
             del _pending[key]
         for key in [k for k in _failures if k[0] == ctx._key]:
             del _failures[key]
@@ -256,6 +297,8 @@ class Stream:
 
     def _call(self, fn, *args):
         """Call a driver function that takes this stream (off the hot paths)."""
+        if in_host_function:
+            refuse_in_host_function(getattr(fn, "__name__", "a driver call"))
         if self._key not in (0, LEGACY, PER_THREAD):
             return fn(*args)
         return self._in_context(fn, *args)
@@ -266,10 +309,12 @@ class Stream:
         ctx = self._ctx
         if ctx._state is not ACTIVE:
             raise ctx._unusable("Stream.record")
+        if in_host_function:  # an empty set but while a host function runs somewhere
+            refuse_in_host_function("Stream.record")
         if event is None:
             event = Event._create(ctx, timing=False)
         elif event.__class__ is not Event or event._ctx is not ctx:
-            _bad_event(self, event)
+            _check_recordable(self, event)  # subclasses of Event pass; anything else raises
         err, = self._record(event._handle, self._handle)
         if err:
             fail(self._backend, err, "cuEventRecord", ctx)
@@ -283,6 +328,8 @@ class Stream:
         ctx = self._ctx
         if ctx._state is not ACTIVE:
             raise ctx._unusable("Stream.wait")
+        if in_host_function:
+            refuse_in_host_function("Stream.wait")
         cls = other.__class__
         if cls is Event:
             if not other._recorded or other._ctx._state is not ACTIVE \
@@ -294,8 +341,19 @@ class Stream:
         elif cls is Stream:
             self._wait_stream(other)
         else:
+            self._wait_other(other)
+
+    def _wait_other(self, other: Any) -> None:
+        """`wait` for subclasses of Event and Stream, and the error for anything else."""
+        if isinstance(other, Stream):
+            return self._wait_stream(other)
+        if not isinstance(other, Event):
             raise TypeError(f"Stream.wait takes an Event or a Stream, not {type(other).__name__}"
                             "; adopt another library's stream with cuctx.Stream.wrap(obj)")
+        other._check_waitable("Stream.wait", self._backend)
+        err, = self._wait(self._handle, other._handle, 0)
+        if err:
+            fail(self._backend, err, "cuStreamWaitEvent", self._ctx)
 
     def _wait_stream(self, other: Stream) -> None:
         if other._backend is not self._backend:
@@ -323,6 +381,7 @@ class Stream:
         ctx = self._ctx
         if ctx._state is not ACTIVE:
             raise ctx._unusable("Stream.synchronize")
+        refuse_in_host_function("Stream.synchronize")
         err, = self._sync(self._handle)
         if err:
             fail(self._backend, err, "cuStreamSynchronize", ctx)
@@ -351,7 +410,7 @@ class Stream:
             raise TypeError(f"launch_host_func needs a callable, not {type(fn).__name__}")
         self._check("Stream.launch_host_func")
         key = next(_keys)
-        _pending[key] = (fn, args, (self._ctx._key, self._key))
+        _pending[key] = (fn, args, (self._ctx._key, self._key), self._backend.name == "cuda")
         err, = self._call(self._backend.driver.cuLaunchHostFunc, self._handle, _TRAMPOLINE_FN, key)
         if err:
             del _pending[key]
@@ -390,9 +449,17 @@ def _destroy_stream(drv, handle, ctx: Context) -> None:
         drv.cuStreamDestroy(handle)
 
 
-def _bad_event(stream: Stream, event: object) -> None:
+def _check_recordable(stream: Stream, event: object) -> None:
+    """Raise unless ``event`` (not exactly an Event of the stream's context) is an instance
+    of a subclass of Event of that context."""
     if not isinstance(event, Event):
         raise TypeError(f"Stream.record takes an Event or None, not {type(event).__name__}")
+    if event._backend is not stream._backend:
+        raise ValueError(f"Stream.record: {event!r} is of another backend than {stream!r}")
+    if event._ctx._state is not ACTIVE:
+        raise event._ctx._unusable("Stream.record")
+    if event._ctx is stream._ctx:
+        return
     raise ValueError(
         f"cannot record {event!r} on {stream!r}: the event belongs to {event._ctx!r} and the "
         "stream to another context; create the event in the stream's context "

@@ -14,11 +14,12 @@ device objects, the per-thread shadow stacks), so objects of two backends never 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
 
-from ..errors import BackendUnavailableError
+from ..errors import BackendUnavailableError, called_from_host_function
 
 NAMES = ("auto", "cuda", "sim")
 
@@ -33,6 +34,41 @@ class ThreadState:
         self.stack: list = []
         self.blocks: list[int] = []
         self.streams: dict = {}
+
+
+# Threads running a host function now (their idents). Entries that read no thread state
+# (record, wait, synchronize, ...) test this set; it is empty except while one runs.
+in_host_function: set[int] = set()
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class HostFunctionState:
+    """Stands in for a thread's `ThreadState` while a host function runs on that thread:
+    every cuctx call that reads thread state raises `NotPermittedError` from that read, so
+    the check costs the normal path nothing."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str):
+        raise called_from_host_function(public_entry(sys._getframe(1)))
+
+
+HOST_FUNCTION_STATE = HostFunctionState()
+
+
+def public_entry(frame) -> str:
+    """The cuctx function or method the user called, seen from a frame inside it: the
+    outermost cuctx frame below the caller's code (or below the host-function trampoline)."""
+    entry = None
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE) \
+            and frame.f_code.co_name != "_run_host_func":
+        entry = frame.f_code
+        frame = frame.f_back
+    if entry is None:
+        return "a cuctx call"
+    name = entry.co_qualname
+    return name if "." in name else f"cuctx.{name}"
 
 
 class _Local(threading.local):
@@ -66,15 +102,21 @@ _active: Backend | None = None
 
 def active() -> Backend:
     """The backend new objects use; chosen from CUCTX_BACKEND on first use."""
-    return _active or select(os.environ.get("CUCTX_BACKEND", "auto"))
+    return _active or select(os.environ.get("CUCTX_BACKEND", ""), "CUCTX_BACKEND")
 
 
-def select(name: str) -> Backend:
-    """Make ``name`` ("auto", "cuda" or "sim") the active backend and return it."""
+def select(name: str, source: str = "") -> Backend:
+    """Make ``name`` ("auto", "cuda" or "sim"; any case, surrounding blanks ignored, empty
+    means "auto") the active backend and return it. ``source`` names where the name came
+    from, for the error message."""
     global _active
+    if not isinstance(name, str):
+        raise TypeError(f"a backend name must be a str, not {type(name).__name__}")
+    given, name = name, name.strip().lower() or "auto"
     if name not in NAMES:
-        raise ValueError(f"unknown cuctx backend {name!r}: choose one of {', '.join(NAMES)} "
-                         "(set CUCTX_BACKEND or call cuctx.set_backend)")
+        where = f" in {source}" if source else ""
+        raise ValueError(f"unknown cuctx backend {given!r}{where}: choose one of "
+                         f"{', '.join(NAMES)} (set CUCTX_BACKEND or call cuctx.set_backend)")
     with _lock:
         if name == "auto":
             backend = _load_cuda(required=False) or _load_sim(_cuda_missing_reason)

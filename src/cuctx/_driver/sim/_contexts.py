@@ -9,7 +9,7 @@ import itertools
 from cuda.bindings.driver import CUcontext, CUctx_flags, CUdevice
 
 from ._common import (CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_DEVICE, INVALID_VALUE,
-                      NOT_INITIALIZED, NOT_SUPPORTED, OK)
+                      NOT_INITIALIZED, NOT_PERMITTED, NOT_SUPPORTED, OK)
 
 _VALID_FLAGS = 0
 for _flag in CUctx_flags:
@@ -92,6 +92,9 @@ class ContextModel:
         return (OK, CUcontext(ctx.handle))
 
     def cuCtxDestroy(self, ctx):
+        """As the driver: the context is popped from the calling thread's stack when it is
+        on top there; deeper in this stack, and in other threads' stacks, it stays (and is
+        current again once what is above it is popped)."""
         target = self._lookup(ctx)
         if target is None:
             return (INVALID_VALUE,)
@@ -105,11 +108,14 @@ class ContextModel:
         stack = self._stack()
         if stack and stack[-1] is target:
             stack.pop()
-        # Other threads keep it on their stacks and get CONTEXT_IS_DESTROYED when they use it.
         return (OK,)
 
     def _release_context_resources(self, ctx: SimContext):
         ctx.reset()
+
+    def _in_host_function(self) -> bool:
+        """Whether this thread is running a host function (the stream model knows)."""
+        return False
 
     # -- the stack ------------------------------------------------------------------------
 
@@ -148,6 +154,8 @@ class ContextModel:
     def cuCtxGetCurrent(self):
         if not self._initialized:
             return (NOT_INITIALIZED, None)
+        if self._in_host_function():
+            return (NOT_PERMITTED, None)  # as on an H100, driver 580
         stack = self._stack()
         return (OK, CUcontext(stack[-1].handle if stack else 0))
 

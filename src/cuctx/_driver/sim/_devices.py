@@ -88,11 +88,3 @@ class DeviceQueries:
         if result[0] == OK and result[1] is None:  # an attribute this driver does not know
             return (INVALID_VALUE, None)
         return result
-
-    def cuDeviceCanAccessPeer(self, dev, peer_dev):
-        if not self._initialized:
-            return (NOT_INITIALIZED, None)
-        if self._device(dev) is None or self._device(peer_dev) is None:
-            return (INVALID_DEVICE, None)
-        # As on an NVLink-connected H100 board: every other device is a peer, itself is not.
-        return (OK, int(int(dev) != int(peer_dev)))

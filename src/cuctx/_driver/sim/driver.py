@@ -16,6 +16,7 @@ from ._contexts import ContextModel
 from ._devices import DeviceQueries, SimDevice
 from ._library import LibraryModel
 from ._memory import MemoryModel
+from ._peers import PeerModel
 from ._streams import StreamModel
 
 
@@ -24,6 +25,7 @@ class SimDriver(
     StreamModel,
     LibraryModel,
     MemoryModel,
+    PeerModel,
     ContextModel,
 ):
     def __init__(self, devices: int = 2):
@@ -38,12 +40,17 @@ class SimDriver(
         self._init_streams()
         self._init_memory()
         self._init_libraries()
+        self._init_peers()
 
     @classmethod
     def from_env(cls) -> "SimDriver":
-        text = os.environ.get("CUCTX_SIM_DEVICES", "2")
+        """A sim with CUCTX_SIM_DEVICES devices (default 2; empty means the default)."""
+        text = os.environ.get("CUCTX_SIM_DEVICES", "").strip() or "2"
         try:
             count = int(text)
         except ValueError:
-            raise ValueError(f"CUCTX_SIM_DEVICES must be a whole number of devices, got {text!r}") from None
+            count = -1
+        if count < 0:
+            raise ValueError(f"CUCTX_SIM_DEVICES must be a whole number of devices (0 or "
+                             f"more), got {text!r}")
         return cls(count)

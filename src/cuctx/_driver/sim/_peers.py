@@ -1,0 +1,137 @@
+"""Peer access of the sim: which devices may use each other's memory.
+
+Two grants exist, as on the real driver. cuCtxEnablePeerAccess lets the current context use
+the allocations of a peer context (memory from cuMemAlloc); it is per context pair and ends
+when either context is destroyed or reset. Memory from a memory pool (cuMemAllocAsync) is
+not covered by it: each device's default pool has an access list (cuMemPoolSetAccess /
+cuMemPoolGetAccess), in which the owning device always has read-write access.
+
+The sim's devices are NVLink-connected H100s: each can access every other one; no device
+is its own peer (cuDeviceCanAccessPeer(d, d) is 0, and enabling access to a context of the
+same device answers CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, as recorded on a real H100).
+"""
+
+from __future__ import annotations
+
+from cuda.bindings.driver import (CUmemAccess_flags, CUmemLocationType, CUmemoryPool,
+                                  CUresult)
+
+from ._common import (CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_DEVICE, INVALID_VALUE,
+                      NOT_INITIALIZED, OK)
+
+PEER_ACCESS_UNSUPPORTED = CUresult.CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
+PEER_ACCESS_ALREADY_ENABLED = CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+PEER_ACCESS_NOT_ENABLED = CUresult.CUDA_ERROR_PEER_ACCESS_NOT_ENABLED
+
+NONE = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE
+READWRITE = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+_DEVICE = CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+_POOL_BASE, _POOL_STEP = 0x9001_0000_0000, 0x100  # default-pool handles, one per device
+
+
+class PeerModel:
+    """cuDeviceCanAccessPeer, cuCtxEnablePeerAccess/DisablePeerAccess,
+    cuDeviceGetDefaultMemPool, cuMemPoolSetAccess/GetAccess."""
+
+    def _init_peers(self):
+        self._peer_access: set[tuple[int, int]] = set()  # (context, peer context) handles
+        # pool (by owning device) -> {accessing device: flags}; the owner is implicit
+        self._pool_access: dict[int, dict[int, CUmemAccess_flags]] = {}
+
+    def cuDeviceCanAccessPeer(self, dev, peerDev):
+        if not self._initialized:
+            return (NOT_INITIALIZED, None)
+        if self._device(dev) is None or self._device(peerDev) is None:
+            return (INVALID_DEVICE, None)
+        return (OK, int(int(dev) != int(peerDev)))
+
+    # -- context peer access ----------------------------------------------------------------
+
+    def _peer_context(self, peerContext):
+        """(error, the current context, the peer context) for the two calls below."""
+        err, ctx = self._work_context()
+        if err:
+            return err, None, None
+        peer = self._lookup(peerContext)
+        if peer is None:
+            return INVALID_CONTEXT, None, None
+        if peer.destroyed:
+            return CONTEXT_IS_DESTROYED, None, None
+        if not peer.active:  # a primary context nobody retains
+            return INVALID_CONTEXT, None, None
+        return OK, ctx, peer
+
+    def cuCtxEnablePeerAccess(self, peerContext, Flags):
+        err, ctx, peer = self._peer_context(peerContext)
+        if err:
+            return (err,)
+        if int(Flags) != 0:
+            return (INVALID_VALUE,)
+        if not self.cuDeviceCanAccessPeer(ctx.device, peer.device)[1]:
+            return (PEER_ACCESS_UNSUPPORTED,)
+        with self._lock:
+            if (ctx.handle, peer.handle) in self._peer_access:
+                return (PEER_ACCESS_ALREADY_ENABLED,)
+            self._peer_access.add((ctx.handle, peer.handle))
+        return (OK,)
+
+    def cuCtxDisablePeerAccess(self, peerContext):
+        err, ctx, peer = self._peer_context(peerContext)
+        if err:
+            return (err,)
+        with self._lock:
+            if (ctx.handle, peer.handle) not in self._peer_access:
+                return (PEER_ACCESS_NOT_ENABLED,)
+            self._peer_access.discard((ctx.handle, peer.handle))
+        return (OK,)
+
+    def _release_context_resources(self, ctx):
+        with self._lock:
+            self._peer_access = {pair for pair in self._peer_access if ctx.handle not in pair}
+        super()._release_context_resources(ctx)
+
+    # -- default memory pools ------------------------------------------------------------
+
+    def cuDeviceGetDefaultMemPool(self, dev):
+        if not self._initialized:
+            return (NOT_INITIALIZED, None)
+        if self._device(dev) is None:
+            return (INVALID_DEVICE, None)
+        return (OK, CUmemoryPool(_POOL_BASE + _POOL_STEP * int(dev)))
+
+    def _pool_device(self, pool) -> int | None:
+        offset = int(pool or 0) - _POOL_BASE
+        ordinal, rest = divmod(offset, _POOL_STEP)
+        return ordinal if offset >= 0 and not rest and ordinal < len(self._devices) else None
+
+    def cuMemPoolSetAccess(self, pool, map, count):  # noqa: A002 - the driver's parameter name
+        owner = self._pool_device(pool)
+        if owner is None or count < 0 or count > len(map or ()):
+            return (INVALID_VALUE,)
+        changes = {}
+        for desc in list(map or ())[:count]:  # all checked before any is applied
+            if desc.location.type != _DEVICE or desc.flags not in (NONE, READWRITE):
+                return (INVALID_VALUE,)
+            device = desc.location.id
+            if self._device(device) is None:
+                return (INVALID_DEVICE,)
+            if device == owner:
+                if desc.flags != READWRITE:  # the owner's access cannot be revoked
+                    return (INVALID_VALUE,)
+                continue
+            if not self.cuDeviceCanAccessPeer(device, owner)[1]:
+                return (INVALID_DEVICE,)
+            changes[device] = desc.flags
+        with self._lock:
+            self._pool_access.setdefault(owner, {}).update(changes)
+        return (OK,)
+
+    def cuMemPoolGetAccess(self, memPool, location):
+        owner = self._pool_device(memPool)
+        if owner is None or location is None or location.type != _DEVICE:
+            return (INVALID_VALUE, None)
+        if self._device(location.id) is None:
+            return (INVALID_DEVICE, None)
+        if location.id == owner:
+            return (OK, READWRITE)
+        return (OK, self._pool_access.get(owner, {}).get(location.id, NONE))
