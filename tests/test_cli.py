@@ -138,11 +138,12 @@ def test_a_failing_example_names_itself_in_one_line():
     assert "python -m cuctx.examples.context_stack" in line  # where the traceback is
 
 
-def test_a_reader_that_leaves_early_is_no_error():
+@pytest.mark.parametrize("command", ["info", "demo"])
+def test_a_reader_that_leaves_early_gets_no_error_message(command):
     # `python -m cuctx info | head -1`: stdout is a pipe whose reader has gone.
     read, write = os.pipe()
     os.close(read)
-    proc = subprocess.run([sys.executable, "-m", "cuctx", "info"], stdout=write,
+    proc = subprocess.run([sys.executable, "-m", "cuctx", command], stdout=write,
                           stderr=subprocess.PIPE, text=True, timeout=120,
                           env=dict(os.environ, CUCTX_BACKEND="sim"))
     os.close(write)
