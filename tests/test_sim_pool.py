@@ -73,7 +73,9 @@ def test_sizes_and_values_are_converted_as_the_bindings_convert_c_arguments(back
                      lambda: drv.cuMemsetD16Async(ptr, 1 << 16, 4, 0),
                      lambda: drv.cuMemsetD32Async(ptr, 1 << 32, 4, 0),
                      lambda: drv.cuMemsetD32Async(ptr, 0, -4, 0),
-                     lambda: drv.cuMemAlloc(-1)):
+                     lambda: drv.cuMemAlloc(-1),
+                     lambda: drv.cuMemHostAlloc(-1, 0),
+                     lambda: drv.cuMemHostRegister(address(host), -1, 0)):
             with pytest.raises(OverflowError):
                 call()
         assert drv.cuMemsetD32Async(ptr, 0xFFFF_FFFF, 16, 0) == (OK,)

@@ -24,6 +24,7 @@ import mmap
 import numpy as np
 from cuda.bindings.driver import CUresult
 
+from ._cargs import size_t
 from ._common import INVALID_VALUE, OK
 
 ALREADY_REGISTERED = CUresult.CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
@@ -147,12 +148,13 @@ class HostMemory:
         return True
 
     def cuMemHostAlloc(self, bytesize, Flags):
+        nbytes = size_t(bytesize)
         err, _ = self._work_context()
         if err:
             return (err, None)
-        if int(bytesize) <= 0 or int(Flags) & ~_HOST_ALLOC_FLAGS:
+        if nbytes == 0 or int(Flags) & ~_HOST_ALLOC_FLAGS:
             return (INVALID_VALUE, None)
-        buffer = np.zeros(int(bytesize), np.uint8)
+        buffer = np.zeros(nbytes, np.uint8)
         address = buffer.__array_interface__["data"][0]
         with self._lock:
             self._add_host_range(address, address + buffer.size, buffer)
@@ -165,11 +167,11 @@ class HostMemory:
         return (OK,)
 
     def cuMemHostRegister(self, p, bytesize, Flags):
+        start, n = int(p), size_t(bytesize)
         err, _ = self._work_context()
         if err:
             return (err,)
-        start, n = int(p), int(bytesize)
-        if start == 0 or n <= 0 or int(Flags) & ~_HOST_REGISTER_FLAGS:
+        if start == 0 or n == 0 or int(Flags) & ~_HOST_REGISTER_FLAGS:
             return (INVALID_VALUE,)
         with self._lock:
             return (self._add_host_range(start, start + n, None),)

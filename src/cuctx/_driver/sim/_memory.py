@@ -38,6 +38,7 @@ import bisect
 import numpy as np
 from cuda.bindings.driver import CUdeviceptr, CUpointer_attribute, CUresult
 
+from ._cargs import size_t, unsigned
 from ._common import CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_VALUE, OK
 from ._host import HostMemory, HostSide
 from ._pitched import PitchedCopies
@@ -48,20 +49,6 @@ NOT_PERMITTED = CUresult.CUDA_ERROR_NOT_PERMITTED
 
 ADDRESS_BASE = 0x7000_0000_0000  # where the device address space starts (CUDA's is similar)
 ALIGNMENT = 512  # cuMemAlloc's alignment
-
-
-def unsigned(value, bits: int, name: str) -> int:
-    """``value`` converted as cuda.bindings converts an unsigned C argument of type ``name``."""
-    number = int(value)
-    if number < 0:
-        raise OverflowError(f"can't convert negative value to {name}")
-    if number >> bits:
-        raise OverflowError(f"value too large to convert to {name}")
-    return number
-
-
-def size_t(value) -> int:
-    return unsigned(value, 64, "size_t")
 
 
 class Allocation:
