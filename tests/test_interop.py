@@ -2,6 +2,7 @@
 cuctx.asarray over other libraries' device memory. On every backend with pure-Python
 producers; against real PyTorch, CuPy, Numba and cuda.core on a GPU."""
 
+import ctypes
 import gc
 import weakref
 
@@ -198,3 +199,131 @@ def test_cuda_core_buffer(gpu):
         pytest.skip(f"cuda.core {core.__version__} buffers do not export DLPack")
     wrapped = cuctx.asarray(buffer)
     assert wrapped.ptr == int(buffer.handle) and wrapped.nbytes == 64
+
+
+# -- DLPack: versions, rejection by the consumer, read-only tensors ---------------------------
+
+def capsule_name(capsule) -> str:
+    return repr(capsule).split('"')[1]
+
+
+def test_dlpack_capsule_version_follows_max_version(backend):
+    arr = cuctx.zeros(3)
+    assert capsule_name(arr.__dlpack__()) == "dltensor"
+    assert capsule_name(arr.__dlpack__(max_version=(0, 8))) == "dltensor"
+    assert capsule_name(arr.__dlpack__(max_version=(1, 0))) == "dltensor_versioned"
+    assert capsule_name(arr.__dlpack__(max_version=(1, 5), dl_device=(2, 0),
+                                       copy=False)) == "dltensor_versioned"
+    with pytest.raises(TypeError, match="max_version"):
+        arr.__dlpack__(max_version=1)
+
+
+def test_a_consumer_that_rejects_the_export_raises_its_own_error_and_nothing_leaks(backend):
+    """np.from_dlpack cannot take device memory: its own error reaches the caller (not a
+    SystemError), and the capsule it drops frees the array."""
+    device = Device(0)
+    device.primary_context.synchronize()
+    before = device.mem_info().free
+    for _ in range(20):
+        arr = cuctx.empty(64 << 20, np.uint8)
+        ref = weakref.ref(arr)
+        with pytest.raises((BufferError, RuntimeError), match="device|Device") as info:
+            np.from_dlpack(arr)
+        assert not isinstance(info.value, SystemError)
+        del arr, info
+        assert ref() is None  # freed at once: nothing else holds it
+    device.primary_context.synchronize()  # the frees run; the pool gives the memory back
+    assert device.mem_info().free > before - (64 << 20)  # not even one array is held
+
+
+def test_dlpack_capsules_dropped_unconsumed_free_the_array(backend):
+    arr = cuctx.zeros(10)
+    ref = weakref.ref(arr)
+    for version in (None, (1, 0)):
+        arr.__dlpack__(max_version=version)  # dropped at once
+    del arr
+    assert ref() is None
+
+
+@pytest.mark.parametrize("max_version", [None, (1, 0)])
+def test_asarray_reads_legacy_and_versioned_capsules(backend, max_version):
+    arr = cuctx.to_device(np.arange(6, dtype=np.float32).reshape(2, 3))
+
+    class Producer:
+        def __dlpack__(self, stream=None, max_version=None):
+            return arr.__dlpack__(stream=stream, max_version=chosen)
+
+        def __dlpack_device__(self):
+            return arr.__dlpack_device__()
+    chosen = max_version
+    wrapped = cuctx.asarray(Producer())
+    assert wrapped.ptr == arr.ptr and wrapped.shape == (2, 3)
+    np.testing.assert_array_equal(wrapped.T.to_host(), np.arange(6).reshape(2, 3).T)
+
+
+def test_asarray_refuses_a_read_only_versioned_tensor(backend):
+    arr = cuctx.zeros(4)
+    ref = weakref.ref(arr)
+
+    class ReadOnly:
+        def __dlpack__(self, stream=None, max_version=None):
+            capsule = arr.__dlpack__(stream=stream, max_version=(1, 0))
+            ctypes_api = ctypes.pythonapi
+            ctypes_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+            ctypes_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+            address = ctypes_api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+            ctypes.c_uint64.from_address(address + 24).value |= 1  # DLPACK_FLAG_BITMASK_READ_ONLY
+            return capsule
+
+        def __dlpack_device__(self):
+            return arr.__dlpack_device__()
+    with pytest.raises(BufferError, match="read-only"):
+        cuctx.asarray(ReadOnly())
+    del arr
+    gc.collect()
+    assert ref() is None  # the refused capsule was freed by its producer
+
+
+# -- a malformed CUDA Array Interface is a TypeError naming the field --------------------------
+
+def good_cai(arr):
+    return {"version": 3, "shape": arr.shape, "typestr": arr.dtype.str, "data": (arr.ptr, False),
+            "strides": None}
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("shape", None, "'shape'"), ("shape", (2, "a"), "'shape'"), ("shape", 4, "'shape'"),
+    ("typestr", None, "'typestr'"), ("typestr", "<q9", "'typestr'"), ("typestr", 4, "'typestr'"),
+    ("data", None, "'data'"), ("data", (1,), "'data'"), ("data", ("0x10", False), "'data'"),
+    ("version", None, "'version'"), ("version", "3", "'version'"), ("version", 7, "'version'"),
+    ("strides", (8, 8), "'strides'"), ("strides", ("8",), "'strides'"),
+    ("stream", "s", "'stream'"), ("stream", 0, "'stream'"),
+], ids=repr)
+def test_malformed_cuda_array_interface_names_the_key(backend, key, value, match):
+    arr = cuctx.zeros(4)
+    cai = good_cai(arr)
+    if value is None:
+        del cai[key]
+    else:
+        cai[key] = value
+
+    class Producer:
+        __cuda_array_interface__ = cai
+    with pytest.raises(TypeError, match=match):
+        cuctx.asarray(Producer())
+
+
+def test_cuda_array_interface_refusals(backend):
+    arr = cuctx.zeros(4)
+
+    class Producer:
+        def __init__(self, **changes):
+            self.__cuda_array_interface__ = {**good_cai(arr), **changes}
+    with pytest.raises(TypeError, match="must be a dict"):
+        cuctx.asarray(type("P", (), {"__cuda_array_interface__": [1]})())
+    with pytest.raises(ValueError, match="read-only"):
+        cuctx.asarray(Producer(data=(arr.ptr, True)))
+    with pytest.raises(ValueError, match="mask"):
+        cuctx.asarray(Producer(mask=object()))
+    wrapped = cuctx.asarray(Producer(version=2, strides=[8], shape=[4]))
+    assert wrapped.shape == (4,) and wrapped.strides == (8,)

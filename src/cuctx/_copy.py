@@ -30,8 +30,8 @@ _LINEAR = {(True, False): "cuMemcpyHtoDAsync", (False, True): "cuMemcpyDtoHAsync
            (True, True): "cuMemcpyDtoDAsync"}
 
 
-def issue(stream, plan: Plan, dst: int, src: int, dst_on_device: bool, src_on_device: bool,
-          ctx) -> None:
+def issue(stream: Stream, plan: Plan, dst: int, src: int, dst_on_device: bool,
+          src_on_device: bool) -> None:
     """Queue ``plan`` on ``stream``: ``dst``/``src`` are the addresses of the first elements
     (host or device as the flags say). Raises the driver's error as a CudaError."""
     drv = stream._backend.driver
@@ -57,7 +57,7 @@ def issue(stream, plan: Plan, dst: int, src: int, dst_on_device: bool, src_on_de
         s = src + sum(i * step for i, (_, _, step) in zip(index, plan.loops))
         err, = one(d, s)
         if err:
-            fail(stream._backend, err, name, ctx)
+            fail(stream._backend, err, name, stream._ctx)
 
 
 def _params(plan: Plan, dst_on_device: bool, src_on_device: bool):
@@ -160,9 +160,13 @@ def copy_host(arr, host: Any, stream, to_device: bool) -> None:
         n = _matching(host, arr)
         if not host.flags.writeable:
             raise ValueError("cuctx.copy: the destination host array is read-only")
-    if n == 0:
-        return
-    stream = resolve_stream(stream, arr._ctx, "cuctx.copy")
+    if n:
+        _host_copy(arr, host, resolve_stream(stream, arr._ctx, "cuctx.copy"), to_device)
+
+
+def _host_copy(arr, host: np.ndarray, stream: Stream, to_device: bool) -> None:
+    """Copy checked arrays on ``stream`` (of the array's context, or of another context of
+    its device)."""
     itemsize = arr.dtype.itemsize
     dst, src = (arr, host) if to_device else (host, arr)
     direct = _layout.plan(arr.shape, dst.strides, src.strides, itemsize)
@@ -188,9 +192,9 @@ def _transfer(arr, host: np.ndarray, stream: Stream, to_device: bool,
         plan = _layout.plan(arr.shape, dst.strides, src.strides, itemsize)
     address = host.__array_interface__["data"][0]
     if to_device:
-        issue(stream, plan, arr.ptr, address, True, False, arr._ctx)
+        issue(stream, plan, arr.ptr, address, True, False)
     else:
-        issue(stream, plan, address, arr.ptr, False, True, arr._ctx)
+        issue(stream, plan, address, arr.ptr, False, True)
     lo, hi = _layout.span(host.shape, host.strides, itemsize)
     if page_locked(address + lo, hi - lo):  # asynchronous: the host array must outlive the copy
         hold(stream, host)
@@ -231,10 +235,10 @@ def copy_device(dst, src, stream) -> None:
         # The layouts disagree (a transpose or reversal): the copy engines cannot reorder
         # elements in few calls, so NumPy does it on the host.
         host = _dense_host(src)
-        copy_host(src, host, stream, to_device=False)
-        copy_host(dst, host, stream, to_device=True)
+        _host_copy(src, host, stream, to_device=False)
+        _host_copy(dst, host, stream, to_device=True)
         return
-    issue(stream, direct, dst.ptr, src.ptr, True, True, stream._ctx)
+    issue(stream, direct, dst.ptr, src.ptr, True, True)
 
 
 def _copy_peer(dst, src, stream) -> None:

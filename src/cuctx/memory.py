@@ -147,8 +147,10 @@ class DeviceArray:
         new = _layout.resolve_shape(self.size, shape[0] if len(shape) == 1 else shape)
         strides = _layout.reshape(self.shape, self.strides, self.dtype.itemsize, new, order)
         if strides is None:
+            advice = f"arr.copy().reshape({new})" if order == "C" \
+                else f"arr.T.copy().T.reshape({new}, order='F')"  # an F-contiguous copy
             raise ValueError(f"cannot reshape {self!r} (strides {self.strides}) to {new} "
-                             f"without copying; copy it first: arr.copy().reshape({new})")
+                             f"without copying; copy it first: {advice}")
         return self._view(0, new, strides)
 
     def view(self, dtype: Any) -> DeviceArray:
