@@ -56,3 +56,33 @@ def test_objects_keep_the_backend_they_were_made_on(sim):
     device = cuctx.Device(0)
     assert device._backend is sim
     assert cuctx.backend() is sim
+
+
+@pytest.mark.parametrize("value", ["", "  ", "AUTO", " Sim ", "SIM"])
+def test_backend_names_ignore_case_and_blanks_and_empty_means_auto(value):
+    proc = run_python("import cuctx; print(cuctx.backend().name)", CUCTX_BACKEND=value)
+    assert proc.returncode == 0, proc.stderr
+    expected = "sim" if "sim" in value.lower() or not HAVE_GPU else "cuda"
+    assert proc.stdout.strip() == expected
+
+
+def test_set_backend_ignores_case():
+    before = cuctx.backend()
+    try:
+        assert cuctx.set_backend(" SIM ").name == "sim"
+    finally:
+        _driver._active = before
+
+
+@pytest.mark.parametrize("value", ["-1", "two", "1.5"])
+def test_a_bad_sim_device_count_names_the_variable(value):
+    proc = run_python("import cuctx; cuctx.devices()", CUCTX_BACKEND="sim", CUCTX_SIM_DEVICES=value)
+    assert proc.returncode != 0
+    assert f"CUCTX_SIM_DEVICES must be a whole number of devices (0 or more), got {value!r}" \
+        in proc.stderr
+
+
+def test_an_empty_sim_device_count_means_the_default():
+    proc = run_python("import cuctx; print(len(cuctx.devices()))", CUCTX_BACKEND="sim",
+                      CUCTX_SIM_DEVICES="")
+    assert proc.stdout.strip() == "2", proc.stderr

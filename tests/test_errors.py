@@ -53,3 +53,13 @@ def test_errors_survive_pickling_for_multiprocessing():
 
 def test_unknown_code_still_gets_a_name():
     assert error_for(123456, "x").name == "CUDA_ERROR_123456"
+
+
+def test_not_permitted_and_peer_access_codes_have_their_classes():
+    from cuctx.errors import NotPermittedError, called_from_host_function
+    assert type(error_for(800, "cuMemAlloc")) is NotPermittedError
+    assert type(error_for(217, "cuCtxEnablePeerAccess")) is NotSupportedError
+    exc = called_from_host_function("cuctx.zeros")
+    assert exc.code == 800 and exc.operation == "cuctx.zeros"
+    assert str(exc).startswith("cuctx.zeros failed: CUDA_ERROR_NOT_PERMITTED (800)")
+    assert "host functions must not call CUDA" in str(exc)

@@ -215,3 +215,61 @@ def test_events_of_a_destroyed_context_raise(backend):
             Stream().wait(event)
     del event
     gc.collect()  # the finalizer must not hand the driver a destroyed context's event
+
+
+def test_recording_an_event_of_a_destroyed_context_says_so(backend):
+    created = Context.create(0)
+    event = cuctx.Event()
+    created.destroy()
+    with Device(0):
+        stream = cuctx.Stream()
+        for record in (lambda: event.record(stream), lambda: stream.record(event), event.record):
+            with pytest.raises(ContextDestroyedError, match="destroyed by Context.destroy"):
+                record()
+
+
+def test_elapsed_time_between_events_of_two_devices_is_refused(backend):
+    devices = cuctx.devices()
+    if len(devices) < 2:
+        pytest.skip(f"needs two devices; the {backend.name} backend has {len(devices)}")
+    events = []
+    for device in devices[:2]:
+        with device:
+            events.append(cuctx.Stream().record(cuctx.Event(timing=True)))
+    with pytest.raises(ValueError, match="events of two devices"):
+        events[0].elapsed_ms(events[1])
+
+
+def test_the_default_stream_of_record_is_the_events_contexts(backend):
+    created = Context.create(0)
+    try:
+        event = cuctx.Event()
+        with Device(0):  # another context of the device is current
+            event.record()  # on the created context's stream, not the current one
+        event.synchronize()
+    finally:
+        created.destroy()
+
+
+class MyEvent(cuctx.Event):
+    pass
+
+
+class MyStream(cuctx.Stream):
+    pass
+
+
+def test_subclasses_of_event_and_stream_work_where_the_classes_do(backend):
+    with Device(0):
+        stream, other = MyStream(), MyStream()
+        event = MyEvent(timing=True)
+        assert stream.record(event) is event
+        assert event.record(other) is event
+        other.wait(event)
+        stream.wait(other)
+        cuctx.Stream().wait(stream)
+        end = stream.record(MyEvent(timing=True))
+        assert isinstance(event.elapsed_ms(end), float) and isinstance(end - event, float)
+        with stream:
+            assert cuctx.current_stream() is stream
+        stream.synchronize()

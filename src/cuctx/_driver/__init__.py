@@ -67,7 +67,7 @@ def public_entry(frame) -> str:
         frame = frame.f_back
     if entry is None:
         return "a cuctx call"
-    name = entry.co_qualname
+    name = entry.co_qualname.removesuffix(".__init__")  # Stream.__init__ -> cuctx.Stream
     return name if "." in name else f"cuctx.{name}"
 
 
