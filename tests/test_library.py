@@ -344,7 +344,7 @@ def test_twin_out_of_bounds_access_is_a_sticky_illegal_address(sim):
 
 
 def test_twin_that_raises_fails_the_launch_with_its_traceback(sim):
-    from cuctx._driver.sim._library import SimTwinWarning
+    from cuctx._driver.sim._twins import SimTwinWarning
 
     def broken(grid, block, p):
         raise ZeroDivisionError("twin bug")

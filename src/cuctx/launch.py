@@ -19,31 +19,26 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import struct
 import threading
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
 from cuda.bindings.driver import CUlaunchAttribute, CUlaunchAttributeID, CUlaunchConfig
 
+from ._args import (NO_PLAN, PACK_ERRORS, KernelArgumentError, _Miss, _Plan, argument_code,
+                    compile_function, pack_slowly)
 from .context import ACTIVE, fail
 from .device import Device
 
 if TYPE_CHECKING:
-    from .library import Kernel
+    from ._kernel import Kernel
     from .stream import Stream
 
-_SIGNED = {1: "b", 2: "h", 4: "i", 8: "q"}
-_FLOAT = {2: "e", 4: "f", 8: "d"}
 _PORTABLE_CLUSTER = 8  # blocks per cluster every cluster-capable GPU runs
 
 
 class LaunchConfigError(ValueError):
     """A launch configuration the device or kernel cannot run: names the limit and value."""
-
-
-class KernelArgumentError(TypeError):
-    """Arguments that do not fit the kernel's parameters: names the parameter."""
 
 
 Dim3 = tuple[int, int, int]
@@ -150,129 +145,13 @@ def _check_cooperative(kernel: Kernel, device: Device, grid: Dim3, threads: int,
             f"{device.properties.multiprocessor_count})")
 
 
-# -- arguments ----------------------------------------------------------------------------
-
-class Packer:
-    """A kernel's parameter layout (offsets and sizes from the driver) and its packing plans,
-    one per argument type signature, built on first use and shared by its launchers."""
-
-    __slots__ = ("kernel", "params", "size", "plans", "lock")
-
-    def __init__(self, kernel: Kernel, params: tuple):
-        self.kernel = kernel
-        self.params = params  # ((offset, size), ...)
-        self.size = max((o + s for o, s in params), default=0)
-        self.plans: dict[tuple[type, ...], _Plan] = {}
-        self.lock = threading.Lock()
-
-    def plan(self, args: tuple) -> _Plan:
-        """The plan for the types of ``args``; checks their count, types and sizes."""
-        key = tuple(map(type, args))
-        plan = self.plans.get(key)
-        if plan is None:
-            with self.lock:
-                plan = self.plans.get(key) or _Plan(self, args)
-                self.plans[key] = plan
-        return plan
-
-    def buffers(self) -> tuple[bytearray, ctypes.Array | None]:
-        """A parameter buffer and a ``void*`` array pointing into it (None without
-        parameters), which the driver reads at each launch."""
-        buffer = bytearray(max(self.size, 1))
-        if not self.params:
-            return buffer, None
-        base = ctypes.addressof((ctypes.c_char * len(buffer)).from_buffer(buffer))
-        pointers = (ctypes.c_void_p * len(self.params))(
-            *[base + offset for offset, _ in self.params])
-        return buffer, pointers
-
-    def describe(self, index: int) -> str:
-        offset, size = self.params[index]
-        return (f"parameter {index} of kernel {self.kernel.name!r} (offset {offset}, "
-                f"{size} bytes)")
-
-
-class _Miss(Exception):
-    """The arguments are not of the types a plan was made for."""
-
-
-class _Plan:
-    """How arguments of one type signature become parameter bytes: ``pack(buffer, stream,
-    args)``, generated for the signature (a type guard, the pointer conversions, one
-    ``struct.pack_into``), so the hot path runs no per-argument Python loop."""
-
-    __slots__ = ("pack", "getters", "types", "pack_into")
-
-    def __init__(self, packer: Packer, args: tuple):
-        if len(args) != len(packer.params):
-            raise KernelArgumentError(
-                f"kernel {packer.kernel.name!r} takes {len(packer.params)} argument(s) "
-                f"(parameter sizes {[s for _, s in packer.params]} bytes), got {len(args)}")
-        fmt, pos, getters = ["<"], 0, []
-        for index, ((offset, size), arg) in enumerate(zip(packer.params, args)):
-            code, getter = _slot(packer, index, size, arg)
-            fmt.append("x" * (offset - pos) + code)
-            pos = offset + size
-            getters.append(getter)
-        self.getters = tuple(getters)
-        self.types = tuple(map(type, args))
-        self.pack_into = struct.Struct("".join(fmt)).pack_into
-        self.pack = _generate_pack(self)
-
-
-class _NoPlan:
-    __slots__ = ()
-
-    @staticmethod
-    def pack(buffer, stream, args):
-        raise _Miss
-
-
-_NO_PLAN = _NoPlan()
-
-
-def _argument_code(plan: _Plan, miss: str) -> tuple[str, str, dict]:
-    """Source that unpacks ``args``, checks the types against the plan (running ``miss``
-    when they differ), and the ``, value, ...`` list for ``pack_into``; and its scope."""
-    n = len(plan.types)
-    lines = [f"    if len(args) != {n}:\n        {miss}\n"]
-    if n:
-        lines.append(f"    {', '.join(f'a{i}' for i in range(n))}, = args\n")
-        guard = " or ".join(f"type(a{i}) is not T{i}" for i in range(n))
-        lines.append(f"    if {guard}:\n        {miss}\n")
-    values = []
-    for i, getter in enumerate(plan.getters):
-        if getter is _device_array_pointer:  # inlined: the common case on the hot path
-            lines.append(f"    c = a{i}._ctx\n"
-                         f"    if c._state is not ACTIVE or c._device is not device:\n"
-                         f"        G{i}(a{i}, stream)\n")
-            values.append(f", a{i}.ptr")
-        else:
-            values.append(f", G{i}(a{i}, stream)" if getter else f", a{i}")
-    scope = {"ACTIVE": ACTIVE, "pack_into": plan.pack_into,
-             **{f"T{i}": t for i, t in enumerate(plan.types)},
-             **{f"G{i}": g for i, g in enumerate(plan.getters) if g}}
-    return "".join(lines), "".join(values), scope
-
-
-def _compile(source: str, scope: dict, name: str, what: str) -> Callable:
-    exec(compile(source, f"<cuctx {what}>", "exec"), scope)  # noqa: S102 - our own source
-    return scope[name]
-
-
-def _generate_pack(plan: _Plan) -> Callable:
-    """``pack(buffer, stream, args)`` for one type signature; raises _Miss for others."""
-    checks, values, scope = _argument_code(plan, "raise Miss")
-    source = (f"def pack(buffer, stream, args):\n    device = stream._ctx._device\n{checks}"
-              f"    pack_into(buffer, 0{values})\n")
-    return _compile(source, {**scope, "Miss": _Miss}, "pack", f"packer {plan.types}")
-
+# -- the generated fast path -------------------------------------------------------------
 
 def _generate_launch(plan: _Plan, launcher: Launcher, buffer: bytearray, go: Callable) -> Callable:
     """``launch(args)`` for one launcher, one type signature and the calling thread's
     buffer: every check and the driver call in one function, with everything it needs bound
     as constants. Whatever it was not made for goes to ``launcher._general``."""
-    checks, values, scope = _argument_code(plan, "return general(args)")
+    checks, values, scope = argument_code(plan, "return general(args)")
     source = (
         "def launch(args):\n"
         "    if ctx._state is not ACTIVE or not owner._loaded or get_ident() != thread:\n"
@@ -280,164 +159,17 @@ def _generate_launch(plan: _Plan, launcher: Launcher, buffer: bytearray, go: Cal
         f"{checks}"
         "    try:\n"
         f"        pack_into(buffer, 0{values})\n"
-        "    except struct_error:\n"
+        "    except pack_errors:\n"
         "        return general(args)\n"
         "    err, = go()\n"
         "    if err:\n"
         "        fail(err)\n")
     scope.update(ctx=launcher._ctx, owner=launcher._owner, thread=threading.get_ident(),
                  get_ident=threading.get_ident, general=launcher._general, buffer=buffer,
-                 go=go, fail=launcher._fail, struct_error=struct.error, device=launcher._device,
+                 go=go, fail=launcher._fail, pack_errors=PACK_ERRORS, device=launcher._device,
                  stream=launcher.stream)
-    return _compile(source, scope, "launch", f"launcher {launcher.kernel.name} {plan.types}")
-
-
-def _slot(packer: Packer, index: int, size: int, arg: Any):
-    """(struct code, converter or None) for one argument of this type in this parameter."""
-    kind = type(arg)
-    if kind is int or kind is bool:
-        if size not in _SIGNED:
-            raise KernelArgumentError(f"{packer.describe(index)} cannot take a Python int; pass "
-                                      "a ctypes structure or NumPy scalar of that size")
-        return _SIGNED[size], None  # out of the signed range: pack_slowly takes over
-    if kind is float:
-        if size not in _FLOAT:
-            raise KernelArgumentError(f"{packer.describe(index)} cannot take a Python float")
-        return _FLOAT[size], None
-    if arg is None:
-        _need_pointer(packer, index, size, "None (a null pointer)")
-        return "Q", _null
-    if isinstance(arg, np.ndarray):
-        raise KernelArgumentError(
-            f"{packer.describe(index)} got a NumPy array, which is host memory; copy it to the "
-            "device with cuctx.to_device(ary) and pass that")
-    if isinstance(arg, np.generic):  # NumPy scalars, structured ones (np.void) included
-        _same_size(packer, index, size, arg.dtype.itemsize, f"a NumPy {arg.dtype} scalar")
-        return f"{size}s", _sized_bytes(packer, index, size)
-    if isinstance(arg, (ctypes._SimpleCData, ctypes.Structure, ctypes.Union, ctypes.Array)):
-        _same_size(packer, index, size, ctypes.sizeof(arg), f"a ctypes {kind.__name__}")
-        return f"{size}s", _ctypes_bytes
-    getter = _pointer_getter(arg)
-    if getter is None:
-        raise KernelArgumentError(
-            f"{packer.describe(index)} cannot take {kind.__name__}: pass an int or float, a "
-            "NumPy scalar, a ctypes structure, or device memory (DeviceArray, torch/CuPy "
-            "arrays, anything with __cuda_array_interface__ or DLPack)")
-    _need_pointer(packer, index, size, f"a {kind.__name__} (a device pointer)")
-    return "Q", getter
-
-
-def _need_pointer(packer: Packer, index: int, size: int, what: str) -> None:
-    if size != 8:
-        raise KernelArgumentError(f"{packer.describe(index)} is not pointer-sized; it cannot "
-                                  f"take {what}")
-
-
-def _same_size(packer: Packer, index: int, size: int, got: int, what: str) -> None:
-    if got != size:
-        raise KernelArgumentError(f"{packer.describe(index)} got {what} of {got} bytes; the "
-                                  f"parameter is {size} bytes")
-
-
-def _null(arg, stream) -> int:
-    return 0
-
-
-def _sized_bytes(packer: Packer, index: int, size: int) -> Callable:
-    """The bytes of a NumPy scalar, checked at every call: one type (np.void, np.bytes_)
-    covers every size, so a plan made for one size must not take another."""
-    def as_bytes(arg, stream) -> bytes:
-        if arg.dtype.itemsize != size:
-            _same_size(packer, index, size, arg.dtype.itemsize, f"a NumPy {arg.dtype} scalar")
-        return arg.tobytes()
-    return as_bytes
-
-
-def _ctypes_bytes(arg, stream) -> bytes:
-    return bytes(arg)
-
-
-def _pointer_getter(arg: Any):
-    """A converter from this kind of device array to its address, checking its device, or
-    None when ``arg`` is no device array."""
-    from .memory import DeviceArray
-    if isinstance(arg, DeviceArray):
-        return _device_array_pointer
-    module = type(arg).__module__.split(".", 1)[0]
-    if module == "torch" and hasattr(arg, "data_ptr"):
-        return _torch_pointer
-    if module == "cupy" and hasattr(arg, "data"):
-        return _cupy_pointer
-    if hasattr(arg, "__cuda_array_interface__") or hasattr(arg, "__dlpack_device__"):
-        return _foreign_pointer
-    return None
-
-
-def _device_array_pointer(arr, stream: Stream) -> int:
-    device = stream._ctx._device
-    ctx = arr._ctx
-    if ctx._state is not ACTIVE:
-        raise ctx._unusable("launch (a DeviceArray argument)")
-    if ctx._device is not device:
-        _reachable(ctx.device, device, arr)
-    return arr.ptr
-
-
-def _torch_pointer(tensor, stream: Stream) -> int:
-    device = stream._ctx._device
-    where = tensor.device
-    if where.type != "cuda":
-        raise KernelArgumentError(f"a torch tensor on {where} is host memory; move it to the "
-                                  "GPU (tensor.cuda()) first")
-    if where.index != device.ordinal:
-        _reachable(Device._for_backend(device._backend, where.index), device, tensor)
-    return tensor.data_ptr()
-
-
-def _cupy_pointer(array, stream: Stream) -> int:
-    device = stream._ctx._device
-    if array.device.id != device.ordinal:
-        _reachable(Device._for_backend(device._backend, array.device.id), device, array)
-    return array.data.ptr
-
-
-def _foreign_pointer(obj, stream: Stream) -> int:
-    from .memory import asarray
-    # The launch's own stream, not the current one, must wait for the producer's work.
-    return _device_array_pointer(asarray(obj, stream=stream), stream)
-
-
-@functools.lru_cache(maxsize=None)
-def _peer(owner: Device, device: Device) -> bool:
-    return device.can_access_peer(owner)
-
-
-def _reachable(owner: Device, device: Device, arr) -> None:
-    if not _peer(owner, device):
-        raise KernelArgumentError(
-            f"{type(arr).__name__} on device {owner.ordinal} passed to a launch on device "
-            f"{device.ordinal}, which cannot access it (no peer access between them); copy "
-            "it to the launch device first")
-
-
-def pack_slowly(packer: Packer, args: tuple, stream: Stream, buffer: bytearray) -> None:
-    """Pack ``args`` one by one into ``buffer``, with clear errors: the path for ints the
-    fast plan's signed codes rejected (unsigned values) and for values out of range."""
-    plan = packer.plan(args)
-    for index, ((offset, size), arg) in enumerate(zip(packer.params, args)):
-        getter = plan.getters[index]
-        try:
-            value = arg if getter is None else getter(arg, stream)
-            if isinstance(value, bytes):
-                data = value
-            elif isinstance(value, float):
-                data = struct.pack("<" + _FLOAT[size], value)
-            else:
-                data = int(value).to_bytes(size, "little", signed=int(value) < 0)
-        except (OverflowError, struct.error) as exc:
-            raise KernelArgumentError(f"{packer.describe(index)} cannot hold {arg!r}: {exc}") \
-                from None
-        buffer[offset:offset + size] = data
+    return compile_function(source, scope, "launch",
+                            f"launcher {launcher.kernel.name} {plan.types}")
 
 
 # -- launchers ----------------------------------------------------------------------------
@@ -466,7 +198,7 @@ class Launcher:
         self._owner = kernel._owner
         self._backend = ctx._backend
         self._packer = kernel._packer()
-        self._plan = _NO_PLAN  # the last plan used: the next call most likely has the same types
+        self._plan = NO_PLAN  # the last plan used: the next call most likely has the same types
         self._local = threading.local()  # per thread: (parameter buffer, bound driver call)
         # The first launch generates the fast path for its thread and argument types.
         self._fast: Callable | None = None
@@ -510,9 +242,9 @@ class Launcher:
             plan = self._plan = self._packer.plan(args)
             try:
                 plan.pack(buffer, self.stream, args)
-            except struct.error:
+            except PACK_ERRORS:
                 pack_slowly(self._packer, args, self.stream, buffer)
-        except struct.error:
+        except PACK_ERRORS:
             pack_slowly(self._packer, args, self.stream, buffer)
         err, = go()
         if err:
@@ -562,12 +294,15 @@ def make_launcher(kernel: Kernel, grid: Any, block: Any, shared_mem: int = 0,
                   stream: Any = None, cluster: Any = None, cooperative: bool = False) -> Launcher:
     """The launcher for this configuration; the same one each time it is asked for again, so
     ``kernel[...](...)`` and `launch` check and bind a configuration only once."""
+    cache = getattr(kernel, "_launchers", None)
+    if cache is None:
+        raise TypeError(f"the kernel argument of cuctx.launch must be a cuctx.Kernel "
+                        f"(lib['name']), not {type(kernel).__name__}: {kernel!r}")
     if stream is None:
-        from .library import working_context
+        from ._kernel import working_context
         from .stream import resolve_stream
         ctx = kernel._home_context() or working_context()
         stream = resolve_stream(None, ctx, f"launch of {kernel.name!r}")
-    cache = kernel._launchers
     # Types too: 1.0 == 1 and True == 1, but only the int passes the checks.
     key = (grid, block, shared_mem, stream, cluster, cooperative,
            type(grid), type(block), type(shared_mem))

@@ -18,198 +18,23 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
-from cuda.bindings.driver import CUfunction, CUfunction_attribute
 
-from . import _cubin
-from . import _driver
+from . import _cubin, _driver, _ptx
+from ._kernel import BlockSizeSuggestion, Kernel, KernelAttributes, working_context
+from ._twin_check import check_twin
 from .compiler import CompileError, compile_source, pick_arch
-from .context import ACTIVE, Context, _MadeCurrent, current_context, fail
+from .context import ACTIVE, Context, _MadeCurrent, fail
 from .device import Device, devices
 from .errors import NotSupportedError
-from .launch import Launcher, make_launcher
+from ._layout import dtype_of, shape_of
 
 if TYPE_CHECKING:
     from typing import Self
 
-_F = CUfunction_attribute
-_INVALID_VALUE = 1
 _NOT_FOUND = 500
-
-
-class KernelAttributes(NamedTuple):
-    """What the driver reports about a kernel on one device (cuKernelGetAttribute)."""
-    num_regs: int
-    shared_size_bytes: int  # static shared memory per block
-    const_size_bytes: int
-    local_size_bytes: int  # per thread
-    max_threads_per_block: int  # for this kernel: registers and __launch_bounds__ count
-    max_dynamic_shared_size_bytes: int
-    ptx_version: int  # e.g. 90 for compute_90
-    binary_version: int  # e.g. 90 for sm_90
-
-
-class BlockSizeSuggestion(NamedTuple):
-    block_size: int  # threads per block with the highest occupancy
-    min_grid_size: int  # blocks needed to fill the device at that occupancy
-
-
-class _Limits(NamedTuple):
-    max_threads: int
-    static_shared: int
-    max_dynamic_shared: int
-
-
-# -- kernels ------------------------------------------------------------------------------
-
-class Kernel:
-    """A kernel of a `Library` (usable in every context) or of a `Module` (only in the
-    module's context). Launch it with ``kernel[grid, block, shared_mem, stream](*args)`` or
-    `cuctx.launch`; inspect it with `attributes`, `occupancy`, `suggest_block_size`."""
-
-    __slots__ = ("name", "_owner", "_handle", "_function", "_backend", "_params", "_pack",
-                 "_limits_cache", "_checked", "_launchers", "_lock", "__weakref__")
-
-    def __init__(self, owner: Library | Module, handle, name: str):
-        self.name = name
-        self._owner = owner
-        self._handle = handle  # CUkernel (library) or CUfunction (module)
-        # cuLaunchKernel takes a CUkernel where a CUfunction goes (the driver's documented cast).
-        self._function = CUfunction(int(handle))
-        self._backend = owner._backend
-        self._params: tuple | None = None
-        self._pack = None
-        self._limits_cache: dict[Device, _Limits] = {}
-        self._checked: set = set()  # (Config, Device) pairs already validated
-        self._launchers: dict = {}  # kernel[...] and launch() configurations -> Launcher
-        self._lock = threading.Lock()
-
-    @property
-    def handle(self) -> int:
-        """The CUkernel (or, for a Module, CUfunction) as an integer, for other libraries."""
-        return int(self._handle)
-
-    @property
-    def library(self) -> Library | Module:
-        return self._owner
-
-    # -- the parameter layout -------------------------------------------------------------
-
-    @property
-    def param_layout(self) -> tuple[tuple[int, int], ...]:
-        """(offset, size) in bytes of each parameter, from the driver (cuKernelGetParamInfo)."""
-        if self._params is None:
-            operation = f"{self.name}.param_layout"
-            self._owner._check(operation)
-            query = self._owner._param_info
-            params = []
-            # The driver asks for a current context (INVALID_CONTEXT without one).
-            home = getattr(self._owner, "_ctx", None) or working_context()
-            with home._current(operation):
-                while True:
-                    err, offset, size = query(self._handle, len(params))
-                    if err:
-                        if int(err) == _INVALID_VALUE:  # past the last parameter
-                            break
-                        fail(self._backend, err, self._owner._param_info_name)
-                    params.append((int(offset), int(size)))
-            self._params = tuple(params)
-        return self._params
-
-    def _packer(self):
-        if self._pack is None:
-            from .launch import Packer
-            with self._lock:
-                if self._pack is None:
-                    self._pack = Packer(self, self.param_layout)
-        return self._pack
-
-    # -- launching ------------------------------------------------------------------------
-
-    def __getitem__(self, config) -> Launcher:
-        """``kernel[grid, block]``, ``kernel[grid, block, shared_mem]`` or
-        ``kernel[grid, block, shared_mem, stream]``, as CUDA C's ``<<<Dg, Db, Ns, S>>>``."""
-        if not isinstance(config, tuple) or not 2 <= len(config) <= 4:
-            raise TypeError("use kernel[grid, block], kernel[grid, block, shared_mem] or "
-                            f"kernel[grid, block, shared_mem, stream], got kernel[{config!r}]")
-        return make_launcher(self, *config)
-
-    def _home_context(self) -> Context | None:
-        return self._owner._home_context()
-
-    def _check_launchable(self, ctx: Context) -> None:
-        self._owner._check(f"launch of {self.name!r}")
-        self._owner._check_context(ctx, self.name)
-        if self._backend.name == "sim":
-            err, twin = self._backend.driver.simGetKernelTwin(self._handle)
-            if not err and twin is None:
-                raise NotSupportedError(
-                    801, f"launch of {self.name!r}", "",
-                    f"the sim cannot run kernel {self.name!r}: it has no Python twin. Register "
-                    f"one when loading: sim_kernels={{{self._owner._user_name(self.name)!r}: "
-                    "fn}, where fn(grid, block, *args) does what the kernel does")
-
-    # -- introspection --------------------------------------------------------------------
-
-    def attributes(self, device: Device | int | None = None) -> KernelAttributes:
-        """Registers, memory sizes, thread limit and versions of this kernel on ``device``
-        (default: the current device; a Module's kernel: its context's device)."""
-        device = self._device(device)
-        get = self._owner._attribute
-        values = {name: get(self._handle, getattr(_F, f"CU_FUNC_ATTRIBUTE_{name.upper()}"),
-                            device)
-                  for name in KernelAttributes._fields}
-        return KernelAttributes(**values)
-
-    def _device(self, device) -> Device:
-        home = self._home_context()
-        if home is not None:
-            return home.device
-        return working_context().device if device is None else Device(device)
-
-    def _limits(self, device: Device) -> _Limits:
-        limits = self._limits_cache.get(device)
-        if limits is None:
-            get = self._owner._attribute
-            limits = self._limits_cache[device] = _Limits(
-                get(self._handle, _F.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, device),
-                get(self._handle, _F.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, device),
-                get(self._handle, _F.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, device))
-        return limits
-
-    def _raise_dynamic_shared(self, device: Device, nbytes: int) -> None:
-        self._owner._set_attribute(self._handle, _F.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                   nbytes, device)
-        self._limits_cache[device] = self._limits(device)._replace(max_dynamic_shared=nbytes)
-
-    def occupancy(self, block: int, shared_mem: int = 0,
-                  device: Device | int | None = None) -> int:
-        """Blocks of ``block`` threads (with ``shared_mem`` bytes of dynamic shared memory)
-        that one multiprocessor of ``device`` holds at once."""
-        device = self._device(device)
-        with self._owner._context_on(device, "Kernel.occupancy") as ctx:
-            err, blocks = self._backend.driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                self._function, int(block), int(shared_mem))
-        if err:
-            fail(self._backend, err, "cuOccupancyMaxActiveBlocksPerMultiprocessor", ctx)
-        return int(blocks)
-
-    def suggest_block_size(self, shared_mem: int = 0, device: Device | int | None = None,
-                           limit: int = 0) -> BlockSizeSuggestion:
-        """The block size with the highest occupancy on ``device`` (at most ``limit``
-        threads when given) and the grid size that fills the device with it."""
-        device = self._device(device)
-        with self._owner._context_on(device, "Kernel.suggest_block_size") as ctx:
-            err, min_grid, block = self._backend.driver.cuOccupancyMaxPotentialBlockSize(
-                self._function, None, int(shared_mem), int(limit))
-        if err:
-            fail(self._backend, err, "cuOccupancyMaxPotentialBlockSize", ctx)
-        return BlockSizeSuggestion(int(block), int(min_grid))
-
-    def __repr__(self) -> str:
-        return f"<Kernel {self.name!r} of {self._owner!r}>"
 
 
 # -- what Library and Module share --------------------------------------------------------
@@ -230,14 +55,15 @@ def _image_from(data: bytes | bytearray | memoryview) -> bytes:
                      "nor PTX text (with .version and .target)")
 
 
-def _compile(src: str, options, name_expressions, headers, cache_dir) -> tuple[bytes, dict]:
+def _compile(src: str, options, name_expressions, headers,
+             cache_dir) -> tuple[bytes, dict, bytes | None]:
     """NVRTC for the devices present: a cubin for their exact architecture when they share
-    one, else PTX."""
+    one, else PTX; and the program's PTX, for the parameter types."""
     capabilities = [tuple(d.compute_capability) for d in devices()]
     result = compile_source(src, arch=pick_arch(capabilities or [(9, 0)]), options=options,
                             name_expressions=name_expressions, headers=headers,
                             cache_dir=cache_dir)
-    return result.image, result.lowered_names
+    return result.image, result.lowered_names, result.ptx
 
 
 class _Code:
@@ -246,9 +72,15 @@ class _Code:
     _backend: _driver.Backend
     _names: dict[str, str]
 
-    def _setup(self, backend, names: Mapping[str, str]) -> None:
+    def _setup(self, backend, names: Mapping[str, str], image: bytes,
+               ptx: bytes | None) -> None:
         self._backend = backend
         self._names = dict(names)  # user's name (e.g. "axpy<float>") -> mangled name
+        # Parameter types by mangled kernel name, from the program's PTX (none for a cubin
+        # that came without it: its kernels' arguments are checked by size only).
+        if ptx is None and _cubin.is_ptx(image):
+            ptx = image
+        self._types = _ptx.param_types(ptx) if ptx is not None else {}
         self._kernels: dict[str, Kernel] = {}
         self._lock = threading.Lock()
         self._loaded = True
@@ -262,8 +94,8 @@ class _Code:
         and load it: a `Library` for every context, a `Module` into the current one only.
         Template kernels: list them in ``name_expressions`` (``["axpy<float>"]``) and get
         them by that name. Raises `CompileError` with NVRTC's log when it does not compile."""
-        image, lowered = _compile(src, options, name_expressions, headers, cache_dir)
-        return cls(image, names=lowered, sim_kernels=sim_kernels)
+        image, lowered, ptx = _compile(src, options, name_expressions, headers, cache_dir)
+        return cls(image, names=lowered, sim_kernels=sim_kernels, _ptx=ptx)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, *,
@@ -310,16 +142,23 @@ class _Code:
         return self.kernel(name)
 
     def _install_twins(self, twins: Mapping[str, Callable] | None) -> None:
-        """Register sim twins (ignored by the cuda backend, where the real code runs)."""
-        if not twins or self._backend.name != "sim":
+        """Check sim twins against their kernels on every backend (so code that loads on
+        the sim loads on a GPU), and register them on the sim; the cuda backend runs the
+        real code."""
+        if twins is None:
             return
+        if not isinstance(twins, Mapping):
+            raise TypeError("sim_kernels must be a dict of kernel name -> fn(grid, block, "
+                            f"*args), not {type(twins).__name__}")
         for name, fn in twins.items():
-            if not callable(fn):
-                raise TypeError(f"sim_kernels[{name!r}] must be a function "
-                                f"fn(grid, block, *args), not {type(fn).__name__}")
-            err, = self._backend.driver.simSetKernelTwin(self.kernel(name)._handle, fn)
-            if err:
-                fail(self._backend, err, "simSetKernelTwin")
+            kernel = self.kernel(name)
+            types = kernel._packer().types
+            check_twin(name, fn, kernel.name, len(kernel.param_layout), types)
+            if self._backend.name == "sim":
+                kinds = tuple(t.kind for t in types) if types else None
+                err, = self._backend.driver.simSetKernelTwin(kernel._handle, fn, kinds)
+                if err:
+                    fail(self._backend, err, "simSetKernelTwin")
 
 
 # -- libraries ----------------------------------------------------------------------------
@@ -334,7 +173,8 @@ class Library(_Code):
     _get_kernel_name = "cuLibraryGetKernel"
 
     def __init__(self, data: bytes, *, names: Mapping[str, str] | None = None,
-                 sim_kernels: Mapping[str, Callable] | None = None) -> None:
+                 sim_kernels: Mapping[str, Callable] | None = None,
+                 _ptx: bytes | None = None) -> None:
         image = _image_from(data)
         backend = _driver.active()
         drv = backend.driver
@@ -343,7 +183,7 @@ class Library(_Code):
             fail(backend, err, "cuLibraryLoadData",
                  hint="the sim reads cubins and PTX, not fatbins" if backend.name == "sim"
                  and int(err) == 801 else "")
-        self._setup(backend, names or {})
+        self._setup(backend, names or {}, image, _ptx)
         self._handle = handle
         self._used: weakref.WeakSet[Context] = weakref.WeakSet()
         self._finalizer = weakref.finalize(self, _unload_library, drv, handle, self._used)
@@ -458,12 +298,6 @@ class Library(_Code):
         return f"<Library {int(self._handle):#x} ({self._backend.name}){state}>"
 
 
-def working_context() -> Context:
-    """The current context, or (with none current) device 0's primary context, used without
-    being made current: nothing here changes the caller's context stack."""
-    return current_context() or Device(0).primary_context
-
-
 def _unload_library(drv, handle, used: weakref.WeakSet) -> None:
     _synchronize_all(list(used))
     drv.cuLibraryUnload(handle)
@@ -479,13 +313,13 @@ def _synchronize_all(contexts: list[Context]) -> None:
 
 
 def _view_shape(nbytes: int, dtype: Any, shape, name: str):
-    dtype = np.dtype(dtype)
+    dtype = dtype_of(dtype)  # plain numbers only: a view of raw memory never holds objects
     if shape is None:
         if nbytes % dtype.itemsize:
             raise ValueError(f"variable {name!r} is {nbytes} bytes, not a whole number of "
                              f"{dtype} ({dtype.itemsize} bytes); pass shape=")
         shape = (nbytes // dtype.itemsize,)
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    shape = shape_of(shape)
     need = int(np.prod(shape)) * dtype.itemsize
     if need > nbytes:
         raise ValueError(f"variable {name!r} is {nbytes} bytes; a {shape} view of {dtype} "
@@ -522,7 +356,8 @@ class Module(_Code):
     _get_kernel_name = "cuModuleGetFunction"
 
     def __init__(self, data: bytes, *, names: Mapping[str, str] | None = None,
-                 sim_kernels: Mapping[str, Callable] | None = None) -> None:
+                 sim_kernels: Mapping[str, Callable] | None = None,
+                 _ptx: bytes | None = None) -> None:
         image = _image_from(data)
         ctx = working_context()
         backend = ctx._backend
@@ -530,7 +365,7 @@ class Module(_Code):
             err, handle = backend.driver.cuModuleLoadData(image)
         if err:
             fail(backend, err, "cuModuleLoadData", ctx)
-        self._setup(backend, names or {})
+        self._setup(backend, names or {}, image, _ptx)
         self._ctx = ctx
         self._handle = handle
         self._finalizer = weakref.finalize(self, _unload_module, backend.driver, handle, ctx)

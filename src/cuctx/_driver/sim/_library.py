@@ -10,12 +10,12 @@ one answers CUDA_ERROR_NOT_SUPPORTED.
 Behaviour comes from a *twin*: a Python function registered for a kernel with the sim-only
 `simSetKernelTwin`. A launch copies the parameter bytes (as the driver does, at call time)
 and queues an operation on the stream (`_enqueue`) that calls
-``twin(grid, block, *args)`` when the stream runs. Arguments are decoded by parameter size
-and the twin's annotations: see `decode_args`. Twins reach memory only through `SimPointer`,
-which checks every access against the live allocations: outside them is the sticky
-CUDA_ERROR_ILLEGAL_ADDRESS, a misaligned typed view CUDA_ERROR_MISALIGNED_ADDRESS. A twin
-that raises anything else fails the launch with the sticky CUDA_ERROR_LAUNCH_FAILED (as a
-trapped kernel does) and a `SimTwinWarning` carrying its traceback.
+``twin(grid, block, *args)`` when the stream runs (`_twins`: decoding, `SimPointer`, faults).
+Twins reach memory only through `SimPointer`, which checks every access against the live
+allocations: outside them is the sticky CUDA_ERROR_ILLEGAL_ADDRESS, a misaligned typed view
+CUDA_ERROR_MISALIGNED_ADDRESS. A twin that raises anything else fails the launch with the
+sticky CUDA_ERROR_LAUNCH_FAILED (as a trapped kernel does) and a `SimTwinWarning` carrying
+its traceback; `simGetFaultCause` gives the exception and the twin's file and line.
 
 Variables: a library's ``__device__`` and ``__constant__`` variables get their own copy in
 each context, allocated from the memory model on first use in that context (as lazy
@@ -27,12 +27,9 @@ pointer the driver hands out, as it does with managed memory on a GPU.
 from __future__ import annotations
 
 import ctypes
-import inspect
 import itertools
 import re
 import struct
-import traceback
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,14 +39,12 @@ from cuda.bindings.driver import (CUdevice_attribute, CUdeviceptr, CUfunction,
 
 from ... import _cubin
 from ._common import INVALID_DEVICE, INVALID_VALUE, NOT_INITIALIZED, NOT_SUPPORTED, OK
+from ._twins import ILLEGAL_ADDRESS, decoders, run_twin
 
 INVALID_IMAGE = CUresult.CUDA_ERROR_INVALID_IMAGE
 INVALID_PTX = CUresult.CUDA_ERROR_INVALID_PTX
 INVALID_HANDLE = CUresult.CUDA_ERROR_INVALID_HANDLE
 NOT_FOUND = CUresult.CUDA_ERROR_NOT_FOUND
-ILLEGAL_ADDRESS = CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
-MISALIGNED_ADDRESS = CUresult.CUDA_ERROR_MISALIGNED_ADDRESS
-LAUNCH_FAILED = CUresult.CUDA_ERROR_LAUNCH_FAILED
 OUT_OF_RESOURCES = CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
 COOPERATIVE_TOO_LARGE = CUresult.CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
 OUT_OF_MEMORY = CUresult.CUDA_ERROR_OUT_OF_MEMORY
@@ -183,84 +178,6 @@ def _read_ptx(data: bytes) -> Image:
     kernels = {name: KernelImage(info) for name, info in layouts.items()}
     ptx = int(version.group(1)) * 10 + int(version.group(2)) if version else 0
     return Image("ptx", arch, ptx, kernels, variables, {})
-
-
-# -- twins --------------------------------------------------------------------------------
-
-class SimTwinWarning(RuntimeWarning):
-    """A kernel twin raised; the launch failed with CUDA_ERROR_LAUNCH_FAILED."""
-
-
-class _Fault(Exception):
-    def __init__(self, code: CUresult):
-        self.code = code
-
-
-class SimPointer(int):
-    """An 8-byte kernel argument as a twin sees it: the integer value, plus `view` for
-    bounds-checked access when it is a pointer."""
-
-    def __new__(cls, value: int, driver):
-        self = super().__new__(cls, value)
-        self._driver = driver
-        return self
-
-    def view(self, dtype, count: int | None = None) -> np.ndarray:
-        """A NumPy view of ``count`` elements of ``dtype`` at this address (default: up to
-        the end of its allocation). Outside every live allocation: an illegal-address
-        fault; an address not aligned to the element size: a misaligned-address fault."""
-        dtype = np.dtype(dtype)
-        if int(self) % dtype.alignment:
-            raise _Fault(MISALIGNED_ADDRESS)
-        if count is None:
-            count = self._driver._extent(int(self)) // dtype.itemsize
-        err, raw = self._driver._kernel_view(int(self), int(count) * dtype.itemsize)
-        if err:
-            raise _Fault(err)
-        return raw.view(dtype)
-
-    def __repr__(self) -> str:
-        return f"SimPointer({int(self):#x})"
-
-
-_FLOAT = {2: "<e", 4: "<f", 8: "<d"}
-_SIGNED = {1: "<b", 2: "<h", 4: "<i", 8: "<q"}
-
-
-def decoders(fn, params: tuple[_cubin.Param, ...]) -> list[str]:
-    """How each parameter reaches the twin, from its size and the twin's annotation:
-    ``float`` -> a float of that size (half, float, double); ``bytes`` -> the raw bytes;
-    ``int`` -> a signed integer; no annotation -> a `SimPointer` for 8-byte parameters, a
-    signed integer for 1, 2 and 4 bytes, the raw bytes for any other size (structs)."""
-    try:
-        annotated = list(inspect.signature(fn).parameters.values())[2:]
-    except (TypeError, ValueError):
-        annotated = []
-    kinds = []
-    for i, param in enumerate(params):
-        note = annotated[i].annotation if i < len(annotated) else inspect.Parameter.empty
-        note = getattr(note, "__name__", note)
-        if note == "float" and param.size in _FLOAT:
-            kinds.append(_FLOAT[param.size])
-        elif note == "bytes" or param.size not in _SIGNED:
-            kinds.append("bytes")
-        elif param.size == 8 and note != "int":
-            kinds.append("pointer")
-        else:
-            kinds.append(_SIGNED[param.size])
-    return kinds
-
-
-def decode_args(driver, kinds: list[str], raw: list[bytes]) -> list:
-    out = []
-    for kind, data in zip(kinds, raw):
-        if kind == "pointer":
-            out.append(SimPointer(int.from_bytes(data, "little"), driver))
-        elif kind == "bytes":
-            out.append(data)
-        else:
-            out.append(struct.unpack(kind, data)[0])
-    return out
 
 
 # -- the objects behind the handles -------------------------------------------------------
@@ -621,17 +538,28 @@ class LibraryModel:
 
     # -- twins (a sim-only extension) -----------------------------------------------------
 
-    def simSetKernelTwin(self, kernel, fn):
+    def simSetKernelTwin(self, kernel, fn, kinds=None):
         """Make ``fn(grid, block, *args)`` the behaviour of ``kernel`` (a CUkernel or a
-        CUfunction handle) on the sim."""
+        CUfunction handle) on the sim. ``kinds``: each parameter's kind ("int", "float",
+        "struct", "other") where the caller knows the types, for decoding the arguments."""
         found = self._kernel(kernel)
         if found is None:
             return (INVALID_HANDLE,)
-        if not callable(fn):
+        params = found.image.info.params
+        if not callable(fn) or (kinds is not None and len(kinds) != len(params)):
             return (INVALID_VALUE,)
-        found.kinds = decoders(fn, found.image.info.params)
+        found.kinds = decoders(fn, params, kinds)
         found.twin = fn
         return (OK,)
+
+    def simGetFaultCause(self, hctx):
+        """(OK, exception or None, sentence) about the twin whose failure gave ``hctx`` its
+        sticky fault; (OK, None, "") when no twin caused one."""
+        ctx = self._lookup(hctx)
+        if ctx is None:
+            return (INVALID_VALUE, None, "")
+        exc, text = ctx.resources.get("twin_fault", (None, ""))
+        return (OK, exc, text)
 
     def simGetKernelTwin(self, kernel):
         found = self._kernel(kernel)
@@ -700,16 +628,7 @@ class LibraryModel:
         twin, kinds, name = kernel.twin, kernel.kinds, kernel.name
 
         def run():
-            try:
-                twin(grid, block, *decode_args(self, kinds, raw))
-            except _Fault as fault:
-                return fault.code
-            except Exception as exc:  # noqa: BLE001 - a twin's bug fails the launch, as a trap
-                warnings.warn(f"the sim twin of kernel {name!r} raised {exc!r}; the launch fails "
-                              f"with CUDA_ERROR_LAUNCH_FAILED\n{traceback.format_exc()}",
-                              SimTwinWarning, stacklevel=2)
-                return LAUNCH_FAILED
-            return None
+            return run_twin(self, ctx, name, twin, grid, block, kinds, raw)
         return self._enqueue(hStream, run, cost_ns=LAUNCH_COST_NS, label=f"kernel {name}")
 
     def _check_config(self, kernel: SimKernel, device: int, grid, block, shared, cluster,

@@ -1,0 +1,237 @@
+"""Kernels: a `Kernel` of a `Library` or `Module` (cuctx.library), its parameter layout and
+types, launch configurations (``kernel[grid, block]``), attributes and occupancy."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+from cuda.bindings.driver import CUfunction, CUfunction_attribute
+
+from . import _ptx
+from ._args import Packer
+from .context import Context, current_context, fail
+from .device import Device
+from .errors import NotSupportedError
+from .launch import LaunchConfigError, Launcher, make_launcher
+
+if TYPE_CHECKING:
+    from .library import Library, Module
+
+_F = CUfunction_attribute
+_INVALID_VALUE = 1
+
+
+class KernelAttributes(NamedTuple):
+    """What the driver reports about a kernel on one device (cuKernelGetAttribute)."""
+    num_regs: int
+    shared_size_bytes: int  # static shared memory per block
+    const_size_bytes: int
+    local_size_bytes: int  # per thread
+    max_threads_per_block: int  # for this kernel: registers and __launch_bounds__ count
+    max_dynamic_shared_size_bytes: int
+    ptx_version: int  # e.g. 90 for compute_90
+    binary_version: int  # e.g. 90 for sm_90
+
+
+class BlockSizeSuggestion(NamedTuple):
+    """cuOccupancyMaxPotentialBlockSize's answer, in its order: ``min_grid, block =
+    kernel.suggest_block_size()``."""
+    min_grid_size: int  # blocks needed to fill the device at that occupancy
+    block_size: int  # threads per block with the highest occupancy
+
+
+class _Limits(NamedTuple):
+    max_threads: int
+    static_shared: int
+    max_dynamic_shared: int
+
+
+# -- kernels ------------------------------------------------------------------------------
+
+class Kernel:
+    """A kernel of a `Library` (usable in every context) or of a `Module` (only in the
+    module's context). Launch it with ``kernel[grid, block, shared_mem, stream](*args)`` or
+    `cuctx.launch`; inspect it with `attributes`, `occupancy`, `suggest_block_size`."""
+
+    __slots__ = ("name", "_owner", "_handle", "_function", "_backend", "_params", "_pack",
+                 "_limits_cache", "_checked", "_launchers", "_lock", "__weakref__")
+
+    def __init__(self, owner: Library | Module, handle, name: str):
+        self.name = name
+        self._owner = owner
+        self._handle = handle  # CUkernel (library) or CUfunction (module)
+        # cuLaunchKernel takes a CUkernel where a CUfunction goes (the driver's documented cast).
+        self._function = CUfunction(int(handle))
+        self._backend = owner._backend
+        self._params: tuple | None = None
+        self._pack = None
+        self._limits_cache: dict[Device, _Limits] = {}
+        self._checked: set = set()  # (Config, Device) pairs already validated
+        self._launchers: dict = {}  # kernel[...] and launch() configurations -> Launcher
+        self._lock = threading.Lock()
+
+    @property
+    def handle(self) -> int:
+        """The CUkernel (or, for a Module, CUfunction) as an integer, for other libraries."""
+        return int(self._handle)
+
+    @property
+    def library(self) -> Library | Module:
+        return self._owner
+
+    # -- the parameter layout -------------------------------------------------------------
+
+    @property
+    def param_layout(self) -> tuple[tuple[int, int], ...]:
+        """(offset, size) in bytes of each parameter, from the driver (cuKernelGetParamInfo)."""
+        if self._params is None:
+            operation = f"{self.name}.param_layout"
+            self._owner._check(operation)
+            query = self._owner._param_info
+            params = []
+            # The driver asks for a current context (INVALID_CONTEXT without one).
+            home = getattr(self._owner, "_ctx", None) or working_context()
+            with home._current(operation):
+                while True:
+                    err, offset, size = query(self._handle, len(params))
+                    if err:
+                        if int(err) == _INVALID_VALUE:  # past the last parameter
+                            break
+                        fail(self._backend, err, self._owner._param_info_name)
+                    params.append((int(offset), int(size)))
+            self._params = tuple(params)
+        return self._params
+
+    def _packer(self):
+        if self._pack is None:
+            with self._lock:
+                if self._pack is None:
+                    types = _ptx.matching(self._owner._types.get(self.name), self.param_layout)
+                    self._pack = Packer(self, self.param_layout, types)
+        return self._pack
+
+    # -- launching ------------------------------------------------------------------------
+
+    def __getitem__(self, config) -> Launcher:
+        """``kernel[grid, block]``, ``kernel[grid, block, shared_mem]`` or
+        ``kernel[grid, block, shared_mem, stream]``, as CUDA C's ``<<<Dg, Db, Ns, S>>>``."""
+        if not isinstance(config, tuple) or not 2 <= len(config) <= 4:
+            raise TypeError("use kernel[grid, block], kernel[grid, block, shared_mem] or "
+                            f"kernel[grid, block, shared_mem, stream], got kernel[{config!r}]")
+        return make_launcher(self, *config)
+
+    def __call__(self, *args: Any, **kwargs: Any):
+        name = self._owner._user_name(self.name)
+        raise TypeError(
+            f"a Kernel is launched with a configuration: lib[{name!r}][grid, block](*args) "
+            f"(CUDA C's <<<grid, block>>>) or cuctx.launch(kernel, grid, block, *args); "
+            f"kernel {name!r} was called without one")
+
+    def _home_context(self) -> Context | None:
+        return self._owner._home_context()
+
+    def _check_launchable(self, ctx: Context) -> None:
+        self._owner._check(f"launch of {self.name!r}")
+        self._owner._check_context(ctx, self.name)
+        if self._backend.name == "sim":
+            err, twin = self._backend.driver.simGetKernelTwin(self._handle)
+            if not err and twin is None:
+                raise NotSupportedError(
+                    801, f"launch of {self.name!r}", "",
+                    f"the sim cannot run kernel {self.name!r}: it has no Python twin. Register "
+                    f"one when loading: sim_kernels={{{self._owner._user_name(self.name)!r}: "
+                    "fn}, where fn(grid, block, *args) does what the kernel does")
+
+    # -- introspection --------------------------------------------------------------------
+
+    def attributes(self, device: Device | int | None = None) -> KernelAttributes:
+        """Registers, memory sizes, thread limit and versions of this kernel on ``device``
+        (default: the current device; a Module's kernel: its context's device)."""
+        device = self._device(device)
+        get = self._owner._attribute
+        values = {name: get(self._handle, getattr(_F, f"CU_FUNC_ATTRIBUTE_{name.upper()}"),
+                            device)
+                  for name in KernelAttributes._fields}
+        return KernelAttributes(**values)
+
+    def _device(self, device) -> Device:
+        home = self._home_context()
+        if home is None:
+            return working_context().device if device is None else Device(device)
+        if device is not None and Device(device) is not home.device:
+            raise ValueError(f"kernel {self.name!r} of {self._owner!r} exists only on "
+                             f"{home.device!r} (a module is loaded into one context), not on "
+                             f"{Device(device)!r}")
+        return home.device
+
+    def _limits(self, device: Device) -> _Limits:
+        limits = self._limits_cache.get(device)
+        if limits is None:
+            get = self._owner._attribute
+            limits = self._limits_cache[device] = _Limits(
+                get(self._handle, _F.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, device),
+                get(self._handle, _F.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, device),
+                get(self._handle, _F.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, device))
+        return limits
+
+    def _raise_dynamic_shared(self, device: Device, nbytes: int) -> None:
+        self._owner._set_attribute(self._handle, _F.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                   nbytes, device)
+        self._limits_cache[device] = self._limits(device)._replace(max_dynamic_shared=nbytes)
+
+    def occupancy(self, block: int, shared_mem: int = 0,
+                  device: Device | int | None = None) -> int:
+        """Blocks of ``block`` threads (with ``shared_mem`` bytes of dynamic shared memory)
+        that one multiprocessor of ``device`` holds at once. A block size the kernel cannot
+        run (0, or above its limit) raises `LaunchConfigError`."""
+        device = self._device(device)
+        block = _count(block, "block")
+        shared_mem = _count(shared_mem, "shared_mem")
+        if block < 1:
+            raise LaunchConfigError(f"block size must be positive (threads per block), got "
+                                    f"{block}")
+        most = self._limits(device).max_threads
+        if block > most:
+            raise LaunchConfigError(f"kernel {self.name!r} can run at most {most} threads per "
+                                    f"block on {device!r}; a block of {block} never runs")
+        with self._owner._context_on(device, "Kernel.occupancy") as ctx:
+            err, blocks = self._backend.driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                self._function, block, shared_mem)
+        if err:
+            fail(self._backend, err, "cuOccupancyMaxActiveBlocksPerMultiprocessor", ctx)
+        return int(blocks)
+
+    def suggest_block_size(self, shared_mem: int = 0, device: Device | int | None = None,
+                           limit: int = 0) -> BlockSizeSuggestion:
+        """The grid size that fills ``device`` and the block size with the highest
+        occupancy (at most ``limit`` threads when given; 0: no limit), in the driver's order:
+        ``min_grid_size, block_size``."""
+        device = self._device(device)
+        shared_mem = _count(shared_mem, "shared_mem")
+        limit = _count(limit, "limit")
+        with self._owner._context_on(device, "Kernel.suggest_block_size") as ctx:
+            err, min_grid, block = self._backend.driver.cuOccupancyMaxPotentialBlockSize(
+                self._function, None, shared_mem, limit)
+        if err:
+            fail(self._backend, err, "cuOccupancyMaxPotentialBlockSize", ctx)
+        return BlockSizeSuggestion(int(min_grid), int(block))
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.name!r} of {self._owner!r}>"
+
+
+def _count(value: Any, what: str) -> int:
+    """A non-negative int argument (bools and floats are refused, not truncated)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be an int, got {value!r}")
+    if value < 0:
+        raise LaunchConfigError(f"{what} must be >= 0, got {value}")
+    return int(value)
+
+
+def working_context() -> Context:
+    """The current context, or (with none current) device 0's primary context, used without
+    being made current: nothing here changes the caller's context stack."""
+    return current_context() or Device(0).primary_context
