@@ -49,13 +49,15 @@ def fresh(name: str) -> _driver.Backend:
     return cuctx.set_backend(name)
 
 
-def _empty_stack(backend) -> int:
-    """Pop this thread's whole context stack; return how many contexts were on it. Popping
-    is safe even for destroyed contexts; pushing them back would not be, so none are."""
-    count = 0
-    while backend.driver.cuCtxPopCurrent()[0] == 0:
-        count += 1
-    return count
+def _empty_stack(backend) -> list[int]:
+    """Pop this thread's whole context stack; return the handles that were on it, top first.
+    Popping is safe even for destroyed contexts; pushing them back would not be, so none are."""
+    handles = []
+    while True:
+        err, handle = backend.driver.cuCtxPopCurrent()
+        if err:
+            return handles
+        handles.append(int(handle))
 
 
 @pytest.fixture(params=BACKENDS)
@@ -66,11 +68,17 @@ def backend(request):
     _empty_stack(b)
     yield b
     leaked = _empty_stack(b)
+    # Lazy initialisation and Device.set_current leave a primary context current for good, as
+    # the runtime API does: at the bottom of the stack, that one is no leak.
+    runtime = {d._runtime_primary.handle for d in b.devices.values()
+               if d._runtime_primary is not None}
+    if leaked and leaked[-1] in runtime:
+        leaked.pop()
     b.tls.state = ThreadState()  # a fresh per-thread state for the next test
     for device in b.devices.values():  # what Device.set_current retained, as cudaSetDevice does
         device._runtime_primary = None
     gc.collect()
-    assert leaked == 0, f"the test left {leaked} context(s) pushed on this thread's stack"
+    assert not leaked, f"the test left {len(leaked)} context(s) pushed on this thread's stack"
 
 
 @pytest.fixture
