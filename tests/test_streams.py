@@ -488,3 +488,25 @@ def test_a_destroyed_context_leaves_no_host_functions_behind(sim):
     ctx.destroy()
     assert mine() == []
     assert not any(key[0] == ctx.handle for key in stream_module._failures)
+
+
+def test_exit_with_work_and_host_functions_still_queued_is_silent(backend):
+    """Nothing is left to run while the interpreter tears down: on a GPU, host functions
+    still queued at exit run first (the driver would call into a dismantled interpreter);
+    the sim runs nothing by itself. Either way the exit prints nothing."""
+    import subprocess
+    import sys
+    code = f"""
+import time, cuctx
+cuctx.set_backend({backend.name!r})
+ctx = cuctx.Context.create(0)
+stream = cuctx.Stream()
+stream.record(cuctx.Event(timing=True))
+stream.launch_host_func(time.sleep, 0.2)
+stream.launch_host_func(print, "ran")
+a = cuctx.zeros(10, stream=stream)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout == ("ran\n" if backend.name == "cuda" else "")

@@ -53,17 +53,23 @@ _keys = itertools.count(1)
 
 
 def _run_host_func(key: int, _finalizing=sys.is_finalizing) -> None:
-    # Runs on the driver's thread (on the sim: the thread that synchronizes): nothing may
-    # escape into it. One that runs while the interpreter tears down is dropped.
+    # The C entry point: runs on the driver's thread (on the sim: the thread that
+    # synchronizes), so nothing may escape into it. Only cuctx's own bookkeeping can raise
+    # here, and only while the interpreter tears down (module globals gone): then the host
+    # function is dropped.
     try:
-        fn, args, where, _ = _pending.pop(key)
-        guard = _enter_host_function()
-    except KeyError:  # already dropped (its context went away)
+        _call_pending(key)
+    except BaseException:
+        if not _finalizing():
+            raise
+
+
+def _call_pending(key: int) -> None:
+    entry = _pending.pop(key, None)
+    if entry is None:  # already dropped (its context went away)
         return
-    except Exception:
-        if _finalizing():
-            return
-        raise
+    fn, args, where, _ = entry
+    guard = _enter_host_function()
     try:
         fn(*args)
     except BaseException as exc:  # noqa: BLE001 - reported at the next synchronize

@@ -62,7 +62,7 @@ def public_entry(frame) -> str:
     outermost cuctx frame below the caller's code (or below the host-function trampoline)."""
     entry = None
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE) \
-            and frame.f_code.co_name != "_run_host_func":
+            and frame.f_code.co_name != "_call_pending":  # the host-function trampoline
         entry = frame.f_code
         frame = frame.f_back
     if entry is None:
