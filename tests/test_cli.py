@@ -159,6 +159,9 @@ def test_demo_runs_every_example_and_says_what_it_shows(name):
         assert f"== {example.title} (python -m cuctx demo {example.name})" in out
         assert f"Shows: {example.shows}" in out and f"Look at: {example.look_at}" in out
     assert "using a destroyed context: ContextDestroyedError" in out
+    # the stack walk that left a destroyed context current with the raw driver
+    assert "after destroying A, current = <Context created device 0" in out
+    assert "after destroying B, current = None" in out
     assert "stack empty again: current = None" in out
     assert f"launches counted in managed memory: {out.count(': [0.0, 2.0, 4.0, 6.0]')}" in out
     assert "copy/compute/copy on 4 streams: correct" in out

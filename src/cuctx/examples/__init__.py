@@ -22,8 +22,8 @@ EXAMPLES: dict[str, Example] = {e.name: e for e in (
         "context_stack", "the context stack walk",
         "Two contexts created on one device, pushed and popped on the thread's context stack, "
         "then destroyed, and the device's primary context made current for a block.",
-        "each `current =` line names the top of the stack; using the destroyed context is a "
-        "ContextDestroyedError, not a crash; the stack ends empty."),
+        "each `current =` line names the top of the stack; after both contexts are destroyed "
+        "none is left current; using a destroyed one is a ContextDestroyedError, not a crash."),
     Example(
         "context_independent", "one library, any context",
         "One kernel library loaded once, before any context exists, and the same kernel "

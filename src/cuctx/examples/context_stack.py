@@ -25,9 +25,14 @@ def main() -> None:
         print(f"inside `with ctx_a`, current = {cuctx.current_context()}")
     print(f"after the block, current = {cuctx.current_context()}")
 
-    ctx_b.destroy()  # it is current here, so the driver pops it: stack = [A]
-    Context.pop()
-    ctx_a.destroy()
+    # Destroy in creation order. A is not current but sits under B: the driver alone would
+    # leave it there, and once B is gone the destroyed A would be current (later CUDA calls
+    # on this thread, PyTorch's too, then fail with "invalid device context"). cuctx takes a
+    # destroyed context out of the thread's stack wherever it sits.
+    ctx_a.destroy()  # stack = [B]
+    print(f"after destroying A, current = {cuctx.current_context()}  (B)")
+    ctx_b.destroy()  # stack = []
+    print(f"after destroying B, current = {cuctx.current_context()}  (no destroyed context)")
     try:
         ctx_a.synchronize()
     except cuctx.ContextDestroyedError as exc:  # never a crash, never a raw handle error
