@@ -108,3 +108,35 @@ def test_variable_views_hold_plain_numbers(lib, dtype, shape, error, message):
         lib.get_global("counter", dtype, shape)
     with pytest.raises(error, match=message):
         lib.get_managed("shared_total", dtype, shape)
+
+
+def test_a_cubin_whose_variable_lies_outside_its_section_is_an_invalid_image(sim):
+    """The sim's image reader must not trust a symbol's size (it allocated what it said)."""
+    import struct
+
+    from cuctx import _cubin
+    from cuctx.compiler import compile_source
+    image = bytearray(compile_source(SOURCE, arch="sm_90", cache_dir=False).image)
+    ehdr = _cubin._EHDR.unpack_from(image, 0)
+    shoff, shnum = ehdr[6], ehdr[12]
+    sections = [_cubin._SHDR.unpack_from(image, shoff + i * _cubin._SHDR.size)
+                for i in range(shnum)]
+    symtab = next(sh for sh in sections if sh[1] == _cubin._SHT_SYMTAB)
+    names = _cubin._section_data(bytes(image), sections[symtab[6]], "names")
+    for offset in range(symtab[4], symtab[4] + symtab[5], _cubin._SYM.size):
+        if _cubin._cstr(names, _cubin._SYM.unpack_from(image, offset)[0], "") == "counter":
+            struct.pack_into("<Q", image, offset + 16, 1 << 62)  # st_size
+            break
+    else:
+        pytest.fail("no symbol 'counter' in the cubin")
+    with pytest.raises(cuctx.CudaError, match="INVALID_IMAGE"):
+        cuctx.Library.from_bytes(bytes(image))
+
+
+def test_names_must_be_strings(lib):
+    with pytest.raises(TypeError, match=r"kernel takes a name \(str\), not int"):
+        lib[0]
+    with pytest.raises(TypeError, match=r"Library.get_global takes a name \(str\)"):
+        lib.get_global(b"counter")
+    with pytest.raises(TypeError, match=r"Library.get_managed takes a name \(str\)"):
+        lib.get_managed(None)

@@ -125,6 +125,7 @@ class _Code:
         """The kernel called ``name``: its C name (``extern "C"``), its mangled name, or a
         name expression given to `from_source` (``"axpy<float>"``)."""
         self._check("kernel")
+        _need_name(name, "kernel")
         mangled = self._names.get(name, name)
         with self._lock:
             found = self._kernels.get(mangled)
@@ -255,6 +256,7 @@ class Library(_Code):
         ``name`` in the current context (each context has its own copy). ``dtype`` and
         ``shape`` say how to see its bytes (default: all of them as uint8)."""
         self._check("Library.get_global")
+        _need_name(name, "Library.get_global")
         ctx = working_context()
         with ctx._current("Library.get_global"):
             err, ptr, nbytes = self._backend.driver.cuLibraryGetGlobal(self._handle,
@@ -271,6 +273,7 @@ class Library(_Code):
         """A NumPy view of the ``__managed__`` variable ``name``: one copy for every context
         and device (cuLibraryGetManaged). Synchronize before reading what kernels wrote."""
         self._check("Library.get_managed")
+        _need_name(name, "Library.get_managed")
         # Managed variables exist once the library is loaded into a context: ask in one.
         ctx = working_context()
         with ctx._current("Library.get_managed"):
@@ -310,6 +313,11 @@ def _synchronize_all(contexts: list[Context]) -> None:
         if ctx._state is ACTIVE:
             with ctx._activated("unload"):
                 ctx._backend.driver.cuCtxSynchronize()
+
+
+def _need_name(name: Any, operation: str) -> None:
+    if not isinstance(name, str):
+        raise TypeError(f"{operation} takes a name (str), not {type(name).__name__}: {name!r}")
 
 
 def _view_shape(nbytes: int, dtype: Any, shape, name: str):
@@ -422,6 +430,7 @@ class Module(_Code):
                    shape: int | tuple[int, ...] | None = None):
         """A `DeviceArray` view of the variable ``name`` in the module's context."""
         self._check("Module.get_global")
+        _need_name(name, "Module.get_global")
         err, ptr, nbytes = self._backend.driver.cuModuleGetGlobal(self._handle, name.encode())
         if err:
             fail(self._backend, err, "cuModuleGetGlobal", self._ctx,

@@ -122,6 +122,8 @@ def _read_cubin(data: bytes) -> Image:
     for index, (name, info, other, shndx, value, size) in enumerate(symbols):
         if info & 0xF == _STT_OBJECT and 0 < shndx < len(sections) \
                 and names[shndx] in _VARIABLE_SECTIONS:
+            if value + size > sections[shndx][5]:  # sh_size: a variable lies inside its section
+                raise ValueError(f"malformed cubin: variable {name!r} ends past its section")
             body = _cubin._section_data(data, sections[shndx], names[shndx])
             initial = body[value:value + size] if body else b""
             initial = initial.ljust(size, b"\0")
