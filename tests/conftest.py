@@ -8,6 +8,7 @@ stack as it found it: a test that leaks a pushed context fails.
 from __future__ import annotations
 
 import gc
+import sys
 import time
 from collections import Counter, defaultdict
 
@@ -94,8 +95,27 @@ def gpu():
         pytest.skip(f"needs a GPU: {CUDA_REASON}")
     b = fresh("cuda")
     yield b
+    _release_foreign_caches()
     _empty_stack(b)  # the other libraries may have made their contexts current
     b.tls.state = ThreadState()
+
+
+def _release_foreign_caches() -> None:
+    """Give back the device memory other libraries cache in the primary context they share
+    with cuctx. Later tests reset the device, which destroys that context for every library
+    in the process (as cudaDeviceReset does); a CuPy pool block kept past it is freed at
+    interpreter exit into the destroyed context, and CuPy's finalizer then fails while the
+    interpreter is torn down ("Error in sys.excepthook")."""
+    gc.collect()  # the test's arrays go back to their pools first
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        cupy.cuda.Device().synchronize()
+        cupy.get_default_memory_pool().free_all_blocks()
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def busy(stream, ms: float) -> None:

@@ -1,0 +1,32 @@
+"""Interpreter exit after GPU work is silent: nothing cuctx or the libraries it shares the
+device with keep is finalised into a destroyed context during teardown."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import CUDA_REASON, HAVE_GPU
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason=f"needs a GPU: {CUDA_REASON}")
+def test_exit_after_cupy_interop_and_a_device_reset_is_silent():
+    """CuPy round trip, then the tests that reset the device, in one process: CuPy's pool
+    used to keep a block past the reset and fail while the interpreter was torn down
+    ("Error in sys.excepthook" after the whole GPU suite)."""
+    pytest.importorskip("cupy")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "tests/test_interop.py", "tests/test_streams.py", "-k", "cupy or reset"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "Error in sys.excepthook" not in run.stderr + run.stdout
+    assert "Exception ignored" not in run.stderr + run.stdout
