@@ -1,6 +1,9 @@
 """One scripted sequence of context operations, with its observable results and error
 codes, must read the same on every backend. The expected transcript is the real driver's
-(recorded on an H100, driver 580); the sim must reproduce it in CI, the GPU on the device."""
+(recorded on an H100, driver 580) as cuctx presents it: where the driver would leave a
+destroyed context current, cuctx takes it off the thread's stack at the thread's next call
+(`current_context()` never returns a destroyed context). The sim must reproduce it in CI,
+the GPU on the device."""
 
 import threading
 
@@ -30,9 +33,9 @@ EXPECTED = [
     ("push A", "ContextDestroyedError 709"),
     ("destroy A again", "ContextDestroyedError 709"),
     ("B.push; destroy B from another thread", "ok"),
-    ("current", "B"),
-    ("synchronize the current context", "ContextDestroyedError 709"),
-    ("pop", "B"),
+    ("current", "none"),  # the driver still has B current here; cuctx drops it
+    ("synchronize the current context", "InvalidContextError 201"),
+    ("pop", "InvalidContextError 201"),
     ("primary retained twice, released twice", "active while retained=1, restored=True"),
     ("with device 0", "primary"),
     ("current", "none"),
