@@ -1,0 +1,566 @@
+"""The single-thread state machine: contexts, the context stack, streams, events, host
+functions, device reset and (on the sim) injected faults. Arrays, copies and launches are in
+`arrays`; `Machine` puts them together.
+
+The model follows cuctx's documented behaviour, not its code: where the docs or issue 7 say
+what must happen (a destroyed context leaves every thread's stack, lazy initialisation makes
+the primary context current, a host function calling CUDA is reported at the next
+synchronize), the model says so, and a library that does otherwise fails here.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+from dataclasses import dataclass
+
+import cuctx
+from cuctx import ContextDestroyedError, InvalidContextError
+from hypothesis import strategies as st
+from hypothesis.stateful import (Bundle, RuleBasedStateMachine, invariant, multiple,
+                                 precondition, rule)
+
+from .expect import combine, fail, maybe, usable
+from .model import (FAULTS, STATS, Base, CtxRec, EventRec, Failed, StreamRec, attempt,
+                    same_values)
+
+
+def ok(result) -> bool:
+    """Whether an `attempt` succeeded."""
+    return not isinstance(result, Failed)
+
+EXAMPLE_TIMEOUT_S = 120  # one example hung (a deadlock): dump every thread's stack and exit
+MAX_CREATED = 3  # live created contexts (each costs a GPU hundreds of MB)
+MAX_STACK = 6
+
+
+@dataclass
+class Env:
+    """What one test's examples share: the backend, the loaded library, device limits."""
+    backend: object
+    library: cuctx.Library
+    limits: dict
+    priorities: tuple[int, int]  # (least, greatest), e.g. (0, -5)
+    anchor: cuctx.Context | None = None  # keeps the primary context (and its code) loaded
+
+
+CONTEXT_FLAGS = st.sampled_from([0, 0, cuctx.ContextFlags.SCHED_SPIN,
+                                 cuctx.ContextFlags.SCHED_YIELD,
+                                 cuctx.ContextFlags.SCHED_BLOCKING_SYNC,
+                                 cuctx.ContextFlags.MAP_HOST])
+BAD_CONTEXT_FLAGS = st.sampled_from([1 << 20, "0", True, 1.0, None])
+
+
+class ContextMachine(RuleBasedStateMachine):
+    contexts = Bundle("contexts")
+    streams = Bundle("streams")
+    events = Bundle("events")
+
+    def __init__(self, env: Env):
+        super().__init__()
+        self.env = env
+        with STATS.lock:
+            STATS.examples += 1
+        faulthandler.dump_traceback_later(EXAMPLE_TIMEOUT_S, exit=True)
+        self.device = cuctx.Device(0)
+        self._primary: CtxRec | None = None
+        self.stack: list[CtxRec] = []  # this thread's context stack, as the model sees it
+        self.created: list[CtxRec] = []
+        self.all_streams: list[StreamRec] = []
+        self.bases: list[Base] = []
+        self.host_calls: dict[int, int] = {}  # id(StreamRec) -> host functions that ran
+        self.all_events: list[EventRec] = []
+        self.all_arrs: list = []  # every Arr record made (the bundles keep them too)
+        self.names = 0
+        self.started = self.finished = 0
+        gc.collect()
+        self.baseline = self.free_memory()
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def free_memory(self) -> int:
+        """Device.mem_info().free, leaving the stack as it was (with none current, mem_info
+        initialises lazily: the primary context stays current)."""
+        empty = cuctx.current_context() is None
+        free = self.device.mem_info().free
+        if empty:
+            assert cuctx.Context.pop() is self.device.primary_context
+        return free
+
+    def call(self, what: str, expect, fn, *args, **kwargs):
+        return attempt(what, expect, fn, *args, **kwargs)
+
+    def count(self, rule_name: str) -> None:
+        """Every rule starts here; the invariant after it counts the rules that finished, so
+        teardown knows whether the example failed inside a rule."""
+        STATS.rule(rule_name)
+        self.started += 1
+
+    def name(self, prefix: str) -> str:
+        self.names += 1
+        return f"{prefix}{self.names}"
+
+    def primary(self) -> CtxRec:
+        """The record of device 0's primary context (a new one after a reset)."""
+        if self._primary is None or self._primary.state == "destroyed":
+            self._primary = CtxRec(self.device.primary_context, "primary", self.name("primary"))
+        return self._primary
+
+    def resolve(self, rec: CtxRec) -> CtxRec:
+        """A stack entry: a primary context entry is the device's primary, reset or not
+        (the driver keeps the handle, and cuctx a new Context object for it)."""
+        return self.primary() if rec.kind == "primary" else rec
+
+    def top(self) -> CtxRec | None:
+        return self.resolve(self.stack[-1]) if self.stack else None
+
+    def implicit(self) -> CtxRec:
+        """The context of a call that takes the current one (device 0's primary when none is)."""
+        return self.top() or self.primary()
+
+    def lazy_init(self) -> None:
+        """A call that initialises lazily succeeded: the primary context is current now."""
+        if not self.stack:
+            self.stack.append(self.primary())
+        current = cuctx.current_context()
+        assert current is self.top().ctx, (
+            f"after lazy initialisation the current context is {current!r}, not "
+            f"{self.top().ctx!r}")
+
+    def legacy(self, rec: CtxRec) -> StreamRec | None:
+        """The legacy default stream of a context, as a record (made once per context);
+        None when the context cannot be entered any more."""
+        if rec.legacy is None:
+            def get():
+                with rec.ctx:
+                    return cuctx.legacy_stream()
+            stream = self.call(f"legacy_stream() in {rec}", combine(usable(rec)), get)
+            if isinstance(stream, Failed):
+                return None
+            rec.legacy = self.add_stream(stream, rec, "legacy")
+        return rec.legacy
+
+    def add_stream(self, stream, rec: CtxRec, kind: str) -> StreamRec:
+        srec = StreamRec(stream, rec, kind)
+        self.all_streams.append(srec)
+        self.host_calls[id(srec)] = 0
+        return srec
+
+    def synchronize_stream(self, s: StreamRec) -> None:
+        """Synchronize a stream through the API, expecting what the model knows of it."""
+        expect = combine(usable(s.ctx),
+                         fail(cuctx.HostFunctionError) if s.host_failures else None)
+        result = self.call(f"{s}.synchronize()", expect, s.stream.synchronize)
+        if isinstance(result, Failed) and not isinstance(result.exc, cuctx.HostFunctionError):
+            return
+        s.host_failures = 0
+        for base in self.bases:
+            base.pending.discard(s)
+        if s.host_expected is not None:
+            assert self.host_calls[id(s)] == s.host_expected, (
+                f"{s}: {self.host_calls[id(s)]} host functions ran by its synchronize, "
+                f"{s.host_expected} were queued")
+
+    def synchronize_context(self, rec: CtxRec) -> None:
+        streams = [s for s in self.all_streams if s.ctx is rec]
+        failures = any(s.host_failures for s in streams)
+        expect = combine(usable(rec), fail(cuctx.HostFunctionError) if failures else None,
+                         fail(*FAULTS) if rec.state == "faulted" else None)
+        result = self.call(f"{rec}.synchronize()", expect, rec.ctx.synchronize)
+        if isinstance(result, Failed) and not isinstance(result.exc, cuctx.HostFunctionError):
+            return
+        for s in streams:
+            s.host_failures = 0
+            for base in self.bases:
+                base.pending.discard(s)
+            if s.host_expected is not None:
+                assert self.host_calls[id(s)] == s.host_expected, s
+
+    def settle(self, rec: CtxRec) -> None:
+        """Before ``rec`` goes (destroy, reset): finish the work of every stream that may
+        touch memory of it, or that is of it and touches other memory. The model is
+        conservative here: a real driver frees memory under running work."""
+        for base in self.bases:
+            involved = base.ctx is rec or any(p.ctx is rec for p in base.pending)
+            if involved:
+                for p in list(base.pending):
+                    if p.ctx.alive:
+                        self.synchronize_stream(p)
+
+    def forget(self, rec: CtxRec, state: str) -> None:
+        rec.state = state
+        for s in self.all_streams:
+            if s.ctx is rec:
+                s.host_failures = 0  # the bookkeeping goes with the context
+                s.host_expected = None
+
+    def check_base(self, base: Base) -> None:
+        """Compare a whole allocation with its mirror, after its pending work is done."""
+        if not base.trusted or not base.ctx.alive:
+            return
+        for p in list(base.pending):
+            if p.ctx.alive:
+                self.synchronize_stream(p)
+            else:
+                base.pending.discard(p)
+        if base.pending:
+            return  # a host function error was reported instead: check another time
+        host = self.call("base.to_host()", None, base.dev.to_host)
+        mask = base.known.reshape(base.dev.shape + (base.dev.dtype.itemsize,))
+        want = base.bytes.view(base.dev.dtype).reshape(base.dev.shape)
+        assert same_values(host, want, mask), (
+            f"device memory differs from the model:\n device {host!r}\n model  {want!r}\n "
+            f"known  {mask.all(axis=-1)!r}")
+
+    # -- contexts -------------------------------------------------------------------------
+
+    @rule(target=contexts)
+    def primary_context(self):
+        self.count("primary_context")
+        return self.primary()
+
+    @precondition(lambda self: sum(r.alive for r in self.created) < MAX_CREATED
+                  and len(self.stack) < MAX_STACK)
+    @rule(target=contexts, flags=CONTEXT_FLAGS)
+    def create_context(self, flags):
+        self.count("create_context")
+        ctx = self.call(f"Context.create(0, {flags!r})", None, cuctx.Context.create, 0, flags)
+        rec = CtxRec(ctx, "created", self.name("ctx"))
+        self.created.append(rec)
+        self.stack.append(rec)
+        return rec
+
+    @precondition(lambda self: len(self.stack) < MAX_STACK)
+    @rule(flags=BAD_CONTEXT_FLAGS)
+    def create_context_bad_flags(self, flags):
+        self.count("create_context_bad_flags")
+        self.call(f"Context.create(0, {flags!r})", (TypeError, ValueError, cuctx.CudaError),
+                  cuctx.Context.create, 0, flags)
+
+    @rule(rec=contexts)
+    def destroy(self, rec):
+        self.count("destroy")
+        if rec.kind == "primary":
+            expect = (InvalidContextError,)
+        elif rec.state == "destroyed":
+            expect = (ContextDestroyedError,)
+        else:
+            expect = None
+            self.settle(rec)
+        self.call(f"{rec}.destroy()", expect, rec.ctx.destroy)
+        if expect:
+            return
+        self.forget(rec, "destroyed")
+        # The destroyed context leaves this thread's stack wherever it sits (issue 7, item 4).
+        self.stack = [r for r in self.stack if r is not rec]
+        assert rec.ctx.state == "destroyed"
+
+    @precondition(lambda self: len(self.stack) < MAX_STACK)
+    @rule(rec=contexts)
+    def push(self, rec):
+        self.count("push")
+        if ok(self.call(f"{rec}.push()", combine(usable(rec)), rec.ctx.push)):
+            self.stack.append(rec)
+
+    @rule()
+    def pop(self):
+        self.count("pop" if self.stack else "pop_empty")
+        want = self.top()
+        got = self.call("Context.pop()", None if want else (InvalidContextError,),
+                        cuctx.Context.pop)
+        if want is None:
+            return
+        self.stack.pop()
+        if want.kind == "created":
+            assert got is want.ctx, f"Context.pop() returned {got!r}, not {want.ctx!r}"
+        else:
+            assert got.kind == "primary" and got.device is self.device, got
+
+    @rule(rec=contexts)
+    def set_current(self, rec):
+        self.count("set_current")
+        if ok(self.call(f"{rec}.set_current()", combine(usable(rec)), rec.ctx.set_current)):
+            if self.stack:
+                self.stack[-1] = rec
+            else:
+                self.stack.append(rec)
+
+    @rule(rec=contexts)
+    def with_context(self, rec):
+        """``with ctx:`` around a push of another context: the block restores the stack."""
+        self.count("with_context")
+        before = list(self.stack)
+
+        inner = self.primary() if self.primary().alive else None
+
+        def block():
+            with rec.ctx:
+                assert cuctx.current_context() is self.resolve(rec).ctx
+                if inner is not None:
+                    inner.ctx.push()  # left pushed: the block's exit pops it too
+        self.call(f"with {rec}:", combine(usable(rec)), block)
+        assert self.stack == before
+
+    @rule()
+    def reset(self):
+        self.count("reset")
+        rec = self.primary()
+        self.settle(rec)
+        self.call("Device(0).reset()", None, self.device.reset)
+        self.forget(rec, "destroyed")
+        assert rec.ctx.state == "destroyed"
+
+    @precondition(lambda self: self.env.backend.name == "sim")
+    @rule(rec=contexts)
+    def inject_fault(self, rec):
+        """Sim only: a sticky fault in ``rec``. Its work may be dropped, so memory it may
+        touch is no longer compared; it stays faulted until destroyed or reset."""
+        self.count("inject_fault")
+        from cuctx.sim import inject_fault
+        if not ok(self.call(f"inject_fault({rec})", combine(usable(rec)), inject_fault, rec.ctx)):
+            return
+        rec.state = "faulted"
+        for base in self.bases:
+            if base.ctx is rec or any(p.ctx is rec for p in base.pending):
+                base.trusted = False
+        for s in self.all_streams:
+            if s.ctx is rec:
+                s.host_expected = None  # queued host functions may be dropped
+
+    @rule(rec=contexts)
+    def synchronize(self, rec):
+        self.count("synchronize")
+        self.synchronize_context(rec)
+
+    @rule(how=st.sampled_from(["device", "cuctx"]))
+    def synchronize_device(self, how):
+        """Device.synchronize / cuctx.synchronize: every usable context of the device."""
+        self.count(f"synchronize_{how}")
+        recs = [r for r in [self.primary(), *self.created] if r.state != "destroyed"]
+        streams = [s for s in self.all_streams if s.ctx in recs]
+        faulted = [r for r in recs if r.state == "faulted"]
+        expect = combine(
+            fail(cuctx.HostFunctionError) if any(s.host_failures for s in streams) else None,
+            maybe(*FAULTS) if faulted else None)
+        fn = self.device.synchronize if how == "device" else cuctx.synchronize
+        result = self.call(f"{how} synchronize", expect, fn)
+        if how == "cuctx":
+            self.lazy_init() if ok(result) or not faulted else None
+        if faulted:
+            return  # which contexts were waited for before the fault is not modelled
+        for s in streams:
+            s.host_failures = 0
+            for base in self.bases:
+                base.pending.discard(s)
+            if s.host_expected is not None:
+                assert self.host_calls[id(s)] == s.host_expected, s
+
+    # -- streams and events ---------------------------------------------------------------
+
+    @rule(target=streams, rec=contexts, priority=st.sampled_from([None, 0, -1, -5, 1, -6, 2.0, True]),
+          non_blocking=st.booleans())
+    def new_stream(self, rec, priority, non_blocking):
+        self.count("new_stream")
+        least, greatest = self.env.priorities
+        bad = priority is not None and (isinstance(priority, bool) or not isinstance(priority, int))
+        out_of_range = not bad and priority is not None and not greatest <= priority <= least
+
+        def make():
+            with rec.ctx:
+                return cuctx.Stream(priority=priority, non_blocking=non_blocking)
+        expect = combine(usable(rec), fail(TypeError) if bad else None,
+                         fail(ValueError) if out_of_range else None)
+        stream = self.call(f"Stream(priority={priority!r}) in {rec}", expect, make)
+        if not ok(stream):
+            return multiple()
+        return self.add_stream(stream, rec, "created")
+
+    @rule(target=streams, rec=contexts)
+    def legacy_stream(self, rec):
+        self.count("legacy_stream")
+        s = self.legacy(rec) if rec.state != "destroyed" else None
+        return multiple() if s is None else s
+
+    @rule(target=events, rec=contexts, timing=st.booleans())
+    def new_event(self, rec, timing):
+        self.count("new_event")
+
+        def make():
+            with rec.ctx:
+                return cuctx.Event(timing=timing)
+        event = self.call(f"Event(timing={timing}) in {rec}", combine(usable(rec)), make)
+        if not ok(event):
+            return multiple()
+        erec = EventRec(event, rec, timing)
+        self.all_events.append(erec)
+        return erec
+
+    @rule(event=events, s=streams)
+    def record(self, event, s):
+        self.count("record")
+        # A destroyed context is named as such (issue 7, item 11), even when it is the
+        # event's and the stream is of another context.
+        dead = usable(event.ctx, s.ctx)
+        expect = combine(dead, fail(ValueError) if event.ctx is not s.ctx and not dead else None)
+        if ok(self.call(f"{event}.record({s})", expect, event.event.record, s.stream)):
+            event.recorded = True
+
+    @rule(s=streams, event=events)
+    def wait_event(self, s, event):
+        self.count("wait_event")
+        expect = combine(usable(s.ctx, event.ctx),
+                         None if event.recorded else fail(ValueError))
+        self.call(f"{s}.wait({event})", expect, s.stream.wait, event.event)
+
+    @rule(s=streams, other=streams)
+    def wait_stream(self, s, other):
+        self.count("wait_stream")
+        expect = combine(usable(s.ctx, None if other is s else other.ctx))
+        if ok(self.call(f"{s}.wait({other})", expect, s.stream.wait, other.stream)):
+            for base in self.bases:
+                if other in base.pending:
+                    base.pending.add(s)
+
+    @rule(event=events)
+    def event_synchronize(self, event):
+        self.count("event_synchronize")
+        expect = combine(usable(event.ctx), None if event.recorded else fail(ValueError))
+        self.call(f"{event}.synchronize()", expect, event.event.synchronize)
+
+    @rule(start=events, end=events)
+    def elapsed(self, start, end):
+        self.count("elapsed")
+        ok = start.timing and end.timing and start.recorded and end.recorded
+        expect = combine(usable(start.ctx, end.ctx), None if ok else fail(ValueError))
+        ms = self.call(f"{start}.elapsed_ms({end})", expect, start.event.elapsed_ms, end.event)
+        if not isinstance(ms, Failed):
+            assert isinstance(ms, float)
+
+    @rule(s=streams)
+    def stream_synchronize(self, s):
+        self.count("stream_synchronize")
+        self.synchronize_stream(s)
+
+    @rule(s=streams, event=events)
+    def query(self, s, event):
+        self.count("query")
+        self.call(f"{s}.done", combine(usable(s.ctx)), lambda: s.stream.done)
+        self.call(f"{event}.done", combine(usable(event.ctx)), lambda: event.event.done)
+
+    # -- host functions -------------------------------------------------------------------
+
+    @rule(s=streams, kind=st.sampled_from(["ok", "raises", "calls_cuda", "not_callable"]))
+    def host_function(self, s, kind):
+        """A host function that runs, raises, or calls cuctx (which it must not: that is an
+        error reported at the next synchronize, issue 7 item 7)."""
+        self.count("host_function")
+        calls, key = self.host_calls, id(s)
+
+        def ran():
+            calls[key] += 1
+
+        def raises():
+            calls[key] += 1
+            raise ValueError("raised by a host function")
+
+        def calls_cuda():
+            calls[key] += 1
+            cuctx.current_context()
+
+        fn = {"ok": ran, "raises": raises, "calls_cuda": calls_cuda, "not_callable": 3}[kind]
+        expect = combine(usable(s.ctx), fail(TypeError) if kind == "not_callable" else None)
+        if not ok(self.call(f"{s}.launch_host_func({kind})", expect, s.stream.launch_host_func,
+                            fn)):
+            return
+        if s.host_expected is not None:
+            s.host_expected += 1
+            s.host_failures += kind != "ok"
+
+    # -- invariants and the end -----------------------------------------------------------
+
+    @invariant()
+    def current_context_is_the_model_top(self):
+        current = attempt("current_context()", None, cuctx.current_context)
+        want = self.top()
+        if want is None and current is not None and current is self.primary().ctx:
+            self.stack.append(self.primary())  # lazily initialised by a call that may
+            want = self.top()
+        assert current is (want.ctx if want else None), (
+            f"current_context() is {current!r}; the model's stack is {self.stack}")
+        assert current is None or current.state != "destroyed", current
+        self.finished = self.started
+
+    def teardown(self):
+        try:
+            if self.started != self.finished:  # a rule failed: clean up for the next example
+                self.clean_up()
+                return
+            try:
+                self.finish()
+            except BaseException:
+                self.clean_up()
+                raise
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+    def clean_up(self):
+        backend = self.env.backend
+        while backend.driver.cuCtxPopCurrent()[0] == 0:
+            pass
+        backend.tls.state.stack.clear()
+        for rec in self.created:
+            if rec.ctx is not None and rec.ctx.state != "destroyed":
+                try:
+                    rec.ctx.destroy()
+                except Exception:  # noqa: BLE001 - the rule's failure is what is reported
+                    pass
+        if self.device.primary_context.state != "active":
+            self.device.reset()
+        self.release()
+        gc.collect()
+
+    def finish(self):
+        for base in self.bases:
+            self.check_base(base)
+        while self.stack:  # leave this thread's stack as the test found it
+            want = self.stack.pop()
+            got = self.call("Context.pop()", None, cuctx.Context.pop)
+            assert want.kind == "primary" or got is want.ctx
+        for rec in self.created:
+            if rec.state != "destroyed":
+                self.call(f"{rec}.destroy()", None, rec.ctx.destroy)
+                self.forget(rec, "destroyed")
+        primary = self.primary()
+        if primary.state == "faulted":
+            self.call("Device(0).reset()", None, self.device.reset)
+            self.forget(primary, "destroyed")
+            primary = self.primary()
+        self.synchronize_context(primary)  # host function errors the model expects
+        self.release()
+        gc.collect()
+        primary = self.device.primary_context
+        primary.synchronize()  # the frees queued by garbage collection
+        self.env.anchor = primary
+        free = self.free_memory()
+        slack = 0 if self.env.backend.name == "sim" else 1 << 20  # a GPU's page granularity
+        assert free >= self.baseline - slack, (
+            f"device memory in use grew by {self.baseline - free} bytes over the example "
+            f"(free {free}, was {self.baseline}): something leaked")
+
+    def release(self):
+        """Drop every object the example made (the bundles keep the records)."""
+        for base in self.bases:
+            base.dev = None
+        self.bases.clear()
+        for s in self.all_streams:
+            s.stream = None
+        for e in self.all_events:
+            e.event = None
+        for rec in self.created:
+            rec.ctx = rec.legacy = None
+        if self._primary is not None:
+            self._primary.ctx = self._primary.legacy = None
+        self._primary = None
+
+
+__all__ = ["ContextMachine", "Env", "ok"]

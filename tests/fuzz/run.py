@@ -1,0 +1,99 @@
+"""Profiles, the per-test environment, the time budget of the long run, and the counts.
+
+``CUCTX_FUZZ`` picks the profile: unset or ``ci`` runs a fixed, derandomized set of examples
+that fits in about a minute on a 2-core machine (both machines together); ``long`` runs fresh
+random batches until the time budget is spent (scripts/gpu-check runs it on the GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+import cuctx
+
+from . import kernels
+from .machine import Env
+from .model import STATS
+
+_COMMON = dict(deadline=None, database=None, print_blob=True,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                      HealthCheck.data_too_large])
+settings.register_profile("cuctx-fuzz-ci", max_examples=100, stateful_step_count=30,
+                          derandomize=True, **_COMMON)
+# One batch of the long run; batches repeat (with fresh seeds) until the budget is spent.
+settings.register_profile("cuctx-fuzz-long", max_examples=100, stateful_step_count=60,
+                          derandomize=False, phases=list(Phase), **_COMMON)
+
+PROFILE = os.environ.get("CUCTX_FUZZ", "ci") or "ci"
+if PROFILE not in ("ci", "long"):
+    raise ValueError(f"CUCTX_FUZZ must be 'ci' or 'long', not {PROFILE!r}")
+# Seconds of the long run, shared by the fuzz tests by weight (see `run`).
+LONG_BUDGET_S = float(os.environ.get("CUCTX_FUZZ_SECONDS", "200"))
+
+
+def make_env(backend, cache_dir: str) -> Env:
+    """Load the library and read the limits the model needs; warm the primary context (its
+    code loaded) so the memory baseline of every example includes it."""
+    library = kernels.load(cache_dir)
+    device = cuctx.Device(0)
+    p = device.properties
+    attrs = {k: library[k].attributes(device) for k in kernels.TWINS}
+    with device:
+        err, least, greatest = backend.driver.cuCtxGetStreamPriorityRange()
+        assert not err, err
+        counter = cuctx.zeros(1, "uint32")
+        library["count"][1, 1](counter)
+        counter.to_host()
+        del counter
+    limits = {
+        "grid": (p.max_grid_dim_x, p.max_grid_dim_y, p.max_grid_dim_z),
+        "block": (p.max_block_dim_x, p.max_block_dim_y, p.max_block_dim_z),
+        "threads": p.max_threads_per_block,
+        "kernel_threads": {k: a.max_threads_per_block for k, a in attrs.items()},
+        "static_shared": {k: a.shared_size_bytes for k, a in attrs.items()},
+        "shared_optin": p.max_shared_memory_per_block_optin,
+        "clusters": bool(p.cluster_launch),
+        "sms": p.multiprocessor_count,
+    }
+    return Env(backend, library, limits, (int(least), int(greatest)),
+               anchor=device.primary_context)
+
+
+def run(machine_cls, env: Env, weight: float) -> None:
+    """Run the machine under the active profile. The long profile repeats batches until its
+    share (``weight``) of the time budget is spent; a failure stops it with the example."""
+    factory = lambda: machine_cls(env)  # noqa: E731
+    if PROFILE == "ci":
+        run_state_machine_as_test(factory, settings=settings.get_profile("cuctx-fuzz-ci"))
+        return
+    deadline = time.monotonic() + LONG_BUDGET_S * weight
+    batch = settings.get_profile("cuctx-fuzz-long")
+    while time.monotonic() < deadline:
+        run_state_machine_as_test(factory, settings=batch)
+
+
+def report(request, name: str) -> None:
+    """Print the counts past pytest's output capture (so gpu-check's log shows them)."""
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print(f"\n{summary(name)}")
+
+
+def summary(name: str) -> str:
+    """One line of counts, and the same as JSON under $OUT when it is set."""
+    s = STATS
+    top = ", ".join(f"{k} {v}" for k, v in s.rules.most_common())
+    errors = ", ".join(f"{k} {v}" for k, v in s.errors.most_common())
+    line = (f"cuctx fuzz {name} ({PROFILE}): {s.examples} examples, {s.steps} steps; "
+            f"rules: {top}; errors raised as the model expected: {errors or 'none'}")
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, f"fuzz-counts-{name}.json"), "w") as f:
+            json.dump({"profile": PROFILE, "examples": s.examples, "steps": s.steps,
+                       "rules": dict(s.rules), "errors": dict(s.errors)}, f, indent=1)
+    return line
