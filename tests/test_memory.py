@@ -527,3 +527,17 @@ def test_foreign_array_makes_the_given_stream_wait_for_its_producer(backend):
         view.to_host(out=out, stream=consumer)
         consumer.synchronize()
         assert out.tolist() == [5, 5, 5, 5]
+
+
+def test_pinned_empty_keeps_structured_dtypes_and_refuses_objects(backend):
+    record = np.dtype([("a", "<i4"), ("b", "<f8")])
+    assert cuctx.pinned_empty(3, record).dtype == record
+    with pytest.raises(TypeError, match="Python objects"):
+        cuctx.pinned_empty(3, object)  # uninitialised object pointers would crash NumPy
+
+
+def test_to_device_of_a_device_array_copies_it(backend):
+    arr = cuctx.to_device(np.arange(6.0).reshape(2, 3))
+    again = cuctx.to_device(arr.T)
+    assert again.ptr != arr.ptr and again.strides == (16, 8)
+    np.testing.assert_array_equal(again.to_host(), np.arange(6.0).reshape(2, 3).T)
