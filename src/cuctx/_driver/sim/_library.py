@@ -253,8 +253,10 @@ class LibraryModel:
         found = self._managed_at(ptr)
         if found is not None:
             return found[1] - ptr
-        block = self._live_range(ptr, 0)
-        return block.base + block.length - ptr if block is not None else 0
+        # Work queued for a bigger allocation may still run after its block was reused for
+        # a smaller one: what any not yet freed allocation covers is in reach.
+        block = self._block_at(ptr)
+        return max(block.base + block.reach() - ptr, 0) if block is not None else 0
 
     def _allocate_variables(self, ctx, initial: dict[str, bytes]):
         """A block per variable in ``ctx``, holding its initial bytes; None when out of
