@@ -24,6 +24,7 @@ from cuda.bindings.driver import CUctx_flags
 
 from . import _driver
 from ._driver import in_host_function
+from ._hostfn import raise_host_func_errors
 from .errors import (STICKY_CODES, ContextDestroyedError, ContextPoisonedError, CudaError,
                      InvalidContextError, called_from_host_function, error_for)
 
@@ -314,7 +315,6 @@ class Context:
             err, = self._drv.cuCtxSynchronize()
         if err:
             fail(self._backend, err, "cuCtxSynchronize", self)
-        from .stream import raise_host_func_errors  # stream.py builds on this module
         raise_host_func_errors(self)
 
     def __repr__(self) -> str:
