@@ -126,8 +126,19 @@ def test_a_launch_on_the_current_stream_inside_a_host_function_is_not_permitted(
 
 
 @requires_nvrtc
-@pytest.mark.xfail(strict=False, reason="launch.py: a Launcher (fast or general path) does not "
-                   "check for host functions yet (on a GPU the driver may refuse by itself)")
 def test_a_launch_with_a_launcher_inside_a_host_function_is_not_permitted(fill_launcher):
     launcher, out = fill_launcher
     assert isinstance(launch_inside(lambda: launcher(out, 2.0)), cuctx.NotPermittedError)
+
+
+def test_destroying_a_context_inside_a_host_function_is_not_permitted(backend):
+    doomed = Context.create(0)
+    Context.pop()
+    with Device(0):
+        stream = Stream()
+        stream.launch_host_func(doomed.destroy)
+        with pytest.raises(cuctx.HostFunctionError) as info:
+            stream.synchronize()
+    assert isinstance(info.value.__cause__, cuctx.NotPermittedError)
+    assert doomed.state == "active"  # refused before the driver was asked
+    doomed.destroy()

@@ -131,8 +131,6 @@ def test_a_twin_that_raises_is_the_cause_of_the_sticky_fault(sim):
         ctx.destroy()
 
 
-@pytest.mark.xfail(strict=True, reason="needs context.fail to attach the sim's fault cause "
-                                       "(simGetFaultCause); see the helper's report")
 def test_the_sticky_fault_error_chains_the_twins_exception(sim):
     lib = cuctx.Library.from_source(
         'extern "C" __global__ void k(float* out, int n) {}', sim_kernels={"k": _raising_twin})

@@ -11,7 +11,7 @@ from cuda.bindings.driver import CUfunction, CUfunction_attribute
 
 from . import _ptx
 from ._args import Packer
-from .context import Context, current_context, fail
+from .context import Context, ensure_context, fail
 from .device import Device
 from .errors import NotSupportedError
 from .launch import LaunchConfigError, Launcher, make_launcher
@@ -232,6 +232,6 @@ def _count(value: Any, what: str) -> int:
 
 
 def working_context() -> Context:
-    """The current context, or (with none current) device 0's primary context, used without
-    being made current: nothing here changes the caller's context stack."""
-    return current_context() or Device(0).primary_context
+    """The current context; with none current, device 0's primary context becomes current
+    (lazy initialisation, the one rule every cuctx call follows)."""
+    return ensure_context()

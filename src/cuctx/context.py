@@ -60,14 +60,32 @@ def fail(backend: _driver.Backend, err, operation: str, ctx: Context | None = No
     if code == 800:  # the driver refuses CUDA calls from host functions (when it notices)
         refuse_in_host_function(operation)
     status, text = backend.driver.cuGetErrorString(err)
-    exc = error_for(code, operation, text.decode() if not status and text else "", hint)
+    message = text.decode() if not status and text else ""
+    exc = error_for(code, operation, message, hint)
     if code in STICKY_CODES:
         ctx = ctx or _registered_current(backend)
         if ctx is not None:
+            if ctx._state is ACTIVE:
+                exc = _with_twin_cause(backend, ctx, exc, code, operation, message, hint)
             ctx._poison(exc)
     elif code == 709 and ctx is not None:
         ctx._mark_destroyed("(the driver reports it destroyed)")
     raise exc
+
+
+def _with_twin_cause(backend: _driver.Backend, ctx: Context, exc: CudaError, code: int,
+                     operation: str, message: str, hint: str) -> CudaError:
+    """On the sim, a sticky fault may come from a kernel twin that raised: name the twin's
+    file and line in the message and chain its exception (``__cause__``)."""
+    cause_of = getattr(backend.driver, "simGetFaultCause", None)
+    if cause_of is None:
+        return exc
+    _, cause, where = cause_of(ctx._handle)
+    if not where:
+        return exc
+    exc = error_for(code, operation, message, f"{hint}; {where}" if hint else where)
+    exc.__cause__ = cause
+    return exc
 
 
 def call(backend: _driver.Backend, operation: str, *args, ctx: Context | None = None):
@@ -168,13 +186,13 @@ class Context:
         backend = self._backend
         drv = backend.driver
         state = backend.tls.state
+        stack = state.stack  # inside a host function this raises, before anything is done
         on_top = int(drv.cuCtxGetCurrent()[1] or 0) == self._key
         err, = drv.cuCtxDestroy(self._handle)
         if err and int(err) != 709:  # still alive: leave it as it was, finalizer included
             fail(backend, err, "cuCtxDestroy", self)
         self._finalizer.detach()
         self._mark_destroyed("by Context.destroy")
-        stack = state.stack
         if on_top and stack and stack[-1] is self:  # the driver popped it
             stack.pop()
         if self in stack:  # deeper in the stack: the driver leaves it there, current later

@@ -27,7 +27,8 @@ from cuda.bindings.driver import CUlaunchAttribute, CUlaunchAttributeID, CUlaunc
 
 from ._args import (NO_PLAN, PACK_ERRORS, KernelArgumentError, _Miss, _Plan, argument_code,
                     compile_function, pack_slowly)
-from .context import ACTIVE, fail
+from ._driver import in_host_function
+from .context import ACTIVE, fail, refuse_in_host_function
 from .device import Device
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ def _generate_launch(plan: _Plan, launcher: Launcher, buffer: bytearray, go: Cal
     checks, values, scope = argument_code(plan, "return general(args)")
     source = (
         "def launch(args):\n"
-        "    if ctx._state is not ACTIVE or not owner._loaded or get_ident() != thread:\n"
+        "    if ctx._state is not ACTIVE or not owner._loaded or get_ident() != thread or hostfn:\n"
         "        return general(args)\n"
         f"{checks}"
         "    try:\n"
@@ -167,6 +168,7 @@ def _generate_launch(plan: _Plan, launcher: Launcher, buffer: bytearray, go: Cal
     scope.update(ctx=launcher._ctx, owner=launcher._owner, thread=threading.get_ident(),
                  get_ident=threading.get_ident, general=launcher._general, buffer=buffer,
                  go=go, fail=launcher._fail, pack_errors=PACK_ERRORS, device=launcher._device,
+                 hostfn=in_host_function,
                  stream=launcher.stream)
     return compile_function(source, scope, "launch",
                             f"launcher {launcher.kernel.name} {plan.types}")
@@ -226,7 +228,10 @@ class Launcher:
 
     def _general(self, args: tuple) -> None:
         """Every launch the generated fast path was not made for: the first one, other
-        threads, other argument types, bad arguments (for their errors), unusable contexts."""
+        threads, other argument types, bad arguments (for their errors), unusable contexts,
+        calls from inside a host function (the set is empty unless one runs)."""
+        if in_host_function:
+            refuse_in_host_function(f"launch of {self.kernel.name!r}")
         ctx = self._ctx
         if ctx._state is not ACTIVE:
             raise ctx._unusable(f"launch of {self.kernel.name!r}")
