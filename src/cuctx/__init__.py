@@ -1,4 +1,4 @@
-"""cuctx: the CUDA host side for Python (devices, contexts, streams, memory, kernels, graphs),
+"""cuctx: the CUDA host side for Python (devices, contexts, streams, memory, kernels),
 on the real driver or on a simulated GPU."""
 
 from __future__ import annotations

@@ -335,7 +335,13 @@ class Device:
 
     def reset(self) -> None:
         """Reset the primary context (cuDevicePrimaryCtxReset): all its memory and work are
-        gone, and every object bound to it raises `ContextDestroyedError` from now on."""
+        gone, and every object bound to it raises `ContextDestroyedError` from now on.
+
+        Other libraries share the primary context (PyTorch, CuPy, Numba, cuda.core): the
+        reset takes their memory too, as cudaDeviceReset does. Let them give back what they
+        cache first (``cupy.get_default_memory_pool().free_all_blocks()``,
+        ``torch.cuda.empty_cache()``), or their pools free dead pointers later, at the
+        latest at interpreter exit."""
         with self._lock:
             call(self._backend, "cuDevicePrimaryCtxReset", self._handle)
             ctx = self._primary() if self._primary is not None else None
