@@ -8,6 +8,8 @@ The rule, for whoever writes docs:
 - Each page runs on every backend: the sim everywhere, the cuda backend where there is a GPU.
 - A block that needs a real GPU (e.g. interop with PyTorch) is marked ```python gpu: it runs on
   the cuda backend only. Use it sparingly: everything else must run on the sim.
+- A block that shows what only the sim does (its deterministic ordering, say) is marked
+  ```python sim: it runs on the sim only.
 - Other fences (```sh, ```text, no language) are not run: use them for shell commands, output
   and pseudo-code, never for Python a reader would paste.
 """
@@ -30,7 +32,8 @@ _FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>.*)$")
 
 
 def python_blocks(page: pathlib.Path) -> list[dict]:
-    """The page's ```python blocks: {"line": first code line (1-based), "code", "gpu"}."""
+    """The page's ```python blocks: {"line": first code line (1-based), "code", "only"},
+    ``only`` the backend a ``gpu`` or ``sim`` block is for (None: every backend)."""
     blocks, lines, i = [], page.read_text().splitlines(), 0
     while i < len(lines):
         fence = _FENCE.match(lines[i])
@@ -44,7 +47,8 @@ def python_blocks(page: pathlib.Path) -> list[dict]:
         if info[:1] == ["python"]:
             # A block inside a list item is indented like its fence; the code is not.
             code = "\n".join(line.removeprefix(indent) for line in lines[start:i])
-            blocks.append({"line": start + 1, "code": code, "gpu": "gpu" in info[1:]})
+            only = "cuda" if "gpu" in info[1:] else "sim" if "sim" in info[1:] else None
+            blocks.append({"line": start + 1, "code": code, "only": only})
         i += 1
     return blocks
 
@@ -67,7 +71,7 @@ for block in blocks:
 
 
 def run_page(page: pathlib.Path, backend: str, tmp_path) -> subprocess.CompletedProcess:
-    blocks = [b for b in python_blocks(page) if backend == "cuda" or not b["gpu"]]
+    blocks = [b for b in python_blocks(page) if b["only"] in (None, backend)]
     env = dict(os.environ, CUCTX_BACKEND=backend, CUCTX_CACHE_DIR=str(tmp_path / "cache"))
     return subprocess.run([sys.executable, "-c", _RUNNER],
                           input=json.dumps([str(page.relative_to(ROOT)), blocks]),
@@ -91,9 +95,10 @@ def test_the_readme_kernel_example_prints_what_it_says(tmp_path):
 def test_blocks_are_found_as_the_rule_says(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("text\n```python\na = 1\n```\n```sh\nls\n```\n- item\n\n  ```python gpu\n"
-                    "  if a:\n      b = 2\n  ```\n```\nnot python\n```\n")
-    assert python_blocks(page) == [{"line": 3, "code": "a = 1", "gpu": False},
-                                   {"line": 11, "code": "if a:\n    b = 2", "gpu": True}]
+                    "  if a:\n      b = 2\n  ```\n```\nnot python\n```\n```python sim\nc = 3\n```\n")
+    assert python_blocks(page) == [{"line": 3, "code": "a = 1", "only": None},
+                                   {"line": 11, "code": "if a:\n    b = 2", "only": "cuda"},
+                                   {"line": 18, "code": "c = 3", "only": "sim"}]
 
 
 # Examples are named by what they show; where they came from means nothing to a reader.

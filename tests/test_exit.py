@@ -18,9 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAVE_GPU, reason=f"needs a GPU: {CUDA_REASON}")
 def test_exit_after_cupy_interop_and_a_device_reset_is_silent():
-    """CuPy round trip, then the tests that reset the device, in one process: CuPy's pool
-    used to keep a block past the reset and fail while the interpreter was torn down
-    ("Error in sys.excepthook" after the whole GPU suite)."""
+    """The CuPy round trip, then the tests that reset the device, in one test process: CuPy
+    kept the kernels it loaded past the reset and failed to unload them while the interpreter
+    was torn down ("Error in sys.excepthook" after the whole GPU suite). The round trip now
+    runs in a process of its own."""
     pytest.importorskip("cupy")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     run = subprocess.run(

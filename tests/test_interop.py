@@ -4,6 +4,10 @@ producers; against real PyTorch, CuPy, Numba and cuda.core on a GPU."""
 
 import ctypes
 import gc
+import os
+import pathlib
+import subprocess
+import sys
 import weakref
 
 import numpy as np
@@ -170,14 +174,30 @@ def test_torch_round_trip(gpu):
 
 @pytest.mark.gpu
 def test_cupy_round_trip(gpu):
-    cupy = pytest.importorskip("cupy")
-    cp_arr = cupy.arange(10, dtype=cupy.float64)
-    wrapped = cuctx.asarray(cp_arr)
-    assert wrapped.ptr == cp_arr.data.ptr
-    np.testing.assert_array_equal(wrapped.to_host(), np.arange(10.0))
-    arr = cuctx.to_device(np.arange(8, dtype=np.int32))
-    for view in (cupy.asarray(arr), cupy.from_dlpack(arr)):
-        assert view.data.ptr == arr.ptr and view.tolist() == list(range(8))
+    """In a process of its own: CuPy keeps the kernels it loaded in module globals until the
+    interpreter exits, in the primary context it shares with cuctx, and later tests reset
+    that context; CuPy's finalizers would then unload into a destroyed context during
+    interpreter teardown ("Error in sys.excepthook")."""
+    pytest.importorskip("cupy")
+    script = """
+import numpy as np, cupy, cuctx
+cp_arr = cupy.arange(10, dtype=cupy.float64)
+wrapped = cuctx.asarray(cp_arr)
+assert wrapped.ptr == cp_arr.data.ptr
+np.testing.assert_array_equal(wrapped.to_host(), np.arange(10.0))
+arr = cuctx.to_device(np.arange(8, dtype=np.int32))
+for view in (cupy.asarray(arr), cupy.from_dlpack(arr)):
+    assert view.data.ptr == arr.ptr and view.tolist() == list(range(8))
+print("round trip ok")
+"""
+    env = {**os.environ, "CUCTX_BACKEND": "cuda",
+           "PYTHONPATH": os.pathsep.join([str(pathlib.Path(cuctx.__file__).parents[1]),
+                                          os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0 and "round trip ok" in run.stdout, run.stderr[-3000:]
+    assert "Error in sys.excepthook" not in run.stderr and "Traceback" not in run.stderr, \
+        run.stderr[-3000:]
 
 
 @pytest.mark.gpu
@@ -226,14 +246,16 @@ def test_a_consumer_that_rejects_the_export_raises_its_own_error_and_nothing_lea
     before = device.mem_info().free
     for _ in range(20):
         arr = cuctx.empty(64 << 20, np.uint8)
-        ref = weakref.ref(arr)
+        refs = weakref.ref(arr), weakref.ref(arr._alloc)
         with pytest.raises((BufferError, RuntimeError), match="device|Device") as info:
             np.from_dlpack(arr)
         assert not isinstance(info.value, SystemError)
         del arr, info
-        assert ref() is None  # freed at once: nothing else holds it
+        assert [ref() for ref in refs] == [None, None]  # freed at once: nothing holds it
     device.primary_context.synchronize()  # the frees run; the pool gives the memory back
-    assert device.mem_info().free > before - (64 << 20)  # not even one array is held
+    # 20 held arrays would be 1280 MiB; the driver's pool may keep the last block it freed
+    # (seen on an H100: exactly one), so allow one array's worth.
+    assert device.mem_info().free >= before - (64 << 20)
 
 
 def test_dlpack_capsules_dropped_unconsumed_free_the_array(backend):

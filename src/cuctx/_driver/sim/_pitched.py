@@ -13,7 +13,7 @@ at ``X + Y * Pitch + Z * Pitch * Height`` from the side's address.
 Checked when called (CUDA_ERROR_INVALID_VALUE, as the driver documents): an unset memory
 type, a pitch below ``XInBytes + WidthInBytes`` or above CU_DEVICE_ATTRIBUTE_MAX_PITCH, a
 slice height below ``Y + Height`` where slices are stepped over (more than one slice, or a
-Z offset), a nonzero LOD; and, as the sim's 1D copies are checked, a device side outside the
+Z offset); and, as the sim's 1D copies are checked, a device side outside the
 live allocation it starts in, or a host side that is null, unmapped or a device address.
 An empty copy (a zero extent) is a successful no-op. The copy is queued like the 1D copies:
 asynchronous unless a host side is pageable, when the stream is drained before returning;
@@ -115,8 +115,10 @@ class PitchedCopies:
         if kind == ARRAY:
             return NOT_SUPPORTED, None  # the sim has no CUDA arrays
         x, y, pitch = field("XInBytes"), field("Y"), field("Pitch")
-        z, rows, lod = (field("Z"), field("Height"), field("LOD")) if three_d else (0, 0, 0)
-        if lod or pitch < x + width or pitch > self._spec["attributes"][_MAX_PITCH]:
+        # A level of detail only means something for CUDA arrays: the driver ignores it for
+        # host and device memory (measured on an H100).
+        z, rows = (field("Z"), field("Height")) if three_d else (0, 0)
+        if pitch < x + width or pitch > self._spec["attributes"][_MAX_PITCH]:
             return INVALID_VALUE, None
         if (depth > 1 or z) and rows < y + height:
             return INVALID_VALUE, None
