@@ -3,22 +3,13 @@
 a message), device memory back to its baseline after each program, results as the model's.
 ``CUCTX_FUZZ=long`` runs the long profile (scripts/gpu-check does on the GPU)."""
 
-import pytest
-
 from conftest import requires_nvrtc
 from fuzz import run as fuzz
 from fuzz.launches import LaunchMachine
-from fuzz.model import STATS, Stats
-
-
-@pytest.fixture(scope="module", autouse=True)
-def counts(request):
-    STATS.__init__()
-    yield
-    fuzz.report(request, "single-thread")
 
 
 @requires_nvrtc
-def test_random_programs_on_one_thread(backend, tmp_path_factory):
+def test_random_programs_on_one_thread(backend, tmp_path_factory, request):
     env = fuzz.make_env(backend, str(tmp_path_factory.getbasetemp() / "nvrtc-cache"))
-    fuzz.run(LaunchMachine, env, weight=0.5)
+    with fuzz.counted(request, f"single-thread-{backend.name}"):
+        fuzz.run(LaunchMachine, env, weight=0.5)

@@ -60,9 +60,12 @@ class ArrayMachine(ContextMachine):
         return s if s is not None else self.legacy(rec)
 
     def order(self, s: StreamRec, arrs) -> None:
-        """Make ``s`` wait for the other streams' pending work on these arrays' memory."""
+        """Make ``s`` wait for the other streams' pending work on these arrays' memory
+        (arrays without memory need nothing: calls with them queue no work)."""
         for arr in arrs:
             base = arr.base
+            if not arr.dev.nbytes:
+                continue
             for p in list(base.pending):
                 if p is not s and p.ctx.alive:
                     self.call(f"{s}.wait({p})", None, s.stream.wait, p.stream)

@@ -57,14 +57,18 @@ class LaunchMachine(ArrayMachine):
             if c is None or not lim["clusters"] or any(x % y for x, y in zip(g, c)) \
                     or prod(c) > 8:
                 return False
-        if cooperative and prod(g) > lim["cooperative_blocks"]:
-            return False
+        if cooperative:  # the grid must be resident at once
+            per_sm = self.env.library[kernel].occupancy(prod(b), shared)
+            if prod(g) > per_sm * lim["sms"]:
+                return False
         return True
 
-    def launch(self, kernel: str, args: list, expect_args, pointers: list[Arr], writes,
+    def launch(self, kernel: str, args: list, arg_conds: list, pointers: list[Arr], writes,
                grid, block, shared, cluster, cooperative, s: StreamRec | None, form: bool):
         """Launch with the model's expectation; on success apply ``writes()`` to the model."""
-        conds = [expect_args]
+        if any(a.dev.ptr % a.dev.dtype.itemsize for a in pointers):
+            return  # a misaligned pointer (a view as another dtype): a fault, sticky on a GPU
+        conds = list(arg_conds)
         if not self.config_ok(kernel, grid, block, shared, cluster, cooperative):
             conds.append(fail(LaunchConfigError))
         rec = s.ctx if s is not None else (self.top() or self.primary())
@@ -146,7 +150,7 @@ class LaunchMachine(ArrayMachine):
             yv[:] = yv + np.float32(aval) * xv.copy()
             yk[:] &= xk.copy()
         pointers = [p for p in (yarr, x) if p is not None]
-        self.launch("axpy", args, combine(ycond, ncond, acond, ccond), pointers, writes,
+        self.launch("axpy", args, [ycond, ncond, acond, ccond], pointers, writes,
                     grid, block, shared, None, False, s, form)
 
     @rule(out=ArrayMachine.arrays, start=st.one_of(S.scalar_args("i64"), st.sampled_from(
@@ -170,7 +174,7 @@ class LaunchMachine(ArrayMachine):
                 v, k = self.flat(oarr, np.int64, nval)
                 v[:] = np.int64(sval) + np.arange(nval, dtype=np.int64)
                 k[:] = True
-        self.launch("iota", args, combine(ocond, scond, ccond),
+        self.launch("iota", args, [ocond, scond, ccond],
                     [oarr] if oarr is not None else [], writes, grid, block, shared, None,
                     False, s, form)
 
@@ -186,11 +190,13 @@ class LaunchMachine(ArrayMachine):
             return
         args, ccond = self.change_count([counter.dev], count_change)
         g, b = dims(grid), dims(block)
+        if cluster is not None and (b is None or prod(b) > 256 or shared not in (0, 16, 1024)):
+            cluster = None  # clusters of big blocks may not fit a GPU's processor clusters
 
         def writes():
             v, _ = self.flat(counter, np.uint32, 1)
             v[0] = np.uint32((int(v[0]) + prod(g) * prod(b)) & 0xFFFFFFFF)
-        self.launch("count", args, ccond, [counter], writes, grid, block, shared, cluster,
+        self.launch("count", args, [ccond], [counter], writes, grid, block, shared, cluster,
                     cooperative, s, form)
 
     @staticmethod

@@ -148,8 +148,7 @@ class ContextMachine(RuleBasedStateMachine):
 
     def synchronize_stream(self, s: StreamRec) -> None:
         """Synchronize a stream through the API, expecting what the model knows of it."""
-        expect = combine(usable(s.ctx),
-                         fail(cuctx.HostFunctionError) if s.host_failures else None)
+        expect = combine(usable(s.ctx), self.host_errors([s]))
         result = self.call(f"{s}.synchronize()", expect, s.stream.synchronize)
         if isinstance(result, Failed) and not isinstance(result.exc, cuctx.HostFunctionError):
             return
@@ -161,10 +160,19 @@ class ContextMachine(RuleBasedStateMachine):
                 f"{s}: {self.host_calls[id(s)]} host functions ran by its synchronize, "
                 f"{s.host_expected} were queued")
 
+    @staticmethod
+    def host_errors(streams):
+        """The condition from host functions that raised on these streams: a
+        HostFunctionError, or maybe one where the model lost track (None failures)."""
+        if any(s.host_failures for s in streams):
+            return fail(cuctx.HostFunctionError)
+        if any(s.host_failures is None for s in streams):
+            return maybe(cuctx.HostFunctionError)
+        return None
+
     def synchronize_context(self, rec: CtxRec) -> None:
         streams = [s for s in self.all_streams if s.ctx is rec]
-        failures = any(s.host_failures for s in streams)
-        expect = combine(usable(rec), fail(cuctx.HostFunctionError) if failures else None,
+        expect = combine(usable(rec), self.host_errors(streams),
                          fail(*FAULTS) if rec.state == "faulted" else None)
         result = self.call(f"{rec}.synchronize()", expect, rec.ctx.synchronize)
         if isinstance(result, Failed) and not isinstance(result.exc, cuctx.HostFunctionError):
@@ -339,15 +347,19 @@ class ContextMachine(RuleBasedStateMachine):
         recs = [r for r in [self.primary(), *self.created] if r.state != "destroyed"]
         streams = [s for s in self.all_streams if s.ctx in recs]
         faulted = [r for r in recs if r.state == "faulted"]
-        expect = combine(
-            fail(cuctx.HostFunctionError) if any(s.host_failures for s in streams) else None,
-            maybe(*FAULTS) if faulted else None)
+        failures = self.host_errors(streams)
+        # A faulted context may be skipped (known poisoned) or raise its fault first.
+        expect = combine(maybe(*failures[1]) if faulted and failures else failures,
+                         maybe(*FAULTS) if faulted else None)
         fn = self.device.synchronize if how == "device" else cuctx.synchronize
         result = self.call(f"{how} synchronize", expect, fn)
         if how == "cuctx":
             self.lazy_init() if ok(result) or not faulted else None
-        if faulted:
-            return  # which contexts were waited for before the fault is not modelled
+        if faulted:  # which contexts were waited for, and whose errors taken, is not modelled
+            for s in streams:
+                if s.host_failures != 0:
+                    s.host_failures = None
+            return
         for s in streams:
             s.host_failures = 0
             for base in self.bases:
@@ -474,6 +486,7 @@ class ContextMachine(RuleBasedStateMachine):
             return
         if s.host_expected is not None:
             s.host_expected += 1
+        if s.host_failures is not None:
             s.host_failures += kind != "ok"
 
     # -- invariants and the end -----------------------------------------------------------

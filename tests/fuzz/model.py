@@ -128,7 +128,8 @@ class StreamRec:
         self.stream = stream
         self.ctx = ctx
         self.kind = kind  # "created" or "legacy"
-        self.host_failures = 0  # host functions that raised, not yet reported by a synchronize
+        # Host functions that raised, not yet reported by a synchronize (None: maybe some).
+        self.host_failures: int | None = 0
         self.host_expected = 0  # host functions queued that must have run after a synchronize
 
     def __repr__(self) -> str:

@@ -7,6 +7,8 @@ random batches until the time budget is spent (scripts/gpu-check runs it on the 
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import time
@@ -23,10 +25,10 @@ from .model import STATS
 _COMMON = dict(deadline=None, database=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                       HealthCheck.data_too_large])
-settings.register_profile("cuctx-fuzz-ci", max_examples=100, stateful_step_count=30,
+settings.register_profile("cuctx-fuzz-ci", max_examples=250, stateful_step_count=30,
                           derandomize=True, **_COMMON)
 # One batch of the long run; batches repeat (with fresh seeds) until the budget is spent.
-settings.register_profile("cuctx-fuzz-long", max_examples=100, stateful_step_count=60,
+settings.register_profile("cuctx-fuzz-long", max_examples=50, stateful_step_count=60,
                           derandomize=False, phases=list(Phase), **_COMMON)
 
 PROFILE = os.environ.get("CUCTX_FUZZ", "ci") or "ci"
@@ -37,8 +39,10 @@ LONG_BUDGET_S = float(os.environ.get("CUCTX_FUZZ_SECONDS", "200"))
 
 
 def make_env(backend, cache_dir: str) -> Env:
-    """Load the library and read the limits the model needs; warm the primary context (its
-    code loaded) so the memory baseline of every example includes it."""
+    """Load the library and read the limits the model needs. Warm the primary context: what
+    a driver allocates once per context on first use (the code, stream and event pools,
+    shared memory carve-outs, host function and cluster machinery) belongs in the memory
+    baseline of every example, not in a leak."""
     library = kernels.load(cache_dir)
     device = cuctx.Device(0)
     p = device.properties
@@ -46,10 +50,21 @@ def make_env(backend, cache_dir: str) -> Env:
     with device:
         err, least, greatest = backend.driver.cuCtxGetStreamPriorityRange()
         assert not err, err
-        counter = cuctx.zeros(1, "uint32")
-        library["count"][1, 1](counter)
-        counter.to_host()
-        del counter
+        stream = cuctx.Stream()
+        start, end = cuctx.Event(timing=True), cuctx.Event()
+        start.record(stream)
+        counter = cuctx.zeros(1, "uint32", stream=stream)
+        optin = p.max_shared_memory_per_block_optin - attrs["count"].shared_size_bytes
+        library["count"][1, 32, optin, stream](counter)
+        cuctx.launch(library["count"], 2, 32, counter, stream=stream, cooperative=True)
+        if p.cluster_launch:
+            cuctx.launch(library["count"], 2, 32, counter, stream=stream, cluster=2)
+        stream.launch_host_func(int)
+        end.record(stream)
+        counter.to_host(stream=stream)
+        stream.synchronize()
+        del counter, stream, start, end
+        gc.collect()
     limits = {
         "grid": (p.max_grid_dim_x, p.max_grid_dim_y, p.max_grid_dim_z),
         "block": (p.max_block_dim_x, p.max_block_dim_y, p.max_block_dim_z),
@@ -64,12 +79,16 @@ def make_env(backend, cache_dir: str) -> Env:
                anchor=device.primary_context)
 
 
-def run(machine_cls, env: Env, weight: float) -> None:
-    """Run the machine under the active profile. The long profile repeats batches until its
-    share (``weight``) of the time budget is spent; a failure stops it with the example."""
+def run(machine_cls, env: Env, weight: float, examples: int | None = None) -> None:
+    """Run the machine under the active profile (``examples`` overrides the CI profile's
+    count). The long profile repeats batches until its share (``weight``) of the time budget
+    is spent; a failure stops it with the example."""
     factory = lambda: machine_cls(env)  # noqa: E731
     if PROFILE == "ci":
-        run_state_machine_as_test(factory, settings=settings.get_profile("cuctx-fuzz-ci"))
+        ci = settings.get_profile("cuctx-fuzz-ci")
+        if examples is not None:
+            ci = settings(ci, max_examples=examples)
+        run_state_machine_as_test(factory, settings=ci)
         return
     deadline = time.monotonic() + LONG_BUDGET_S * weight
     batch = settings.get_profile("cuctx-fuzz-long")
@@ -77,11 +96,17 @@ def run(machine_cls, env: Env, weight: float) -> None:
         run_state_machine_as_test(factory, settings=batch)
 
 
-def report(request, name: str) -> None:
-    """Print the counts past pytest's output capture (so gpu-check's log shows them)."""
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    with capture.global_and_fixture_disabled():
-        print(f"\n{summary(name)}")
+@contextlib.contextmanager
+def counted(request, name: str):
+    """Count what the block's fuzzing does; print the counts past pytest's output capture
+    (so gpu-check's log shows them), failed or not."""
+    STATS.__init__()
+    try:
+        yield
+    finally:
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        with capture.global_and_fixture_disabled():
+            print(f"\n{summary(name)}")
 
 
 def summary(name: str) -> str:

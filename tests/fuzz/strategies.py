@@ -39,14 +39,16 @@ fill_values = st.one_of(
 def host_data(shape, dtype: np.dtype, seed: int) -> np.ndarray:
     """A host array of small, exactly representable values."""
     rng = np.random.default_rng(seed)
-    ints = rng.integers(-8, 9, size=shape)
+    ints = np.asarray(rng.integers(-8, 9, size=shape))
     if dtype.kind == "b":
-        return (ints > 0).astype(dtype)
-    if dtype.kind == "u":
-        return np.abs(ints).astype(dtype)
-    if dtype.kind in "fc":
-        return (ints / 2).astype(dtype)
-    return ints.astype(dtype)
+        values = ints > 0
+    elif dtype.kind == "u":
+        values = np.abs(ints)
+    elif dtype.kind in "fc":
+        values = ints / 2
+    else:
+        values = ints
+    return np.asarray(values, dtype)  # an array even for shape (), where NumPy gives scalars
 
 
 seeds = st.integers(0, 2**16)
