@@ -43,7 +43,7 @@ err, raw_stream = drv.cuStreamCreate(1)
 p, n = ctypes.c_void_p(data.ptr), ctypes.c_int(3)
 packed = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(n))
 addr = ctypes.addressof(packed)
-buffer, go, ptrs = launcher._local.state
+buffer, go = launcher._local.state
 cases = {
     "raw: raw library, raw stream": (lambda: drv.cuLaunchKernel(raw_fn, 1, 1, 1, 32, 1, 1, 0, raw_stream, addr, 0),
                                      lambda: drv.cuStreamSynchronize(raw_stream)),

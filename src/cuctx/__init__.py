@@ -12,7 +12,9 @@ from .errors import (BackendUnavailableError, ContextDestroyedError, ContextPois
                      CudaError, InvalidContextError, InvalidDeviceError, InvalidValueError,
                      NotPermittedError, NotSupportedError, OutOfMemoryError, StickyFaultError)
 from .event import Event
-from .launch import KernelArgumentError, LaunchConfigError, Launcher, launch
+from ._args import KernelArgumentError
+from ._launch_config import LaunchConfigError
+from ._launcher import Launcher, launch
 from .library import BlockSizeSuggestion, Kernel, KernelAttributes, Library, Module
 from .memory import (DeviceArray, asarray, copy, defer_cleanup, empty, full, pinned_empty,
                      register_host, to_device, zeros)

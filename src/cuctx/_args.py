@@ -1,4 +1,4 @@
-"""Kernel arguments: how each Python value becomes the bytes of one kernel parameter.
+"""Kernel arguments: how one Python value becomes the bytes of one kernel parameter.
 
 The layout (offset and size of each parameter) comes from the driver. The types come from
 the PTX of the same program where there is one (`cuctx._ptx`: code compiled from source, or
@@ -7,16 +7,15 @@ a float, a float to an ``int`` parameter is an error. A foreign cubin has no PTX
 a Python number packs by its own type and the size is all that is checked. docs/kernels.md
 has the table.
 
-A `Packer` (one per kernel) makes a `_Plan` per signature of argument types: a generated
-``pack(buffer, stream, args)`` doing a type guard, the conversions and one
-``struct.pack_into``. `cuctx.launch` builds its fast path from the same plan.
+`slot` answers, for one argument type in one parameter, how it is packed: a struct code, a
+kind (`VALUE`, `ARRAY`, `POINTER`, `CONVERT`) and the conversion that gives the value to
+pack. `cuctx._plan` puts the slots of a whole signature together into a plan.
 """
 
 from __future__ import annotations
 
 import ctypes
 import struct
-import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -24,172 +23,32 @@ import numpy as np
 from ._ptx import ParamType
 from .context import ACTIVE
 from .device import Device
+from .memory import DeviceArray, asarray
 
 if TYPE_CHECKING:
-    from ._kernel import Kernel
+    from ._plan import Packer
     from .stream import Stream
 
-_INT_CODES = {1: "b", 2: "h", 4: "i", 8: "q"}
+INT_CODES = {1: "b", 2: "h", 4: "i", 8: "q"}
 _FLOAT_CODES = {2: "e", 4: "f", 8: "d"}
 # ctypes' simple number types by their format code: converted by value like Python numbers.
 _CTYPES_NUMBERS = {**dict.fromkeys("bBhHiIlLqQ", "int"), **dict.fromkeys("fdg", "float"),
                    "?": "bool"}
+# What packing raises for a value its code cannot hold (an int beyond the signed range,
+# a float beyond a float32's): the slow packer then says which parameter, or packs unsigned.
+PACK_ERRORS = (struct.error, OverflowError)
+
+# How an argument becomes its parameter's value (the kinds a plan records per parameter):
+VALUE = "value"      # the argument itself, as its struct code packs it
+ARRAY = "array"      # a DeviceArray: its address, after the context/device/contiguity checks
+POINTER = "pointer"  # another library's device array: its address, by its conversion
+CONVERT = "convert"  # anything else with a conversion (NULL, ctypes, bytes, complex, ...)
+
+Convert = Callable[[Any, "Stream"], Any]
 
 
 class KernelArgumentError(TypeError):
     """Arguments that do not fit the kernel's parameters: names the parameter."""
-
-
-class Packer:
-    """A kernel's parameter layout (offsets and sizes from the driver, types from its PTX
-    when known) and its packing plans, one per argument type signature, built on first use
-    and shared by its launchers."""
-
-    __slots__ = ("kernel", "params", "types", "size", "plans", "lock")
-
-    def __init__(self, kernel: Kernel, params: tuple, types: tuple[ParamType, ...] | None):
-        self.kernel = kernel
-        self.params = params  # ((offset, size), ...)
-        self.types = types  # one ParamType per parameter, or None: sizes only
-        self.size = max((o + s for o, s in params), default=0)
-        self.plans: dict[tuple[type, ...], _Plan] = {}
-        self.lock = threading.Lock()
-
-    def plan(self, args: tuple) -> _Plan:
-        """The plan for the types of ``args``; checks their count, types and sizes."""
-        key = tuple(map(type, args))
-        plan = self.plans.get(key)
-        if plan is None:
-            with self.lock:
-                plan = self.plans.get(key) or _Plan(self, args)
-                self.plans[key] = plan
-        return plan
-
-    def buffers(self) -> tuple[bytearray, ctypes.Array | None]:
-        """A parameter buffer and a ``void*`` array pointing into it (None without
-        parameters), which the driver reads at each launch."""
-        buffer = bytearray(max(self.size, 1))
-        if not self.params:
-            return buffer, None
-        base = ctypes.addressof((ctypes.c_char * len(buffer)).from_buffer(buffer))
-        pointers = (ctypes.c_void_p * len(self.params))(
-            *[base + offset for offset, _ in self.params])
-        return buffer, pointers
-
-    def describe(self, index: int) -> str:
-        offset, size = self.params[index]
-        typed = f"{self.types[index].describe()}; " if self.types else ""
-        return (f"parameter {index} of kernel {self.kernel.name!r} ({typed}offset {offset}, "
-                f"{size} bytes)")
-
-    def type_of(self, index: int) -> ParamType | None:
-        """The parameter's type where it decides the conversion; None: by size only."""
-        if self.types is None or self.types[index].kind == "other":
-            return None
-        return self.types[index]
-
-
-class _Miss(Exception):
-    """The arguments are not of the types a plan was made for."""
-
-
-class _Plan:
-    """How arguments of one type signature become parameter bytes: ``pack(buffer, stream,
-    args)``, generated for the signature (a type guard, the conversions, one
-    ``struct.pack_into``), so the hot path runs no per-argument Python loop."""
-
-    __slots__ = ("pack", "getters", "codes", "types", "pack_into")
-
-    def __init__(self, packer: Packer, args: tuple):
-        if len(args) != len(packer.params):
-            raise KernelArgumentError(
-                f"kernel {packer.kernel.name!r} takes {len(packer.params)} argument(s) "
-                f"(parameter sizes {[s for _, s in packer.params]} bytes), got {len(args)}")
-        fmt, pos, getters, codes = ["<"], 0, [], []
-        for index, ((offset, size), arg) in enumerate(zip(packer.params, args)):
-            code, getter = _slot(packer, index, arg)
-            fmt.append("x" * (offset - pos) + code)
-            pos = offset + size
-            getters.append(getter)
-            codes.append(code)
-        self.getters = tuple(getters)
-        self.codes = tuple(codes)
-        self.types = tuple(map(type, args))
-        self.pack_into = struct.Struct("".join(fmt)).pack_into
-        self.pack = _generate_pack(self)
-
-
-class _NoPlan:
-    __slots__ = ()
-
-    @staticmethod
-    def pack(buffer, stream, args):
-        raise _Miss
-
-
-NO_PLAN = _NoPlan()
-# What packing raises for a value its code cannot hold (an int beyond the signed range,
-# a float beyond a float32's): `pack_slowly` then says which parameter, or packs unsigned.
-PACK_ERRORS = (struct.error, OverflowError)
-
-
-def argument_code(plan: _Plan, miss: str) -> tuple[str, str, dict]:
-    """Source that unpacks ``args``, checks the types against the plan (running ``miss``
-    when they differ), and the ``, value, ...`` list for ``pack_into``; and its scope."""
-    n = len(plan.types)
-    lines = [f"    if len(args) != {n}:\n        {miss}\n"]
-    if n:
-        lines.append(f"    {', '.join(f'a{i}' for i in range(n))}, = args\n")
-        guard = " or ".join(f"type(a{i}) is not T{i}" for i in range(n))
-        lines.append(f"    if {guard}:\n        {miss}\n")
-    values = []
-    for i, getter in enumerate(plan.getters):
-        if getter is _device_array_pointer:  # inlined: the common case on the hot path
-            lines.append(f"    c = a{i}._ctx\n"
-                         f"    if c._state is not ACTIVE or c._device is not device "
-                         f"or not a{i}._c:\n"
-                         f"        G{i}(a{i}, stream)\n")
-            values.append(f", a{i}.ptr")
-        else:
-            values.append(f", G{i}(a{i}, stream)" if getter else f", a{i}")
-    scope = {"ACTIVE": ACTIVE, "pack_into": plan.pack_into,
-             **{f"T{i}": t for i, t in enumerate(plan.types)},
-             **{f"G{i}": g for i, g in enumerate(plan.getters) if g}}
-    return "".join(lines), "".join(values), scope
-
-
-def compile_function(source: str, scope: dict, name: str, what: str) -> Callable:
-    exec(compile(source, f"<cuctx {what}>", "exec"), scope)  # noqa: S102 - our own source
-    return scope[name]
-
-
-def _generate_pack(plan: _Plan) -> Callable:
-    """``pack(buffer, stream, args)`` for one type signature; raises _Miss for others."""
-    checks, values, scope = argument_code(plan, "raise Miss")
-    source = (f"def pack(buffer, stream, args):\n    device = stream._ctx._device\n{checks}"
-              f"    pack_into(buffer, 0{values})\n")
-    return compile_function(source, {**scope, "Miss": _Miss}, "pack", f"packer {plan.types}")
-
-
-def pack_slowly(packer: Packer, args: tuple, stream: Stream, buffer: bytearray) -> None:
-    """Pack ``args`` one by one into ``buffer``, with clear errors: the path for values the
-    plan's codes rejected (unsigned values for a signed code, values out of range)."""
-    plan = packer.plan(args)
-    for index, ((offset, size), arg) in enumerate(zip(packer.params, args)):
-        getter, code = plan.getters[index], plan.codes[index]
-        value = arg if getter is None else getter(arg, stream)
-        try:
-            try:
-                data = struct.pack("<" + code, value)
-            except PACK_ERRORS:
-                if code not in _INT_CODES.values():
-                    raise
-                # C's conversion: values up to the unsigned maximum fit as well.
-                data = int(value).to_bytes(size, "little", signed=int(value) < 0)
-        except PACK_ERRORS as exc:
-            raise KernelArgumentError(f"{packer.describe(index)} cannot hold {arg!r}: {exc}") \
-                from None
-        buffer[offset:offset + size] = data
 
 
 # -- one argument in one parameter --------------------------------------------------------
@@ -208,8 +67,16 @@ def _number(arg: Any) -> str | None:
     return None
 
 
-def _slot(packer: Packer, index: int, arg: Any):
-    """(struct code, converter or None) for one argument of this type in this parameter."""
+def slot(packer: Packer, index: int, arg: Any) -> tuple[str, str, Convert | None]:
+    """(struct code, kind, conversion or None) for an argument of this type in parameter
+    ``index``; raises `KernelArgumentError` for one the parameter cannot take."""
+    code, convert = _slot(packer, index, arg)
+    kind = (VALUE if convert is None else ARRAY if convert is _device_array_pointer
+            else POINTER if convert in _POINTERS else CONVERT)
+    return code, kind, convert
+
+
+def _slot(packer: Packer, index: int, arg: Any) -> tuple[str, Convert | None]:
     size = packer.params[index][1]
     ptype = packer.type_of(index)
     if isinstance(arg, np.ndarray):
@@ -248,8 +115,8 @@ def _untyped_number(packer: Packer, index: int, size: int, arg: Any, number: str
     if isinstance(arg, np.generic):
         _same_size(packer, index, size, arg.dtype.itemsize, f"a NumPy {arg.dtype} scalar")
         return f"{size}s", _sized_bytes(packer, index, size)
-    if number in ("bool", "int") and size in _INT_CODES:
-        return _INT_CODES[size], None  # out of the signed range: pack_slowly takes over
+    if number in ("bool", "int") and size in INT_CODES:
+        return INT_CODES[size], None  # out of the signed range: the slow packer takes over
     if number == "float" and size in _FLOAT_CODES:
         return _FLOAT_CODES[size], None
     if number == "complex" and size in (8, 16):
@@ -266,7 +133,7 @@ def _typed_number(packer: Packer, index: int, ptype: ParamType, arg: Any, number
         if number in ("bool", "int"):
             getter = (_ctypes_value if from_ctypes
                       else _as_int if isinstance(arg, np.bool_) else None)
-            return _INT_CODES[ptype.size], getter
+            return INT_CODES[ptype.size], getter
         raise KernelArgumentError(f"{what}: the parameter is an integer; pass an int "
                                   "(convert it yourself, e.g. round(x) or int(x))")
     if ptype.kind == "float":
@@ -352,7 +219,6 @@ def _ctypes_bytes(arg, stream) -> bytes:
 def _pointer_getter(arg: Any):
     """A converter from this kind of device array to its address, checking its device, or
     None when ``arg`` is no device array."""
-    from .memory import DeviceArray
     if isinstance(arg, DeviceArray):
         return _device_array_pointer
     module = type(arg).__module__.split(".", 1)[0]
@@ -402,9 +268,11 @@ def _cupy_pointer(array, stream: Stream) -> int:
 
 
 def _foreign_pointer(obj, stream: Stream) -> int:
-    from .memory import asarray
     # The launch's own stream, not the current one, must wait for the producer's work.
     return _device_array_pointer(asarray(obj, stream=stream), stream)
+
+
+_POINTERS = (_torch_pointer, _cupy_pointer, _foreign_pointer)
 
 
 def _reachable(owner: Device, device: Device, arr) -> None:
@@ -429,3 +297,9 @@ def _not_contiguous(arr) -> None:
         "to a kernel, which receives only its address and would read it as dense C-ordered "
         "data; pass a C-contiguous copy, or its address (an int) if the kernel takes the "
         "strides itself")
+
+
+def traced_array(arg: Any, stream: Stream) -> DeviceArray:
+    """The `DeviceArray` a pointer argument (kind ARRAY or POINTER) is, for the trace's byte
+    extents: another library's array is viewed as the launch's packing viewed it."""
+    return arg if isinstance(arg, DeviceArray) else asarray(arg, stream=stream)

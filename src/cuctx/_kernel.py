@@ -10,11 +10,12 @@ import numpy as np
 from cuda.bindings.driver import CUfunction, CUfunction_attribute
 
 from . import _ptx
-from ._args import Packer
+from ._launch_config import LaunchConfigError
+from ._launcher import Launcher, make_launcher
+from ._plan import Packer
 from .context import Context, ensure_context, fail
 from .device import Device
 from .errors import NotSupportedError
-from .launch import LaunchConfigError, Launcher, make_launcher
 
 if TYPE_CHECKING:
     from .library import Library, Module
@@ -92,7 +93,7 @@ class Kernel:
             query = self._owner._param_info
             params = []
             # The driver asks for a current context (INVALID_CONTEXT without one).
-            home = getattr(self._owner, "_ctx", None) or working_context()
+            home = getattr(self._owner, "_ctx", None) or ensure_context()
             with home._current(operation):
                 while True:
                     err, offset, size = query(self._handle, len(params))
@@ -104,7 +105,7 @@ class Kernel:
             self._params = tuple(params)
         return self._params
 
-    def _packer(self):
+    def _packer(self) -> Packer:
         if self._pack is None:
             with self._lock:
                 if self._pack is None:
@@ -159,7 +160,7 @@ class Kernel:
     def _device(self, device) -> Device:
         home = self._home_context()
         if home is None:
-            return working_context().device if device is None else Device(device)
+            return ensure_context().device if device is None else Device(device)
         if device is not None and Device(device) is not home.device:
             raise ValueError(f"kernel {self.name!r} of {self._owner!r} exists only on "
                              f"{home.device!r} (a module is loaded into one context), not on "
@@ -229,9 +230,3 @@ def _count(value: Any, what: str) -> int:
     if value < 0:
         raise LaunchConfigError(f"{what} must be >= 0, got {value}")
     return int(value)
-
-
-def working_context() -> Context:
-    """The current context; with none current, device 0's primary context becomes current
-    (lazy initialisation, the one rule every cuctx call follows)."""
-    return ensure_context()

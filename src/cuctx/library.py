@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 
 from . import _cubin, _driver, _ptx
-from ._kernel import BlockSizeSuggestion, Kernel, KernelAttributes, working_context
+from ._kernel import BlockSizeSuggestion, Kernel, KernelAttributes
 from ._twin_check import check_twin
 from .compiler import CompileError, compile_source, pick_arch
-from .context import ACTIVE, Context, _MadeCurrent, fail
+from .context import ACTIVE, Context, _MadeCurrent, ensure_context, fail
 from .device import Device, devices
 from .errors import NotSupportedError
 from ._layout import dtype_of, shape_of
@@ -257,7 +257,7 @@ class Library(_Code):
         ``shape`` say how to see its bytes (default: all of them as uint8)."""
         self._check("Library.get_global")
         _need_name(name, "Library.get_global")
-        ctx = working_context()
+        ctx = ensure_context()
         with ctx._current("Library.get_global"):
             err, ptr, nbytes = self._backend.driver.cuLibraryGetGlobal(self._handle,
                                                                      name.encode())
@@ -275,7 +275,7 @@ class Library(_Code):
         self._check("Library.get_managed")
         _need_name(name, "Library.get_managed")
         # Managed variables exist once the library is loaded into a context: ask in one.
-        ctx = working_context()
+        ctx = ensure_context()
         with ctx._current("Library.get_managed"):
             err, ptr, nbytes = self._backend.driver.cuLibraryGetManaged(self._handle,
                                                                       name.encode())
@@ -367,7 +367,7 @@ class Module(_Code):
                  sim_kernels: Mapping[str, Callable] | None = None,
                  _ptx: bytes | None = None) -> None:
         image = _image_from(data)
-        ctx = working_context()
+        ctx = ensure_context()
         backend = ctx._backend
         with ctx._current("Module"):
             err, handle = backend.driver.cuModuleLoadData(image)

@@ -1,0 +1,104 @@
+"""The one generator of launch fast paths: a `Plan` (data) becomes the Python source of one
+function, compiled and kept under a short readable name in `linecache`, so tracebacks show
+its lines and `inspect.getsource` finds it.
+
+A fast path is made for one launcher and one plan (the argument types of its first launch).
+It does only what that case needs: the context, library, host-function and trace guards,
+the thread's parameter buffer, a type guard, the conversions the plan names, one
+``struct.pack_into`` and the bound driver call. Anything else returns ``general(args)``,
+the launcher's checked path, which raises the right error or packs what the fast path's
+codes cannot (so a fast path changes cost, never behaviour).
+
+``CUCTX_FASTPATH=0`` in the environment turns fast paths off (everything takes the checked
+path); `ENABLED` holds the setting, read when a launcher would generate its fast path, so
+tests can monkeypatch it.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import threading
+from typing import Any, Callable
+
+from . import _trace
+from ._args import ARRAY, PACK_ERRORS, VALUE
+from ._driver import in_host_function
+from ._plan import Plan
+from .context import ACTIVE
+
+ENABLED: bool = os.environ.get("CUCTX_FASTPATH", "1") != "0"
+
+_sources: dict[str, str] = {}  # linecache names given out -> their source
+_lock = threading.Lock()
+
+
+def fast_launch(plan: Plan, *, ctx: Any, owner: Any, local: threading.local,
+                general: Callable, fail: Callable, stream: Any) -> tuple[Callable, str]:
+    """``launch(args)`` for ``plan`` and its source. ``local.state`` is the calling thread's
+    ``(buffer, go)``: its parameter buffer and the bound driver call reading it; a thread
+    without one, and every case the plan was not made for, goes to ``general(args)``."""
+    source = launch_source(plan)
+    types = ", ".join(t.__name__ for t in plan.types)
+    name = _register(f"<cuctx fast launch {plan.kernel} ({types})>", source)
+    scope = {"__name__": __name__, "ACTIVE": ACTIVE, "trace": _trace, "hostfn": in_host_function,
+             "pack_errors": PACK_ERRORS, "pack_into": plan.layout.pack_into,
+             "ctx": ctx, "device": ctx._device, "owner": owner, "local": local,
+             "general": general, "fail": fail, "stream": stream,
+             **{f"T{i}": t for i, t in enumerate(plan.types)},
+             **{f"G{i}": p.convert for i, p in enumerate(plan.params) if p.convert}}
+    exec(compile(source, name, "exec"), scope)  # noqa: S102 - our own source, from a plan
+    return scope["launch"], source
+
+
+def launch_source(plan: Plan) -> str:
+    """The source of a fast path for ``plan`` (its names are bound by `fast_launch`)."""
+    n = len(plan.params)
+    lines = [
+        "def launch(args):",
+        "    # Unusable context, unloaded code, inside a host function, a trace sink listening:",
+        "    if ctx._state is not ACTIVE or not owner._loaded or hostfn or trace.sinks:",
+        "        return general(args)",
+        "    try:",
+        "        buffer, go = local.state  # this thread's parameter buffer and driver call",
+        "    except AttributeError:",
+        "        return general(args)",
+        f"    if len(args) != {n}:",
+        "        return general(args)",
+    ]
+    if n:
+        lines.append(f"    {', '.join(f'a{i}' for i in range(n))}, = args")
+        guard = " or ".join(f"type(a{i}) is not T{i}" for i in range(n))
+        lines += [f"    if {guard}:", "        return general(args)"]
+    values = []
+    for i, p in enumerate(plan.params):
+        if p.kind == ARRAY:  # a DeviceArray: the checks of _args._device_array_pointer
+            lines += [f"    c = a{i}._ctx",
+                      f"    if c._state is not ACTIVE or c._device is not device or not a{i}._c:",
+                      "        return general(args)"]
+            values.append(f"a{i}.ptr")
+        else:
+            values.append(f"a{i}" if p.kind == VALUE else f"G{i}(a{i}, stream)")
+    lines += ["    try:",
+              f"        pack_into(buffer, 0{''.join(', ' + v for v in values)})",
+              "    except pack_errors:  # a value its code cannot hold: unsigned, or an error",
+              "        return general(args)",
+              "    err, = go()",
+              "    if err:",
+              "        fail(err)"]
+    return "\n".join(lines) + "\n"
+
+
+def _register(name: str, source: str) -> str:
+    """Put ``source`` in `linecache` under ``name`` (numbered when that name holds other
+    source), where tracebacks and `inspect` look for it. Kept for the process: there is one
+    entry per distinct source, which only a new kernel or type signature makes."""
+    with _lock:
+        unique, n = name, 1
+        while _sources.get(unique, source) != source:
+            n += 1
+            unique = f"{name[:-1]} #{n}>"
+        _sources[unique] = source
+        # mtime None: linecache.checkcache keeps the entry (there is no file to compare).
+        linecache.cache[unique] = (len(source), None, source.splitlines(True), unique)
+    return unique

@@ -1,0 +1,173 @@
+"""Launchers: a kernel bound to a checked configuration and a stream (``kernel[grid, block,
+shared_mem, stream]``, CUDA C's ``<<<Dg, Db, Ns, S>>>``), and `launch`, the same as a
+function.
+
+A launcher binds the driver call with everything but the parameter bytes fixed. Each thread
+gets its own parameter buffer and a ``void*`` array pointing into it, whose address the
+driver call receives (cuda.bindings passes an int ``kernelParams`` straight through as
+``void**``); the driver copies the parameters during the call. The checked general path
+packs from the kernel's plan for the argument types (`cuctx._plan`) and announces the
+launch to trace sinks; its first launch makes the fast path (`cuctx._codegen`), which every
+thread then uses.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+from . import _codegen, _trace
+from ._args import PACK_ERRORS
+from ._driver import in_host_function
+from ._launch_config import Config, driver_config, make_config, validate
+from ._plan import pack_slowly
+from .context import ACTIVE, ensure_context, fail, refuse_in_host_function
+from .stream import Stream, resolve_stream
+
+if TYPE_CHECKING:
+    from ._kernel import Kernel
+
+
+class Launcher:
+    """A kernel bound to a checked launch configuration and a stream; call it with the
+    kernel's arguments to launch. Made by ``kernel[grid, block, shared_mem, stream]``."""
+
+    __slots__ = ("kernel", "config", "stream", "_ctx", "_owner", "_backend", "_packer",
+                 "_go_at", "_local", "_fast", "_fast_source", "__weakref__")
+
+    def __init__(self, kernel: Kernel, config: Config, stream: Stream):
+        ctx = stream._ctx
+        if ctx._state is not ACTIVE:
+            raise ctx._unusable(f"launch of {kernel.name!r}")
+        device = ctx.device
+        kernel._check_launchable(ctx)
+        if (config, device) not in kernel._checked:
+            validate(kernel, device, config)
+            kernel._checked.add((config, device))
+        self.kernel = kernel
+        self.config = config
+        self.stream = stream
+        self._ctx = ctx
+        self._owner = kernel._owner
+        self._backend = ctx._backend
+        self._packer = kernel._packer()
+        self._local = threading.local()  # .state: this thread's (buffer, bound driver call)
+        # The first launch makes the fast path, for its argument types, used by every thread.
+        self._fast: Callable | None = None
+        self._fast_source: str | None = None
+        self._owner._used_in(ctx)
+        drv = ctx._backend.driver
+        function, handle = kernel._function, stream._handle
+        # stream._bind: a default stream's handle means "the current context's", so for one
+        # the call runs with the stream's context current.
+        if config.cluster is None and not config.cooperative:
+            self._go_at = functools.partial(
+                stream._bind(drv.cuLaunchKernel), function, *config.grid, *config.block,
+                config.shared_mem, handle)
+        else:
+            self._go_at = functools.partial(stream._bind(drv.cuLaunchKernelEx),
+                                            driver_config(config, stream), function)
+
+    @property
+    def fast_source(self) -> str | None:
+        """The source of this launcher's generated fast path (None before its first launch,
+        or with fast paths off: ``CUCTX_FASTPATH=0``)."""
+        return self._fast_source
+
+    def _thread_state(self) -> tuple[bytearray, Callable]:
+        """This thread's parameter buffer and the driver call bound to its pointer array."""
+        local = self._local
+        buffer, pointers = self._packer.buffers()
+        local.pointers = pointers  # the driver reads it at every call: keep it alive
+        address = ctypes.addressof(pointers) if pointers is not None else 0
+        state = local.state = (buffer, functools.partial(self._go_at, address, 0))
+        return state
+
+    def __call__(self, *args: Any) -> None:
+        (self._fast or self._general)(args)
+
+    def _general(self, args: tuple) -> None:
+        """Every launch the fast path was not made for: the first one, a thread's first,
+        other argument types, bad arguments (for their errors), unusable contexts, calls
+        from inside a host function, launches while a trace sink listens."""
+        if in_host_function:
+            refuse_in_host_function(f"launch of {self.kernel.name!r}")
+        ctx = self._ctx
+        if ctx._state is not ACTIVE:
+            raise ctx._unusable(f"launch of {self.kernel.name!r}")
+        if not self._owner._loaded:
+            raise self._owner._gone(f"launch of {self.kernel.name!r}")
+        try:
+            buffer, go = self._local.state
+        except AttributeError:  # this thread's first launch with this launcher
+            buffer, go = self._thread_state()
+        plan = self._packer.plan(args)
+        try:
+            plan.pack(buffer, self.stream, args)
+        except PACK_ERRORS:
+            pack_slowly(self._packer, plan, args, self.stream, buffer)
+        err, = go()
+        if err:
+            self._fail(err)
+        if _trace.sinks:
+            _trace.emit("launch", ctx, self.stream, plan.accesses(args, self.stream),
+                        kernel=self.kernel, config=self.config)
+        if self._fast is None and _codegen.ENABLED:
+            self._fast, self._fast_source = _codegen.fast_launch(
+                plan, ctx=ctx, owner=self._owner, local=self._local, general=self._general,
+                fail=self._fail, stream=self.stream)
+
+    def _fail(self, err) -> None:
+        c = self.config
+        fail(self._backend, err, "cuLaunchKernel", self._ctx,
+             hint=f"kernel {self.kernel.name!r}, grid {c.grid}, block {c.block}, "
+                  f"shared_mem {c.shared_mem}")
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"<Launcher {self.kernel.name!r} grid={c.grid} block={c.block} "
+                f"shared_mem={c.shared_mem} on {self.stream!r}>")
+
+
+_LAUNCHER_CACHE_SIZE = 64
+
+
+def make_launcher(kernel: Kernel, grid: Any, block: Any, shared_mem: int = 0,
+                  stream: Any = None, cluster: Any = None, cooperative: bool = False) -> Launcher:
+    """The launcher for this configuration; the same one each time it is asked for again, so
+    ``kernel[...](...)`` and `launch` check and bind a configuration only once."""
+    cache = getattr(kernel, "_launchers", None)
+    if cache is None:
+        raise TypeError(f"the kernel argument of cuctx.launch must be a cuctx.Kernel "
+                        f"(lib['name']), not {type(kernel).__name__}: {kernel!r}")
+    if stream is None:
+        ctx = kernel._home_context() or ensure_context()
+        stream = resolve_stream(None, ctx, f"launch of {kernel.name!r}")
+    # Types too: 1.0 == 1 and True == 1, but only the int passes the checks.
+    key = (grid, block, shared_mem, stream, cluster, cooperative,
+           type(grid), type(block), type(shared_mem))
+    try:
+        return cache[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable configuration (lists): not cached
+        key = None
+    config = make_config(grid, block, shared_mem, cluster, cooperative)
+    launcher = Launcher(kernel, config, Stream.wrap(stream))
+    if key is not None:
+        if len(cache) >= _LAUNCHER_CACHE_SIZE:  # many configurations: start over, stay small
+            cache.clear()
+        cache[key] = launcher
+    return launcher
+
+
+def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, shared_mem: int = 0,
+           stream: Any = None, cluster: Any = None, cooperative: bool = False) -> None:
+    """Launch ``kernel`` on a ``grid`` of ``block``-sized blocks (ints or 1-3 tuples) with
+    ``args``, on ``stream`` (default: the current stream of the current context), with
+    ``shared_mem`` bytes of dynamic shared memory per block, optionally as thread block
+    ``cluster``s or as a ``cooperative`` launch. The configuration is checked against the
+    device first: a violation raises `LaunchConfigError` naming the limit."""
+    make_launcher(kernel, grid, block, shared_mem, stream, cluster, cooperative)(*args)
