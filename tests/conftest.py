@@ -15,6 +15,7 @@ from collections import Counter, defaultdict
 import pytest
 
 import cuctx
+import cuctx.sim
 from cuctx import _driver
 from cuctx._driver import ThreadState
 from cuctx._driver.cuda import probe
@@ -120,12 +121,9 @@ def _release_foreign_caches() -> None:
 
 def busy(stream, ms: float) -> None:
     """Queue work that takes ``ms`` milliseconds on ``stream``: virtual time on the sim
-    (simStreamBusy), a sleeping host function on a GPU."""
-    backend = stream._backend
-    if backend.name == "sim":
-        with stream.context:
-            err, = backend.driver.simStreamBusy(stream._handle, int(ms * 1_000_000))
-        assert not err
+    (`cuctx.sim.stream_busy`), a sleeping host function on a GPU."""
+    if stream._backend.sim is not None:
+        cuctx.sim.stream_busy(stream, int(ms * 1_000_000))
     else:
         stream.launch_host_func(time.sleep, ms / 1000)
 

@@ -86,3 +86,58 @@ def test_an_empty_sim_device_count_means_the_default():
     proc = run_python("import cuctx; print(len(cuctx.devices()))", CUCTX_BACKEND="sim",
                       CUCTX_SIM_DEVICES="")
     assert proc.stdout.strip() == "2", proc.stderr
+
+
+# -- the slots: driver, sim, native -----------------------------------------------------
+
+def test_the_slots_say_what_a_backend_can_do(backend):
+    from cuctx._driver.sim import SimControls
+    assert backend.native is None  # no compiled fast path is built yet
+    if backend.name == "sim":
+        assert isinstance(backend.sim, SimControls)
+    else:
+        from cuda.bindings import driver
+        assert backend.driver is driver and backend.sim is None
+
+
+def test_the_sim_driver_has_only_the_names_of_cuda_bindings_driver(sim):
+    from cuda.bindings import driver
+    public = [name for name in dir(sim.driver) if not name.startswith("_")]
+    assert public and [name for name in public if not hasattr(driver, name)] == []
+
+
+def test_no_code_above_the_seam_asks_for_the_sim_by_name():
+    """Callers ask the slots (``backend.sim is not None``), never ``backend.name``."""
+    import pathlib
+    import re
+    root = pathlib.Path(cuctx.__file__).parent
+    asks = re.compile(r"""\.name\s*[!=]=\s*["']sim["']|driver\.sim[A-Z]""")
+    found = [f"{path.relative_to(root)}:{number}"
+             for path in root.rglob("*.py") if "_driver" not in path.parts
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if asks.search(line)]
+    assert found == []
+
+
+def test_the_sim_controls_are_public_in_cuctx_sim(sim):
+    import cuctx.sim
+    stream = cuctx.Stream()
+    before = cuctx.sim.clock()
+    start, end = cuctx.Event(timing=True), cuctx.Event(timing=True)
+    start.record(stream)
+    cuctx.sim.stream_busy(stream, 3_000_000)
+    end.record(stream)
+    end.synchronize()
+    assert end - start == pytest.approx(3.0)  # ms, read from the virtual clock
+    assert cuctx.sim.clock() - before >= 3_000_000
+    with pytest.raises(RuntimeError, match="stream_busy failed with CUDA_ERROR_INVALID_VALUE"):
+        cuctx.sim.stream_busy(stream, -1)
+
+
+@pytest.mark.skipif(not HAVE_GPU, reason="needs the cuda backend")
+def test_the_sim_controls_refuse_a_real_gpu(gpu):
+    import cuctx.sim
+    with pytest.raises(RuntimeError, match="sim backend only"):
+        cuctx.sim.inject_fault(cuctx.Device(0).primary_context)
+    with pytest.raises(RuntimeError, match="sim backend only"):
+        cuctx.sim.clock()

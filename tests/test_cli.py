@@ -21,6 +21,13 @@ def cli(*args, backend, **env):
                           text=True, env=env, timeout=120)
 
 
+def info_fields(stdout: str) -> dict[str, str]:
+    """The `key : value` lines of `info` (keys padded to one width), up to the device table."""
+    lines = stdout.splitlines()
+    fields = dict(line.split(" : ", 1) for line in lines[:lines.index("")])
+    return {key.strip(): value for key, value in fields.items()}
+
+
 def one_line_error(proc) -> str:
     """The error a failed command printed: exactly one line on stderr, no traceback."""
     assert proc.returncode == 1, (proc.returncode, proc.stderr)
@@ -59,6 +66,7 @@ def test_info_shows_versions_and_where_things_are(name, tmp_path):
     assert info["environment"]["CUCTX_CACHE_DIR"] == str(tmp_path)
     assert info["environment"]["CUCTX_BACKEND"] == name
     assert info["simulated"] is (name == "sim")
+    assert info["native_fast_path"] is False
     if name == "sim":
         assert info["libcuda"] is None
     else:  # the library the driver calls go to
@@ -69,7 +77,7 @@ def test_info_shows_versions_and_where_things_are(name, tmp_path):
 def test_info_says_when_the_cache_is_off():
     proc = cli("info", backend="sim", CUCTX_CACHE_DIR="")
     assert proc.returncode == 0, proc.stderr
-    assert "compile cache : off (CUCTX_CACHE_DIR is empty)" in proc.stdout.splitlines()
+    assert info_fields(proc.stdout)["compile cache"] == "off (CUCTX_CACHE_DIR is empty)"
     assert json.loads(cli("info", "--json", backend="sim", CUCTX_CACHE_DIR="").stdout)[
         "compile_cache"] is None
 
@@ -79,12 +87,12 @@ def test_info_table_names_backend_and_devices(name):
     proc = cli("info", backend=name)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    fields = dict(line.split(" : ", 1) for line in lines[:lines.index("")])
-    fields = {key.strip(): value for key, value in fields.items()}
+    fields = info_fields(proc.stdout)
     for key in ("cuctx", "Python", "OS", "cuda-bindings", "NVRTC", "NumPy", "libcuda",
                 "compile cache", "environment"):
         assert fields[key], key
     assert fields["backend"].startswith(f"{name} (")
+    assert fields["native fast path"] == "no"  # the slot a compiled fast path will fill
     assert f"CUCTX_BACKEND={name}" in fields["environment"]
     if name == "sim":  # what the sim reports is marked as modelled, not measured
         assert "simulated" in fields["driver"] and "simulated" in fields["timings"]

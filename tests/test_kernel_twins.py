@@ -122,7 +122,7 @@ def test_a_twin_that_raises_is_the_cause_of_the_sticky_fault(sim):
         with pytest.warns(SimTwinWarning, match="ZeroDivisionError"):
             with pytest.raises(cuctx.StickyFaultError, match="LAUNCH_FAILED"):
                 ctx.synchronize()
-        err, cause, text = sim.driver.simGetFaultCause(ctx._handle)
+        err, cause, text = sim.sim.fault_cause(ctx._handle)
         line = _raising_twin.__code__.co_firstlineno + 2
         assert not err and isinstance(cause, ZeroDivisionError)
         assert "the sim twin of kernel 'k' raised ZeroDivisionError" in text
@@ -156,7 +156,7 @@ def test_an_out_of_bounds_twin_access_names_its_line(sim):
         lib["over"][1, 1](cuctx.zeros(4, np.float32), 4)
         with pytest.raises(cuctx.StickyFaultError, match="ILLEGAL_ADDRESS"):
             ctx.synchronize()
-        _, cause, text = sim.driver.simGetFaultCause(ctx._handle)
+        _, cause, text = sim.sim.fault_cause(ctx._handle)
         assert cause is None
         assert f"{__file__}:{over.__code__.co_firstlineno + 1}" in text
     finally:

@@ -37,7 +37,7 @@ def _nvrtc() -> str:
 
 def _libcuda_path(backend: cuctx._driver.Backend) -> str | None:
     """The driver library the cuda backend has loaded; None on the sim, which loads none."""
-    if backend.name == "sim":
+    if backend.sim is not None:
         return None
     from cuda.pathfinder import load_nvidia_dynamic_lib
     # cuda.bindings loads libcuda through this function, and its cache hands back that same
@@ -67,7 +67,8 @@ def describe() -> dict:
         "backend": backend.name, "reason": backend.reason,
         # On the sim the driver version is the one it models, and event times come from its
         # virtual clock: both are simulated, not measured.
-        "simulated": backend.name == "sim",
+        "simulated": backend.sim is not None,
+        "native_fast_path": backend.native is not None,
         "driver_version": f"{version // 1000}.{version % 1000 // 10}",
         "libcuda": _libcuda_path(backend),
         "compile_cache": None if cache is None else str(cache),
@@ -97,6 +98,7 @@ def render(info: dict) -> str:
                    + (" (simulated: the version the sim models)" if sim else "")),
         ("libcuda", info["libcuda"] or ("none (the simulated GPU needs no driver)" if sim
                                         else "loaded, path unknown")),
+        ("native fast path", "yes" if info["native_fast_path"] else "no"),
         ("compile cache", info["compile_cache"] or "off (CUCTX_CACHE_DIR is empty)"),
         ("environment", ", ".join(f"{k}={val}" for k, val in info["environment"].items())
                         or "no CUCTX_* variables set"),
@@ -126,7 +128,7 @@ def _info(args: argparse.Namespace) -> None:
 def _demo(args: argparse.Namespace) -> None:
     backend = cuctx.backend()
     print(f"cuctx {cuctx.__version__} on {backend}")
-    if backend.name == "sim":
+    if backend.sim is not None:
         print("The simulated GPU computes every result for real; its times are simulated.")
     for name in args.names or EXAMPLES:
         example = EXAMPLES[name]

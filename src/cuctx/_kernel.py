@@ -136,8 +136,9 @@ class Kernel:
     def _check_launchable(self, ctx: Context) -> None:
         self._owner._check(f"launch of {self.name!r}")
         self._owner._check_context(ctx, self.name)
-        if self._backend.name == "sim":
-            err, twin = self._backend.driver.simGetKernelTwin(self._handle)
+        sim = self._backend.sim
+        if sim is not None:
+            err, twin = sim.kernel_twin(self._handle)
             if not err and twin is None:
                 raise NotSupportedError(
                     801, f"launch of {self.name!r}", "",

@@ -77,10 +77,9 @@ def _with_twin_cause(backend: _driver.Backend, ctx: Context, exc: CudaError, cod
                      operation: str, message: str, hint: str) -> CudaError:
     """On the sim, a sticky fault may come from a kernel twin that raised: name the twin's
     file and line in the message and chain its exception (``__cause__``)."""
-    cause_of = getattr(backend.driver, "simGetFaultCause", None)
-    if cause_of is None:
+    if backend.sim is None:
         return exc
-    _, cause, where = cause_of(ctx._handle)
+    _, cause, where = backend.sim.fault_cause(ctx._handle)
     if not where:
         return exc
     exc = error_for(code, operation, message, f"{hint}; {where}" if hint else where)

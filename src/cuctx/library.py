@@ -155,11 +155,12 @@ class _Code:
             kernel = self.kernel(name)
             types = kernel._packer().types
             check_twin(name, fn, kernel.name, len(kernel.param_layout), types)
-            if self._backend.name == "sim":
+            sim = self._backend.sim
+            if sim is not None:
                 kinds = tuple(t.kind for t in types) if types else None
-                err, = self._backend.driver.simSetKernelTwin(kernel._handle, fn, kinds)
+                err, = sim.set_kernel_twin(kernel._handle, fn, kinds)
                 if err:
-                    fail(self._backend, err, "simSetKernelTwin")
+                    fail(self._backend, err, "set_kernel_twin")
 
 
 # -- libraries ----------------------------------------------------------------------------
@@ -182,7 +183,7 @@ class Library(_Code):
         err, handle = drv.cuLibraryLoadData(image, None, None, 0, None, None, 0)
         if err:
             fail(backend, err, "cuLibraryLoadData",
-                 hint="the sim reads cubins and PTX, not fatbins" if backend.name == "sim"
+                 hint="the sim reads cubins and PTX, not fatbins" if backend.sim is not None
                  and int(err) == 801 else "")
         self._setup(backend, names or {}, image, _ptx)
         self._handle = handle

@@ -3,9 +3,15 @@
 A backend's ``driver`` offers the functions of ``cuda.bindings.driver`` that cuctx uses, with
 the same names, arguments and return convention: a tuple whose first item is a ``CUresult``.
 For the ``cuda`` backend it *is* the ``cuda.bindings.driver`` module, so calls cost exactly
-what cuda.bindings costs; for ``sim`` it is a `SimDriver`. The layers above call
-``backend.driver.cuXxx(...)`` and translate failures into exceptions in one place
-(`cuctx.context.fail`), so both backends raise the same exceptions for the same situations.
+what cuda.bindings costs; for ``sim`` it is a `SimDriver`, which has only functions that
+cuda.bindings.driver has. The layers above call ``backend.driver.cuXxx(...)`` and translate
+failures into exceptions in one place (`cuctx.context.fail`), so both backends raise the same
+exceptions for the same situations.
+
+Two more slots say what else a backend can do, so no code above the seam tests its name:
+``sim`` holds the controls only the simulated GPU has (fault injection, work of a given
+duration, kernel twins, the virtual clock; `SimControls`), None on ``cuda``; ``native`` is
+where a compiled fast path will plug in (None: none is built yet).
 
 A `Backend` also holds the per-backend state of the layers above (the context registry, the
 device objects, the per-thread shadow stacks), so objects of two backends never mix.
@@ -19,7 +25,12 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 from ..errors import BackendUnavailableError, called_from_host_function
+
+if TYPE_CHECKING:
+    from .sim import SimControls
 
 NAMES = ("auto", "cuda", "sim")
 
@@ -80,9 +91,11 @@ class _Local(threading.local):
 
 @dataclass(eq=False)
 class Backend:
-    name: str
-    driver: object
-    reason: str
+    name: str  # "cuda" or "sim": for people (messages, `info`); code asks the slots below
+    driver: object  # cuda.bindings.driver, or a SimDriver with the same names
+    reason: str  # why this backend was chosen
+    sim: SimControls | None = None  # the simulated GPU's controls; None on a real GPU
+    native: object = None  # the compiled fast path, once one exists
     contexts: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary)
     devices: dict = field(default_factory=dict)
     tls: _Local = field(default_factory=_Local)
@@ -150,9 +163,9 @@ def _load_cuda(required: bool) -> Backend | None:
 
 def _load_sim(reason: str) -> Backend:
     if "sim" not in _loaded:
-        from .sim import SimDriver
-        driver = SimDriver.from_env()
+        from .sim import SimControls, from_env
+        driver = from_env()
         driver.cuInit(0)
-        _loaded["sim"] = Backend("sim", driver, reason)
+        _loaded["sim"] = Backend("sim", driver, reason, sim=SimControls(driver))
     _loaded["sim"].reason = reason
     return _loaded["sim"]

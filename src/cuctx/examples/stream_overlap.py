@@ -43,7 +43,7 @@ def overlap(scale: cuctx.Kernel) -> None:
     end.record(streams[0])
     end.synchronize()
     # The sim's events read its virtual clock: a model of the GPU's time, not a measurement.
-    clock = "simulated GPU time" if cuctx.backend().name == "sim" else "GPU time"
+    clock = "simulated GPU time" if cuctx.backend().sim is not None else "GPU time"
     print(f"{CHUNKS} chunks of {CHUNK * 4 >> 20} MiB, copy/compute/copy on {CHUNKS} streams: "
           f"{'correct' if np.array_equal(host, expected) else 'WRONG'}, {end - start:.3f} ms "
           f"of {clock}")

@@ -4,8 +4,12 @@
 signatures, result tuples, handle types and error codes as the real driver, so everything
 above the seam runs unchanged on a machine without a GPU. Each concept lives in its own
 mixin module; `SimDriver` composes them.
+
+Controls that only a simulated GPU has (fault injection, busy streams, kernel twins, the
+virtual clock) are not driver functions: `SimControls` offers them, as ``backend.sim``.
 """
 
-from .driver import SimDriver
+from ._controls import SimControls
+from .driver import SimDriver, from_env
 
-__all__ = ["SimDriver"]
+__all__ = ["SimControls", "SimDriver", "from_env"]

@@ -254,13 +254,3 @@ class ContextModel:
 
     def _device_bytes_in_use(self, ordinal: int) -> int:
         return 0
-
-    # -- a sim-only extension: make a context see a sticky fault ---------------------------
-
-    def simInjectFault(self, ctx, error):
-        """Make ``ctx`` fail as if a kernel in it had hit ``error`` (a sticky CUresult)."""
-        target = self._lookup(ctx)
-        if target is None or target.destroyed:
-            return (INVALID_CONTEXT,)
-        target.sticky = error
-        return (OK,)

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import itertools
 
-from cuda.bindings.driver import CUevent, CUresult
+from cuda.bindings.driver import CUevent
 
-from ._common import CONTEXT_IS_DESTROYED, INVALID_VALUE, OK
+from ._common import (CONTEXT_IS_DESTROYED, INVALID_HANDLE, INVALID_VALUE, NOT_PERMITTED,
+                      NOT_READY, OK)
 
-INVALID_HANDLE = CUresult.CUDA_ERROR_INVALID_HANDLE
-NOT_READY = CUresult.CUDA_ERROR_NOT_READY
-NOT_PERMITTED = CUresult.CUDA_ERROR_NOT_PERMITTED
 EVENT_DISABLE_TIMING, EVENT_INTERPROCESS = 2, 4
 _EVENT_FLAGS = 1 | 2 | 4
 

@@ -25,10 +25,9 @@ import numpy as np
 from cuda.bindings.driver import CUresult
 
 from ._cargs import size_t
-from ._common import INVALID_VALUE, OK
+from ._common import (HOST_MEMORY_ALREADY_REGISTERED, HOST_MEMORY_NOT_REGISTERED,
+                      ILLEGAL_ADDRESS, INVALID_VALUE, OK)
 
-ALREADY_REGISTERED = CUresult.CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
-NOT_REGISTERED = CUresult.CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
 _HOST_ALLOC_FLAGS = 0x1 | 0x2 | 0x4  # PORTABLE, DEVICEMAP, WRITECOMBINED
 _HOST_REGISTER_FLAGS = 0x1 | 0x2 | 0x4 | 0x8  # PORTABLE, DEVICEMAP, IOMEMORY, READ_ONLY
 _ADDRESS_LIMIT = 1 << 57  # above every user address, even with 5-level page tables
@@ -92,7 +91,7 @@ class HostSide:
         returns, so only registered memory needs a second look."""
         if self.owned or not self.pinned or mapped(self.address, self.nbytes):
             return OK, self.view
-        return CUresult.CUDA_ERROR_ILLEGAL_ADDRESS, None
+        return ILLEGAL_ADDRESS, None
 
 
 class HostMemory:
@@ -134,7 +133,7 @@ class HostMemory:
         after = self._host_starts[i] if i < len(self._host_starts) else None
         if (before is not None and self._host_ranges[before][0] > start) \
                 or (after is not None and after < end):
-            return ALREADY_REGISTERED
+            return HOST_MEMORY_ALREADY_REGISTERED
         self._host_starts.insert(i, start)
         self._host_ranges[start] = (end, buffer)
         return OK
@@ -181,4 +180,6 @@ class HostMemory:
         if err:
             return (err,)
         with self._lock:
-            return (OK,) if self._remove_host_range(int(p), owned=False) else (NOT_REGISTERED,)
+            if not self._remove_host_range(int(p), owned=False):
+                return (HOST_MEMORY_NOT_REGISTERED,)
+        return (OK,)

@@ -38,8 +38,9 @@ from cuda.bindings.driver import (CUdevice_attribute, CUdeviceptr, CUfunction,
                                   CUlibrary, CUmodule, CUresult)
 
 from ... import _cubin
-from ._common import INVALID_DEVICE, INVALID_VALUE, NOT_INITIALIZED, NOT_SUPPORTED, OK
-from ._twins import ILLEGAL_ADDRESS, decoders, run_twin
+from ._common import (ILLEGAL_ADDRESS, INVALID_DEVICE, INVALID_VALUE, NOT_INITIALIZED,
+                      NOT_SUPPORTED, OK)
+from ._twins import run_twin
 
 INVALID_IMAGE = CUresult.CUDA_ERROR_INVALID_IMAGE
 INVALID_PTX = CUresult.CUDA_ERROR_INVALID_PTX
@@ -539,35 +540,6 @@ class LibraryModel:
                 return (NOT_FOUND, None, None)
             return (OK, CUdeviceptr(array.__array_interface__["data"][0]), array.size)
         return (OK, CUdeviceptr(block.base), block.length)
-
-    # -- twins (a sim-only extension) -----------------------------------------------------
-
-    def simSetKernelTwin(self, kernel, fn, kinds=None):
-        """Make ``fn(grid, block, *args)`` the behaviour of ``kernel`` (a CUkernel or a
-        CUfunction handle) on the sim. ``kinds``: each parameter's kind ("int", "float",
-        "struct", "other") where the caller knows the types, for decoding the arguments."""
-        found = self._kernel(kernel)
-        if found is None:
-            return (INVALID_HANDLE,)
-        params = found.image.info.params
-        if not callable(fn) or (kinds is not None and len(kinds) != len(params)):
-            return (INVALID_VALUE,)
-        found.kinds = decoders(fn, params, kinds)
-        found.twin = fn
-        return (OK,)
-
-    def simGetFaultCause(self, hctx):
-        """(OK, exception or None, sentence) about the twin whose failure gave ``hctx`` its
-        sticky fault; (OK, None, "") when no twin caused one."""
-        ctx = self._lookup(hctx)
-        if ctx is None:
-            return (INVALID_VALUE, None, "")
-        exc, text = ctx.resources.get("twin_fault", (None, ""))
-        return (OK, exc, text)
-
-    def simGetKernelTwin(self, kernel):
-        found = self._kernel(kernel)
-        return (OK, found.twin) if found else (INVALID_HANDLE, None)
 
     # -- launches -------------------------------------------------------------------------
 

@@ -39,13 +39,10 @@ import numpy as np
 from cuda.bindings.driver import CUdeviceptr, CUpointer_attribute, CUresult
 
 from ._cargs import size_t, unsigned
-from ._common import CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_VALUE, OK
+from ._common import (CONTEXT_IS_DESTROYED, ILLEGAL_ADDRESS, INVALID_CONTEXT, INVALID_VALUE,
+                      NOT_PERMITTED, NOT_SUPPORTED, OK, OUT_OF_MEMORY)
 from ._host import HostMemory, HostSide
 from ._pitched import PitchedCopies
-
-ILLEGAL_ADDRESS = CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
-OUT_OF_MEMORY = CUresult.CUDA_ERROR_OUT_OF_MEMORY
-NOT_PERMITTED = CUresult.CUDA_ERROR_NOT_PERMITTED
 
 ADDRESS_BASE = 0x7000_0000_0000  # where the device address space starts (CUDA's is similar)
 ALIGNMENT = 512  # cuMemAlloc's alignment
@@ -461,7 +458,7 @@ class MemoryModel(PitchedCopies, HostMemory):
 
     def cuPointerGetAttribute(self, attribute, ptr):
         if attribute != CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-            return (CUresult.CUDA_ERROR_NOT_SUPPORTED, None)  # the one cuctx asks for
+            return (NOT_SUPPORTED, None)  # the one cuctx asks for
         block = self._block_at(int(ptr))
         if block is None or not block.live:
             return (INVALID_VALUE, None)

@@ -13,15 +13,11 @@ same device answers CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, as recorded on a real H1
 
 from __future__ import annotations
 
-from cuda.bindings.driver import (CUmemAccess_flags, CUmemLocationType, CUmemoryPool,
-                                  CUresult)
+from cuda.bindings.driver import CUmemAccess_flags, CUmemLocationType, CUmemoryPool
 
 from ._common import (CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_DEVICE, INVALID_VALUE,
-                      NOT_INITIALIZED, OK)
-
-PEER_ACCESS_UNSUPPORTED = CUresult.CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
-PEER_ACCESS_ALREADY_ENABLED = CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
-PEER_ACCESS_NOT_ENABLED = CUresult.CUDA_ERROR_PEER_ACCESS_NOT_ENABLED
+                      NOT_INITIALIZED, OK, PEER_ACCESS_ALREADY_ENABLED, PEER_ACCESS_NOT_ENABLED,
+                      PEER_ACCESS_UNSUPPORTED)
 
 NONE = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE
 READWRITE = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE

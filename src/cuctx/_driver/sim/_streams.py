@@ -63,8 +63,9 @@ from collections import deque
 from cuda.bindings.driver import CUcontext, CUdevice, CUresult, CUstream
 
 from ...errors import STICKY_CODES
-from ._common import CONTEXT_IS_DESTROYED, INVALID_VALUE, OK
-from ._events import INVALID_HANDLE, NOT_PERMITTED, NOT_READY, EventModel
+from ._common import (CONTEXT_IS_DESTROYED, INVALID_HANDLE, INVALID_VALUE, NOT_PERMITTED,
+                      NOT_READY, OK)
+from ._events import EventModel
 
 
 BYTES_PER_NS = 25  # the default cost model of a transfer: 25 GB/s
@@ -417,12 +418,3 @@ class StreamModel(EventModel):
             finally:
                 tls.host_functions -= 1
         return (self._enqueue(hStream, run, label="host function"),)
-
-    # -- a sim-only extension: work of a given duration --------------------------------
-
-    def simStreamBusy(self, hStream, ns):
-        """Enqueue an operation that does nothing for ``ns`` virtual nanoseconds (a stand-in
-        for a long kernel, to test timing and races)."""
-        if int(ns) < 0:
-            return (INVALID_VALUE,)
-        return (self._enqueue(hStream, None, cost_ns=int(ns), label="busy"),)

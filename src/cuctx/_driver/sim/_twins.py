@@ -24,10 +24,7 @@ from cuda.bindings.driver import CUresult
 
 from ... import _cubin
 from ..._twin_check import where
-
-ILLEGAL_ADDRESS = CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
-MISALIGNED_ADDRESS = CUresult.CUDA_ERROR_MISALIGNED_ADDRESS
-LAUNCH_FAILED = CUresult.CUDA_ERROR_LAUNCH_FAILED
+from ._common import LAUNCH_FAILED, MISALIGNED_ADDRESS
 
 _FLOAT = {2: "<e", 4: "<f", 8: "<d"}
 _SIGNED = {1: "<b", 2: "<h", 4: "<i", 8: "<q"}

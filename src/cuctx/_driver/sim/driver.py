@@ -42,15 +42,16 @@ class SimDriver(
         self._init_libraries()
         self._init_peers()
 
-    @classmethod
-    def from_env(cls) -> "SimDriver":
-        """A sim with CUCTX_SIM_DEVICES devices (default 2; empty means the default)."""
-        text = os.environ.get("CUCTX_SIM_DEVICES", "").strip() or "2"
-        try:
-            count = int(text)
-        except ValueError:
-            count = -1
-        if count < 0:
-            raise ValueError(f"CUCTX_SIM_DEVICES must be a whole number of devices (0 or "
-                             f"more), got {text!r}")
-        return cls(count)
+
+def from_env() -> SimDriver:
+    """A sim with CUCTX_SIM_DEVICES devices (default 2; empty means the default). A module
+    function, not a method: SimDriver's public names are cuda.bindings.driver's only."""
+    text = os.environ.get("CUCTX_SIM_DEVICES", "").strip() or "2"
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise ValueError(f"CUCTX_SIM_DEVICES must be a whole number of devices (0 or "
+                         f"more), got {text!r}")
+    return SimDriver(count)

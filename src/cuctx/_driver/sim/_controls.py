@@ -1,0 +1,78 @@
+"""What only the simulated GPU can do: ``backend.sim`` on the sim backend (None on cuda).
+
+These controls are not driver functions, so they are not on ``backend.driver``, which offers
+only what ``cuda.bindings.driver`` has. They follow the driver's return convention (a tuple
+whose first item is a ``CUresult``) so that the layers above translate failures with the
+same `cuctx.context.fail`. The public face for users is the `cuctx.sim` module.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cuda.bindings.driver import CUresult
+
+from ._common import INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, OK
+from ._twins import decoders
+
+if TYPE_CHECKING:
+    from .driver import SimDriver
+
+
+class SimControls:
+    """Fault injection, work of a given duration, kernel twins and the virtual clock of one
+    `SimDriver`."""
+
+    __slots__ = ("_driver",)
+
+    def __init__(self, driver: SimDriver) -> None:
+        self._driver = driver
+
+    def inject_fault(self, hctx, error: CUresult) -> tuple[CUresult]:
+        """Make the context ``hctx`` fail as if a kernel in it had hit ``error`` (a sticky
+        CUresult): its next call that does work fails with it and poisons it."""
+        target = self._driver._lookup(hctx)
+        if target is None or target.destroyed:
+            return (INVALID_CONTEXT,)
+        target.sticky = error
+        return (OK,)
+
+    def stream_busy(self, hstream, ns: int) -> tuple[CUresult]:
+        """Enqueue an operation that does nothing for ``ns`` virtual nanoseconds on
+        ``hstream`` (a stand-in for a long kernel, to test timing and races)."""
+        if int(ns) < 0:
+            return (INVALID_VALUE,)
+        return (self._driver._enqueue(hstream, None, cost_ns=int(ns), label="busy"),)
+
+    def clock(self) -> int:
+        """The host's virtual clock in nanoseconds: where the host stands after the last
+        synchronization (event times are read from the same clock)."""
+        return self._driver._now
+
+    def set_kernel_twin(self, kernel, fn, kinds=None) -> tuple[CUresult]:
+        """Make ``fn(grid, block, *args)`` the behaviour of ``kernel`` (a CUkernel or a
+        CUfunction handle). ``kinds``: each parameter's kind ("int", "float", "struct",
+        "other") where the caller knows the types, for decoding the arguments."""
+        found = self._driver._kernel(kernel)
+        if found is None:
+            return (INVALID_HANDLE,)
+        params = found.image.info.params
+        if not callable(fn) or (kinds is not None and len(kinds) != len(params)):
+            return (INVALID_VALUE,)
+        found.kinds = decoders(fn, params, kinds)
+        found.twin = fn
+        return (OK,)
+
+    def kernel_twin(self, kernel) -> tuple[CUresult, object]:
+        """(OK, the twin registered for ``kernel`` or None)."""
+        found = self._driver._kernel(kernel)
+        return (OK, found.twin) if found else (INVALID_HANDLE, None)
+
+    def fault_cause(self, hctx) -> tuple[CUresult, BaseException | None, str]:
+        """(OK, exception or None, sentence) about the twin whose failure gave ``hctx`` its
+        sticky fault; (OK, None, "") when no twin caused one."""
+        ctx = self._driver._lookup(hctx)
+        if ctx is None:
+            return (INVALID_VALUE, None, "")
+        exc, text = ctx.resources.get("twin_fault", (None, ""))
+        return (OK, exc, text)
