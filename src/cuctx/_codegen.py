@@ -40,7 +40,7 @@ def fast_launch(plan: Plan, *, ctx: Any, owner: Any, local: threading.local,
     without one, and every case the plan was not made for, goes to ``general(args)``."""
     source = launch_source(plan)
     types = ", ".join(t.__name__ for t in plan.types)
-    name = _register(f"<cuctx fast launch {plan.kernel} ({types})>", source)
+    name = _register(f"{_trace.GENERATED}fast launch {plan.kernel} ({types})>", source)
     scope = {"__name__": __name__, "ACTIVE": ACTIVE, "trace": _trace, "hostfn": in_host_function,
              "pack_errors": PACK_ERRORS, "pack_into": plan.layout.pack_into,
              "ctx": ctx, "device": ctx._device, "owner": owner, "local": local,

@@ -1,0 +1,130 @@
+"""The generated fast path of a launcher: its source is kept and readable (linecache,
+inspect, tracebacks), CUCTX_FASTPATH turns it off, and one launcher serves every thread.
+Sim and GPU."""
+
+from __future__ import annotations
+
+import inspect
+import linecache
+import os
+import subprocess
+import sys
+import threading
+import traceback
+
+import numpy as np
+import pytest
+
+import cuctx
+from cuctx import _codegen, _plan
+
+SOURCE = r"""
+extern "C" __global__ void add(float* out, const float* x, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = x[i] + a;
+}
+"""
+
+
+def add(grid, block, out, x, a: float, n):
+    out.view(np.float32, n)[:] = x.view(np.float32, n) + np.float32(a)
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("CUCTX_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "nvrtc-cache"))
+
+
+@pytest.fixture
+def lib(backend):
+    library = cuctx.Library.from_source(SOURCE, sim_kernels={"add": add})
+    with cuctx.Device(0):
+        yield library
+
+
+def arrays(n=8):
+    return cuctx.zeros(n, np.float32), cuctx.to_device(np.arange(n, dtype=np.float32))
+
+
+@pytest.fixture
+def packs(monkeypatch):
+    """How often the checked path packed arguments (the fast path never calls Plan.pack)."""
+    calls = []
+    pack = _plan.Plan.pack
+    monkeypatch.setattr(_plan.Plan, "pack", lambda *a: (calls.append(1), pack(*a))[1])
+    return calls
+
+
+def test_the_source_is_kept_named_and_readable(lib):
+    out, x = arrays()
+    launcher = lib["add"][1, 8]
+    assert launcher.fast_source is None  # nothing generated before the first launch
+    launcher(out, x, 1.0, 8)
+    source = launcher.fast_source
+    assert source.startswith("def launch(args):") and "pack_into(buffer" in source
+    name = launcher._fast.__code__.co_filename
+    assert name == "<cuctx fast launch add (DeviceArray, DeviceArray, float, int)>"
+    assert "".join(linecache.getlines(name)) == source
+    assert inspect.getsource(launcher._fast) == source
+
+
+def test_a_traceback_from_inside_the_fast_path_shows_its_line(lib):
+    out, x = arrays()
+    launcher = lib["add"][1, 8]
+    launcher(out, x, 1.0, 8)  # generates the fast path and this thread's state
+
+    def driver_call():
+        raise RuntimeError("the driver call failed")
+    buffer, _ = launcher._local.state
+    launcher._local.state = (buffer, driver_call)
+    with pytest.raises(RuntimeError) as info:
+        launcher(out, x, 2.0, 8)
+    text = "".join(traceback.format_exception(info.value))
+    name = launcher._fast.__code__.co_filename
+    line = launcher.fast_source.splitlines().index("    err, = go()") + 1
+    assert f'File "{name}", line {line}, in launch\n    err, = go()\n' in text
+
+
+def test_fast_paths_can_be_turned_off(lib, monkeypatch, packs):
+    monkeypatch.setattr(_codegen, "ENABLED", False)
+    out, x = arrays()
+    launcher = lib["add"][1, 8]
+    for k in range(3):
+        launcher(out, x, float(k), 8)
+    assert launcher.fast_source is None and launcher._fast is None
+    assert len(packs) == 3  # every launch took the checked path
+    assert out.to_host().tolist() == list(range(2, 10))
+
+
+def test_cuctx_fastpath_0_in_the_environment_turns_them_off():
+    code = "import cuctx._codegen as c; print(c.ENABLED)"
+    for value, expected in (("0", "False"), ("1", "True")):
+        env = dict(os.environ, CUCTX_FASTPATH=value)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True).stdout
+        assert out.strip() == expected
+
+
+def test_one_launcher_serves_every_thread_on_its_fast_path(lib, packs):
+    out, x = arrays()
+    launcher = lib["add"][1, 8]
+    launcher(out, x, 1.0, 8)  # the fast path, made on this thread
+    results = {}
+
+    def work(k):
+        with cuctx.Device(0):
+            mine = cuctx.zeros(8, np.float32)
+            before = len(packs)
+            for _ in range(5):
+                launcher(mine, x, float(k), 8)
+            # The thread's first launch makes its parameter buffer on the checked path;
+            # the others run the fast path with it.
+            results[k] = (len(packs) - before, mine)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(1, 4)]
+    for t in threads:
+        t.start()
+        t.join()  # one at a time: each counts its own checked launches
+    cuctx.current_stream().synchronize()
+    for k, (checked, mine) in results.items():
+        assert checked == 1
+        assert mine.to_host().tolist() == (np.arange(8) + k).tolist()

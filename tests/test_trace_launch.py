@@ -1,0 +1,101 @@
+"""Launches in the operation trace: the checked path announces each successful launch with
+its kernel, configuration, stream, context and the arrays it may touch; the fast path steps
+aside while a sink listens, so none is missed. Sim and GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cuctx
+from cuctx import _plan, _trace
+
+SOURCE = r"""
+extern "C" __global__ void add(float* out, const float* x, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = x[i] + a;
+}
+"""
+
+
+def add(grid, block, out, x, a: float, n):
+    out.view(np.float32, n)[:] = x.view(np.float32, n) + np.float32(a)
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("CUCTX_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "nvrtc-cache"))
+
+
+@pytest.fixture
+def lib(backend):
+    library = cuctx.Library.from_source(SOURCE, sim_kernels={"add": add})
+    with cuctx.Device(0):
+        yield library
+
+
+def test_launches_are_announced_with_their_arrays_also_once_a_fast_path_exists(lib):
+    out = cuctx.zeros(8, np.float32)
+    x = cuctx.to_device(np.arange(8, dtype=np.float32))
+    stream = cuctx.Stream()
+    launcher = lib["add"][2, 4, 0, stream]
+    launcher(out, x, 1.0, 8)  # generates the fast path
+    launcher(out, x, 1.0, 8)
+    assert launcher.fast_source is not None
+    seen = []
+    with _trace.sink(seen.append):
+        launcher(out, x, 2.0, 8)
+        line = test_launches_are_announced_with_their_arrays_also_once_a_fast_path_exists \
+            .__code__.co_firstlineno + 10
+        launcher(out, x.ptr, 3.0, 8)  # an int is an address of unknown extent: no access
+    launcher(out, x, 4.0, 8)  # no sink: not announced
+    stream.synchronize()
+    assert [op.kind for op in seen] == ["launch", "launch"]
+    first, second = seen
+    assert first.kernel is lib["add"] and first.stream is stream
+    assert first.context is stream.context
+    assert (first.config.grid, first.config.block, first.config.shared_mem) == \
+        ((2, 1, 1), (4, 1, 1), 0)
+    assert first.accesses == (_trace.Access(out.ptr, 32, _trace.READ_WRITE, out),
+                              _trace.Access(x.ptr, 32, _trace.READ_WRITE, x))
+    assert first.site[:2] == (__file__, line)
+    assert second.accesses == (_trace.Access(out.ptr, 32, _trace.READ_WRITE, out),)
+
+
+def test_foreign_arrays_are_announced_with_their_extent(lib):
+    out = cuctx.zeros(8, np.float32)
+    x = cuctx.to_device(np.arange(8, dtype=np.float32))
+
+    class Foreign:  # another library's array, seen through __cuda_array_interface__
+        __cuda_array_interface__ = {"version": 3, "shape": (4,), "typestr": "<f4",
+                                    "data": (x.ptr + 16, False), "strides": None,
+                                    "stream": None}
+    seen = []
+    with _trace.sink(seen.append):
+        lib["add"][1, 4](out, Foreign(), 1.0, 4)
+    cuctx.current_stream().synchronize()
+    [op] = seen
+    foreign = op.accesses[1]
+    assert (foreign.ptr, foreign.nbytes, foreign.mode) == (x.ptr + 16, 16, _trace.READ_WRITE)
+    assert out.to_host().tolist() == [5.0, 6.0, 7.0, 8.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_a_launch_that_fails_is_not_announced_and_the_fast_path_waits_for_no_sink(
+        lib, monkeypatch):
+    out = cuctx.zeros(8, np.float32)
+    x = cuctx.to_device(np.arange(8, dtype=np.float32))
+    launcher = lib["add"][1, 8]
+    seen = []
+    with _trace.sink(seen.append):
+        with pytest.raises(cuctx.KernelArgumentError):
+            launcher(out, x, 1.0, 2**40)
+    assert seen == []
+    launcher(out, x, 1.0, 8)  # makes the fast path
+    calls = []
+    pack = _plan.Plan.pack
+    monkeypatch.setattr(_plan.Plan, "pack", lambda *a: (calls.append(1), pack(*a))[1])
+    launcher(out, x, 1.0, 8)
+    assert calls == []  # no sink: the fast path, which the checked path's packing never sees
+    with _trace.sink(seen.append):
+        launcher(out, x, 1.0, 8)
+    assert len(calls) == 1 and len(seen) == 1  # a sink: the checked path, announced
