@@ -24,12 +24,13 @@ import numpy as np
 
 from . import _cubin, _driver, _ptx
 from ._kernel import BlockSizeSuggestion, Kernel, KernelAttributes
+from ._layout import dtype_of, shape_of
 from ._twin_check import check_twin
 from .compiler import CompileError, compile_source, pick_arch
 from .context import ACTIVE, Context, _MadeCurrent, ensure_context, fail
 from .device import Device, devices
 from .errors import NotSupportedError
-from ._layout import dtype_of, shape_of
+from .memory import DeviceArray
 
 if TYPE_CHECKING:
     from typing import Self
@@ -336,8 +337,8 @@ def _view_shape(nbytes: int, dtype: Any, shape, name: str):
     return dtype, shape
 
 
-def _variable_view(ctx: Context, ptr: int, nbytes: int, dtype, shape, owner, name: str):
-    from .memory import DeviceArray
+def _variable_view(ctx: Context, ptr: int, nbytes: int, dtype, shape, owner,
+                   name: str) -> DeviceArray:
     dtype, shape = _view_shape(nbytes, dtype, shape, name)
     return DeviceArray._make(ctx, ptr, shape, dtype, None, None, owner)
 
