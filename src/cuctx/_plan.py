@@ -52,12 +52,16 @@ class Plan:
     types: tuple[type, ...]  # the guard: exactly these argument types
     params: tuple[Param, ...]
     layout: struct.Struct  # every parameter with its padding, packed in one call
+    conversions: tuple[tuple[int, Convert], ...]  # (index, convert) of the params that have one
 
     def pack(self, buffer: bytearray, stream: Stream, args: tuple) -> None:
         """Convert and pack ``args`` (of this plan's types) into ``buffer``; raises
         PACK_ERRORS for a value its code cannot hold (`pack_slowly` says which)."""
-        self.layout.pack_into(buffer, 0, *[arg if p.convert is None else p.convert(arg, stream)
-                                           for p, arg in zip(self.params, args)])
+        if self.conversions:
+            args = list(args)
+            for index, convert in self.conversions:
+                args[index] = convert(args[index], stream)
+        self.layout.pack_into(buffer, 0, *args)
 
     def accesses(self, args: tuple, stream: Stream) -> tuple[_trace.Access, ...]:
         """The device memory the launch may touch, for the trace: every array argument,
@@ -103,7 +107,9 @@ class Packer:
             fmt.append("x" * (offset - pos) + code)
             pos = offset + size
             params.append(Param(offset, size, code, kind, convert))
-        return Plan(self.kernel.name, types, tuple(params), struct.Struct("".join(fmt)))
+        conversions = tuple((i, p.convert) for i, p in enumerate(params) if p.convert)
+        return Plan(self.kernel.name, types, tuple(params), struct.Struct("".join(fmt)),
+                    conversions)
 
     def buffers(self) -> tuple[bytearray, ctypes.Array | None]:
         """A parameter buffer and a ``void*`` array pointing into it (None without
