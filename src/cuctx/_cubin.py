@@ -1,4 +1,10 @@
-"""Kernel parameter layouts from CUDA images, without the driver.
+"""CUDA images read without the driver: one parsed `Image` per cubin or PTX.
+
+`read_image` is the one reader: kernels with their parameter layouts and resources
+(registers, static shared and local memory, ``__launch_bounds__``), the ``__device__``,
+``__constant__`` and ``__managed__`` variables with their initial bytes, the architecture.
+The sim loads images from it; `read_kernels`, `ptx_layouts` and `kernel_layouts` give the
+parameter layouts alone (the tests check them against the C ABI and the driver).
 
 A cubin is an ELF64 file (e_machine EM_CUDA). Each kernel is an STT_FUNC
 symbol whose st_other carries STO_CUDA_ENTRY, and has a `.nv.info.<name>`
@@ -28,6 +34,8 @@ import struct
 from dataclasses import dataclass
 
 __all__ = [
+    "Image",
+    "KernelImage",
     "KernelInfo",
     "Param",
     "is_cubin",
@@ -36,6 +44,7 @@ __all__ = [
     "kernel_layouts",
     "ptx_kernels",
     "ptx_layouts",
+    "read_image",
     "read_kernels",
 ]
 
@@ -44,8 +53,10 @@ _ELFCLASS64 = 2
 _ELFDATA2LSB = 1
 _SHT_SYMTAB = 2
 _SHT_NOBITS = 8
+_STT_OBJECT = 1
 _STT_FUNC = 2
 _STO_CUDA_ENTRY = 0x10
+_STO_CUDA_MANAGED = 0x04  # st_other bit of a __managed__ variable's symbol
 _FATBIN_MAGIC = 0xBA55ED50
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
@@ -53,7 +64,10 @@ _SHDR = struct.Struct("<IIQQQQIIQQ")
 _SYM = struct.Struct("<IBBHQQ")
 
 _EIFMT_SVAL = 4
+_EIATTR_MAX_THREADS = 0x05
 _EIATTR_PARAM_CBANK = 0x0A
+_EIATTR_FRAME_SIZE = 0x11
+_EIATTR_REGCOUNT = 0x2F
 _EIATTR_KPARAM_INFO = 0x17
 _EIATTR_KPARAM_INFO_V2 = 0x45
 _RECORD_HEAD = struct.Struct("<BBH")
@@ -76,6 +90,43 @@ class KernelInfo:
     param_size: int
 
 
+@dataclass
+class KernelImage:
+    """One kernel as its image describes it (PTX gives the layout only)."""
+
+    info: KernelInfo
+    regs: int = 0
+    shared: int = 0  # static shared memory, bytes
+    local: int = 0  # local memory per thread, bytes
+    max_threads: int = 1024  # from __launch_bounds__
+
+
+@dataclass
+class Image:
+    """A parsed cubin or PTX image."""
+
+    kind: str  # "cubin" or "ptx"
+    arch: int  # e.g. 90
+    ptx_version: int
+    kernels: dict[str, KernelImage]
+    variables: dict[str, bytes]  # __device__ / __constant__: name -> initial bytes
+    managed: dict[str, bytes]  # __managed__: name -> initial bytes
+    const_size: int = 0  # bytes of __constant__ variables
+
+
+def read_image(data: bytes | str) -> Image:
+    """The parsed image; ValueError for a malformed one, a fatbin or anything else."""
+    if isinstance(data, str):
+        return _read_ptx(data)
+    if is_cubin(data):
+        return _read_cubin(data)
+    if is_fatbin(data):
+        raise ValueError("fatbin images are not parsed for kernel layouts; pass a cubin or PTX")
+    if is_ptx(data):
+        return _read_ptx(data)
+    raise ValueError("unrecognised image: neither a cubin, a fatbin nor PTX")
+
+
 # --------------------------------------------------------------------------
 # Content sniffing
 
@@ -93,8 +144,9 @@ def is_fatbin(data: bytes) -> bool:
     return len(data) >= 4 and struct.unpack_from("<I", data)[0] == _FATBIN_MAGIC
 
 
-_PTX_VERSION_RE = re.compile(r"^\s*\.version\s+\d+\.\d+", re.MULTILINE)
+_PTX_VERSION_RE = re.compile(r"^\s*\.version\s+(\d+)\.(\d+)", re.MULTILINE)
 _PTX_TARGET_RE = re.compile(r"^\s*\.target\s+\w", re.MULTILINE)
+_PTX_ARCH_RE = re.compile(r"^\s*\.target\s+sm_(\d+)", re.MULTILINE)
 
 
 def is_ptx(data: bytes | str) -> bool:
@@ -129,56 +181,114 @@ def read_kernels(image: bytes) -> dict[str, KernelInfo]:
 
     Raises ValueError if ``image`` is not a well-formed ELF64 cubin.
     """
-    image = bytes(image)
-    if not is_cubin(image):
-        raise ValueError("not a cubin: missing ELF magic or e_machine is not EM_CUDA")
-    _, _, _, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum, shstrndx = _unpack(
-        _EHDR, image, 0, "ELF header"
-    )
-    if image[4] != _ELFCLASS64 or image[5] != _ELFDATA2LSB:
-        raise ValueError("unsupported cubin: only little-endian ELF64 is handled")
-    if shentsize != _SHDR.size:
-        raise ValueError(f"malformed cubin: section header size {shentsize}, expected {_SHDR.size}")
-    if shnum == 0 or shstrndx >= shnum:
-        raise ValueError(f"malformed cubin: {shnum} sections, string table index {shstrndx}")
-    sections = [
-        _unpack(_SHDR, image, shoff + i * shentsize, f"section header {i}") for i in range(shnum)
-    ]
-    # A truncated image must not pass as a smaller valid one, so every part the
-    # headers describe has to be present, not just the parts read here.
-    if phoff + phnum * phentsize > len(image):
-        raise ValueError(
-            f"truncated cubin: program headers end at {phoff + phnum * phentsize}, "
-            f"image has {len(image)}"
-        )
-    for i, sh in enumerate(sections):
-        _section_data(image, sh, f"section {i}")
-    shstrtab = _section_data(image, sections[shstrndx], "section name table")
-    by_name = {_cstr(shstrtab, sh[0], "section name"): sh for sh in sections}
+    elf = _Elf(bytes(image))
+    return {name: kernel.info for name, kernel in _kernels(elf).items()}
+
+
+class _Elf:
+    """The sections (headers, names) and symbols of a checked ELF64 cubin."""
+
+    def __init__(self, image: bytes) -> None:
+        if not is_cubin(image):
+            raise ValueError("not a cubin: missing ELF magic or e_machine is not EM_CUDA")
+        header = _unpack(_EHDR, image, 0, "ELF header")
+        phoff, shoff, self.flags, _, phentsize, phnum, shentsize, shnum, shstrndx = header[5:]
+        if image[4] != _ELFCLASS64 or image[5] != _ELFDATA2LSB:
+            raise ValueError("unsupported cubin: only little-endian ELF64 is handled")
+        if shentsize != _SHDR.size:
+            raise ValueError(
+                f"malformed cubin: section header size {shentsize}, expected {_SHDR.size}"
+            )
+        if shnum == 0 or shstrndx >= shnum:
+            raise ValueError(f"malformed cubin: {shnum} sections, string table index {shstrndx}")
+        self.image = image
+        self.sections = [
+            _unpack(_SHDR, image, shoff + i * shentsize, f"section header {i}")
+            for i in range(shnum)
+        ]
+        # A truncated image must not pass as a smaller valid one, so every part the
+        # headers describe has to be present, not just the parts read here.
+        if phoff + phnum * phentsize > len(image):
+            raise ValueError(
+                f"truncated cubin: program headers end at {phoff + phnum * phentsize}, "
+                f"image has {len(image)}"
+            )
+        for i, sh in enumerate(self.sections):
+            _section_data(image, sh, f"section {i}")
+        shstrtab = _section_data(image, self.sections[shstrndx], "section name table")
+        self.names = [_cstr(shstrtab, sh[0], "section name") for sh in self.sections]
+        self.by_name = dict(zip(self.names, self.sections))
+        self.symbols = list(self._symbols())
+
+    def _symbols(self):
+        """(name, st_info, st_other, st_shndx, st_value, st_size) of every symbol."""
+        for sh in self.sections:
+            if sh[1] != _SHT_SYMTAB:
+                continue
+            link = sh[6]
+            if link >= len(self.sections):
+                raise ValueError(f"malformed cubin: symbol table links to missing section {link}")
+            strtab = _section_data(self.image, self.sections[link], "symbol string table")
+            symtab = _section_data(self.image, sh, "symbol table")
+            for off in range(0, len(symtab) - _SYM.size + 1, _SYM.size):
+                st_name, *fields = _SYM.unpack_from(symtab, off)
+                yield _cstr(strtab, st_name, "symbol name"), *fields
+
+    def data(self, name: str) -> bytes:
+        """A section's bytes (b"" for a section that is absent or holds none in the file)."""
+        sh = self.by_name.get(name)
+        return b"" if sh is None else _section_data(self.image, sh, name)
+
+    def records(self, name: str):
+        """(attribute, payload) of each record of an .nv.info section (none when absent)."""
+        return _nv_info_records(name.removeprefix(".nv.info."), self.data(name))
+
+
+def _kernels(elf: _Elf) -> dict[str, KernelImage]:
     kernels = {}
-    for name in _entry_names(image, sections):
-        info_section = by_name.get(f".nv.info.{name}")
-        if info_section is None:
-            raise ValueError(f"malformed cubin: kernel {name!r} has no .nv.info.{name} section")
-        kernels[name] = _parse_nv_info(name, _section_data(image, info_section, f".nv.info.{name}"))
+    for name, info, other, *_ in elf.symbols:
+        if info & 0xF == _STT_FUNC and other & _STO_CUDA_ENTRY:
+            if f".nv.info.{name}" not in elf.by_name:
+                raise ValueError(f"malformed cubin: kernel {name!r} has no .nv.info.{name} section")
+            kernels[name] = KernelImage(_parse_nv_info(name, elf.data(f".nv.info.{name}")))
     return kernels
 
 
-def _entry_names(image: bytes, sections: list[tuple]) -> list[str]:
-    names = []
-    for sh in sections:
-        if sh[1] != _SHT_SYMTAB:
-            continue
-        link = sh[6]
-        if link >= len(sections):
-            raise ValueError(f"malformed cubin: symbol table links to missing section {link}")
-        strtab = _section_data(image, sections[link], "symbol string table")
-        symtab = _section_data(image, sh, "symbol table")
-        for off in range(0, len(symtab) - _SYM.size + 1, _SYM.size):
-            st_name, st_info, st_other, _, _, _ = _SYM.unpack_from(symtab, off)
-            if st_info & 0xF == _STT_FUNC and st_other & _STO_CUDA_ENTRY:
-                names.append(_cstr(strtab, st_name, "symbol name"))
-    return names
+_VARIABLE_SECTIONS = (".nv.global", ".nv.global.init", ".nv.constant3")
+_RESERVED_SHARED = 1024
+
+
+def _read_cubin(image: bytes) -> Image:
+    elf = _Elf(bytes(image))
+    kernels = _kernels(elf)
+    variables, managed = {}, {}
+    for name, info, other, shndx, value, size in elf.symbols:
+        if info & 0xF == _STT_OBJECT and 0 < shndx < len(elf.sections) \
+                and elf.names[shndx] in _VARIABLE_SECTIONS:
+            if value + size > elf.sections[shndx][5]:  # sh_size: it lies inside its section
+                raise ValueError(f"malformed cubin: variable {name!r} ends past its section")
+            initial = elf.data(elf.names[shndx])[value:value + size].ljust(size, b"\0")
+            (managed if other & _STO_CUDA_MANAGED else variables)[name] = initial
+    for attr, payload in elf.records(".nv.info"):
+        if attr in (_EIATTR_REGCOUNT, _EIATTR_FRAME_SIZE) and len(payload) == 8:
+            sym, value = struct.unpack("<II", payload)
+            kernel = kernels.get(elf.symbols[sym][0]) if sym < len(elf.symbols) else None
+            if kernel is not None:
+                setattr(kernel, "regs" if attr == _EIATTR_REGCOUNT else "local", value)
+    # On sm_80 and later a kernel's shared section starts with 1 KiB the system reserves,
+    # which the driver does not count as the kernel's static shared memory.
+    reserved = _RESERVED_SHARED if ".nv.shared.reserved.0" in elf.by_name else 0
+    for name, kernel in kernels.items():
+        shared = elf.by_name.get(f".nv.shared.{name}")
+        kernel.shared = max(shared[5] - reserved, 0) if shared else 0
+        for attr, payload in elf.records(f".nv.info.{name}"):
+            if attr == _EIATTR_MAX_THREADS and len(payload) == 12:
+                x, y, z = struct.unpack("<III", payload)
+                kernel.max_threads = x * y * z
+    # Newer cubins keep the SM version in bits 8-15 of e_flags, older ones in bits 0-7.
+    arch = elf.flags & 0xFF if elf.flags & 0xFF >= 0x14 else (elf.flags >> 8) & 0xFF
+    const = elf.by_name.get(".nv.constant3")
+    return Image("cubin", arch, arch, kernels, variables, managed, const[5] if const else 0)
 
 
 def _parse_nv_info(kernel: str, data: bytes) -> KernelInfo:
@@ -307,6 +417,11 @@ _PTX_PARAM_RE = re.compile(
         (?:\s*\[\s*(?P<count>\d+)\s*\])?""",
     re.VERBOSE,
 )
+_PTX_GLOBAL_RE = re.compile(
+    r"^\s*(?:\.visible\s+|\.extern\s+)?\.(global|const)\s+(?:\.align\s+(\d+)\s+)?\.(\w+)\s+"
+    r"([A-Za-z_$%][\w$%]*)\s*(?:\[(\d+)\])?",
+    re.MULTILINE,
+)
 
 
 def ptx_layouts(text: bytes | str) -> dict[str, KernelInfo]:
@@ -332,6 +447,26 @@ def ptx_layouts(text: bytes | str) -> dict[str, KernelInfo]:
             end = offset + size
         kernels[name] = KernelInfo(name, tuple(params), end)
     return kernels
+
+
+def _read_ptx(data: bytes | str) -> Image:
+    layouts = ptx_layouts(data)
+    text = _ptx_text(data)
+    version = _PTX_VERSION_RE.search(text)
+    target = _PTX_ARCH_RE.search(text)
+    variables = {}
+    for match in _PTX_GLOBAL_RE.finditer(_PTX_COMMENT_RE.sub("", text)):
+        elem = _PTX_TYPE_SIZES.get(match.group(3), 1)
+        count = int(match.group(5)) if match.group(5) else 1
+        variables[match.group(4)] = bytes(elem * count)  # initializers are not parsed
+    return Image(
+        "ptx",
+        int(target.group(1)) if target else 0,
+        int(version.group(1)) * 10 + int(version.group(2)) if version else 0,
+        {name: KernelImage(info) for name, info in layouts.items()},
+        variables,
+        {},
+    )
 
 
 def ptx_kernels(text: bytes | str) -> dict[str, list[int]]:
@@ -362,12 +497,4 @@ def _ptx_param(kernel: str, decl: str) -> tuple[int, int]:
 
 def kernel_layouts(image: bytes | str) -> dict[str, KernelInfo]:
     """Layouts from a cubin or PTX image; ValueError for anything else (fatbins included)."""
-    if isinstance(image, str):
-        return ptx_layouts(image)
-    if is_cubin(image):
-        return read_kernels(image)
-    if is_fatbin(image):
-        raise ValueError("fatbin images are not parsed for kernel layouts; pass a cubin or PTX")
-    if is_ptx(image):
-        return ptx_layouts(image)
-    raise ValueError("unrecognised image: neither a cubin, a fatbin nor PTX")
+    return {name: kernel.info for name, kernel in read_image(image).kernels.items()}

@@ -227,14 +227,6 @@ class ContextModel:
         ctx, refs = self._primary_of(dev)
         return (OK, ctx.flags, int(refs > 0))
 
-    def cuDevicePrimaryCtxSetFlags(self, dev, flags):
-        if self._device(dev) is None:
-            return (INVALID_DEVICE,)
-        if int(flags) & ~_VALID_FLAGS:
-            return (INVALID_VALUE,)
-        self._primary_of(dev)[0].flags = int(flags)
-        return (OK,)
-
     def cuDevicePrimaryCtxReset(self, dev):
         if self._device(dev) is None:
             return (INVALID_DEVICE,)

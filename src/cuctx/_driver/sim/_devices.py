@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import types
 
-from cuda.bindings.driver import CUdevice, CUdevice_attribute, CUresult
+from cuda.bindings.driver import CUdevice, CUdevice_attribute
 
 from ._common import INVALID_DEVICE, INVALID_VALUE, NOT_INITIALIZED, OK
 
@@ -36,12 +36,6 @@ class DeviceQueries:
 
     def cuDriverGetVersion(self):
         return (OK, self._spec["driver_version"])
-
-    def cuGetErrorName(self, error):
-        try:
-            return (OK, CUresult(error).name.encode())
-        except ValueError:
-            return (INVALID_VALUE, None)
 
     def cuGetErrorString(self, error):
         text = self._spec["error_strings"].get(str(int(error)))

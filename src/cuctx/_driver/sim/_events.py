@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import itertools
 
-from cuda.bindings.driver import CUevent
+from cuda.bindings.driver import CUevent, CUevent_flags
 
 from ._common import (CONTEXT_IS_DESTROYED, INVALID_HANDLE, INVALID_VALUE, NOT_PERMITTED,
                       NOT_READY, OK)
 
-EVENT_DISABLE_TIMING, EVENT_INTERPROCESS = 2, 4
-_EVENT_FLAGS = 1 | 2 | 4
+EVENT_DISABLE_TIMING = int(CUevent_flags.CU_EVENT_DISABLE_TIMING)
+EVENT_INTERPROCESS = int(CUevent_flags.CU_EVENT_INTERPROCESS)
+_EVENT_FLAGS = (int(CUevent_flags.CU_EVENT_BLOCKING_SYNC) | EVENT_DISABLE_TIMING
+                | EVENT_INTERPROCESS)
 
 
 class SimEvent:
@@ -69,11 +71,6 @@ class EventModel:
                 return (INVALID_HANDLE,)  # "must be from the same context"
             event.marker = self._push(stream, None, 0, "event", [])
         return (OK,)
-
-    def cuEventRecordWithFlags(self, hEvent, hStream, flags):
-        if int(flags) not in (0, 1):
-            return (INVALID_VALUE,)
-        return self.cuEventRecord(hEvent, hStream)
 
     def cuEventQuery(self, hEvent):
         with self._lock:

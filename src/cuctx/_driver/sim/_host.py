@@ -22,14 +22,19 @@ import ctypes
 import mmap
 
 import numpy as np
-from cuda.bindings.driver import CUresult
+from cuda.bindings.driver import (CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE,
+                                  CU_MEMHOSTALLOC_WRITECOMBINED, CU_MEMHOSTREGISTER_DEVICEMAP,
+                                  CU_MEMHOSTREGISTER_IOMEMORY, CU_MEMHOSTREGISTER_PORTABLE,
+                                  CU_MEMHOSTREGISTER_READ_ONLY, CUresult)
 
 from ._cargs import size_t
 from ._common import (HOST_MEMORY_ALREADY_REGISTERED, HOST_MEMORY_NOT_REGISTERED,
                       ILLEGAL_ADDRESS, INVALID_VALUE, OK)
 
-_HOST_ALLOC_FLAGS = 0x1 | 0x2 | 0x4  # PORTABLE, DEVICEMAP, WRITECOMBINED
-_HOST_REGISTER_FLAGS = 0x1 | 0x2 | 0x4 | 0x8  # PORTABLE, DEVICEMAP, IOMEMORY, READ_ONLY
+_HOST_ALLOC_FLAGS = (CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP
+                     | CU_MEMHOSTALLOC_WRITECOMBINED)
+_HOST_REGISTER_FLAGS = (CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP
+                        | CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY)
 _ADDRESS_LIMIT = 1 << 57  # above every user address, even with 5-level page tables
 _PAGE = mmap.PAGESIZE
 _CHUNK = 1 << 30  # mincore's answer vector is one byte a page: ask 1 GiB at a time

@@ -36,7 +36,7 @@ from __future__ import annotations
 import bisect
 
 import numpy as np
-from cuda.bindings.driver import CUdeviceptr, CUpointer_attribute, CUresult
+from cuda.bindings.driver import CUdeviceptr, CUpointer_attribute
 
 from ._cargs import size_t, unsigned
 from ._common import (CONTEXT_IS_DESTROYED, ILLEGAL_ADDRESS, INVALID_CONTEXT, INVALID_VALUE,

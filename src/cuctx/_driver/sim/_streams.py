@@ -2,8 +2,8 @@
 
 Work queued on a stream does not run when it is enqueued. It runs when something forces it:
 synchronizing the stream, an event or the context, querying a stream or an event (each query
-runs one more operation of the queried work, then answers), or a stream waiting on an event whose work has
-not run yet. Synchronizing one stream runs only that stream and what it waits on, so a
+runs one more operation of the queried work, then answers), or a stream waiting on an event
+whose work has not run yet. Synchronizing one stream runs only that stream and what it waits on, so a
 missing ``wait`` shows up as stale data every time. Synchronizing a context interleaves its
 streams: the operation that would *finish* first on the virtual clock runs first, and ties
 are broken by a random generator seeded from ``CUCTX_SIM_SEED`` (default 0), so a race has
@@ -60,7 +60,8 @@ import random
 import threading
 from collections import deque
 
-from cuda.bindings.driver import CUcontext, CUdevice, CUresult, CUstream
+from cuda.bindings.driver import (CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUcontext, CUdevice,
+                                  CUresult, CUstream, CUstream_flags)
 
 from ...errors import STICKY_CODES
 from ._common import (CONTEXT_IS_DESTROYED, INVALID_HANDLE, INVALID_VALUE, NOT_PERMITTED,
@@ -69,8 +70,8 @@ from ._events import EventModel
 
 
 BYTES_PER_NS = 25  # the default cost model of a transfer: 25 GB/s
-LEGACY, PER_THREAD = 1, 2  # CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
-NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING
+LEGACY, PER_THREAD = int(CU_STREAM_LEGACY), int(CU_STREAM_PER_THREAD)  # handles, not flags
+NON_BLOCKING = int(CUstream_flags.CU_STREAM_NON_BLOCKING)
 PRIORITY_LEAST, PRIORITY_GREATEST = 0, -5  # cuCtxGetStreamPriorityRange on an H100
 
 _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -361,17 +362,11 @@ class StreamModel(EventModel):
     def cuStreamGetPriority(self, hStream):
         return self._stream_query(hStream, lambda s: s.priority)
 
-    def cuStreamGetFlags(self, hStream):
-        return self._stream_query(hStream, lambda s: s.flags)
-
     def cuStreamGetCtx(self, hStream):
         return self._stream_query(hStream, lambda s: CUcontext(s.ctx.handle))
 
     def cuStreamGetDevice(self, hStream):
         return self._stream_query(hStream, lambda s: CUdevice(s.ctx.device))
-
-    def cuStreamGetId(self, hStream):
-        return self._stream_query(hStream, lambda s: id(s))
 
     def cuStreamSynchronize(self, hStream):
         return (self._drain(hStream),)

@@ -14,8 +14,10 @@ import threading
 from ._common import h100_spec
 from ._contexts import ContextModel
 from ._devices import DeviceQueries, SimDevice
+from ._launches import LaunchModel
 from ._library import LibraryModel
 from ._memory import MemoryModel
+from ._occupancy import OccupancyModel
 from ._peers import PeerModel
 from ._streams import StreamModel
 
@@ -23,6 +25,8 @@ from ._streams import StreamModel
 class SimDriver(
     DeviceQueries,
     StreamModel,
+    LaunchModel,
+    OccupancyModel,
     LibraryModel,
     MemoryModel,
     PeerModel,
