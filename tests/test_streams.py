@@ -468,11 +468,11 @@ def test_an_op_returning_a_sticky_code_poisons_the_context(sim):
 def test_a_destroyed_context_leaves_no_host_functions_behind(sim):
     """Host functions queued before a sticky fault never run; destroying the context must
     drop them (and what they keep alive), not keep them forever."""
-    from cuctx import _hostfn as stream_module
+    from cuctx import _lifetimes as stream_module
 
     def mine():
-        return [key for key, (_, _, where, _) in stream_module._pending.items()
-                if where[0] == ctx.handle]
+        return [key for key, (_, _, owner, _) in stream_module._pending.items()
+                if owner.key[0] == ctx.handle]
     ctx = Context.create(0)
     try:
         stream = Stream()

@@ -7,6 +7,9 @@ iteration of the plan's loops. Where the two layouts disagree (a transpose, a re
 axis), the copy goes through a temporary when that takes fewer driver calls: a pageable host
 buffer in the device array's own layout that NumPy reorders. Between devices the copy is
 cuMemcpyPeerAsync of contiguous buffers, staging a non-contiguous side on its own device.
+
+Each copy issued and each memset is announced on the trace with both sides' byte extents; a
+staged copy announces each of its stages (what the streams really do).
 """
 
 from __future__ import annotations
@@ -18,25 +21,43 @@ from typing import Any
 import numpy as np
 from cuda.bindings.driver import CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUmemorytype
 
-from . import _layout
+from . import _layout, _trace
 from ._alloc import allocate
 from ._host import page_locked
 from ._layout import Plan
 from .context import fail
-from .stream import Stream, hold, resolve_stream
+from .stream import Stream, resolve_stream
 
 _HOST, _DEVICE = CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE
 _LINEAR = {(True, False): "cuMemcpyHtoDAsync", (False, True): "cuMemcpyDtoHAsync",
            (True, True): "cuMemcpyDtoDAsync"}
 
 
-def issue(stream: Stream, plan: Plan, dst: int, src: int, dst_on_device: bool,
+def _address(obj, on_device: bool) -> int:
+    return obj.ptr if on_device else obj.__array_interface__["data"][0]
+
+
+def _access(obj, on_device: bool, mode: str) -> _trace.Access:
+    """The bytes one side of a copy (a DeviceArray, or a NumPy array) spans."""
+    if on_device:
+        return _trace.device_access(obj, mode)
+    start, nbytes = _trace.extent(_address(obj, False), obj.shape, obj.strides,
+                                  obj.dtype.itemsize)
+    return _trace.Access(start, nbytes, mode, obj, host=True)
+
+
+def announce_copy(stream: Stream, dst, src, dst_on_device: bool, src_on_device: bool) -> None:
+    _trace.emit("copy", stream._ctx, stream, (_access(src, src_on_device, _trace.READ),
+                                             _access(dst, dst_on_device, _trace.WRITE)))
+
+
+def issue(stream: Stream, plan: Plan, dst_obj, src_obj, dst_on_device: bool,
           src_on_device: bool) -> None:
-    """Queue ``plan`` on ``stream``: ``dst``/``src`` are the addresses of the first elements
-    (host or device as the flags say). Raises the driver's error as a CudaError."""
+    """Queue ``plan`` on ``stream`` from ``src_obj`` to ``dst_obj`` (device arrays or NumPy
+    arrays, as the flags say). Raises the driver's error as a CudaError."""
     drv = stream._backend.driver
-    dst += plan.dst_offset
-    src += plan.src_offset
+    dst = _address(dst_obj, dst_on_device) + plan.dst_offset
+    src = _address(src_obj, src_on_device) + plan.src_offset
     if plan.rows is None:
         name = _LINEAR[dst_on_device, src_on_device]
         call = getattr(drv, name)
@@ -58,6 +79,8 @@ def issue(stream: Stream, plan: Plan, dst: int, src: int, dst_on_device: bool,
         err, = one(d, s)
         if err:
             fail(stream._backend, err, name, stream._ctx)
+    if _trace.sinks:
+        announce_copy(stream, dst_obj, src_obj, dst_on_device, src_on_device)
 
 
 def _params(plan: Plan, dst_on_device: bool, src_on_device: bool):
@@ -119,6 +142,9 @@ def memset(arr, pattern: bytes, stream: Stream) -> None:
     for err, in results:
         if err:
             fail(stream._backend, err, "cuMemset", arr._ctx)
+    if _trace.sinks:
+        _trace.emit("memset", stream._ctx, stream, (_trace.device_access(arr, _trace.WRITE),),
+                    pattern=pattern)
 
 
 # -- copies between arrays -----------------------------------------------------------------
@@ -190,21 +216,20 @@ def _transfer(arr, host: np.ndarray, stream: Stream, to_device: bool,
     if plan is None:
         dst, src = (arr, host) if to_device else (host, arr)
         plan = _layout.plan(arr.shape, dst.strides, src.strides, itemsize)
-    address = host.__array_interface__["data"][0]
     if to_device:
-        issue(stream, plan, arr.ptr, address, True, False)
+        issue(stream, plan, arr, host, True, False)
     else:
-        issue(stream, plan, address, arr.ptr, False, True)
+        issue(stream, plan, host, arr, False, True)
     lo, hi = _layout.span(host.shape, host.strides, itemsize)
-    if page_locked(address + lo, hi - lo):  # asynchronous: the host array must outlive the copy
-        hold(stream, host)
+    if page_locked(_address(host, False) + lo, hi - lo):  # asynchronous: keep it until done
+        stream._hold(host)
 
 
 def _either_stream(stream, dst, src, operation: str) -> Stream:
     """The stream of a copy between contexts: ``stream`` if it is of src's context, else
     ``stream`` (or the current stream) of dst's."""
     if stream is not None:
-        given = Stream.wrap(stream)
+        given = resolve_stream(stream)
         if given._ctx is src._ctx:
             return given
     return resolve_stream(stream, dst._ctx, operation)
@@ -238,7 +263,7 @@ def copy_device(dst, src, stream) -> None:
         _host_copy(src, host, stream, to_device=False)
         _host_copy(dst, host, stream, to_device=True)
         return
-    issue(stream, direct, dst.ptr, src.ptr, True, True)
+    issue(stream, direct, dst, src, True, True)
 
 
 def _copy_peer(dst, src, stream) -> None:
@@ -262,6 +287,8 @@ def _copy_peer(dst, src, stream) -> None:
                      source.ptr, source._ctx._handle, target.nbytes, run._handle)
     if err:
         fail(run._backend, err, "cuMemcpyPeerAsync", run._ctx)
+    if _trace.sinks:
+        announce_copy(run, target, source, True, True)
     if target is not dst:
         near = target._alloc.stream
         if near is not run:

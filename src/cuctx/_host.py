@@ -13,16 +13,10 @@ from typing import Any
 import numpy as np
 
 from ._layout import shape_of
-from .context import ACTIVE, Context, current_device, fail
+from .context import ACTIVE, Context, context_for, fail, in_context
 from .device import Device
 
 _HOST_PORTABLE = 0x1  # CU_MEMHOSTALLOC_PORTABLE == CU_MEMHOSTREGISTER_PORTABLE: pinned for all contexts
-
-
-def _host_context(device: Device | int | None) -> Context:
-    """Page-locked memory lives in a device's *primary* context: only a device reset can
-    take it away (a created context could be destroyed under a NumPy array using it)."""
-    return (current_device() if device is None else Device(device)).primary_context
 
 
 # The page-locked host ranges cuctx made (start -> end, starts sorted): a copy with one is
@@ -62,7 +56,7 @@ def _host_call(ctx: Context, operation: str, ptr: int) -> None:
         if _locked_ends.pop(ptr, None) is not None:
             _locked_starts.remove(ptr)
     if ctx._state is ACTIVE:  # a reset or destroyed context took the memory with it
-        with ctx._activated(operation):
+        with in_context(ctx, operation):
             getattr(ctx._backend.driver, operation)(ptr)
 
 
@@ -79,8 +73,10 @@ def pinned_empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
     nbytes = prod(shape) * dtype.itemsize
     if nbytes == 0:
         return np.empty(shape, dtype)
-    ctx = _host_context(device)
-    with ctx._activated("pinned_empty"):
+    # Page-locked memory lives in a device's *primary* context: only a device reset can take
+    # it away (a created context could be destroyed under a NumPy array using it).
+    ctx = context_for(device, primary=True)
+    with in_context(ctx, "pinned_empty"):
         err, ptr = ctx._backend.driver.cuMemHostAlloc(nbytes, _HOST_PORTABLE)
     if err:
         fail(ctx._backend, err, "cuMemHostAlloc", ctx,
@@ -98,9 +94,9 @@ def register_host(ary: np.ndarray, *, device: Device | int | None = None) -> np.
         raise ValueError("register_host needs a contiguous array (it pins one address range)")
     if ary.nbytes == 0:
         return ary
-    ctx = _host_context(device)
+    ctx = context_for(device, primary=True)
     ptr = ary.__array_interface__["data"][0]
-    with ctx._activated("register_host"):
+    with in_context(ctx, "register_host"):
         err, = ctx._backend.driver.cuMemHostRegister(ptr, ary.nbytes, _HOST_PORTABLE)
     if err:
         fail(ctx._backend, err, "cuMemHostRegister", ctx,

@@ -18,20 +18,20 @@ from __future__ import annotations
 import enum
 import threading
 import weakref
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Callable, NoReturn
 
 from cuda.bindings.driver import CUctx_flags
 
-from . import _driver
+from . import _driver, _trace
 from ._driver import in_host_function
-from ._hostfn import raise_host_func_errors
+from ._lifetimes import raise_host_func_errors
+from ._resource import ACTIVE, DESTROYED, POISONED, Resource, upper
 from .errors import (STICKY_CODES, ContextDestroyedError, ContextPoisonedError, CudaError,
                      InvalidContextError, called_from_host_function, error_for)
 
 if TYPE_CHECKING:
     from .device import Device
 
-ACTIVE, DESTROYED, POISONED = "active", "destroyed", "poisoned"
 
 ContextFlags = enum.IntFlag("ContextFlags", {
     flag.name.removeprefix("CU_CTX_"): int(flag) for flag in CUctx_flags
@@ -111,7 +111,7 @@ def exit_block(backend: _driver.Backend) -> None:
         stack.pop()
 
 
-class Context:
+class Context(Resource):
     """A CUDA context: the primary context of a device, one made by `Context.create`, or
     one made by another library and found current (``kind`` says which).
 
@@ -121,8 +121,8 @@ class Context:
     reference goes, a primary context released.
     """
 
-    __slots__ = ("_backend", "_drv", "_handle", "_key", "_device", "kind", "_state", "_fault",
-                 "_why_destroyed", "_finalizer", "_default_streams", "__weakref__")
+    __slots__ = ("_drv", "_device", "kind", "_state", "_fault", "_why_destroyed", "_finalizer",
+                 "_default_streams", "_teardown", "__weakref__")
 
     def __init__(self) -> None:
         raise TypeError("make contexts with Context.create(device), device.primary_context "
@@ -141,6 +141,7 @@ class Context:
         ctx._fault = None
         ctx._why_destroyed = ""
         ctx._default_streams = {}  # "legacy"/"per-thread" -> Stream, made on first use
+        ctx._teardown = []  # called with the context when it is destroyed
         ctx._finalizer = weakref.finalize(ctx, *finalizer) if finalizer else None
         if ctx._finalizer is not None:
             ctx._finalizer.atexit = False  # the driver tears everything down at exit anyway
@@ -153,8 +154,7 @@ class Context:
     def create(cls, device: Device | int | None = None, flags: ContextFlags | int = 0) -> Context:
         """Create a context on ``device`` and push it on this thread's stack (as
         cuCtxCreate does). Destroy it with `destroy`, or let it go out of scope."""
-        from .device import Device
-        device = current_device() if device is None else Device(device)
+        device = current_device() if device is None else upper.device(device)
         if not isinstance(flags, int) or isinstance(flags, bool):
             raise TypeError(f"flags must be ContextFlags or an int, not {type(flags).__name__}")
         backend = device._backend
@@ -209,11 +209,22 @@ class Context:
         """The sticky fault that poisoned this context, if one did."""
         return self._fault
 
+    @property
+    def _ctx(self) -> Context:  # the Resource protocol: a context is its own
+        return self
+
+    def _on_teardown(self, callback: Callable[[Context], None]) -> None:
+        """Call ``callback(self)`` when this context is destroyed (once per callback): how
+        the layers above drop what they keep for it, without this module importing them."""
+        if callback not in self._teardown:
+            self._teardown.append(callback)
+
     def _mark_destroyed(self, why: str) -> None:
         self._state = DESTROYED
         self._why_destroyed = why
-        from .stream import forget_context  # stream.py builds on this module
-        forget_context(self)
+        callbacks, self._teardown = self._teardown, []
+        for callback in callbacks:
+            callback(self)
 
     def _poison(self, fault: CudaError) -> None:
         if self._state == ACTIVE:
@@ -293,16 +304,11 @@ class Context:
             fail(self._backend, err, "cuCtxPopCurrent", self)
         state.stack.pop()
 
-    def _current(self, operation: str) -> _MadeCurrent:
-        """Make this context current for a block unless it already is (the shadow stack is
-        left alone); the block gets the context."""
-        return _MadeCurrent(self, operation)
+    # library.py and _kernel.py still call these two; they go once those use in_context.
+    def _current(self, operation: str) -> _InContext:
+        return _InContext(self, operation)
 
-    def _activated(self, operation: str) -> _Activated:
-        """Make this context current for one internal call, without touching the shadow."""
-        self._check(operation)
-        refuse_in_host_function(operation)
-        return _Activated(self)
+    _activated = _current
 
     # -- queries --------------------------------------------------------------------------
 
@@ -322,16 +328,18 @@ class Context:
 
     @property
     def flags(self) -> ContextFlags:
-        with self._activated("Context.flags"):
+        with _InContext(self, "Context.flags"):
             return ContextFlags(call(self._backend, "cuCtxGetFlags", ctx=self))
 
     def synchronize(self) -> None:
         """Wait for all work in this context; raises the fault if a kernel in it failed, and
         `HostFunctionError` if a host function launched on one of its streams raised."""
-        with self._activated("Context.synchronize"):
+        with _InContext(self, "Context.synchronize"):
             err, = self._drv.cuCtxSynchronize()
         if err:
             fail(self._backend, err, "cuCtxSynchronize", self)
+        if _trace.sinks:
+            _trace.emit("sync_context", self, None)
         raise_host_func_errors(self)
 
     def __repr__(self) -> str:
@@ -339,23 +347,7 @@ class Context:
         return f"<Context {self.kind} {where} {self._key:#x} {self._state}>"
 
 
-class _Activated:
-    __slots__ = ("_ctx",)
-
-    def __init__(self, ctx: Context):
-        self._ctx = ctx
-
-    def __enter__(self):
-        ctx = self._ctx
-        err, = ctx._backend.driver.cuCtxPushCurrent(ctx._handle)
-        if err:
-            fail(ctx._backend, err, "cuCtxPushCurrent", ctx)
-
-    def __exit__(self, *exc_info):
-        self._ctx._backend.driver.cuCtxPopCurrent()
-
-
-class _MadeCurrent:
+class _InContext:
     __slots__ = ("_ctx", "_op", "_pushed")
 
     def __init__(self, ctx: Context, operation: str):
@@ -363,17 +355,31 @@ class _MadeCurrent:
         self._op = operation
 
     def __enter__(self) -> Context:
-        ctx = self._ctx
-        ctx._check(self._op)
-        refuse_in_host_function(self._op)
-        self._pushed = int(ctx._backend.driver.cuCtxGetCurrent()[1]) != ctx._key
+        ctx, operation = self._ctx, self._op
+        ctx._check(operation)
+        refuse_in_host_function(operation)
+        drv = ctx._backend.driver
+        self._pushed = int(drv.cuCtxGetCurrent()[1]) != ctx._key
         if self._pushed:
-            ctx._activated(self._op).__enter__()
+            err, = drv.cuCtxPushCurrent(ctx._handle)
+            if err:
+                fail(ctx._backend, err, "cuCtxPushCurrent", ctx)
         return ctx
 
     def __exit__(self, *exc_info) -> None:
         if self._pushed:
             self._ctx._backend.driver.cuCtxPopCurrent()
+
+
+def in_context(ctx: Context, operation: str) -> _InContext:
+    """THE way to run a call with ``ctx`` current: ``with in_context(ctx, "Op"): ...`` checks
+    that ``ctx`` is usable and that no host function is running, pushes it unless it is
+    already current and pops it after. The shadow stack is left alone (the call leaves the
+    thread's stack as it found it); the public ``with ctx:`` is what users write."""
+    return _InContext(ctx, operation)
+
+
+_MadeCurrent = _InContext  # library.py's annotations still name it
 
 
 def _take_out_of_stack(backend: _driver.Backend, state, ctx: Context) -> None:
@@ -400,7 +406,6 @@ def _take_out_of_stack(backend: _driver.Backend, state, ctx: Context) -> None:
 
 
 def _device_of(backend, handle, current: bool = False) -> Device:
-    from .device import Device
     drv = backend.driver
     if not current:  # the driver answers for the current context only
         err, = drv.cuCtxPushCurrent(handle)
@@ -412,7 +417,7 @@ def _device_of(backend, handle, current: bool = False) -> Device:
     if err:
         fail(backend, err, "cuCtxGetDevice")
     with backend.lock:
-        return Device._for_backend(backend, int(dev))
+        return upper.device._for_backend(backend, int(dev))
 
 
 def _object_for(backend: _driver.Backend, handle, current: bool = False) -> Context:
@@ -468,22 +473,36 @@ def current_context() -> Context | None:
 def current_device() -> Device:
     """The device of the current context; device 0 when no context is current. (A query:
     it makes no context current; the next call that needs a context will, on this device.)"""
-    from .device import Device
     ctx = current_context()
-    return ctx.device if ctx is not None else Device(0)
+    return ctx.device if ctx is not None else upper.device(0)
+
+
+def context_for(device: Device | int | None = None, *, primary: bool = False) -> Context:
+    """THE rule for which context an operation uses. Without ``device``: the current context;
+    with none current, device 0's primary context becomes current and stays retained (lazy
+    initialisation, as the runtime API does). With ``device``: the current context when it is
+    on that device, else the device's primary context (made current first when no context is
+    current). ``primary=True``: the primary context of ``device`` (default: the current
+    device), made current nowhere; for memory that must outlive created contexts."""
+    if primary:
+        return (current_device() if device is None else upper.device(device)).primary_context
+    if device is None:
+        ctx = live_current(_driver.active())
+        return ctx if ctx is not None else upper.device(0).set_current()
+    device = upper.device(device)
+    ctx = live_current(device._backend)
+    if ctx is None:
+        return device.set_current()
+    return ctx if ctx._device is device else device.primary_context
 
 
 def ensure_context() -> Context:
     """The current context, initialising lazily as the runtime API does: with none
     current, the primary context of device 0 becomes current and stays retained."""
-    ctx = current_context()
-    if ctx is None:
-        from .device import Device
-        ctx = Device(0).set_current()
-    return ctx
+    return context_for()
 
 
 def synchronize() -> None:
     """Wait for all work on the current device (`Device.synchronize`), as
     cudaDeviceSynchronize does; with no context current, device 0 is initialised first."""
-    ensure_context().device.synchronize()
+    context_for().device.synchronize()

@@ -10,8 +10,9 @@ from cuda.bindings.driver import (CUdevice_attribute, CUmemAccess_flags, CUmemAc
                                   CUmemLocationType)
 
 from . import _driver
-from .context import (ACTIVE, DESTROYED, Context, call, exit_block, fail, live_current,
-                      refuse_in_host_function)
+from ._resource import upper
+from .context import (ACTIVE, DESTROYED, Context, call, context_for, exit_block, fail,
+                      in_context, refuse_in_host_function)
 from .errors import NotSupportedError
 
 _PEER_ACCESS_ALREADY_ENABLED, _PEER_ACCESS_NOT_ENABLED = 704, 705
@@ -222,7 +223,7 @@ class Device:
                 "(cuDeviceCanAccessPeer is 0); copy the data with cuctx.copy instead (copies "
                 "between devices need no peer access)")
         mine, theirs = self.primary_context, other.primary_context
-        with mine._current("Device.enable_peer_access"):
+        with in_context(mine, "Device.enable_peer_access"):
             err, = self._backend.driver.cuCtxEnablePeerAccess(theirs._handle, 0)
         if err and int(err) != _PEER_ACCESS_ALREADY_ENABLED:
             fail(self._backend, err, "cuCtxEnablePeerAccess", mine)
@@ -230,7 +231,7 @@ class Device:
             self._grant_pool(other, CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
         except BaseException:
             if not err:  # undo what this call did, so a failure changes nothing
-                with mine._current("Device.enable_peer_access"):
+                with in_context(mine, "Device.enable_peer_access"):
                     self._backend.driver.cuCtxDisablePeerAccess(theirs._handle)
             raise
         self._peers.add(other)
@@ -245,11 +246,11 @@ class Device:
             return  # nothing can have been enabled
         for ctx in [c for c in list(self._backend.contexts.values())
                     if c._device is self and c._state is ACTIVE]:
-            with ctx._activated("Device.disable_peer_access"):
+            with in_context(ctx, "Device.disable_peer_access"):
                 self._backend.driver.cuCtxSynchronize()  # a fault stays for its next use
         self._grant_pool(other, CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE)
         mine, theirs = self.primary_context, other.primary_context
-        with mine._current("Device.disable_peer_access"):
+        with in_context(mine, "Device.disable_peer_access"):
             err, = self._backend.driver.cuCtxDisablePeerAccess(theirs._handle)
         self._peers.discard(other)
         self._peer_holds.pop(other, None)
@@ -295,20 +296,14 @@ class Device:
     def mem_info(self) -> MemInfo:
         """Free and total memory of the device, as seen from its primary context (or the
         current context when that is on this device and usable)."""
-        ctx = self._current_or_primary()
+        ctx = context_for(self)
         if ctx._state is not ACTIVE:
             ctx = self.primary_context
-        with ctx._current("Device.mem_info"):
+        with in_context(ctx, "Device.mem_info"):
             return MemInfo(*self._query("cuMemGetInfo"))
 
-    def _current_or_primary(self) -> Context:
-        """The context work on this device goes in: the current context when it is on this
-        device, else the device's primary context. With no context current, the primary
-        context is made current (lazy initialisation, as the runtime API does)."""
-        ctx = live_current(self._backend)
-        if ctx is None:
-            return self.set_current()
-        return ctx if ctx._device is self else self.primary_context
+    def _current_or_primary(self) -> Context:  # library.py still calls it: use context_for
+        return context_for(self)
 
     # -- the primary context --------------------------------------------------------------
 
@@ -362,8 +357,7 @@ class Device:
 
     def create_stream(self, priority: int | None = None, non_blocking: bool = True):
         """A new `cuctx.Stream` on this device: ``cuctx.Stream(self, priority, non_blocking)``."""
-        from .stream import Stream
-        return Stream(self, priority, non_blocking)
+        return upper.stream(self, priority, non_blocking)
 
     def __enter__(self) -> Context:
         return self.primary_context.__enter__()
@@ -383,3 +377,6 @@ def devices() -> list[Device]:
     backend = _driver.active()
     count = call(backend, "cuDeviceGetCount")
     return [Device(i) for i in range(count)]
+
+
+upper.device = Device  # Context.create(0) and adopted contexts find their Device here

@@ -13,8 +13,10 @@ import weakref
 
 from cuda.bindings.driver import CUevent_flags
 
-from . import _driver
-from .context import ACTIVE, DESTROYED, Context, ensure_context, fail, refuse_in_host_function
+from . import _driver, _trace
+from ._resource import Resource, upper
+from .context import (ACTIVE, DESTROYED, Context, context_for, fail, in_context,
+                      refuse_in_host_function)
 
 _DISABLE_TIMING = int(CUevent_flags.CU_EVENT_DISABLE_TIMING)
 _BLOCKING_SYNC = int(CUevent_flags.CU_EVENT_BLOCKING_SYNC)
@@ -22,7 +24,7 @@ _INTERPROCESS = int(CUevent_flags.CU_EVENT_INTERPROCESS)
 _NOT_READY = 600
 
 
-class Event:
+class Event(Resource):
     """A CUDA event in the current context.
 
     ``timing=True`` lets it measure time (`elapsed_ms`, ``end - start``); without it,
@@ -31,8 +33,7 @@ class Event:
     combined with timing (a CUDA rule).
     """
 
-    __slots__ = ("_backend", "_ctx", "_handle", "_key", "timing", "_recorded", "_finalizer",
-                 "__weakref__")
+    __slots__ = ("timing", "_recorded", "_finalizer", "__weakref__")
 
     def __init__(self, timing: bool = False, blocking: bool = False,
                  interprocess: bool = False) -> None:
@@ -41,7 +42,7 @@ class Event:
                              "interprocess events to be created with timing=False")
         flags = (0 if timing else _DISABLE_TIMING) | (_BLOCKING_SYNC if blocking else 0) \
             | (_INTERPROCESS if interprocess else 0)
-        self._setup(ensure_context(), flags)
+        self._setup(context_for(), flags)
 
     @classmethod
     def _create(cls, ctx: Context, timing: bool) -> Event:
@@ -52,13 +53,8 @@ class Event:
     def _setup(self, ctx: Context, flags: int) -> None:
         backend = ctx._backend
         drv = backend.driver
-        if ctx._state is not ACTIVE:
-            raise ctx._unusable("Event")
-        if int(drv.cuCtxGetCurrent()[1]) == ctx._key:
+        with in_context(ctx, "Event"):
             err, handle = drv.cuEventCreate(flags)
-        else:
-            with ctx._activated("Event"):
-                err, handle = drv.cuEventCreate(flags)
         if err:
             fail(backend, err, "cuEventCreate", ctx)
         self._backend = backend
@@ -92,12 +88,11 @@ class Event:
         """Record this event on ``stream``, which must belong to this event's context
         (default: the current stream when it is of that context, else the context's legacy
         default stream). Returns the event."""
-        from .stream import Stream, resolve_stream  # stream.py imports this module
         if self._ctx._state is not ACTIVE:
             raise self._ctx._unusable("Event.record")
-        if stream is None:
-            stream = resolve_stream(None, self._ctx, "Event.record")
-        elif not isinstance(stream, Stream):
+        if stream is None:  # stream.py, above this module, installed the rule and the class
+            stream = upper.resolve_stream(None, self._ctx)
+        elif not isinstance(stream, upper.stream):
             raise TypeError(f"Event.record takes a cuctx.Stream or None, not "
                             f"{type(stream).__name__}; adopt another library's stream with "
                             "cuctx.Stream.wrap(obj)")
@@ -120,6 +115,8 @@ class Event:
         err, = self._backend.driver.cuEventSynchronize(self._handle)
         if err:
             fail(self._backend, err, "cuEventSynchronize", self._ctx)
+        if _trace.sinks:
+            _trace.emit("sync_event", self._ctx, None, event=self)
 
     @property
     def done(self) -> bool:

@@ -22,22 +22,24 @@ from math import prod
 from typing import Any, Iterator
 
 import numpy as np
-from cuda.bindings.driver import CUpointer_attribute, CUstream
+from cuda.bindings.driver import CUpointer_attribute
 
 from . import _driver, _interop, _layout
-from ._alloc import Allocation, allocate, allocation_stream, defer_cleanup
+from ._alloc import Allocation, allocate
 from ._copy import copy_device, copy_host, fill_pattern, memset
 from ._host import pinned_empty, register_host
-from .context import ACTIVE, Context, current_device, fail
+from ._lifetimes import defer_cleanup
+from ._resource import Resource
+from .context import ACTIVE, Context, context_for, fail
 from .device import Device
-from .stream import LEGACY, PER_THREAD, Stream, current_stream, resolve_stream
+from .stream import LEGACY, Stream, current_stream, resolve_stream
 
 __all__ = ["DeviceArray", "asarray", "copy", "defer_cleanup", "empty", "full", "pinned_empty",
            "register_host", "to_device", "zeros"]
 
 # -- the device array ---------------------------------------------------------------------
 
-class DeviceArray:
+class DeviceArray(Resource):
     """An n-dimensional array in device memory: ``shape``, ``dtype``, ``strides`` (bytes, as
     in NumPy), ``nbytes``, ``ptr`` (the device address), ``device`` and ``context``.
 
@@ -47,7 +49,7 @@ class DeviceArray:
     alive; after the context is destroyed every use raises `ContextDestroyedError`.
     """
 
-    __slots__ = ("shape", "dtype", "strides", "ptr", "_ctx", "_alloc", "_owner", "_c", "_f",
+    __slots__ = ("shape", "dtype", "strides", "ptr", "_alloc", "_owner", "_c", "_f",
                  "__weakref__")
 
     def __init__(self) -> None:
@@ -61,8 +63,9 @@ class DeviceArray:
         arr.dtype = dtype
         arr.strides = _layout.c_strides(shape, dtype.itemsize) if strides is None \
             else tuple(strides)
-        arr.ptr = ptr
+        arr.ptr = arr._handle = arr._key = ptr  # the Resource protocol's handle: the address
         arr._ctx = ctx
+        arr._backend = ctx._backend
         arr._alloc = alloc  # keeps cuctx's memory allocated while any view lives
         arr._owner = owner  # keeps another library's memory alive (asarray)
         arr._c, arr._f = _layout.contiguity(shape, arr.strides, dtype.itemsize)
@@ -124,10 +127,6 @@ class DeviceArray:
     def __array__(self, *args, **kwargs):
         raise TypeError("a DeviceArray is not converted to NumPy implicitly; call "
                         "arr.to_host() to copy it to the host")
-
-    def _check(self, operation: str) -> None:
-        if self._ctx._state is not ACTIVE:
-            raise self._ctx._unusable(operation)
 
     # -- views --------------------------------------------------------------------------
 
@@ -258,20 +257,12 @@ class DeviceArray:
         if stream == 0:
             raise BufferError("stream=0 is ambiguous in DLPack: pass 1 (legacy) or 2 (per-thread)")
         if stream != -1:
-            consumer = _foreign_stream(self._ctx, LEGACY if stream is None else stream)
+            consumer = resolve_stream(LEGACY if stream is None else stream, self._ctx)
             producer = current_stream(self._ctx.device)
             if consumer != producer:
                 consumer.wait(producer)
         return _interop.export(self, self.ptr, self.shape, self.strides, self.dtype,
                               self.__dlpack_device__(), max_version)
-
-
-def _foreign_stream(ctx: Context, handle: int) -> Stream:
-    """The stream another library names by ``handle``; the default streams' handles are
-    taken in ``ctx`` (the memory's context), not in whichever context is current."""
-    if handle in (LEGACY, PER_THREAD):
-        return Stream._adopt(ctx, CUstream(handle), "legacy" if handle == LEGACY else "per-thread")
-    return Stream.wrap(handle)
 
 
 # -- making arrays ------------------------------------------------------------------------
@@ -281,7 +272,7 @@ def empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *, stream: Stre
     """An uninitialised C-contiguous device array, allocated stream-ordered on ``stream``
     (default: the current stream of ``device``, default the current device)."""
     shape, dtype = _layout.shape_of(shape), _layout.dtype_of(dtype)
-    stream = allocation_stream(stream, device)
+    stream = resolve_stream(stream, operation="cuctx.empty", device=device)
     nbytes = prod(shape) * dtype.itemsize
     if nbytes == 0:  # the driver answers a null pointer; an empty array needs no memory
         stream._ctx._check("cuctx.empty")
@@ -371,27 +362,22 @@ def _context_of(ptr: int) -> Context:
     """The primary context of the device the memory at ``ptr`` is on (unified addressing
     tells it), where PyTorch, CuPy and Numba allocate."""
     if ptr == 0:  # empty arrays have no memory
-        return current_device().primary_context
+        return context_for(primary=True)
     backend = _driver.active()
     err, ordinal = backend.driver.cuPointerGetAttribute(
         CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
     if err:
         fail(backend, err, "cuPointerGetAttribute",
              hint=f"{ptr:#x} is not device memory the driver knows")
-    return Device(int(ordinal)).primary_context
-
-
-def _consumer(ctx: Context, stream: Stream | Any | None) -> Stream:
-    """The stream that will use an imported array: ``stream``, else the current one."""
-    return current_stream(ctx.device) if stream is None else Stream.wrap(stream)
+    return context_for(int(ordinal), primary=True)
 
 
 def _after(ctx: Context, producer: int | None, stream: Stream | Any | None) -> None:
     """Make the consuming stream wait for the producer's stream."""
     if producer is None:
         return
-    consumer = _consumer(ctx, stream)
-    theirs = _foreign_stream(ctx, int(producer))
+    consumer = resolve_stream(stream, device=ctx.device)  # the stream that will use it
+    theirs = resolve_stream(int(producer), ctx)  # default handles: of the memory's context
     if consumer != theirs:
         consumer.wait(theirs)
 
@@ -408,8 +394,8 @@ def _from_dlpack(obj: Any, stream: Stream | Any | None) -> DeviceArray:
     if int(kind) != _interop.DL_CUDA:
         raise TypeError(f"cuctx.asarray: {type(obj).__name__} is on DLPack device type "
                         f"{int(kind)}, not CUDA (2); copy host data with cuctx.to_device")
-    ctx = Device(int(ordinal)).primary_context
-    key = _consumer(ctx, stream)._key
+    ctx = context_for(int(ordinal), primary=True)
+    key = resolve_stream(stream, device=ctx.device)._key
     try:
         capsule = obj.__dlpack__(stream=key, max_version=(1, 0))
     except TypeError:  # a producer of the DLPack protocol before max_version

@@ -19,13 +19,14 @@ import functools
 import weakref
 from typing import Any, Callable
 
-from . import _driver
+from cuda.bindings.driver import CUstream
+
+from . import _driver, _lifetimes, _trace
 from ._driver import in_host_function
-from ._hostfn import (_TRAMPOLINE_FN, _failures, _keys, _pending, _take_failures,
-                      forget_host_funcs)
-from ._hostfn import raise_host_func_errors  # noqa: F401 - documented as cuctx.stream's
-from .context import (ACTIVE, DESTROYED, Context, current_device, ensure_context, exit_block,
-                      fail, refuse_in_host_function)
+from ._lifetimes import raise_host_func_errors  # noqa: F401 - documented as cuctx.stream's
+from ._resource import Resource, upper
+from .context import (ACTIVE, DESTROYED, Context, _object_for, context_for, current_device,
+                      exit_block, fail, in_context, refuse_in_host_function)
 from .device import Device
 from .errors import HostFunctionError
 from .event import Event
@@ -35,44 +36,9 @@ _NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING
 _NOT_READY = 600
 
 
-# -- host memory that queued copies still read or write ------------------------------------
-#
-# An asynchronous copy reads or writes its host array after the call returns, so the array
-# must outlive it. Each stream (by context and handle, since several Stream objects can name
-# one stream) holds the host arrays of its copies until it is known to be idle.
-
-_holds: dict[tuple[int, int], list] = {}
-_HOLD_CHECK = 64  # past this many, ask the driver whether the stream is idle
-
-
-def hold(stream: Stream, owner: Any) -> None:
-    """Keep ``owner`` alive until the work queued on ``stream`` so far is done."""
-    held = _holds.setdefault((stream._ctx._key, stream._key), [])
-    held.append(owner)
-    if len(held) > _HOLD_CHECK and stream._call(stream._backend.driver.cuStreamQuery,
-                                                stream._handle)[0] == 0:
-        held.clear()
-
-
-def _release(ctx_key: int, stream_key: int | None = None) -> None:
-    """Forget the holds of one stream (known idle) or, without stream_key, of a context."""
-    if stream_key is not None:
-        _holds.pop((ctx_key, stream_key), None)
-    else:
-        for key in [k for k in _holds if k[0] == ctx_key]:
-            del _holds[key]
-
-
-def forget_context(ctx: Context) -> None:
-    """Drop everything kept for a context that is gone: host functions that will never
-    run, failures nobody can ask for any more, and held host arrays."""
-    forget_host_funcs(ctx._key)
-    _release(ctx._key)
-
-
 # -- the stream object --------------------------------------------------------------------
 
-class Stream:
+class Stream(Resource):
     """A CUDA stream. ``Stream(device=None, priority=None, non_blocking=True)`` creates one
     in the current context (with ``device``: the current context when it is on that device,
     else the device's primary context). ``priority`` follows CUDA: lower is more urgent, 0 is
@@ -81,17 +47,17 @@ class Stream:
     CuPy streams are) means no implicit synchronization with the legacy default stream.
     """
 
-    __slots__ = ("_backend", "_ctx", "_handle", "_key", "kind", "_priority",
-                 "_sync_event", "_finalizer", "_record", "_wait", "_sync", "__weakref__")
+    __slots__ = ("kind", "_priority", "_sync_event", "_finalizer", "_record", "_wait", "_sync",
+                 "__weakref__")
 
     def __init__(self, device: Device | int | None = None, priority: int | None = None,
                  non_blocking: bool = True) -> None:
-        ctx = _context_for(device)
+        ctx = context_for(device)
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
             raise TypeError(f"priority must be an int or None, not {type(priority).__name__}")
         backend = ctx._backend
         drv = backend.driver
-        with ctx._current("Stream"):
+        with in_context(ctx, "Stream"):
             if priority is None:
                 priority = 0
             else:
@@ -137,20 +103,7 @@ class Stream:
         ``__cuda_stream__`` (PyTorch, CuPy, cuda.core, Numba streams), a ``CUstream`` or a
         raw handle. The other library must keep its stream alive while this one is used.
         Handles 0/1 (legacy) and 2 (per-thread) mean the current context's default stream."""
-        if isinstance(obj, Stream):
-            return obj
-        handle = _handle_of(obj)
-        from cuda.bindings.driver import CUstream
-        if handle in (0, LEGACY, PER_THREAD):
-            return _default_stream(ensure_context(),
-                                   "per-thread" if handle == PER_THREAD else "legacy")
-        backend = _driver.active()
-        err, ctx_handle = backend.driver.cuStreamGetCtx(CUstream(handle))
-        if err:
-            fail(backend, err, "cuStreamGetCtx",
-                 hint=f"{obj!r} does not name a live stream of the {backend.name} backend")
-        from .context import _object_for
-        return cls._adopt(_object_for(backend, ctx_handle), CUstream(handle), "adopted")
+        return obj if isinstance(obj, Stream) else _adopt_any(obj, None)
 
     # -- properties -----------------------------------------------------------------------
 
@@ -184,10 +137,6 @@ class Stream:
 
     # -- work -----------------------------------------------------------------------------
 
-    def _check(self, operation: str) -> None:
-        if self._ctx._state is not ACTIVE:
-            raise self._ctx._unusable(operation)
-
     def _bind(self, fn):
         """``fn`` (a driver function taking this stream), for the hot paths. The default
         streams' handles mean "the current context's", so for them the call runs with
@@ -199,7 +148,7 @@ class Stream:
     def _in_context(self, fn, *args):
         if int(self._backend.driver.cuCtxGetCurrent()[1]) == self._ctx._key:
             return fn(*args)
-        with self._ctx._activated("Stream"):
+        with in_context(self._ctx, "Stream"):
             return fn(*args)
 
     def _call(self, fn, *args):
@@ -226,6 +175,8 @@ class Stream:
         if err:
             fail(self._backend, err, "cuEventRecord", ctx)
         event._recorded = True
+        if _trace.sinks:
+            _trace.emit("record", ctx, self, event=event)
         return event
 
     def wait(self, other: Event | Stream) -> None:
@@ -245,6 +196,8 @@ class Stream:
             err, = self._wait(self._handle, other._handle, 0)
             if err:
                 fail(self._backend, err, "cuStreamWaitEvent", ctx)
+            if _trace.sinks:
+                _trace.emit("wait_event", ctx, self, event=other)
         elif cls is Stream:
             self._wait_stream(other)
         else:
@@ -261,6 +214,8 @@ class Stream:
         err, = self._wait(self._handle, other._handle, 0)
         if err:
             fail(self._backend, err, "cuStreamWaitEvent", self._ctx)
+        if _trace.sinks:
+            _trace.emit("wait_event", self._ctx, self, event=other)
 
     def _wait_stream(self, other: Stream) -> None:
         if other._backend is not self._backend:
@@ -281,6 +236,8 @@ class Stream:
         err, = self._wait(self._handle, event._handle, 0)
         if err:
             fail(self._backend, err, "cuStreamWaitEvent", self._ctx)
+        if _trace.sinks:
+            _trace.emit("wait_stream", self._ctx, self, other=other)
 
     def synchronize(self) -> None:
         """Wait until all work queued on this stream is done. Raises the fault of a failed
@@ -292,10 +249,12 @@ class Stream:
         err, = self._sync(self._handle)
         if err:
             fail(self._backend, err, "cuStreamSynchronize", ctx)
-        if _holds:
-            _release(ctx._key, self._key)
-        if _failures:
-            failures = _take_failures(lambda k: k == (ctx._key, self._key))
+        if _trace.sinks:
+            _trace.emit("sync_stream", ctx, self)
+        if _lifetimes._queues:
+            _lifetimes.stream_idle(ctx._key, self._key)
+        if _lifetimes._failures:
+            failures = _lifetimes.take_failures(lambda k: k == (ctx._key, self._key))
             if failures:
                 raise HostFunctionError(repr(self), failures) from failures[0][1]
 
@@ -316,12 +275,23 @@ class Stream:
         if not callable(fn):
             raise TypeError(f"launch_host_func needs a callable, not {type(fn).__name__}")
         self._check("Stream.launch_host_func")
-        key = next(_keys)
-        _pending[key] = (fn, args, (self._ctx._key, self._key), self._backend.name == "cuda")
-        err, = self._call(self._backend.driver.cuLaunchHostFunc, self._handle, _TRAMPOLINE_FN, key)
+        owner = _lifetimes.queue(self._ctx, self._key)
+        key = owner.add_host_function(fn, args, self._backend.sim is None)
+        err, = self._call(self._backend.driver.cuLaunchHostFunc, self._handle,
+                          _lifetimes.TRAMPOLINE_FN, key)
         if err:
-            del _pending[key]
+            _lifetimes.drop_host_function(key)
             fail(self._backend, err, "cuLaunchHostFunc", self._ctx)
+        if _trace.sinks:
+            _trace.emit("host_func", self._ctx, self, fn=fn)
+
+    def _hold(self, obj: Any) -> None:
+        """Keep ``obj`` (a host array an asynchronous copy uses) until the work queued on
+        this stream so far is done."""
+        _lifetimes.queue(self._ctx, self._key).keep(obj, self._idle)
+
+    def _idle(self) -> bool:
+        return self._call(self._backend.driver.cuStreamQuery, self._handle)[0] == 0
 
     # -- the current stream -----------------------------------------------------------
 
@@ -350,9 +320,9 @@ class Stream:
 
 def _destroy_stream(drv, handle, ctx: Context) -> None:
     if ctx._state != DESTROYED:  # the driver freed it with the context, and must not see it
-        if (ctx._key, int(handle)) in _holds:  # its copies still use host arrays we hold
+        if _lifetimes.holds(ctx._key, int(handle)):  # its copies still use host arrays
             drv.cuStreamSynchronize(handle)
-            _release(ctx._key, int(handle))
+            _lifetimes.stream_idle(ctx._key, int(handle))
         drv.cuStreamDestroy(handle)
 
 
@@ -389,15 +359,22 @@ def _handle_of(obj: Any) -> int:
             "Stream, or pass stream.cuda_stream / stream.ptr as an int)") from None
 
 
-# -- default and current streams ----------------------------------------------------------
+def _adopt_any(obj: Any, ctx: Context | None) -> Stream:
+    """`Stream.wrap`: a Stream for another library's stream; handles 0/1 (legacy) and 2
+    (per-thread) name the default streams of ``ctx`` (default: the current context)."""
+    handle = _handle_of(obj)
+    if handle in (0, LEGACY, PER_THREAD):
+        return _default_stream(context_for() if ctx is None else ctx,
+                               "per-thread" if handle == PER_THREAD else "legacy")
+    backend = _driver.active() if ctx is None else ctx._backend
+    err, ctx_handle = backend.driver.cuStreamGetCtx(CUstream(handle))
+    if err:
+        fail(backend, err, "cuStreamGetCtx",
+             hint=f"{obj!r} does not name a live stream of the {backend.name} backend")
+    return Stream._adopt(_object_for(backend, ctx_handle), CUstream(handle), "adopted")
 
-def _context_for(device: Device | int | None) -> Context:
-    """The context a new object on ``device`` goes in: the current one when it is on that
-    device (or no device was named), else the device's primary context."""
-    if device is None:
-        return ensure_context()
-    return Device(device)._current_or_primary()
 
+# -- default and current streams; the one stream rule --------------------------------------
 
 def _stack(backend: _driver.Backend, device: Device) -> list[Stream]:
     return backend.tls.state.streams.setdefault(device, [])
@@ -407,7 +384,6 @@ def _default_stream(ctx: Context, kind: str) -> Stream:
     """The one `Stream` object for a default stream of ``ctx`` ("legacy" or "per-thread")."""
     stream = ctx._default_streams.get(kind)
     if stream is None:
-        from cuda.bindings.driver import CUstream
         stream = Stream._adopt(ctx, CUstream(LEGACY if kind == "legacy" else PER_THREAD), kind)
         ctx._default_streams[kind] = stream
     return stream
@@ -417,39 +393,53 @@ def legacy_stream(device: Device | int | None = None) -> Stream:
     """The legacy default stream (CU_STREAM_LEGACY) of ``device``'s context (see `Stream`
     for which context). Work on it waits for all earlier work of the context's blocking
     streams, and they wait for it; non-blocking streams (the default) do not."""
-    return _default_stream(_context_for(device), "legacy")
+    return _default_stream(context_for(device), "legacy")
 
 
 def per_thread_stream(device: Device | int | None = None) -> Stream:
     """The calling thread's per-thread default stream (CU_STREAM_PER_THREAD) of
     ``device``'s context: each thread that uses this object gets its own stream, which
     synchronizes with the legacy default stream but not with other threads' streams."""
-    return _default_stream(_context_for(device), "per-thread")
+    return _default_stream(context_for(device), "per-thread")
 
 
 def current_stream(device: Device | int | None = None) -> Stream:
     """This thread's current stream for ``device`` (default: the current context's device):
     the stream of the innermost ``with stream:`` block on that device, else the device's
     legacy default stream (as torch.cuda.current_stream and CuPy do)."""
-    device = current_device() if device is None else Device(device)
-    stack = _stack(device._backend, device)
-    return stack[-1] if stack else legacy_stream(device)
+    return resolve_stream(None, device=device)
 
 
-def resolve_stream(stream: Stream | Any | None, ctx: Context, operation: str) -> Stream:
-    """The stream an operation in ``ctx`` runs on: ``stream`` (a Stream, or anything
-    `Stream.wrap` adopts), or, when None, the current stream when it is of ``ctx`` and else
-    ``ctx``'s legacy default stream. Raises a clear error when a stream given belongs to
-    another context."""
+def resolve_stream(stream: Stream | Any | None = None, ctx: Context | None = None,
+                   operation: str | None = None, *, device: Device | int | None = None) -> Stream:
+    """THE rule for which stream an operation runs on, from a stream argument in any form.
+
+    ``stream`` None: with ``ctx``, this thread's current stream when it is of ``ctx``, else
+    ``ctx``'s legacy default stream; without, the current stream of ``device`` (default: the
+    current device; see `current_stream`). Otherwise a Stream is taken as it is and anything
+    else adopted (`Stream.wrap`: ``__cuda_stream__``, CUstream, handles; 0/1/2 name the
+    default streams of ``ctx``, else of the current context). With ``operation``, a stream
+    given must belong to ``ctx`` / be on ``device``, else ValueError naming the operation."""
     if stream is None:
-        stack = _stack(ctx._backend, ctx._device)
-        # The current stream of the device, if it is of this context; else the context's own.
-        return stack[-1] if stack and stack[-1]._ctx is ctx else _default_stream(ctx, "legacy")
-    if stream.__class__ is not Stream:
-        stream = Stream.wrap(stream)
-    if stream._ctx is not ctx:
-        raise ValueError(
-            f"{operation} works in {ctx!r} but was given {stream!r} of {stream._ctx!r}; use a "
-            "stream of the same context (with ctx: cuctx.Stream()), or enter the context "
-            "you mean")
+        if ctx is not None:
+            stack = _stack(ctx._backend, ctx._device)
+            return stack[-1] if stack and stack[-1]._ctx is ctx else _default_stream(ctx, "legacy")
+        device = current_device() if device is None else Device(device)
+        stack = _stack(device._backend, device)
+        return stack[-1] if stack else _default_stream(context_for(device), "legacy")
+    if not isinstance(stream, Stream):
+        stream = _adopt_any(stream, ctx)
+    if operation is not None:
+        if ctx is not None and stream._ctx is not ctx:
+            raise ValueError(
+                f"{operation} works in {ctx!r} but was given {stream!r} of {stream._ctx!r}; use "
+                "a stream of the same context (with ctx: cuctx.Stream()), or enter the context "
+                "you mean")
+        if device is not None and stream.device is not Device(device):
+            raise ValueError(f"device={Device(device)!r} but stream {stream!r} is on "
+                             f"{stream.device!r}; pass one of them, or a stream of that device")
     return stream
+
+
+upper.stream = Stream
+upper.resolve_stream = resolve_stream

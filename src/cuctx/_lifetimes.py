@@ -1,0 +1,269 @@
+"""Lifetimes of queued work: what the Python side must keep alive, and report, for work the
+driver runs later. It sits below context.py and imports no cuctx object module.
+
+An *owner* holds what its queued work needs: host arrays that asynchronous copies read or
+write (`Owner.keep`), host functions with their arguments (`Owner.add_host_function`), and
+the failures of those host functions until someone asks. Two kinds:
+
+- `StreamQueue`: the work queued on one stream (by context and handle, since several Stream
+  objects can name one stream). Kept objects go when the stream is known idle (a synchronize,
+  or a query every so often); a host function goes once it ran. No driver query is made while
+  ``capturing`` is set (a stream being captured into a graph must not be queried).
+- `GraphOwner`: a graph executable's. Its host functions run on every replay, so they stay
+  registered until `release` (when the graph is destroyed).
+
+When a context is torn down, everything filed under it goes (`forget_context`, registered as
+the context's teardown callback). Also here: the host-function trampoline and the guard that
+makes cuctx calls inside a host function raise `NotPermittedError` (see
+`_driver.HostFunctionState`), and `defer_cleanup`'s held frees.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import itertools
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from cuda.bindings.driver import CUhostFn
+
+from . import _driver
+from ._driver import HOST_FUNCTION_STATE, in_host_function
+from .errors import HostFunctionError
+
+if TYPE_CHECKING:
+    from .context import Context
+
+HOLD_CHECK = 64  # past this many kept objects, ask whether the stream is idle
+
+
+class Owner:
+    """Keeps the Python objects of queued work alive; files its host functions' failures
+    under ``key`` ((context key, stream handle) for a stream, (context key, id) for a graph)."""
+
+    __slots__ = ("key", "_kept", "_functions")
+    one_shot = False  # whether a host function is dropped once it ran
+
+    def __init__(self, key: tuple[int, int]) -> None:
+        self.key = key
+        self._kept: list[Any] = []
+        self._functions: list[int] = []  # keys in _pending
+
+    def keep(self, obj: Any) -> None:
+        self._kept.append(obj)
+
+    def add_host_function(self, fn: Callable, args: tuple, on_gpu: bool) -> int:
+        """Register ``fn(*args)``; the key is the userData to give cuLaunchHostFunc (or a
+        graph's host node). Undo with `drop_host_function` when the driver refused it."""
+        key = next(_keys)
+        _pending[key] = (fn, args, self, on_gpu)
+        if not self.one_shot:
+            self._functions.append(key)
+        return key
+
+    def release(self) -> None:
+        """The owner's work is done and will not run again: drop what it kept."""
+        self._kept.clear()
+        for key in self._functions:
+            _pending.pop(key, None)
+        self._functions.clear()
+
+
+class StreamQueue(Owner):
+    __slots__ = ("capturing",)
+    one_shot = True
+
+    def __init__(self, key: tuple[int, int]) -> None:
+        super().__init__(key)
+        self.capturing = False  # set by graph capture: no cuStreamQuery meanwhile
+
+    def keep(self, obj: Any, idle: Callable[[], bool] | None = None) -> None:
+        """Keep ``obj`` until the stream is known idle; past HOLD_CHECK objects, ask
+        ``idle()`` (a driver query) unless the stream captures."""
+        kept = self._kept
+        kept.append(obj)
+        if len(kept) > HOLD_CHECK and idle is not None and not self.capturing and idle():
+            kept.clear()
+
+
+class GraphOwner(Owner):
+    __slots__ = ()
+
+
+_queues: dict[tuple[int, int], StreamQueue] = {}
+
+
+def queue(ctx: Context, stream_key: int) -> StreamQueue:
+    """The owner of the work queued on a stream of ``ctx`` (made on first use)."""
+    key = (ctx._key, stream_key)
+    owner = _queues.get(key)
+    if owner is None:
+        owner = _queues[key] = StreamQueue(key)
+    # Per Context object: a handle outlives a released primary context's object, and the
+    # queue filed under it then serves the next object for that handle.
+    ctx._on_teardown(forget_context)
+    return owner
+
+
+def stream_idle(ctx_key: int, stream_key: int) -> None:
+    """The stream is known idle (synchronized): drop what its queue kept."""
+    owner = _queues.pop((ctx_key, stream_key), None)
+    if owner is not None:
+        owner.release()
+
+
+def holds(ctx_key: int, stream_key: int) -> bool:
+    owner = _queues.get((ctx_key, stream_key))
+    return owner is not None and bool(owner._kept)
+
+
+def forget_context(ctx: Context) -> None:
+    """Drop everything filed under a context that is gone: host functions that will never
+    run, failures nobody can ask for any more, and kept objects."""
+    ctx_key = ctx._key
+    with _failures_lock:
+        for key in [k for k, entry in _pending.items() if entry[2].key[0] == ctx_key]:
+            del _pending[key]
+        for key in [k for k in _failures if k[0] == ctx_key]:
+            del _failures[key]
+    for key in [k for k in _queues if k[0] == ctx_key]:
+        _queues.pop(key).release()
+
+
+# -- host functions: one C trampoline, a table of pending Python calls ---------------------
+#
+# The driver gets the address of one ctypes callback and an integer key as its userData. The
+# table keeps each function, its arguments and its owner; failures are filed under the
+# owner's key until a synchronize reports them.
+
+_pending: dict[int, tuple[Callable, tuple, Owner, bool]] = {}  # fn, args, owner, on a GPU
+_failures: dict[tuple[int, int], list[tuple[Callable, BaseException]]] = {}
+_failures_lock = threading.Lock()
+_keys = itertools.count(1)
+
+
+def _run_host_func(key: int, _finalizing=sys.is_finalizing) -> None:
+    # The C entry point: runs on the driver's thread (on the sim: the thread that
+    # synchronizes), so nothing may escape into it. Only cuctx's own bookkeeping can raise
+    # here, and only while the interpreter tears down (module globals gone): then the host
+    # function is dropped.
+    try:
+        _call_pending(key)
+    except BaseException:
+        if not _finalizing():
+            raise
+
+
+def _call_pending(key: int) -> None:
+    entry = _pending.get(key)
+    if entry is None:  # already dropped (its context went away)
+        return
+    fn, args, owner, _ = entry
+    if owner.one_shot:
+        _pending.pop(key, None)
+    guard = _enter_host_function()
+    try:
+        fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - reported at the next synchronize
+        with _failures_lock:
+            _failures.setdefault(owner.key, []).append((fn, exc))
+    finally:
+        _leave_host_function(guard)
+
+
+def drop_host_function(key: int) -> None:
+    """Forget a host function the driver did not accept."""
+    _pending.pop(key, None)
+
+
+def _enter_host_function() -> tuple:
+    """Until `_leave_host_function`, every cuctx call of this thread raises: its state (of
+    each backend) becomes HOST_FUNCTION_STATE, and the thread is marked for the entries that
+    read no state."""
+    ident = threading.get_ident()
+    saved = [(backend, backend.tls.state) for backend in list(_driver._loaded.values())]
+    for backend, _ in saved:
+        backend.tls.state = HOST_FUNCTION_STATE
+    nested = ident in in_host_function
+    in_host_function.add(ident)
+    return ident, nested, saved
+
+
+def _leave_host_function(guard: tuple) -> None:
+    ident, nested, saved = guard
+    for backend, state in saved:
+        backend.tls.state = state
+    if not nested:
+        in_host_function.discard(ident)
+
+
+_TRAMPOLINE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_run_host_func)
+TRAMPOLINE_FN = CUhostFn(ctypes.cast(_TRAMPOLINE, ctypes.c_void_p).value)
+_EXIT_WAIT_S = 5.0
+
+
+@atexit.register
+def _wait_for_host_functions() -> None:
+    """At interpreter exit, give host functions still queued on a GPU a few seconds to run:
+    the driver would otherwise call the trampoline from its thread while Python tears down.
+    (Only one-shot ones: a graph's stay registered while it lives.)"""
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    while (any(on_gpu and owner.one_shot for _, _, owner, on_gpu in list(_pending.values()))
+           or in_host_function) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def take_failures(match: Callable[[tuple[int, int]], bool]) -> list:
+    with _failures_lock:
+        keys = [k for k in _failures if match(k)]
+        return [f for k in keys for f in _failures.pop(k)]
+
+
+def raise_host_func_errors(ctx: Context) -> None:
+    """Raise `HostFunctionError` for host functions of any stream of ``ctx`` that failed
+    since they were last reported (what Context.synchronize reports)."""
+    if _failures:
+        failures = take_failures(lambda k: k[0] == ctx._key)
+        if failures:
+            raise HostFunctionError(f"streams of {ctx!r}", failures) from failures[0][1]
+
+
+# -- defer_cleanup: frees held until the outermost block ends -------------------------------
+
+_defer_lock = threading.Lock()
+_defer_depth = 0
+_deferred: list[tuple[Callable, tuple]] = []
+
+
+def free_or_defer(free: Callable, *args: Any) -> None:
+    """Call ``free(*args)`` now, or at the end of the outermost `defer_cleanup` block."""
+    with _defer_lock:
+        if _defer_depth:
+            _deferred.append((free, args))
+            return
+    free(*args)
+
+
+@contextlib.contextmanager
+def defer_cleanup() -> Iterator[None]:
+    """Hold every free of device memory until the (outermost) block ends, as Numba's
+    ``defer_cleanup`` does: memory of arrays that die inside the block stays allocated, so
+    work still queued on other streams may use it. Blocks nest; the hold is process-wide,
+    because arrays may be collected on any thread."""
+    global _defer_depth
+    with _defer_lock:
+        _defer_depth += 1
+    try:
+        yield
+    finally:
+        with _defer_lock:
+            _defer_depth -= 1
+            held = _deferred[:] if _defer_depth == 0 else []
+            if held:
+                _deferred.clear()
+        for free, args in held:
+            free(*args)

@@ -1,0 +1,45 @@
+"""The internal protocol: the fields every cuctx resource (Context, Stream, Event,
+DeviceArray; Library, Module, Kernel) exposes to the others, on one base. It is also the
+surface a compiled fast path reads, so it is plain slots: no properties on hot paths.
+
+- ``_backend``: the `_driver.Backend` the object was made on (``_backend.driver`` is called).
+- ``_ctx``: the Context it belongs to (a Context is its own).
+- ``_handle``: what the driver takes (CUcontext, CUstream, CUevent; a DeviceArray's address).
+- ``_key``: ``int(_handle)``, for dictionaries and identity tests.
+- state: ``_ctx._state`` is ACTIVE, DESTROYED or POISONED; test it with one ``is`` comparison.
+- ``_check(operation)``: raise the context's error (ContextDestroyedError or
+  ContextPoisonedError naming ``operation``) unless it is active.
+
+The layers sit in one order (see docs/ARCHITECTURE.md): a lower layer never imports an upper
+one. Where a lower layer must *make* an object of an upper one (Context.create(0) needs the
+Device of ordinal 0; Event.record(None) needs a Stream), the upper module installs its
+constructor in `upper` when it is imported, and the lower one calls it from there.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+ACTIVE, DESTROYED, POISONED = "active", "destroyed", "poisoned"
+
+
+class Resource:
+    __slots__ = ("_backend", "_ctx", "_handle", "_key")
+
+    def _check(self, operation: str) -> None:
+        ctx = self._ctx
+        if ctx._state is not ACTIVE:
+            raise ctx._unusable(operation)
+
+
+class _Upper:
+    """Constructors of the upper layers, installed by their modules at import."""
+
+    __slots__ = ("device", "stream", "resolve_stream")
+
+    device: type  # device.py: Device (Device(ordinal), Device._for_backend(backend, ordinal))
+    stream: type  # stream.py: Stream
+    resolve_stream: Callable[..., Any]  # stream.py: the one stream rule
+
+
+upper = _Upper()
