@@ -111,7 +111,7 @@ def test_no_code_above_the_seam_asks_for_the_sim_by_name():
     import pathlib
     import re
     root = pathlib.Path(cuctx.__file__).parent
-    asks = re.compile(r"""\.name\s*[!=]=\s*["']sim["']|driver\.sim[A-Z]""")
+    asks = re.compile(r"""\.name\s*[!=]=\s*["'](sim|cuda)["']|driver\.sim[A-Z]""")
     found = [f"{path.relative_to(root)}:{number}"
              for path in root.rglob("*.py") if "_driver" not in path.parts
              for number, line in enumerate(path.read_text().splitlines(), 1)
