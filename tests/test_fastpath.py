@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import cuctx
-from cuctx import _codegen, _plan
+from cuctx import _codegen, _launcher, _plan
 
 SOURCE = r"""
 extern "C" __global__ void add(float* out, const float* x, float a, int n) {
@@ -128,3 +128,19 @@ def test_one_launcher_serves_every_thread_on_its_fast_path(lib, packs):
     for k, (checked, mine) in results.items():
         assert checked == 1
         assert mine.to_host().tolist() == (np.arange(8) + k).tolist()
+
+
+def test_the_fast_path_follows_argument_types_that_changed(lib, packs):
+    out, x = arrays()
+    launcher = lib["add"][1, 8]
+    launcher(out, x, 1.0, 8)
+    first = launcher._fast
+    follow = _launcher._FOLLOW_AFTER
+    for _ in range(follow + 3):  # other types for good: a few checked launches, then fast
+        launcher(out, x, np.float32(2), np.int32(8))
+    assert len(packs) == 1 + follow and launcher._fast is not first
+    assert "(DeviceArray, DeviceArray, float32, int32)" in launcher._fast.__code__.co_filename
+    for _ in range(follow + 3):  # back: the first fast path, kept, not generated again
+        launcher(out, x, 3.0, 8)
+    assert launcher._fast is first and len(packs) == 1 + 2 * follow
+    assert out.to_host().tolist() == list(range(3, 11))

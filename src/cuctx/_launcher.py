@@ -7,7 +7,7 @@ gets its own parameter buffer and a ``void*`` array pointing into it, whose addr
 driver call receives (cuda.bindings passes an int ``kernelParams`` straight through as
 ``void**``); the driver copies the parameters during the call. The checked general path
 packs from the kernel's plan for the argument types (`cuctx._plan`) and announces the
-launch to trace sinks; its first launch makes the fast path (`cuctx._codegen`), which every
+launch to trace sinks; it makes the fast path for that plan (`cuctx._codegen`), which every
 thread then uses.
 """
 
@@ -22,7 +22,7 @@ from . import _codegen, _trace
 from ._args import PACK_ERRORS
 from ._driver import in_host_function
 from ._launch_config import Config, driver_config, make_config, validate
-from ._plan import pack_slowly
+from ._plan import Plan, pack_slowly
 from .context import ACTIVE, ensure_context, fail, refuse_in_host_function
 from .stream import Stream, resolve_stream
 
@@ -35,7 +35,8 @@ class Launcher:
     kernel's arguments to launch. Made by ``kernel[grid, block, shared_mem, stream]``."""
 
     __slots__ = ("kernel", "config", "stream", "_ctx", "_owner", "_backend", "_packer",
-                 "_go_at", "_local", "_fast", "_fast_source", "__weakref__")
+                 "_go_at", "_local", "_fast", "_fast_source", "_fast_plan", "_made",
+                 "_misses", "__weakref__")
 
     def __init__(self, kernel: Kernel, config: Config, stream: Stream):
         ctx = stream._ctx
@@ -54,9 +55,13 @@ class Launcher:
         self._backend = ctx._backend
         self._packer = kernel._packer()
         self._local = threading.local()  # .state: this thread's (buffer, bound driver call)
-        # The first launch makes the fast path, for its argument types, used by every thread.
+        # The fast path, used by every thread, is for the argument types of the first launch;
+        # it follows types that changed for good (`_follow`). Those made are kept by plan.
         self._fast: Callable | None = None
         self._fast_source: str | None = None
+        self._fast_plan: Plan | None = None
+        self._made: dict[Plan, tuple[Callable, str]] = {}
+        self._misses = 0  # checked launches with other types since the fast path was chosen
         self._owner._used_in(ctx)
         drv = ctx._backend.driver
         function, handle = kernel._function, stream._handle
@@ -72,8 +77,9 @@ class Launcher:
 
     @property
     def fast_source(self) -> str | None:
-        """The source of this launcher's generated fast path (None before its first launch,
-        or with fast paths off: ``CUCTX_FASTPATH=0``)."""
+        """The source of this launcher's generated fast path, for the argument types of its
+        latest checked launch (None before its first launch, or with fast paths off:
+        ``CUCTX_FASTPATH=0``)."""
         return self._fast_source
 
     def _thread_state(self) -> tuple[bytearray, Callable]:
@@ -90,8 +96,9 @@ class Launcher:
 
     def _general(self, args: tuple) -> None:
         """Every launch the fast path was not made for: the first one, a thread's first,
-        other argument types, bad arguments (for their errors), unusable contexts, calls
-        from inside a host function, launches while a trace sink listens."""
+        other argument types (the fast path follows types that changed for good), bad arguments (for their
+        errors), unusable contexts, calls from inside a host function, launches while a
+        trace sink listens."""
         if in_host_function:
             refuse_in_host_function(f"launch of {self.kernel.name!r}")
         ctx = self._ctx
@@ -114,10 +121,22 @@ class Launcher:
         if _trace.sinks:
             _trace.emit("launch", ctx, self.stream, plan.accesses(args, self.stream),
                         kernel=self.kernel, config=self.config)
-        if self._fast is None and _codegen.ENABLED:
-            self._fast, self._fast_source = _codegen.fast_launch(
-                plan, ctx=ctx, owner=self._owner, local=self._local, general=self._general,
-                fail=self._fail, stream=self.stream)
+        if plan is not self._fast_plan and _codegen.ENABLED:
+            self._misses += 1
+            if self._fast is None or self._misses >= _FOLLOW_AFTER:
+                self._follow(plan)
+
+    def _follow(self, plan: Plan) -> None:
+        """Make ``plan``'s fast path the launcher's (generating it the first time), so
+        arguments whose types changed for good run fast again."""
+        made = self._made.get(plan)
+        if made is None:
+            made = self._made[plan] = _codegen.fast_launch(
+                plan, ctx=self._ctx, owner=self._owner, local=self._local,
+                general=self._general, fail=self._fail, stream=self.stream)
+        self._fast, self._fast_source = made
+        self._fast_plan = plan
+        self._misses = 0
 
     def _fail(self, err) -> None:
         c = self.config
@@ -132,6 +151,10 @@ class Launcher:
 
 
 _LAUNCHER_CACHE_SIZE = 64
+# Checked launches with other types than the fast path's before it follows them: types that
+# changed for good get a fast path again; types alternating call by call switch it only
+# once every so many calls (each switch sends the other types to the checked path).
+_FOLLOW_AFTER = 8
 
 
 def make_launcher(kernel: Kernel, grid: Any, block: Any, shared_mem: int = 0,

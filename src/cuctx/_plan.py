@@ -45,9 +45,10 @@ class Param(NamedTuple):
     convert: Convert | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Plan:
-    """How arguments of one type signature become the kernel's parameter bytes."""
+    """How arguments of one type signature become the kernel's parameter bytes. One per
+    (kernel, signature), so a plan is its own identity (hashed and compared as an object)."""
     kernel: str  # the kernel's name, for names and messages
     types: tuple[type, ...]  # the guard: exactly these argument types
     params: tuple[Param, ...]
