@@ -96,9 +96,9 @@ class Launcher:
 
     def _general(self, args: tuple) -> None:
         """Every launch the fast path was not made for: the first one, a thread's first,
-        other argument types (the fast path follows types that changed for good), bad arguments (for their
-        errors), unusable contexts, calls from inside a host function, launches while a
-        trace sink listens."""
+        other argument types (the fast path follows types that changed for good), bad
+        arguments (for their errors), unusable contexts, calls from inside a host function,
+        launches while a trace sink listens."""
         if in_host_function:
             refuse_in_host_function(f"launch of {self.kernel.name!r}")
         ctx = self._ctx

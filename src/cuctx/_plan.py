@@ -15,7 +15,7 @@ import ctypes
 import struct
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import _trace
 from ._args import (
