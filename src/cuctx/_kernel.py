@@ -13,7 +13,7 @@ from . import _ptx
 from ._launch_config import LaunchConfigError
 from ._launcher import Launcher, make_launcher
 from ._plan import Packer
-from .context import Context, ensure_context, fail
+from .context import Context, context_for, fail, in_context
 from .device import Device
 from .errors import NotSupportedError
 
@@ -93,8 +93,8 @@ class Kernel:
             query = self._owner._param_info
             params = []
             # The driver asks for a current context (INVALID_CONTEXT without one).
-            home = getattr(self._owner, "_ctx", None) or ensure_context()
-            with home._current(operation):
+            home = getattr(self._owner, "_ctx", None) or context_for()
+            with in_context(home, operation):
                 while True:
                     err, offset, size = query(self._handle, len(params))
                     if err:
@@ -161,7 +161,7 @@ class Kernel:
     def _device(self, device) -> Device:
         home = self._home_context()
         if home is None:
-            return ensure_context().device if device is None else Device(device)
+            return context_for().device if device is None else Device(device)
         if device is not None and Device(device) is not home.device:
             raise ValueError(f"kernel {self.name!r} of {self._owner!r} exists only on "
                              f"{home.device!r} (a module is loaded into one context), not on "

@@ -23,11 +23,12 @@ from ._args import PACK_ERRORS
 from ._driver import in_host_function
 from ._launch_config import Config, driver_config, make_config, validate
 from ._plan import Plan, pack_slowly
-from .context import ACTIVE, ensure_context, fail, refuse_in_host_function
-from .stream import Stream, resolve_stream
+from .context import ACTIVE, context_for, fail, refuse_in_host_function
+from .stream import resolve_stream
 
 if TYPE_CHECKING:
     from ._kernel import Kernel
+    from .stream import Stream
 
 
 class Launcher:
@@ -166,7 +167,7 @@ def make_launcher(kernel: Kernel, grid: Any, block: Any, shared_mem: int = 0,
         raise TypeError(f"the kernel argument of cuctx.launch must be a cuctx.Kernel "
                         f"(lib['name']), not {type(kernel).__name__}: {kernel!r}")
     if stream is None:
-        ctx = kernel._home_context() or ensure_context()
+        ctx = kernel._home_context() or context_for()
         stream = resolve_stream(None, ctx, f"launch of {kernel.name!r}")
     # Types too: 1.0 == 1 and True == 1, but only the int passes the checks.
     key = (grid, block, shared_mem, stream, cluster, cooperative,
@@ -178,7 +179,7 @@ def make_launcher(kernel: Kernel, grid: Any, block: Any, shared_mem: int = 0,
     except TypeError:  # an unhashable configuration (lists): not cached
         key = None
     config = make_config(grid, block, shared_mem, cluster, cooperative)
-    launcher = Launcher(kernel, config, Stream.wrap(stream))
+    launcher = Launcher(kernel, config, resolve_stream(stream))
     if key is not None:
         if len(cache) >= _LAUNCHER_CACHE_SIZE:  # many configurations: start over, stay small
             cache.clear()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
@@ -27,7 +28,7 @@ from ._kernel import BlockSizeSuggestion, Kernel, KernelAttributes
 from ._layout import dtype_of, shape_of
 from ._twin_check import check_twin
 from .compiler import CompileError, compile_source, pick_arch
-from .context import ACTIVE, Context, _MadeCurrent, ensure_context, fail
+from .context import ACTIVE, Context, context_for, fail, in_context
 from .device import Device, devices
 from .errors import NotSupportedError
 from .memory import DeviceArray
@@ -246,9 +247,9 @@ class Library(_Code):
     def _used_in(self, ctx: Context) -> None:
         self._used.add(ctx)
 
-    def _context_on(self, device: Device, operation: str) -> _MadeCurrent:
+    def _context_on(self, device: Device, operation: str) -> AbstractContextManager[Context]:
         """The current context when it is on ``device``, else the device's primary one."""
-        return device._current_or_primary()._current(operation)
+        return in_context(context_for(device), operation)
 
     # -- variables ------------------------------------------------------------------------
 
@@ -259,8 +260,8 @@ class Library(_Code):
         ``shape`` say how to see its bytes (default: all of them as uint8)."""
         self._check("Library.get_global")
         _need_name(name, "Library.get_global")
-        ctx = ensure_context()
-        with ctx._current("Library.get_global"):
+        ctx = context_for()
+        with in_context(ctx, "Library.get_global"):
             err, ptr, nbytes = self._backend.driver.cuLibraryGetGlobal(self._handle,
                                                                      name.encode())
         if err:
@@ -277,8 +278,8 @@ class Library(_Code):
         self._check("Library.get_managed")
         _need_name(name, "Library.get_managed")
         # Managed variables exist once the library is loaded into a context: ask in one.
-        ctx = ensure_context()
-        with ctx._current("Library.get_managed"):
+        ctx = context_for()
+        with in_context(ctx, "Library.get_managed"):
             err, ptr, nbytes = self._backend.driver.cuLibraryGetManaged(self._handle,
                                                                       name.encode())
         if err:
@@ -313,7 +314,7 @@ def _synchronize_all(contexts: list[Context]) -> None:
     work to see (the next call in the context raises them), not unload's."""
     for ctx in contexts:
         if ctx._state is ACTIVE:
-            with ctx._activated("unload"):
+            with in_context(ctx, "unload"):
                 ctx._backend.driver.cuCtxSynchronize()
 
 
@@ -369,9 +370,9 @@ class Module(_Code):
                  sim_kernels: Mapping[str, Callable] | None = None,
                  _ptx: bytes | None = None) -> None:
         image = _image_from(data)
-        ctx = ensure_context()
+        ctx = context_for()
         backend = ctx._backend
-        with ctx._current("Module"):
+        with in_context(ctx, "Module"):
             err, handle = backend.driver.cuModuleLoadData(image)
         if err:
             fail(backend, err, "cuModuleLoadData", ctx)
@@ -425,8 +426,8 @@ class Module(_Code):
     def _used_in(self, ctx: Context) -> None:
         return None  # its one context is synchronized before unloading
 
-    def _context_on(self, device: Device, operation: str) -> _MadeCurrent:
-        return self._ctx._current(operation)
+    def _context_on(self, device: Device, operation: str) -> AbstractContextManager[Context]:
+        return in_context(self._ctx, operation)
 
     def get_global(self, name: str, dtype: Any = np.uint8,
                    shape: int | tuple[int, ...] | None = None):
@@ -453,7 +454,7 @@ class Module(_Code):
 def _unload_module(drv, handle, ctx: Context) -> None:
     if ctx._state is not ACTIVE:
         return  # the driver unloaded it with the context; it must not see the handle
-    with ctx._activated("Module.unload"):
+    with in_context(ctx, "Module.unload"):
         ctx._backend.driver.cuCtxSynchronize()
         drv.cuModuleUnload(handle)
 
