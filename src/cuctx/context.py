@@ -52,10 +52,8 @@ def refuse_in_host_function(operation: str) -> None:
 def fail(backend: _driver.Backend, err, operation: str, ctx: Context | None = None,
          hint: str = "") -> NoReturn:
     """Raise the exception for a failed driver call, poisoning the context on a sticky fault.
-
     ``ctx`` is the context the call worked in; without one the thread's current context is
-    taken, which is where the driver reports sticky faults.
-    """
+    taken, which is where the driver reports sticky faults."""
     code = int(err)
     if code == 800:  # the driver refuses CUDA calls from host functions (when it notices)
         refuse_in_host_function(operation)
@@ -109,6 +107,40 @@ def exit_block(backend: _driver.Backend) -> None:
             fail(backend, err, "cuCtxPopCurrent",
                  hint="the context stack was popped past a `with` block by other code")
         stack.pop()
+
+
+class _InContext:
+    __slots__ = ("_ctx", "_op", "_pushed")
+
+    def __init__(self, ctx: Context, operation: str):
+        self._ctx = ctx
+        self._op = operation
+
+    def __enter__(self) -> Context:
+        ctx, operation = self._ctx, self._op
+        ctx._check(operation)
+        refuse_in_host_function(operation)
+        drv = ctx._backend.driver
+        self._pushed = int(drv.cuCtxGetCurrent()[1]) != ctx._key
+        if self._pushed:
+            err, = drv.cuCtxPushCurrent(ctx._handle)
+            if err:
+                fail(ctx._backend, err, "cuCtxPushCurrent", ctx)
+        return ctx
+
+    def __exit__(self, *exc_info) -> None:
+        if self._pushed:
+            self._ctx._backend.driver.cuCtxPopCurrent()
+
+
+def in_context(ctx: Context, operation: str) -> _InContext:
+    """THE way to run a call with ``ctx`` current (``with in_context(ctx, "Op"):``): checks
+    ``ctx`` and that no host function runs, pushes it unless it is current, pops it after;
+    the shadow stack is left alone (users write ``with ctx:``)."""
+    return _InContext(ctx, operation)
+
+
+_MadeCurrent = _InContext  # library.py's annotations still name it
 
 
 class Context(Resource):
@@ -214,8 +246,8 @@ class Context(Resource):
         return self
 
     def _on_teardown(self, callback: Callable[[Context], None]) -> None:
-        """Call ``callback(self)`` when this context is destroyed (once per callback): how
-        the layers above drop what they keep for it, without this module importing them."""
+        """Call ``callback(self)`` once when this context is destroyed: how the layers above
+        drop what they keep for it without this module importing them."""
         if callback not in self._teardown:
             self._teardown.append(callback)
 
@@ -304,11 +336,7 @@ class Context(Resource):
             fail(self._backend, err, "cuCtxPopCurrent", self)
         state.stack.pop()
 
-    # library.py and _kernel.py still call these two; they go once those use in_context.
-    def _current(self, operation: str) -> _InContext:
-        return _InContext(self, operation)
-
-    _activated = _current
+    _current = _activated = in_context  # library.py, _kernel.py: until they use in_context
 
     # -- queries --------------------------------------------------------------------------
 
@@ -345,41 +373,6 @@ class Context(Resource):
     def __repr__(self) -> str:
         where = f"device {self._device.ordinal}"
         return f"<Context {self.kind} {where} {self._key:#x} {self._state}>"
-
-
-class _InContext:
-    __slots__ = ("_ctx", "_op", "_pushed")
-
-    def __init__(self, ctx: Context, operation: str):
-        self._ctx = ctx
-        self._op = operation
-
-    def __enter__(self) -> Context:
-        ctx, operation = self._ctx, self._op
-        ctx._check(operation)
-        refuse_in_host_function(operation)
-        drv = ctx._backend.driver
-        self._pushed = int(drv.cuCtxGetCurrent()[1]) != ctx._key
-        if self._pushed:
-            err, = drv.cuCtxPushCurrent(ctx._handle)
-            if err:
-                fail(ctx._backend, err, "cuCtxPushCurrent", ctx)
-        return ctx
-
-    def __exit__(self, *exc_info) -> None:
-        if self._pushed:
-            self._ctx._backend.driver.cuCtxPopCurrent()
-
-
-def in_context(ctx: Context, operation: str) -> _InContext:
-    """THE way to run a call with ``ctx`` current: ``with in_context(ctx, "Op"): ...`` checks
-    that ``ctx`` is usable and that no host function is running, pushes it unless it is
-    already current and pops it after. The shadow stack is left alone (the call leaves the
-    thread's stack as it found it); the public ``with ctx:`` is what users write."""
-    return _InContext(ctx, operation)
-
-
-_MadeCurrent = _InContext  # library.py's annotations still name it
 
 
 def _take_out_of_stack(backend: _driver.Backend, state, ctx: Context) -> None:
@@ -478,22 +471,18 @@ def current_device() -> Device:
 
 
 def context_for(device: Device | int | None = None, *, primary: bool = False) -> Context:
-    """THE rule for which context an operation uses. Without ``device``: the current context;
-    with none current, device 0's primary context becomes current and stays retained (lazy
-    initialisation, as the runtime API does). With ``device``: the current context when it is
-    on that device, else the device's primary context (made current first when no context is
-    current). ``primary=True``: the primary context of ``device`` (default: the current
-    device), made current nowhere; for memory that must outlive created contexts."""
+    """THE rule for which context an operation uses: the current context if it is on
+    ``device`` (any, when None), else ``device``'s primary context; with none current, the
+    primary context (device 0's by default) becomes current and stays retained, as the
+    runtime API does. ``primary=True``: the primary context of ``device`` (default: the
+    current device), made current nowhere (memory that must outlive created contexts)."""
     if primary:
         return (current_device() if device is None else upper.device(device)).primary_context
-    if device is None:
-        ctx = live_current(_driver.active())
-        return ctx if ctx is not None else upper.device(0).set_current()
-    device = upper.device(device)
-    ctx = live_current(device._backend)
+    device = None if device is None else upper.device(device)
+    ctx = live_current(_driver.active() if device is None else device._backend)
     if ctx is None:
-        return device.set_current()
-    return ctx if ctx._device is device else device.primary_context
+        return (device or upper.device(0)).set_current()
+    return ctx if device is None or ctx._device is device else device.primary_context
 
 
 def ensure_context() -> Context:

@@ -1,0 +1,98 @@
+"""Owners of queued work (_lifetimes): a stream's queue drops a host function once it ran and
+its kept objects once the stream is idle; a graph's owner keeps its host functions for every
+replay until released; no driver query while a stream captures; contexts call their teardown
+callbacks."""
+
+from __future__ import annotations
+
+import pytest
+
+import cuctx
+from cuctx import Context, Stream, _lifetimes
+
+
+def test_a_graph_owner_keeps_its_host_functions_for_every_replay():
+    owner = _lifetimes.GraphOwner((-1, 7))
+    calls = []
+    key = owner.add_host_function(calls.append, ("node",), False)
+    owner.keep(kept := object())
+    for _ in range(3):  # the driver calls the host node's function on each replay
+        _lifetimes._run_host_func(key)
+    assert calls == ["node"] * 3 and key in _lifetimes._pending
+    owner.release()  # the graph executable is destroyed
+    assert key not in _lifetimes._pending and kept not in owner._kept
+    _lifetimes._run_host_func(key)  # a stale key runs nothing
+    assert len(calls) == 3
+
+
+def test_a_graph_host_functions_failures_are_filed_under_its_owner():
+    owner = _lifetimes.GraphOwner((-2, 1))
+    key = owner.add_host_function(int, ("x",), False)
+    _lifetimes._run_host_func(key)
+    _lifetimes._run_host_func(key)
+    failures = _lifetimes.take_failures(lambda k: k == (-2, 1))
+    assert [type(exc) for _, exc in failures] == [ValueError, ValueError]
+    owner.release()
+
+
+def test_a_stream_queue_drops_a_host_function_once_it_ran():
+    owner = _lifetimes.StreamQueue((-3, 1))
+    calls = []
+    key = owner.add_host_function(calls.append, (1,), False)
+    _lifetimes._run_host_func(key)
+    _lifetimes._run_host_func(key)
+    assert calls == [1] and key not in _lifetimes._pending
+
+
+def test_no_idle_query_while_the_queue_says_it_captures():
+    owner = _lifetimes.StreamQueue((-4, 1))
+
+    def idle():
+        raise AssertionError("queried while capturing")
+    owner.capturing = True
+    for i in range(3 * _lifetimes.HOLD_CHECK):
+        owner.keep(i, idle)
+    assert len(owner._kept) == 3 * _lifetimes.HOLD_CHECK
+    owner.capturing = False
+    owner.keep("last", lambda: True)  # not capturing: asked, idle, so everything goes
+    assert owner._kept == []
+
+
+def test_a_capturing_stream_is_not_queried_when_it_holds_host_arrays(sim, monkeypatch):
+    with cuctx.Device(0) as ctx:
+        stream = Stream()
+        _lifetimes.queue(ctx, stream._key).capturing = True
+
+        def refuse(*args):
+            raise AssertionError("cuStreamQuery while the stream captures")
+        monkeypatch.setattr(sim.driver, "cuStreamQuery", refuse)
+        for i in range(2 * _lifetimes.HOLD_CHECK):
+            stream._hold(i)
+        monkeypatch.undo()
+        assert _lifetimes.holds(ctx._key, stream._key)
+        stream.synchronize()  # idle: the queue goes
+        assert not _lifetimes.holds(ctx._key, stream._key)
+
+
+def test_teardown_callbacks_run_once_when_the_context_is_destroyed(sim):
+    ctx = Context.create(0)
+    Context.pop()
+    seen = []
+    ctx._on_teardown(seen.append)
+    ctx._on_teardown(seen.append)  # registered once
+    ctx.destroy()
+    assert seen == [ctx]
+
+
+def test_a_destroyed_context_drops_its_queues(sim):
+    ctx = Context.create(0)
+    try:
+        stream = Stream()
+        stream._hold(object())
+        assert _lifetimes.holds(ctx._key, stream._key)
+    finally:
+        Context.pop()
+    ctx.destroy()
+    assert not _lifetimes.holds(ctx._key, stream._key)
+    with pytest.raises(cuctx.ContextDestroyedError):
+        stream.synchronize()
