@@ -11,4 +11,4 @@ from fuzz.threads import ThreadMachine
 def test_random_programs_on_several_threads(backend, tmp_path_factory, request):
     env = fuzz.make_env(backend, str(tmp_path_factory.getbasetemp() / "nvrtc-cache"))
     with fuzz.counted(request, f"threads-{backend.name}"):
-        fuzz.run(ThreadMachine, env, weight=0.5, examples=120)
+        fuzz.run(ThreadMachine, env, weight=0.5, examples=80)

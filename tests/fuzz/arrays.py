@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, consumes, multiple, rule
+from hypothesis.stateful import Bundle, consumes, initialize, multiple, rule
 
 import cuctx
 
@@ -147,6 +147,19 @@ class ArrayMachine(ContextMachine):
         target=arrays, kind=st.sampled_from(["empty", "zeros", "full", "to_device"]),
         shape=S.shapes, dtype=S.array_dtypes, value=S.fill_values, seed=S.seeds,
         where=st.just("stream"), s=ContextMachine.streams)(allocate)
+
+    # Every program starts with arrays of the kernels' types, so views, copies and launches
+    # have something to work on from the first step.
+    @initialize(target=arrays, shape=st.integers(1, 64), dtype=st.sampled_from(
+        ["float32", "int64", "uint32"]), seed=S.seeds)
+    def initial_array(self, shape, dtype, seed):
+        self.count("initial_array")
+        return self.allocate("to_device", shape, np.dtype(dtype), 0, seed, "device", None)
+
+    @initialize(target=arrays, shape=S.shapes, seed=S.seeds)
+    def initial_float_array(self, shape, seed):
+        self.count("initial_array")
+        return self.allocate("to_device", shape, np.dtype(np.float32), 0, seed, "device", None)
 
     @rule(bad_shape=BAD_SHAPES, bad_dtype=BAD_DTYPES, shape=S.shapes, dtype=S.dtypes,
           which=st.sampled_from(["shape", "dtype", "both"]))

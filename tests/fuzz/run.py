@@ -25,7 +25,7 @@ from .model import STATS
 _COMMON = dict(deadline=None, database=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                       HealthCheck.data_too_large])
-settings.register_profile("cuctx-fuzz-ci", max_examples=250, stateful_step_count=30,
+settings.register_profile("cuctx-fuzz-ci", max_examples=200, stateful_step_count=30,
                           derandomize=True, **_COMMON)
 # One batch of the long run; batches repeat (with fresh seeds) until the budget is spent.
 settings.register_profile("cuctx-fuzz-long", max_examples=50, stateful_step_count=60,
