@@ -140,7 +140,6 @@ def in_context(ctx: Context, operation: str) -> _InContext:
     return _InContext(ctx, operation)
 
 
-_MadeCurrent = _InContext  # library.py's annotations still name it
 
 
 class Context(Resource):
@@ -336,7 +335,6 @@ class Context(Resource):
             fail(self._backend, err, "cuCtxPopCurrent", self)
         state.stack.pop()
 
-    _current = _activated = in_context  # library.py, _kernel.py: until they use in_context
 
     # -- queries --------------------------------------------------------------------------
 

@@ -302,9 +302,6 @@ class Device:
         with in_context(ctx, "Device.mem_info"):
             return MemInfo(*self._query("cuMemGetInfo"))
 
-    def _current_or_primary(self) -> Context:  # library.py still calls it: use context_for
-        return context_for(self)
-
     # -- the primary context --------------------------------------------------------------
 
     @property
