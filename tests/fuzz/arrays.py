@@ -23,6 +23,7 @@ from . import strategies as S
 from .expect import combine, fail, maybe, usable
 from .machine import ContextMachine, ok
 from .model import Arr, Base, CtxRec, StreamRec, same_values
+from .streams import StreamMachine
 
 BAD_SHAPES = st.sampled_from([-1, (2, -1), 2.5, "3", (1.0,), None])
 BAD_DTYPES = st.sampled_from([np.dtype(">i4"), np.dtype(object), np.dtype("U3"),
@@ -48,7 +49,7 @@ def convert(value, dtype: np.dtype):
         return np.array(value, dtype=dtype), None
 
 
-class ArrayMachine(ContextMachine):
+class ArrayMachine(StreamMachine):
     arrays = Bundle("arrays")
     contexts = ContextMachine.contexts
     streams = ContextMachine.streams
@@ -247,7 +248,7 @@ class ArrayMachine(ContextMachine):
         if expect is None:
             self.order(stream, [arr])
         dev = self.call(f"arr.copy({s})", expect, arr.dev.copy, None if s is None else s.stream)
-        if not ok(dev) or not isinstance(expect, type(None)):
+        if not ok(dev) or not (expect is None):
             return multiple()
         new = self.new_base(dev, arr.ctx, stream)
         assert dev.is_contiguous, dev

@@ -13,10 +13,9 @@ from hypothesis.stateful import rule
 import cuctx
 from cuctx import KernelArgumentError, LaunchConfigError
 
-from . import kernels as K
 from . import strategies as S
 from .arrays import ArrayMachine
-from .expect import combine, fail, maybe, usable
+from .expect import combine, fail, usable
 from .machine import ContextMachine, ok
 from .model import Arr, StreamRec
 
@@ -45,7 +44,8 @@ class LaunchMachine(ArrayMachine):
         g, b = dims(grid), dims(block)
         if g is None or b is None:
             return False
-        if any(n > m for n, m in zip(g, lim["grid"])) or any(n > m for n, m in zip(b, lim["block"])):
+        if any(n > m for n, m in zip(g, lim["grid"])) \
+                or any(n > m for n, m in zip(b, lim["block"])):
             return False
         if prod(b) > min(lim["threads"], lim["kernel_threads"][kernel]):
             return False
@@ -80,9 +80,9 @@ class LaunchMachine(ArrayMachine):
         fn = self.env.library[kernel]
         stream = None if s is None else s.stream
         if form and cluster is None and not cooperative:
-            call = lambda: fn[grid, block, shared, stream](*args)  # noqa: E731
+            call = lambda: fn[grid, block, shared, stream](*args)
         else:
-            call = lambda: cuctx.launch(fn, grid, block, *args, shared_mem=shared,  # noqa: E731
+            call = lambda: cuctx.launch(fn, grid, block, *args, shared_mem=shared,
                                         stream=stream, cluster=cluster, cooperative=cooperative)
         what = f"{kernel}[{grid!r}, {block!r}, {shared!r}, {s}](cluster={cluster!r}, " \
                f"cooperative={cooperative}) with {args!r}"

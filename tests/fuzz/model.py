@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -74,9 +75,10 @@ class Failed:
 
 def check_allowed(what: str, exc: BaseException) -> None:
     """An exception a user may see: an allowed type, with a message."""
-    if not isinstance(exc, ALLOWED):
-        raise AssertionError(f"{what} raised {type(exc).__name__}, which is not a cuctx "
-                             f"error nor a TypeError/ValueError/IndexError: {exc!r}") from exc
+    if not isinstance(exc, ALLOWED):  # the verdict is an AssertionError, as pytest's
+        raise AssertionError(  # noqa: TRY004
+            f"{what} raised {type(exc).__name__}, which is not a cuctx error nor a "
+            f"TypeError/ValueError/IndexError: {exc!r}") from exc
     if not str(exc).strip():
         raise AssertionError(f"{what} raised {type(exc).__name__} without a message") from exc
 
@@ -87,14 +89,14 @@ def attempt(what: str, expect, fn: Callable, *args, **kwargs) -> Any:
     Returns the result, or a `Failed` (falsy) holding the exception."""
     try:
         result = fn(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - judged below
+    except Exception as exc:
         check_allowed(what, exc)
         STATS.error(exc)
         if expect is None:
             raise AssertionError(f"{what} should succeed but raised {exc!r}") from exc
         if not isinstance(exc, expect):
-            raise AssertionError(f"{what} raised {exc!r}; expected one of "
-                                 f"{[t.__name__ for t in expect]}") from exc
+            raise AssertionError(  # noqa: TRY004
+                f"{what} raised {exc!r}; expected one of {[t.__name__ for t in expect]}") from exc
         return Failed(exc)
     if expect is not None and not isinstance(expect, Maybe):
         raise AssertionError(f"{what} should raise one of {[t.__name__ for t in expect]} "

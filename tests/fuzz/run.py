@@ -22,9 +22,9 @@ from . import kernels
 from .machine import Env
 from .model import STATS
 
-_COMMON = dict(deadline=None, database=None, print_blob=True,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                      HealthCheck.data_too_large])
+_COMMON = {"deadline": None, "database": None, "print_blob": True,
+           "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                     HealthCheck.data_too_large]}
 settings.register_profile("cuctx-fuzz-ci", max_examples=200, stateful_step_count=30,
                           derandomize=True, **_COMMON)
 # One batch of the long run; batches repeat (with fresh seeds) until the budget is spent.
@@ -83,7 +83,7 @@ def run(machine_cls, env: Env, weight: float, examples: int | None = None) -> No
     """Run the machine under the active profile (``examples`` overrides the CI profile's
     count). The long profile repeats batches until its share (``weight``) of the time budget
     is spent; a failure stops it with the example."""
-    factory = lambda: machine_cls(env)  # noqa: E731
+    factory = lambda: machine_cls(env)
     if PROFILE == "ci":
         ci = settings.get_profile("cuctx-fuzz-ci")
         if examples is not None:
