@@ -6,6 +6,7 @@ from __future__ import annotations
 import weakref
 
 from . import _trace
+from . import _lifetimes
 from ._lifetimes import free_or_defer
 from .context import ACTIVE, fail, in_context
 from .stream import Stream
@@ -23,7 +24,7 @@ class Allocation:
         self.stream = stream
         self.recorded: list[Stream] = []  # other streams that used it (record_stream)
         weakref.finalize(self, free_or_defer, _release, ptr, nbytes, stream,
-                         self.recorded).atexit = False
+                         self.recorded).atexit = False  # (free_or_defer holds it in host functions)
 
 
 def _release(ptr: int, nbytes: int, stream: Stream, recorded: list[Stream]) -> None:
@@ -43,6 +44,8 @@ def allocate(nbytes: int, stream: Stream) -> Allocation:
     ctx = stream._ctx
     if ctx._state is not ACTIVE:
         raise ctx._unusable("cuctx.empty")
+    if _lifetimes._held:  # frees a collection inside a host function held: reuse them first
+        _lifetimes.run_held_finalizers()
     alloc = stream._backend.driver.cuMemAllocAsync
     err, ptr = stream._call(alloc, nbytes, stream._handle)
     if err and int(err) == _OUT_OF_MEMORY:

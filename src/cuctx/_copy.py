@@ -119,8 +119,8 @@ def fill_pattern(value: Any, dtype: np.dtype) -> bytes:
     if dtype.kind in "iu" and v.dtype.kind in "iu":
         info = np.iinfo(dtype)
         if not info.min <= int(v) <= info.max:
-            raise OverflowError(f"{value!r} is out of range for {dtype} "
-                                f"[{info.min}, {info.max}]")
+            raise ValueError(f"cannot fill a {dtype} array with {value!r}: it is out of range "
+                             f"for {dtype} [{info.min}, {info.max}]")
     return np.array(value, dtype=dtype).tobytes()
 
 

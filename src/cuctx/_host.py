@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import bisect
 import threading
-import weakref
 from math import prod
 from typing import Any
 
 import numpy as np
 
+from ._lifetimes import finalize
 from ._layout import shape_of
 from .context import ACTIVE, Context, context_for, fail, in_context
 from .device import Device
@@ -47,7 +47,7 @@ class _PinnedMemory:
         self.__array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": dtype.str,
                                     "descr": dtype.descr, "version": 3}
         _lock_range(ptr, nbytes)
-        weakref.finalize(self, _host_call, ctx, "cuMemFreeHost", ptr).atexit = False
+        finalize(self, _host_call, ctx, "cuMemFreeHost", ptr)
 
 
 def _host_call(ctx: Context, operation: str, ptr: int) -> None:
@@ -103,5 +103,5 @@ def register_host(ary: np.ndarray, *, device: Device | int | None = None) -> np.
              "this memory is already page-locked (pinned_empty or an earlier register_host)"
              if int(err) == 712 else "")
     _lock_range(ptr, ary.nbytes)
-    weakref.finalize(ary, _host_call, ctx, "cuMemHostUnregister", ptr).atexit = False
+    finalize(ary, _host_call, ctx, "cuMemHostUnregister", ptr)
     return ary

@@ -27,6 +27,7 @@ import itertools
 import sys
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from cuda.bindings.driver import CUhostFn
@@ -111,6 +112,8 @@ def queue(ctx: Context, stream_key: int) -> StreamQueue:
 
 def stream_idle(ctx_key: int, stream_key: int) -> None:
     """The stream is known idle (synchronized): drop what its queue kept."""
+    if _held:
+        run_held_finalizers()
     owner = _queues.pop((ctx_key, stream_key), None)
     if owner is not None:
         owner.release()
@@ -226,6 +229,8 @@ def take_failures(match: Callable[[tuple[int, int]], bool]) -> list:
 def raise_host_func_errors(ctx: Context) -> None:
     """Raise `HostFunctionError` for host functions of any stream of ``ctx`` that failed
     since they were last reported (what Context.synchronize reports)."""
+    if _held:
+        run_held_finalizers()
     if _failures:
         failures = take_failures(lambda k: k[0] == ctx._key)
         if failures:
@@ -240,12 +245,50 @@ _deferred: list[tuple[Callable, tuple]] = []
 
 
 def free_or_defer(free: Callable, *args: Any) -> None:
-    """Call ``free(*args)`` now, or at the end of the outermost `defer_cleanup` block."""
+    """Call ``free(*args)`` now, or at the end of the outermost `defer_cleanup` block (or,
+    inside a host function, at the next cuctx call outside one: see `run_finalizer`)."""
     with _defer_lock:
         if _defer_depth:
             _deferred.append((free, args))
             return
-    free(*args)
+    run_finalizer(free, *args)
+
+
+# -- finalizers that run inside a host function ----------------------------------------------
+#
+# A garbage collection can start anywhere, inside a host function too, where CUDA must not be
+# called. A cuctx finalizer that finds itself there waits in this list, and runs at the next
+# allocation, finalizer or synchronize outside a host function.
+
+_held: list[tuple[Callable, tuple]] = []
+
+
+def finalize(obj: Any, fn: Callable, *args: Any) -> weakref.finalize:
+    """``weakref.finalize(obj, fn, *args)`` for a finalizer that calls CUDA: held while a host
+    function runs on the collecting thread, never run at interpreter exit (the driver tears
+    everything down then)."""
+    finalizer = weakref.finalize(obj, run_finalizer, fn, *args)
+    finalizer.atexit = False
+    return finalizer
+
+
+def run_finalizer(fn: Callable, *args: Any) -> None:
+    if in_host_function and threading.get_ident() in in_host_function:
+        _held.append((fn, args))
+        return
+    if _held:
+        run_held_finalizers()
+    fn(*args)
+
+
+def run_held_finalizers() -> None:
+    """Run the finalizers held while host functions ran (call outside a host function)."""
+    while _held:
+        try:
+            fn, args = _held.pop(0)
+        except IndexError:  # another thread took the last one
+            return
+        fn(*args)
 
 
 @contextlib.contextmanager

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import enum
 import threading
-import weakref
 from typing import TYPE_CHECKING, Callable, NoReturn
 
 from cuda.bindings.driver import CUctx_flags
 
 from . import _driver, _trace
 from ._driver import in_host_function
-from ._lifetimes import raise_host_func_errors
+from ._lifetimes import finalize, raise_host_func_errors
 from ._resource import ACTIVE, DESTROYED, POISONED, Resource, upper
 from .errors import (STICKY_CODES, ContextDestroyedError, ContextPoisonedError, CudaError,
                      InvalidContextError, called_from_host_function, error_for)
@@ -173,9 +172,7 @@ class Context(Resource):
         ctx._why_destroyed = ""
         ctx._default_streams = {}  # "legacy"/"per-thread" -> Stream, made on first use
         ctx._teardown = []  # called with the context when it is destroyed
-        ctx._finalizer = weakref.finalize(ctx, *finalizer) if finalizer else None
-        if ctx._finalizer is not None:
-            ctx._finalizer.atexit = False  # the driver tears everything down at exit anyway
+        ctx._finalizer = finalize(ctx, *finalizer) if finalizer else None
         backend.contexts[ctx._key] = ctx
         return ctx
 

@@ -9,10 +9,10 @@ was never recorded stands for no work: `done` is True, but `synchronize`, `Strea
 
 from __future__ import annotations
 
-import weakref
 
 from cuda.bindings.driver import CUevent_flags
 
+from ._lifetimes import finalize
 from . import _driver, _trace
 from ._resource import Resource, upper
 from .context import (ACTIVE, DESTROYED, Context, context_for, fail, in_context,
@@ -63,8 +63,7 @@ class Event(Resource):
         self._key = int(handle)
         self.timing = not flags & _DISABLE_TIMING
         self._recorded = False
-        self._finalizer = weakref.finalize(self, _destroy_event, drv, handle, ctx)
-        self._finalizer.atexit = False
+        self._finalizer = finalize(self, _destroy_event, drv, handle, ctx)
 
     @property
     def context(self) -> Context:

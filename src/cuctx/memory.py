@@ -219,6 +219,8 @@ class DeviceArray(Resource):
         so no later allocation reuses it while ``stream`` may still read or write it."""
         self._check("DeviceArray.record_stream")
         stream = Stream.wrap(stream)
+        if self._alloc is None and self.ptr == 0:
+            return  # an empty array has no memory to keep
         if self._alloc is None:
             raise ValueError(f"{self!r} wraps memory of another library (cuctx.asarray); "
                              "that library frees it, so tell it about the stream instead")

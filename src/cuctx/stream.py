@@ -16,7 +16,6 @@ a host function runs, its thread's state is swapped for `_driver.HostFunctionSta
 from __future__ import annotations
 
 import functools
-import weakref
 from typing import Any, Callable
 
 from cuda.bindings.driver import CUstream
@@ -74,8 +73,7 @@ class Stream(Resource):
         if err:
             fail(backend, err, "cuStreamCreateWithPriority", ctx)
         self._setup(ctx, handle, "created", priority)
-        self._finalizer = weakref.finalize(self, _destroy_stream, drv, handle, ctx)
-        self._finalizer.atexit = False
+        self._finalizer = _lifetimes.finalize(self, _destroy_stream, drv, handle, ctx)
 
     def _setup(self, ctx: Context, handle, kind: str, priority: int | None) -> None:
         drv = ctx._backend.driver

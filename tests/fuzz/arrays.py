@@ -39,7 +39,7 @@ def convert(value, dtype: np.dtype):
     if kind in "iu" and dtype.kind in "iu":
         info = np.iinfo(dtype)
         if not info.min <= int(value) <= info.max:
-            return None, fail(TypeError, ValueError, OverflowError)
+            return None, fail(TypeError, ValueError)
     if kind in "iu" and dtype.kind == "b" and int(value) not in (0, 1):
         return np.array(bool(value)), maybe(TypeError, ValueError)
     if kind == "c" and dtype.kind != "c":
@@ -71,7 +71,7 @@ class ArrayMachine(StreamMachine):
                 if p is not s and p.ctx.alive:
                     self.call(f"{s}.wait({p})", None, s.stream.wait, p.stream)
             base.pending = {s}
-            if s is not base.alloc and base.dev.nbytes:  # an empty array has no memory
+            if s is not base.alloc:  # (on an empty array: a no-op)
                 self.call("record_stream", None, base.dev.record_stream, s.stream)
 
     def new_base(self, dev, rec: CtxRec, s: StreamRec) -> Arr:

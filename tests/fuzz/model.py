@@ -21,10 +21,8 @@ import cuctx
 
 # The exceptions a user of cuctx may see from a call. Everything else (SystemError,
 # KeyError, AttributeError, AssertionError, ...) is a bug. KernelArgumentError is a
-# TypeError, LaunchConfigError a ValueError; OverflowError is what a fill with an int out of
-# the dtype's range raises, as NumPy does.
-ALLOWED = (cuctx.CudaError, cuctx.HostFunctionError, TypeError, ValueError, IndexError,
-           OverflowError)
+# TypeError, LaunchConfigError a ValueError.
+ALLOWED = (cuctx.CudaError, cuctx.HostFunctionError, TypeError, ValueError, IndexError)
 
 FAULTS = (cuctx.StickyFaultError, cuctx.ContextPoisonedError)
 
