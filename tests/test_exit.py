@@ -26,7 +26,7 @@ def test_exit_after_cupy_interop_and_a_device_reset_is_silent():
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "tests/test_interop.py", "tests/test_streams.py", "-k", "cupy or reset"],
+         "tests/memory/test_interop.py", "tests/core/test_stream.py", "-k", "cupy or reset"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "Error in sys.excepthook" not in run.stderr + run.stdout
