@@ -13,6 +13,7 @@ from . import _ptx
 from ._launch_config import LaunchConfigError
 from ._launcher import Launcher, make_launcher
 from ._plan import Packer
+from ._resource import Resource
 from .context import Context, context_for, fail, in_context
 from .device import Device
 from .errors import NotSupportedError
@@ -51,21 +52,25 @@ class _Limits(NamedTuple):
 
 # -- kernels ------------------------------------------------------------------------------
 
-class Kernel:
+class Kernel(Resource):
     """A kernel of a `Library` (usable in every context) or of a `Module` (only in the
     module's context). Launch it with ``kernel[grid, block, shared_mem, stream](*args)`` or
     `cuctx.launch`; inspect it with `attributes`, `occupancy`, `suggest_block_size`."""
 
-    __slots__ = ("name", "_owner", "_handle", "_function", "_backend", "_params", "_pack",
-                 "_limits_cache", "_checked", "_launchers", "_lock", "__weakref__")
+    # The Resource fields: ``_handle`` is the CUkernel (library) or CUfunction (module),
+    # ``_ctx`` its owner's (None for a library's kernel: it runs in every context).
+    __slots__ = ("name", "_owner", "_function", "_params", "_pack", "_limits_cache",
+                 "_checked", "_launchers", "_lock", "__weakref__")
 
     def __init__(self, owner: Library | Module, handle, name: str):
         self.name = name
         self._owner = owner
-        self._handle = handle  # CUkernel (library) or CUfunction (module)
-        # cuLaunchKernel takes a CUkernel where a CUfunction goes (the driver's documented cast).
-        self._function = CUfunction(int(handle))
         self._backend = owner._backend
+        self._ctx = owner._ctx
+        self._handle = handle
+        self._key = int(handle)
+        # cuLaunchKernel takes a CUkernel where a CUfunction goes (the driver's documented cast).
+        self._function = CUfunction(self._key)
         self._params: tuple | None = None
         self._pack = None
         self._limits_cache: dict[Device, _Limits] = {}
@@ -89,11 +94,11 @@ class Kernel:
         """(offset, size) in bytes of each parameter, from the driver (cuKernelGetParamInfo)."""
         if self._params is None:
             operation = f"{self.name}.param_layout"
-            self._owner._check(operation)
+            self._check(operation)
             query = self._owner._param_info
             params = []
             # The driver asks for a current context (INVALID_CONTEXT without one).
-            home = getattr(self._owner, "_ctx", None) or context_for()
+            home = self._ctx or context_for()
             with in_context(home, operation):
                 while True:
                     err, offset, size = query(self._handle, len(params))
@@ -130,11 +135,13 @@ class Kernel:
             f"(CUDA C's <<<grid, block>>>) or cuctx.launch(kernel, grid, block, *args); "
             f"kernel {name!r} was called without one")
 
-    def _home_context(self) -> Context | None:
-        return self._owner._home_context()
+    def _check(self, operation: str) -> None:
+        """The owner's check: it refuses an unloaded library or module (and, for a module,
+        an unusable context)."""
+        self._owner._check(operation)
 
     def _check_launchable(self, ctx: Context) -> None:
-        self._owner._check(f"launch of {self.name!r}")
+        self._check(f"launch of {self.name!r}")
         self._owner._check_context(ctx, self.name)
         sim = self._backend.sim
         if sim is not None:
@@ -159,7 +166,7 @@ class Kernel:
         return KernelAttributes(**values)
 
     def _device(self, device) -> Device:
-        home = self._home_context()
+        home = self._ctx
         if home is None:
             return context_for().device if device is None else Device(device)
         if device is not None and Device(device) is not home.device:

@@ -167,7 +167,7 @@ def make_launcher(kernel: Kernel, grid: Any, block: Any, shared_mem: int = 0,
         raise TypeError(f"the kernel argument of cuctx.launch must be a cuctx.Kernel "
                         f"(lib['name']), not {type(kernel).__name__}: {kernel!r}")
     if stream is None:
-        ctx = kernel._home_context() or context_for()
+        ctx = kernel._ctx or context_for()
         stream = resolve_stream(None, ctx, f"launch of {kernel.name!r}")
     # Types too: 1.0 == 1 and True == 1, but only the int passes the checks.
     key = (grid, block, shared_mem, stream, cluster, cooperative,

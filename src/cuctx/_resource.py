@@ -3,12 +3,17 @@ DeviceArray; Library, Module, Kernel) exposes to the others, on one base. It is 
 surface a compiled fast path reads, so it is plain slots: no properties on hot paths.
 
 - ``_backend``: the `_driver.Backend` the object was made on (``_backend.driver`` is called).
-- ``_ctx``: the Context it belongs to (a Context is its own).
-- ``_handle``: what the driver takes (CUcontext, CUstream, CUevent; a DeviceArray's address).
+- ``_ctx``: the Context it belongs to (a Context is its own). None for what is bound to no
+  context: a Library (loaded for every context) and the kernels of one.
+- ``_handle``: what the driver takes (CUcontext, CUstream, CUevent; a DeviceArray's address;
+  CUlibrary, CUmodule; a Kernel's CUkernel or CUfunction).
 - ``_key``: ``int(_handle)``, for dictionaries and identity tests.
 - state: ``_ctx._state`` is ACTIVE, DESTROYED or POISONED; test it with one ``is`` comparison.
 - ``_check(operation)``: raise the context's error (ContextDestroyedError or
-  ContextPoisonedError naming ``operation``) unless it is active.
+  ContextPoisonedError naming ``operation``) unless it is active. Library and Module
+  override it to refuse first what was unloaded (RuntimeError naming ``operation``; a
+  Library has no context to test, a Module then tests its context); a Kernel's is its
+  owner's.
 
 The layers sit in one order (see docs/ARCHITECTURE.md): a lower layer never imports an upper
 one. Where a lower layer must *make* an object of an upper one (Context.create(0) needs the

@@ -26,6 +26,7 @@ import numpy as np
 from . import _cubin, _driver, _ptx
 from ._kernel import BlockSizeSuggestion, Kernel, KernelAttributes
 from ._layout import dtype_of, shape_of
+from ._resource import Resource
 from ._twin_check import check_twin
 from .compiler import CompileError, compile_source, pick_arch
 from .context import ACTIVE, Context, context_for, fail, in_context
@@ -68,15 +69,19 @@ def _compile(src: str, options, name_expressions, headers,
     return result.image, result.lowered_names, result.ptx
 
 
-class _Code:
-    """State and behaviour common to `Library` and `Module`."""
+class _Code(Resource):
+    """State and behaviour common to `Library` and `Module`. The Resource fields:
+    ``_handle`` is the CUlibrary / CUmodule, ``_ctx`` the Module's context and None for a
+    Library (loaded for every context); ``_check`` also refuses an unloaded one."""
 
-    _backend: _driver.Backend
     _names: dict[str, str]
 
-    def _setup(self, backend, names: Mapping[str, str], image: bytes,
-               ptx: bytes | None) -> None:
+    def _setup(self, backend, ctx: Context | None, handle, names: Mapping[str, str],
+               image: bytes, ptx: bytes | None) -> None:
         self._backend = backend
+        self._ctx = ctx
+        self._handle = handle
+        self._key = int(handle)
         self._names = dict(names)  # user's name (e.g. "axpy<float>") -> mangled name
         # Parameter types by mangled kernel name, from the program's PTX (none for a cubin
         # that came without it: its kernels' arguments are checked by size only).
@@ -187,8 +192,7 @@ class Library(_Code):
             fail(backend, err, "cuLibraryLoadData",
                  hint="the sim reads cubins and PTX, not fatbins" if backend.sim is not None
                  and int(err) == 801 else "")
-        self._setup(backend, names or {}, image, _ptx)
-        self._handle = handle
+        self._setup(backend, None, handle, names or {}, image, _ptx)
         self._used: weakref.WeakSet[Context] = weakref.WeakSet()
         self._finalizer = weakref.finalize(self, _unload_library, drv, handle, self._used)
         self._finalizer.atexit = False
@@ -237,9 +241,6 @@ class Library(_Code):
                                                          device._handle)
         if err:
             fail(self._backend, err, "cuKernelSetAttribute")
-
-    def _home_context(self) -> None:
-        return None  # launches go wherever their stream is
 
     def _check_context(self, ctx: Context, kernel: str) -> None:
         return None
@@ -376,9 +377,7 @@ class Module(_Code):
             err, handle = backend.driver.cuModuleLoadData(image)
         if err:
             fail(backend, err, "cuModuleLoadData", ctx)
-        self._setup(backend, names or {}, image, _ptx)
-        self._ctx = ctx
-        self._handle = handle
+        self._setup(backend, ctx, handle, names or {}, image, _ptx)
         self._finalizer = weakref.finalize(self, _unload_module, backend.driver, handle, ctx)
         self._finalizer.atexit = False
         self._install_twins(sim_kernels)
@@ -412,9 +411,6 @@ class Module(_Code):
         err, = self._backend.driver.cuFuncSetAttribute(handle, attribute, value)
         if err:
             fail(self._backend, err, "cuFuncSetAttribute", self._ctx)
-
-    def _home_context(self) -> Context:
-        return self._ctx
 
     def _check_context(self, ctx: Context, kernel: str) -> None:
         if ctx is not self._ctx:
