@@ -142,3 +142,26 @@ def test_destroying_a_context_inside_a_host_function_is_not_permitted(backend):
     assert isinstance(info.value.__cause__, cuctx.NotPermittedError)
     assert doomed.state == "active"  # refused before the driver was asked
     doomed.destroy()
+
+
+def test_an_array_collected_inside_a_host_function_is_freed_afterwards(backend):
+    """A garbage collection can run inside a host function, where CUDA must not be called:
+    the array's free waits and runs at the next cuctx call outside one. Nothing leaks and
+    nothing is reported as ignored."""
+    import gc
+    with Device(0) as ctx:
+        ctx.synchronize()
+        before = Device(0).mem_info().free
+        stream = Stream()
+        box = [cuctx.zeros(1 << 20, np.float64, stream=stream)]
+        stream.launch_host_func(box.clear)  # the last reference dies in the host function
+        stream.synchronize()
+        gc.collect()
+        ctx.synchronize()  # runs the held free
+        assert Device(0).mem_info().free >= before
+
+
+def test_an_empty_array_records_any_stream(backend):
+    with Device(0):
+        arr = cuctx.zeros(0)
+        arr.record_stream(Stream())  # no memory to keep: nothing to do, nothing to refuse
