@@ -101,6 +101,15 @@ def gpu():
     b.tls.state = ThreadState()
 
 
+@pytest.fixture
+def nvrtc_cache(tmp_path_factory, monkeypatch):
+    """One compile cache for the whole run, apart from the user's own: modules that compile
+    use it with ``pytestmark = pytest.mark.usefixtures("nvrtc_cache")``."""
+    path = tmp_path_factory.getbasetemp() / "nvrtc-cache"
+    monkeypatch.setenv("CUCTX_CACHE_DIR", str(path))
+    return path
+
+
 def _release_foreign_caches() -> None:
     """Give back the device memory other libraries cache in the primary context they share
     with cuctx. Later tests reset the device, which destroys that context for every library

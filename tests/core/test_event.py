@@ -9,6 +9,7 @@ import cuctx
 from cuctx import Context, ContextDestroyedError, Device, Event, Stream
 
 from conftest import busy
+from scenarios import Handoff
 
 
 def test_an_event_belongs_to_the_current_context(backend):
@@ -133,17 +134,14 @@ def test_event_queries_advance_the_sim(sim):
 def test_events_of_two_devices_can_be_waited_on(backend):
     if len(cuctx.devices()) < 2:
         pytest.skip("needs two devices")
-    box, seen = ["old"], []
     with Device(1):
         producer = Stream()
-        busy(producer, 10)
-        producer.launch_host_func(box.__setitem__, 0, "new")
+        handoff = Handoff(producer, 10)
         ready = producer.record()
     with Device(0):
         consumer = Stream()
         consumer.wait(ready)
-        consumer.launch_host_func(lambda: seen.append(box[0]))
-        consumer.synchronize()
+        seen = handoff.seen_by(consumer)
     assert seen == ["new"]
 
 

@@ -12,6 +12,7 @@ import cuctx.sim
 from cuctx import Context, ContextDestroyedError, ContextPoisonedError, Device, Stream
 
 from conftest import busy, fresh
+from scenarios import Handoff
 
 
 # -- creating streams ---------------------------------------------------------------------
@@ -75,26 +76,18 @@ def test_work_on_one_stream_runs_in_order(backend):
 def test_wait_on_an_event_orders_two_streams(backend):
     with Device(0):
         producer, consumer = Stream(), Stream()
-        box, seen = ["old"], []
-        busy(producer, 20)
-        producer.launch_host_func(box.__setitem__, 0, "new")
+        handoff = Handoff(producer)
         ready = producer.record()
         consumer.wait(ready)
-        consumer.launch_host_func(lambda: seen.append(box[0]))
-        consumer.synchronize()
-        assert seen == ["new"]
+        assert handoff.seen_by(consumer) == ["new"]
 
 
 def test_wait_on_a_stream_orders_two_streams(backend):
     with Device(0):
         producer, consumer = Stream(), Stream()
-        box, seen = ["old"], []
-        busy(producer, 20)
-        producer.launch_host_func(box.__setitem__, 0, "new")
+        handoff = Handoff(producer)
         consumer.wait(producer)
-        consumer.launch_host_func(lambda: seen.append(box[0]))
-        consumer.synchronize()
-        assert seen == ["new"]
+        assert handoff.seen_by(consumer) == ["new"]
 
 
 def test_a_wait_covers_only_work_queued_before_it(backend):
@@ -125,16 +118,13 @@ def test_host_functions_across_streams_follow_the_waits(backend):
 def test_streams_of_two_devices_can_wait_on_each_other(backend):
     if len(cuctx.devices()) < 2:
         pytest.skip("needs two devices")
-    box, seen = ["old"], []
     with Device(1):
         producer = Stream()
-        busy(producer, 10)
-        producer.launch_host_func(box.__setitem__, 0, "new")
+        handoff = Handoff(producer, 10)
     with Device(0):
         consumer = Stream()
         consumer.wait(producer)  # cross-device waits are legal in CUDA
-        consumer.launch_host_func(lambda: seen.append(box[0]))
-        consumer.synchronize()
+        seen = handoff.seen_by(consumer)
     assert seen == ["new"]
 
 
@@ -142,12 +132,8 @@ def test_a_blocking_stream_waits_for_the_legacy_default_stream(backend):
     with Device(0):
         legacy = cuctx.legacy_stream()
         blocking = Stream(non_blocking=False)
-        box, seen = ["old"], []
-        busy(legacy, 10)
-        legacy.launch_host_func(box.__setitem__, 0, "new")
-        blocking.launch_host_func(lambda: seen.append(box[0]))  # implicitly ordered after it
-        blocking.synchronize()
-        assert seen == ["new"]
+        handoff = Handoff(legacy, 10)
+        assert handoff.seen_by(blocking) == ["new"]  # implicitly ordered after it
         legacy.synchronize()
 
 
@@ -376,14 +362,10 @@ def test_a_stream_keeps_its_context_alive(backend):
 def test_missing_wait_reads_stale_data_in_the_sim(sim):
     with Device(0):
         producer, consumer = Stream(), Stream()
-        box, seen = ["old"], []
-        busy(producer, 1)
-        producer.launch_host_func(box.__setitem__, 0, "new")
-        consumer.launch_host_func(lambda: seen.append(box[0]))  # forgot consumer.wait(producer)
-        consumer.synchronize()
-        assert seen == ["old"]
+        handoff = Handoff(producer, 1)
+        assert handoff.seen_by(consumer) == ["old"]  # forgot consumer.wait(producer)
         producer.synchronize()
-        assert box == ["new"]
+        assert handoff.box == ["new"]
 
 
 def test_missing_wait_is_stale_even_when_the_context_synchronizes(sim):

@@ -17,7 +17,9 @@ from conftest import requires_nvrtc
 from cuctx import KernelArgumentError
 from cuctx.compiler import compile_source
 
-pytestmark = requires_nvrtc
+from scenarios import ADD_SOURCE, add, library_fixture
+
+pytestmark = [requires_nvrtc, pytest.mark.usefixtures("nvrtc_cache")]
 
 SOURCE = r"""
 struct C8 { float re, im; };
@@ -30,12 +32,7 @@ extern "C" __global__ void echo(double* out, float a, double d, int n, unsigned 
     out[6] = c.re; out[7] = c.im; out[8] = z.re; out[9] = z.im; out[10] = flag;
     out[11] = p.a; out[12] = p.b;
 }
-
-extern "C" __global__ void add(float* out, const float* x, float a, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = x[i] + a;
-}
-"""
+""" + ADD_SOURCE
 
 
 def echo(grid, block, out, a, d, n, u, s, q: int, c, z, flag, p):
@@ -44,10 +41,6 @@ def echo(grid, block, out, a, d, n, u, s, q: int, c, z, flag, p):
     pair = struct.unpack("<if", p)
     out.view(np.float64, 13)[:] = [a, d, n, u & 0xFFFFFFFF, s, q, *struct.unpack("<2f", c),
                                    *struct.unpack("<2d", z), flag, *pair]
-
-
-def add(grid, block, out, x, a, n):
-    out.view(np.float32, n)[:] = x.view(np.float32, n) + np.float32(a)
 
 
 class Pair(ctypes.Structure):
@@ -62,16 +55,7 @@ class Ratio(float):
     pass
 
 
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CUCTX_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "nvrtc-cache"))
-
-
-@pytest.fixture
-def lib(backend):
-    library = cuctx.Library.from_source(SOURCE, sim_kernels={"echo": echo, "add": add})
-    with cuctx.Device(0):
-        yield library
+lib = library_fixture(SOURCE, echo=echo, add=add)
 
 
 GOOD = dict(a=1.5, d=2.5, n=3, u=4, s=5, q=-6, c=7 + 8j, z=9 + 10j, flag=True, p=Pair(11, 12.5))

@@ -18,32 +18,11 @@ import pytest
 import cuctx
 from cuctx import _codegen, _launcher, _plan
 
-SOURCE = r"""
-extern "C" __global__ void add(float* out, const float* x, float a, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = x[i] + a;
-}
-"""
+from scenarios import ADD_SOURCE, add, add_arrays, library_fixture
 
+pytestmark = pytest.mark.usefixtures("nvrtc_cache")
 
-def add(grid, block, out, x, a: float, n):
-    out.view(np.float32, n)[:] = x.view(np.float32, n) + np.float32(a)
-
-
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CUCTX_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "nvrtc-cache"))
-
-
-@pytest.fixture
-def lib(backend):
-    library = cuctx.Library.from_source(SOURCE, sim_kernels={"add": add})
-    with cuctx.Device(0):
-        yield library
-
-
-def arrays(n=8):
-    return cuctx.zeros(n, np.float32), cuctx.to_device(np.arange(n, dtype=np.float32))
+lib = library_fixture(ADD_SOURCE, add=add)
 
 
 @pytest.fixture
@@ -56,7 +35,7 @@ def packs(monkeypatch):
 
 
 def test_the_source_is_kept_named_and_readable(lib):
-    out, x = arrays()
+    out, x = add_arrays()
     launcher = lib["add"][1, 8]
     assert launcher.fast_source is None  # nothing generated before the first launch
     launcher(out, x, 1.0, 8)
@@ -69,7 +48,7 @@ def test_the_source_is_kept_named_and_readable(lib):
 
 
 def test_a_traceback_from_inside_the_fast_path_shows_its_line(lib):
-    out, x = arrays()
+    out, x = add_arrays()
     launcher = lib["add"][1, 8]
     launcher(out, x, 1.0, 8)  # generates the fast path and this thread's state
 
@@ -87,7 +66,7 @@ def test_a_traceback_from_inside_the_fast_path_shows_its_line(lib):
 
 def test_fast_paths_can_be_turned_off(lib, monkeypatch, packs):
     monkeypatch.setattr(_codegen, "ENABLED", False)
-    out, x = arrays()
+    out, x = add_arrays()
     launcher = lib["add"][1, 8]
     for k in range(3):
         launcher(out, x, float(k), 8)
@@ -106,7 +85,7 @@ def test_cuctx_fastpath_0_in_the_environment_turns_them_off():
 
 
 def test_one_launcher_serves_every_thread_on_its_fast_path(lib, packs):
-    out, x = arrays()
+    out, x = add_arrays()
     launcher = lib["add"][1, 8]
     launcher(out, x, 1.0, 8)  # the fast path, made on this thread
     results = {}
@@ -131,7 +110,7 @@ def test_one_launcher_serves_every_thread_on_its_fast_path(lib, packs):
 
 
 def test_the_fast_path_follows_argument_types_that_changed(lib, packs):
-    out, x = arrays()
+    out, x = add_arrays()
     launcher = lib["add"][1, 8]
     launcher(out, x, 1.0, 8)
     first = launcher._fast

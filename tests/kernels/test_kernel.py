@@ -10,7 +10,9 @@ import cuctx
 from conftest import requires_nvrtc
 from cuctx import LaunchConfigError
 
-pytestmark = requires_nvrtc
+from scenarios import library_fixture
+
+pytestmark = [requires_nvrtc, pytest.mark.usefixtures("nvrtc_cache")]
 
 SOURCE = r"""
 __device__ int counter[4];
@@ -23,16 +25,7 @@ def fill(grid, block, out, v):
     out.view(np.int32, block[0])[:] = v
 
 
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CUCTX_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "nvrtc-cache"))
-
-
-@pytest.fixture
-def lib(backend):
-    library = cuctx.Library.from_source(SOURCE, sim_kernels={"fill": fill})
-    with cuctx.Device(0):
-        yield library
+lib = library_fixture(SOURCE, fill=fill)
 
 
 def test_calling_a_kernel_without_a_configuration_says_how(lib):

@@ -12,13 +12,10 @@ import pytest
 import cuctx
 from cuctx import KernelArgumentError, LaunchConfigError
 
-SOURCE = r"""
-struct Pair { int a; float b; };
+from scenarios import ADD_SOURCE, add, add_arrays, library_fixture
 
-extern "C" __global__ void add(float* out, const float* x, float a, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = x[i] + a;
-}
+SOURCE = ADD_SOURCE + r"""
+struct Pair { int a; float b; };
 
 extern "C" __global__ void store(unsigned int* out, unsigned int u, long long q, Pair p) {
     out[0] = u; out[1] = (unsigned int)q; out[2] = (unsigned int)p.a; out[3] = (unsigned int)p.b;
@@ -40,10 +37,6 @@ class Pair(ctypes.Structure):
     _fields_ = [("a", ctypes.c_int), ("b", ctypes.c_float)]
 
 
-def add(grid, block, out, x, a: float, n):
-    out.view(np.float32, n)[:] = x.view(np.float32, n) + np.float32(a)
-
-
 def store(grid, block, out, u, q: int, p: bytes):
     a, b = int(np.frombuffer(p, np.int32, 1)[0]), float(np.frombuffer(p, np.float32, 1, 4)[0])
     out.view(np.uint32, 4)[:] = [u & 0xFFFFFFFF, q & 0xFFFFFFFF, a & 0xFFFFFFFF, int(b)]
@@ -57,27 +50,15 @@ def dynamic(grid, block, out, n):
     out.view(np.float32, n)[:] = np.arange(n, dtype=np.float32)
 
 
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CUCTX_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "nvrtc-cache"))
+pytestmark = pytest.mark.usefixtures("nvrtc_cache")
 
-
-@pytest.fixture
-def lib(backend):
-    library = cuctx.Library.from_source(
-        SOURCE, sim_kernels={"add": add, "store": store, "bounded": bounded, "dynamic": dynamic})
-    with cuctx.Device(0):
-        yield library
-
-
-def arrays(n=8):
-    return cuctx.zeros(n, np.float32), cuctx.to_device(np.arange(n, dtype=np.float32))
+lib = library_fixture(SOURCE, add=add, store=store, bounded=bounded, dynamic=dynamic)
 
 
 # -- the forms of a launch ----------------------------------------------------------------
 
 def test_launch_forms_agree(lib):
-    out, x = arrays()
+    out, x = add_arrays()
     lib["add"][1, 8](out, x, 1.0, 8)
     assert out.to_host().tolist() == list(range(1, 9))
     cuctx.launch(lib["add"], (1, 1), (8, 1, 1), out, x, 2.0, 8)
@@ -91,7 +72,7 @@ def test_launch_forms_agree(lib):
 
 
 def test_default_stream_is_the_current_stream(lib):
-    out, x = arrays()
+    out, x = add_arrays()
     stream = cuctx.Stream()
     with stream:
         launcher = lib["add"][1, 8]
@@ -115,13 +96,13 @@ def test_bad_subscript_says_how(lib):
     (1, 32.0, r"block must be an int or a tuple"),
 ])
 def test_config_violations_name_limit_and_value(lib, grid, block, message):
-    out, x = arrays()
+    out, x = add_arrays()
     with pytest.raises(LaunchConfigError, match=message):
         lib["add"][grid, block](out, x, 1.0, 8)
 
 
 def test_kernel_thread_limit_from_launch_bounds(lib):
-    out, _ = arrays(512)
+    out, _ = add_arrays(512)
     with pytest.raises(LaunchConfigError, match=r"'bounded' can run at most 256 threads per "
                                                 r"block.*has 512"):
         lib["bounded"][1, 512](out)
@@ -129,7 +110,7 @@ def test_kernel_thread_limit_from_launch_bounds(lib):
 
 
 def test_dynamic_shared_memory_above_48k_sets_the_attribute(lib):
-    out, _ = arrays(64)
+    out, _ = add_arrays(64)
     kernel = lib["dynamic"]
     assert kernel.attributes(0).max_dynamic_shared_size_bytes == 48 * 1024
     kernel[1, 64, 100 * 1024](out, 64)
@@ -139,7 +120,7 @@ def test_dynamic_shared_memory_above_48k_sets_the_attribute(lib):
 
 
 def test_dynamic_shared_memory_beyond_the_device_names_the_opt_in_limit(lib):
-    out, _ = arrays()
+    out, _ = add_arrays()
     with pytest.raises(LaunchConfigError, match=r"shared_mem = 300000 bytes exceeds.*232448"):
         lib["dynamic"][1, 32, 300000](out, 8)
     with pytest.raises(LaunchConfigError, match="shared_mem must be a number of bytes"):
@@ -147,7 +128,7 @@ def test_dynamic_shared_memory_beyond_the_device_names_the_opt_in_limit(lib):
 
 
 def test_cluster_shape_checks(lib):
-    out, x = arrays()
+    out, x = add_arrays()
     with pytest.raises(LaunchConfigError, match=r"grid.x = 3 is not a multiple of cluster.x = 2"):
         cuctx.launch(lib["add"], 3, 8, out, x, 1.0, 8, cluster=2)
     with pytest.raises(LaunchConfigError, match=r"is 16 blocks; the portable limit is 8"):
@@ -158,7 +139,7 @@ def test_cluster_shape_checks(lib):
 
 
 def test_cooperative_grid_must_fit_at_once(lib):
-    out, x = arrays()
+    out, x = add_arrays()
     kernel = lib["add"]
     most = kernel.occupancy(1024) * cuctx.Device(0).properties.multiprocessor_count
     with pytest.raises(LaunchConfigError, match=rf"is {most + 1} blocks.*at most {most} blocks"):
@@ -171,7 +152,7 @@ def test_cooperative_grid_must_fit_at_once(lib):
 # -- arguments ----------------------------------------------------------------------------
 
 def test_wrong_argument_count_names_the_kernel_and_sizes(lib):
-    out, x = arrays()
+    out, x = add_arrays()
     with pytest.raises(KernelArgumentError, match=r"'add' takes 4 argument\(s\) \(parameter "
                                                   r"sizes \[8, 8, 4, 4\] bytes\), got 3"):
         lib["add"][1, 8](out, x, 1.0)
@@ -184,13 +165,13 @@ def test_wrong_argument_count_names_the_kernel_and_sizes(lib):
     (np.zeros(2, np.float32), r"parameter 2 .*NumPy array, which is host memory"),
 ])
 def test_wrong_argument_type_or_size_names_the_parameter(lib, value, message):
-    out, x = arrays()
+    out, x = add_arrays()
     with pytest.raises(KernelArgumentError, match=message):
         lib["add"][1, 8](out, x, value, 8)
 
 
 def test_pointer_into_a_small_parameter_is_refused(lib):
-    out, x = arrays()
+    out, x = add_arrays()
     with pytest.raises(KernelArgumentError, match=r"parameter 3 .*not pointer-sized"):
         lib["add"][1, 8](out, x, 1.0, x)
 
@@ -213,7 +194,7 @@ def test_structs_by_value_ctypes_and_numpy(lib):
 
 
 def test_raw_int_pointers_and_foreign_arrays(lib):
-    out, x = arrays()
+    out, x = add_arrays()
     lib["add"][1, 8](out.ptr, x, 1.0, 8)  # a raw address where a pointer goes
 
     class Foreign:  # another library's array, through the CUDA Array Interface
@@ -226,13 +207,13 @@ def test_array_of_a_destroyed_context_is_refused(lib):
     ctx = cuctx.Context.create(0)
     stale = cuctx.zeros(8, np.float32)
     ctx.destroy()
-    out, _ = arrays()
+    out, _ = add_arrays()
     with pytest.raises(cuctx.ContextDestroyedError):
         lib["add"][1, 8](out, stale, 1.0, 8)
 
 
 def test_packer_is_built_once_per_kernel(lib):
-    out, x = arrays()
+    out, x = add_arrays()
     kernel = lib["add"]
     kernel[1, 8](out, x, 1.0, 8)
     kernel[2, 8](out, x, 2.0, 8)
@@ -249,7 +230,7 @@ def test_launches_from_many_threads_keep_their_arguments(lib):
     def work(k):
         with cuctx.Device(0):
             stream_of[k] = cuctx.Stream()
-            out, x = arrays(n)
+            out, x = add_arrays(n)
             launcher = lib["add"][1, n, 0, stream_of[k]]
             for _ in range(50):
                 launcher(out, x, float(k), n)
@@ -267,7 +248,7 @@ def test_launches_from_many_threads_keep_their_arguments(lib):
 def test_launch_in_destroyed_context_is_refused(lib):
     ctx = cuctx.Context.create(0)
     stream = cuctx.Stream()
-    out, x = arrays()
+    out, x = add_arrays()
     launcher = lib["add"][1, 8, 0, stream]
     ctx.destroy()
     with pytest.raises(cuctx.ContextDestroyedError):
@@ -277,7 +258,7 @@ def test_launch_in_destroyed_context_is_refused(lib):
 def test_a_launcher_stays_checked_after_its_fast_path_exists(lib):
     """The first launch generates a fast path for its thread and argument types; every
     other case must still take the checked path and behave exactly as before."""
-    out, x = arrays()
+    out, x = add_arrays()
     launcher = lib["add"][1, 8]
     launcher(out, x, 1.0, 8)  # generates the fast path
     launcher(out, x, 2.0, 8)  # takes it
@@ -302,7 +283,7 @@ def test_a_fast_path_refuses_a_destroyed_context(backend):
     library = cuctx.Library.from_source(SOURCE, sim_kernels={"add": add})
     ctx = cuctx.Context.create(0)
     try:
-        out, x = arrays()
+        out, x = add_arrays()
         launcher = library["add"][1, 8]
         launcher(out, x, 1.0, 8)
         launcher(out, x, 1.0, 8)
@@ -316,7 +297,7 @@ def test_a_fast_path_refuses_a_destroyed_context(backend):
 
 def test_a_foreign_array_argument_orders_the_launch_stream_after_its_producer(lib):
     producer, stream = cuctx.Stream(), cuctx.Stream()
-    out, x = arrays()
+    out, x = add_arrays()
     from conftest import busy
     busy(producer, 20)
     x.fill(5, stream=producer)
@@ -342,7 +323,7 @@ def test_a_structured_scalar_of_another_size_is_refused_after_a_good_one(lib):
 
 @pytest.mark.parametrize("shared", [False, 0.0, 1.5])
 def test_shared_mem_must_be_an_int_even_after_a_cached_launch(lib, shared):
-    out, x = arrays()
+    out, x = add_arrays()
     lib["add"][1, 8, 0](out, x, 1.0, 8)  # caches the launcher for shared_mem=0
     with pytest.raises(LaunchConfigError, match="shared_mem must be an int"):
         lib["add"][1, 8, shared]

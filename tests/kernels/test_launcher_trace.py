@@ -10,28 +10,11 @@ import pytest
 import cuctx
 from cuctx import _plan, _trace
 
-SOURCE = r"""
-extern "C" __global__ void add(float* out, const float* x, float a, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = x[i] + a;
-}
-"""
+from scenarios import ADD_SOURCE, add, library_fixture
 
+pytestmark = pytest.mark.usefixtures("nvrtc_cache")
 
-def add(grid, block, out, x, a: float, n):
-    out.view(np.float32, n)[:] = x.view(np.float32, n) + np.float32(a)
-
-
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CUCTX_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "nvrtc-cache"))
-
-
-@pytest.fixture
-def lib(backend):
-    library = cuctx.Library.from_source(SOURCE, sim_kernels={"add": add})
-    with cuctx.Device(0):
-        yield library
+lib = library_fixture(ADD_SOURCE, add=add)
 
 
 def test_launches_are_announced_with_their_arrays_also_once_a_fast_path_exists(lib):

@@ -46,11 +46,7 @@ def twins(box: dict) -> dict:
     return {"scale": scale, "axpy<float>": axpy}
 
 
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path_factory, monkeypatch):
-    path = tmp_path_factory.getbasetemp() / "nvrtc-cache"
-    monkeypatch.setenv("CUCTX_CACHE_DIR", str(path))
-    return path
+pytestmark = pytest.mark.usefixtures("nvrtc_cache")
 
 
 def load() -> tuple[cuctx.Library, dict]:

@@ -11,17 +11,12 @@ import cuctx
 from conftest import requires_nvrtc
 from cuctx._driver.sim._twins import SimTwinWarning
 
-pytestmark = requires_nvrtc
+pytestmark = [requires_nvrtc, pytest.mark.usefixtures("nvrtc_cache")]
 
 SOURCE = r"""
 struct Pair { int a; float b; };
 extern "C" __global__ void mix(float* out, float a, double d, int n, Pair p, long long q) {}
 """
-
-
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CUCTX_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "nvrtc-cache"))
 
 
 def three(grid, block, out, a, d):
