@@ -11,14 +11,13 @@ import sys
 import pytest
 
 from conftest import BACKENDS, HAVE_GPU
+from scenarios import run_python
 
 from cuctx.examples import EXAMPLES
 
 
 def cli(*args, backend, **env):
-    env = dict(os.environ, CUCTX_BACKEND=backend, **env)
-    return subprocess.run([sys.executable, "-m", "cuctx", *args], capture_output=True,
-                          text=True, env=env, timeout=120)
+    return run_python("-m", "cuctx", *args, CUCTX_BACKEND=backend, **env)
 
 
 def info_fields(stdout: str) -> dict[str, str]:

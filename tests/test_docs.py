@@ -15,15 +15,14 @@ The rule, for whoever writes docs:
 """
 
 import json
-import os
 import pathlib
 import re
 import subprocess
-import sys
 
 import pytest
 
 from conftest import BACKENDS
+from scenarios import run_python
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -72,10 +71,9 @@ for block in blocks:
 
 def run_page(page: pathlib.Path, backend: str, tmp_path) -> subprocess.CompletedProcess:
     blocks = [b for b in python_blocks(page) if b["only"] in (None, backend)]
-    env = dict(os.environ, CUCTX_BACKEND=backend, CUCTX_CACHE_DIR=str(tmp_path / "cache"))
-    return subprocess.run([sys.executable, "-c", _RUNNER],
-                          input=json.dumps([str(page.relative_to(ROOT)), blocks]),
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    return run_python("-c", _RUNNER, input=json.dumps([str(page.relative_to(ROOT)), blocks]),
+                      cwd=tmp_path, timeout=300, CUCTX_BACKEND=backend,
+                      CUCTX_CACHE_DIR=str(tmp_path / "cache"))
 
 
 @pytest.mark.parametrize("name", BACKENDS)

@@ -3,14 +3,12 @@ device with keep is finalised into a destroyed context during teardown."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import CUDA_REASON, HAVE_GPU
+from scenarios import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,11 +21,9 @@ def test_exit_after_cupy_interop_and_a_device_reset_is_silent():
     was torn down ("Error in sys.excepthook" after the whole GPU suite). The round trip now
     runs in a process of its own."""
     pytest.importorskip("cupy")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "tests/memory/test_interop.py", "tests/core/test_stream.py", "-k", "cupy or reset"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    run = run_python("-m", "pytest", "-q", "-p", "no:cacheprovider",
+                     "tests/memory/test_interop.py", "tests/core/test_stream.py",
+                     "-k", "cupy or reset", cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "Error in sys.excepthook" not in run.stderr + run.stdout
     assert "Exception ignored" not in run.stderr + run.stdout

@@ -1,15 +1,14 @@
 """Sticky faults are named as such and contained: the context is poisoned, every later use
 raises ContextPoisonedError naming the original fault, and it can still be destroyed."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from cuctx import Context, ContextPoisonedError, StickyFaultError
 from cuctx.sim import inject_fault
+
+from scenarios import run_python
 
 
 def test_injected_fault_poisons_only_its_context(sim):
@@ -87,9 +86,7 @@ CHILD = textwrap.dedent("""
 @pytest.mark.gpu
 def test_a_real_illegal_address_poisons_the_context(gpu):
     # In a child process: a real sticky fault may leave the whole process unusable.
-    env = dict(os.environ, CUCTX_BACKEND="cuda")
-    proc = subprocess.run([sys.executable, "-c", CHILD], input=FAULT_PTX, capture_output=True,
-                          text=True, env=env, timeout=120)
+    proc = run_python("-c", CHILD, input=FAULT_PTX, CUCTX_BACKEND="cuda")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "first: CUDA_ERROR_ILLEGAL_ADDRESS True poisoned"

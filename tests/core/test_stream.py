@@ -12,7 +12,7 @@ import cuctx.sim
 from cuctx import Context, ContextDestroyedError, ContextPoisonedError, Device, Stream
 
 from conftest import busy, fresh
-from scenarios import Handoff
+from scenarios import Handoff, run_python
 
 
 # -- creating streams ---------------------------------------------------------------------
@@ -476,8 +476,6 @@ def test_exit_with_work_and_host_functions_still_queued_is_silent(backend):
     """Nothing is left to run while the interpreter tears down: on a GPU, host functions
     still queued at exit run first (the driver would call into a dismantled interpreter);
     the sim runs nothing by itself. Either way the exit prints nothing."""
-    import subprocess
-    import sys
     code = f"""
 import time, cuctx
 cuctx.set_backend({backend.name!r})
@@ -488,7 +486,6 @@ stream.launch_host_func(time.sleep, 0.2)
 stream.launch_host_func(print, "ran")
 a = cuctx.zeros(10, stream=stream)
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    proc = run_python("-c", code)
     assert proc.returncode == 0 and proc.stderr == ""
     assert proc.stdout == ("ran\n" if backend.name == "cuda" else "")

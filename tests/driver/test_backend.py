@@ -1,8 +1,6 @@
 """Backend selection: CUCTX_BACKEND, the reason cuctx gives, and clear errors."""
 
-import os
 import subprocess
-import sys
 
 import pytest
 
@@ -10,13 +8,12 @@ import cuctx
 from cuctx import _driver
 
 from conftest import HAVE_GPU
+import scenarios
 
 
-def run_python(code: str, **env) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("CUCTX_")}
-    environ.update(env)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=environ, timeout=120)
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The code in a child that inherits none of this process's CUCTX_ settings."""
+    return scenarios.run_python("-c", code, clean=True, **env)
 
 
 def test_auto_says_which_backend_and_why():

@@ -12,7 +12,7 @@ import pytest
 from cuda.bindings.driver import CUresult
 
 import cuctx
-from cuctx import Device, Stream, StickyFaultError
+from cuctx import Device, Stream
 
 OK = CUresult.CUDA_SUCCESS
 INVALID_VALUE = CUresult.CUDA_ERROR_INVALID_VALUE

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import inspect
 import linecache
-import os
-import subprocess
-import sys
 import threading
 import traceback
 
@@ -18,7 +15,7 @@ import pytest
 import cuctx
 from cuctx import _codegen, _launcher, _plan
 
-from scenarios import ADD_SOURCE, add, add_arrays, library_fixture
+from scenarios import ADD_SOURCE, add, add_arrays, library_fixture, run_python
 
 pytestmark = pytest.mark.usefixtures("nvrtc_cache")
 
@@ -78,10 +75,9 @@ def test_fast_paths_can_be_turned_off(lib, monkeypatch, packs):
 def test_cuctx_fastpath_0_in_the_environment_turns_them_off():
     code = "import cuctx._codegen as c; print(c.ENABLED)"
     for value, expected in (("0", "False"), ("1", "True")):
-        env = dict(os.environ, CUCTX_FASTPATH=value)
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                             text=True, check=True).stdout
-        assert out.strip() == expected
+        proc = run_python("-c", code, CUCTX_FASTPATH=value)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == expected
 
 
 def test_one_launcher_serves_every_thread_on_its_fast_path(lib, packs):

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import cuctx._compile_cache as cache_format
 import cuctx.compiler as compiler
 from conftest import requires_nvrtc
+from scenarios import child_env
 from cuctx._cubin import is_cubin, is_ptx, read_kernels
 from cuctx.compiler import (
     CacheWarning,
@@ -485,8 +486,7 @@ print(hashlib.sha256(result.image).hexdigest(), result.from_cache)
 
 @requires_nvrtc
 def test_concurrent_processes_share_one_valid_entry(cache):
-    src_dir = str(Path(compiler.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src_dir, os.environ.get("PYTHONPATH", "")])}
+    env = child_env()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _CHILD, SRC, str(cache)],

@@ -4,15 +4,12 @@ producers; against real PyTorch, CuPy, Numba and cuda.core on a GPU."""
 
 import ctypes
 import gc
-import os
-import pathlib
-import subprocess
-import sys
 import weakref
 
 import numpy as np
 import pytest
 from conftest import busy
+from scenarios import run_python
 
 import cuctx
 from cuctx import Device, DeviceArray, Stream
@@ -190,11 +187,7 @@ for view in (cupy.asarray(arr), cupy.from_dlpack(arr)):
     assert view.data.ptr == arr.ptr and view.tolist() == list(range(8))
 print("round trip ok")
 """
-    env = {**os.environ, "CUCTX_BACKEND": "cuda",
-           "PYTHONPATH": os.pathsep.join([str(pathlib.Path(cuctx.__file__).parents[1]),
-                                          os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                         text=True, timeout=120)
+    run = run_python("-c", script, CUCTX_BACKEND="cuda")
     assert run.returncode == 0 and "round trip ok" in run.stdout, run.stderr[-3000:]
     assert "Error in sys.excepthook" not in run.stderr and "Traceback" not in run.stderr, \
         run.stderr[-3000:]
