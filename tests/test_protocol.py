@@ -16,8 +16,6 @@ from cuctx import Context, ContextDestroyedError, ContextPoisonedError, StickyFa
 from cuctx._resource import Resource
 from cuctx.sim import inject_fault
 
-pytestmark = requires_nvrtc
-
 SOURCE = r"""
 extern "C" __global__ void fill(int* out, int v) { out[threadIdx.x] = v; }
 """
@@ -42,6 +40,7 @@ def bound_to(ctx: Context) -> dict[str, Resource]:
                 "module kernel": module["fill"]}
 
 
+@requires_nvrtc
 def test_every_resource_answers_the_protocol(backend):
     ctx = Context.create(0)
     Context.pop()
@@ -61,6 +60,7 @@ def test_every_resource_answers_the_protocol(backend):
     ctx.destroy()
 
 
+@requires_nvrtc
 def test_check_of_a_destroyed_context_names_the_operation(backend):
     ctx = Context.create(0)
     Context.pop()
@@ -72,6 +72,7 @@ def test_check_of_a_destroyed_context_names_the_operation(backend):
         assert raised.value.operation == "Stream.frobnicate", name
 
 
+@requires_nvrtc
 def test_check_of_a_poisoned_context_carries_the_fault(sim):
     ctx = Context.create(0)
     Context.pop()
@@ -88,6 +89,7 @@ def test_check_of_a_poisoned_context_carries_the_fault(sim):
     ctx.destroy()
 
 
+@requires_nvrtc
 def test_check_of_unloaded_code(backend):
     library = cuctx.Library.from_source(SOURCE, sim_kernels={"fill": fill})
     module = cuctx.Module.from_source(SOURCE, sim_kernels={"fill": fill})
@@ -97,3 +99,22 @@ def test_check_of_unloaded_code(backend):
         for obj in (code, kernel):
             with pytest.raises(RuntimeError, match=r"^op: .* was unloaded"):
                 obj._check("op")
+
+
+# -- device properties: cached only where the attribute cannot change --------------------
+
+def test_only_the_compute_mode_is_read_again(sim, monkeypatch):
+    calls = []
+    read = sim.driver.cuDeviceGetAttribute
+
+    def counting(attribute, device):
+        calls.append(attribute.name)
+        return read(attribute, device)
+
+    monkeypatch.setattr(sim.driver, "cuDeviceGetAttribute", counting)
+    properties = cuctx.Device(0).properties
+    for _ in range(3):
+        assert properties.compute_mode == 0
+        assert properties.multiprocessor_count == 132
+    assert calls.count("CU_DEVICE_ATTRIBUTE_COMPUTE_MODE") == 3
+    assert calls.count("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT") == 1

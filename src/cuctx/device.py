@@ -64,14 +64,23 @@ def _property_for(attribute: CUdevice_attribute, name: str) -> property:
     return property(read)
 
 
+# Attributes read from the driver every time, because they can change while the process
+# runs: an administrator sets the compute mode (nvidia-smi -c, nvmlDeviceSetComputeMode)
+# without a reset, and it decides whether new contexts can be made. Every other attribute
+# is the hardware's (sizes, limits, peak clocks, capabilities) or a setting that changes
+# only with a device reset or reboot (ECC, TCC, MPS), so it is read once.
+_UNCACHED = frozenset({CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_MODE})
+
+
 class DeviceProperties:
     """Every CU_DEVICE_ATTRIBUTE_* of a device, under its lower-case name without the prefix
     (``max_threads_per_block`` for CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK), each alias
     of the enum included (``virtual_memory_management_supported`` and
     ``virtual_address_management_supported`` are one attribute). Yes/no attributes are
     ``bool``, the others ``int``. The properties are generated from the driver's enum, so a
-    newer cuda-bindings brings new ones. Values are read once and cached; an attribute the
-    installed driver does not know raises `NotSupportedError`.
+    newer cuda-bindings brings new ones. Values are read once and cached, except
+    ``compute_mode``, which can change while the process runs and is read each time; an
+    attribute the installed driver does not know raises `NotSupportedError`.
     """
 
     __slots__ = ("_device", "_cache")
@@ -90,7 +99,9 @@ class DeviceProperties:
                     raise NotSupportedError(801, "cuDeviceGetAttribute", "",
                                             f"this driver does not know {attribute.name}")
                 fail(backend, err, "cuDeviceGetAttribute")
-            value = self._cache[attribute] = int(value)
+            value = int(value)
+            if attribute not in _UNCACHED:
+                self._cache[attribute] = value
         return value
 
     def as_dict(self) -> dict[str, bool | int]:
