@@ -1,5 +1,5 @@
 """Dev tool: what the real driver answers for the memory misuse the sim models
-(tests/test_memory.py::test_sim_driver_answers_misuse_like_the_driver). Each step runs in
+(tests/memory/test_memory.py::test_sim_driver_answers_misuse_like_the_driver). Each step runs in
 its own process, because misuse may crash or poison the context."""
 import subprocess
 import sys

@@ -378,7 +378,8 @@ def test_missing_nv_info_section(cubin):
         read_kernels(_patched(cubin, at, b".nv.info.MIXED"))
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_any_truncation_is_a_value_error(cubin, data):
     cut = data.draw(st.integers(0, len(cubin) - 1))
@@ -386,7 +387,8 @@ def test_any_truncation_is_a_value_error(cubin, data):
         read_kernels(cubin[:cut])
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_corrupted_bytes_never_leak_low_level_errors(cubin, data):
     image = bytearray(cubin)
