@@ -9,9 +9,8 @@ from . import _trace
 from . import _lifetimes
 from ._lifetimes import free_or_defer
 from .context import ACTIVE, fail, in_context
+from .errors import OUT_OF_MEMORY
 from .stream import Stream
-
-_OUT_OF_MEMORY = 2
 
 
 class Allocation:
@@ -48,7 +47,7 @@ def allocate(nbytes: int, stream: Stream) -> Allocation:
         _lifetimes.run_held_finalizers()
     alloc = stream._backend.driver.cuMemAllocAsync
     err, ptr = stream._call(alloc, nbytes, stream._handle)
-    if err and int(err) == _OUT_OF_MEMORY:
+    if err and int(err) == OUT_OF_MEMORY:
         # Let the pool hand back memory whose frees are still queued. The raw call: faults
         # and host-function errors of other work are for their own synchronize to report.
         with in_context(ctx, "cuctx.empty"):
@@ -56,7 +55,7 @@ def allocate(nbytes: int, stream: Stream) -> Allocation:
         err, ptr = stream._call(alloc, nbytes, stream._handle)
     if err:
         hint = ""
-        if int(err) == _OUT_OF_MEMORY:
+        if int(err) == OUT_OF_MEMORY:
             free, total = ctx.device.mem_info()
             hint = f"asked for {nbytes} bytes on device {ctx.device.ordinal} (free {free} of {total})"
         fail(stream._backend, err, "cuMemAllocAsync", ctx, hint)

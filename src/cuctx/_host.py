@@ -10,13 +10,16 @@ from math import prod
 from typing import Any
 
 import numpy as np
+from cuda.bindings.driver import CU_MEMHOSTALLOC_PORTABLE
 
 from ._lifetimes import finalize
 from ._layout import shape_of
 from .context import ACTIVE, Context, context_for, fail, in_context
 from .device import Device
+from .errors import HOST_MEMORY_ALREADY_REGISTERED
 
-_HOST_PORTABLE = 0x1  # CU_MEMHOSTALLOC_PORTABLE == CU_MEMHOSTREGISTER_PORTABLE: pinned for all contexts
+# Pinned for all contexts; the same value as CU_MEMHOSTREGISTER_PORTABLE, for cuMemHostRegister.
+_HOST_PORTABLE = CU_MEMHOSTALLOC_PORTABLE
 
 
 # The page-locked host ranges cuctx made (start -> end, starts sorted): a copy with one is
@@ -101,7 +104,7 @@ def register_host(ary: np.ndarray, *, device: Device | int | None = None) -> np.
     if err:
         fail(ctx._backend, err, "cuMemHostRegister", ctx,
              "this memory is already page-locked (pinned_empty or an earlier register_host)"
-             if int(err) == 712 else "")
+             if int(err) == HOST_MEMORY_ALREADY_REGISTERED else "")
     _lock_range(ptr, ary.nbytes)
     finalize(ary, _host_call, ctx, "cuMemHostUnregister", ptr)
     return ary

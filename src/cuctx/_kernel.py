@@ -16,13 +16,12 @@ from ._plan import Packer
 from ._resource import Resource
 from .context import Context, context_for, fail, in_context
 from .device import Device
-from .errors import NotSupportedError
+from .errors import INVALID_VALUE, NOT_SUPPORTED, NotSupportedError
 
 if TYPE_CHECKING:
     from .library import Library, Module
 
 _F = CUfunction_attribute
-_INVALID_VALUE = 1
 
 
 class KernelAttributes(NamedTuple):
@@ -103,7 +102,7 @@ class Kernel(Resource):
                 while True:
                     err, offset, size = query(self._handle, len(params))
                     if err:
-                        if int(err) == _INVALID_VALUE:  # past the last parameter
+                        if int(err) == INVALID_VALUE:  # past the last parameter
                             break
                         fail(self._backend, err, self._owner._param_info_name)
                     params.append((int(offset), int(size)))
@@ -148,7 +147,7 @@ class Kernel(Resource):
             err, twin = sim.kernel_twin(self._handle)
             if not err and twin is None:
                 raise NotSupportedError(
-                    801, f"launch of {self.name!r}", "",
+                    NOT_SUPPORTED, f"launch of {self.name!r}", "",
                     f"the sim cannot run kernel {self.name!r}: it has no Python twin. Register "
                     f"one when loading: sim_kernels={{{self._owner._user_name(self.name)!r}: "
                     "fn}, where fn(grid, block, *args) does what the kernel does")

@@ -25,7 +25,8 @@ from . import _driver, _trace
 from ._driver import in_host_function
 from ._lifetimes import finalize, raise_host_func_errors
 from ._resource import ACTIVE, DESTROYED, POISONED, Resource, upper
-from .errors import (STICKY_CODES, ContextDestroyedError, ContextPoisonedError, CudaError,
+from .errors import (CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_VALUE, NOT_PERMITTED,
+                     STICKY_CODES, ContextDestroyedError, ContextPoisonedError, CudaError,
                      InvalidContextError, called_from_host_function, error_for)
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def fail(backend: _driver.Backend, err, operation: str, ctx: Context | None = No
     ``ctx`` is the context the call worked in; without one the thread's current context is
     taken, which is where the driver reports sticky faults."""
     code = int(err)
-    if code == 800:  # the driver refuses CUDA calls from host functions (when it notices)
+    if code == NOT_PERMITTED:  # the driver refuses CUDA calls from host functions (when it notices)
         refuse_in_host_function(operation)
     status, text = backend.driver.cuGetErrorString(err)
     message = text.decode() if not status and text else ""
@@ -65,7 +66,7 @@ def fail(backend: _driver.Backend, err, operation: str, ctx: Context | None = No
             if ctx._state is ACTIVE:
                 exc = _with_twin_cause(backend, ctx, exc, code, operation, message, hint)
             ctx._poison(exc)
-    elif code == 709 and ctx is not None:
+    elif code == CONTEXT_IS_DESTROYED and ctx is not None:
         ctx._mark_destroyed("(the driver reports it destroyed)")
     raise exc
 
@@ -192,7 +193,7 @@ class Context(Resource):
         if err:
             fail(backend, err, "cuCtxCreate",
                  hint=f"flags={int(flags):#x}; valid flags are ContextFlags members"
-                 if int(err) == 1 else "")
+                 if int(err) == INVALID_VALUE else "")
         ctx = cls._wrap(backend, handle, device, "created", (drv.cuCtxDestroy, handle))
         stack.append(ctx)
         return ctx
@@ -204,7 +205,7 @@ class Context(Resource):
         on their stacks drop it when their next cuctx call finds it current."""
         if self.kind != "created":
             raise InvalidContextError(
-                201, "Context.destroy", "",
+                INVALID_CONTEXT, "Context.destroy", "",
                 f"{self!r} was not created by Context.create; primary contexts are released "
                 "when unreferenced, or reset with device.reset()")
         if self._state == DESTROYED:
@@ -216,7 +217,8 @@ class Context(Resource):
         stack = state.stack  # inside a host function this raises, before anything is done
         on_top = int(drv.cuCtxGetCurrent()[1] or 0) == self._key
         err, = drv.cuCtxDestroy(self._handle)
-        if err and int(err) != 709:  # still alive: leave it as it was, finalizer included
+        if err and int(err) != CONTEXT_IS_DESTROYED:
+            # still alive: leave it as it was, finalizer included
             fail(backend, err, "cuCtxDestroy", self)
         self._finalizer.detach()
         self._mark_destroyed("by Context.destroy")
@@ -294,7 +296,8 @@ class Context(Resource):
         err, handle = backend.driver.cuCtxPopCurrent()
         if err:
             fail(backend, err, "cuCtxPopCurrent",
-                 hint="the context stack of this thread is empty" if int(err) == 201 else "")
+                 hint="the context stack of this thread is empty"
+                 if int(err) == INVALID_CONTEXT else "")
         if stack and stack[-1]._handle == handle:
             return stack.pop()
         return _object_for(backend, handle)  # pushed by other code than cuctx

@@ -13,9 +13,8 @@ from . import _driver
 from ._resource import upper
 from .context import (ACTIVE, DESTROYED, Context, call, context_for, exit_block, fail,
                       in_context, refuse_in_host_function)
-from .errors import NotSupportedError
-
-_PEER_ACCESS_ALREADY_ENABLED, _PEER_ACCESS_NOT_ENABLED = 704, 705
+from .errors import (INVALID_VALUE, NOT_SUPPORTED, PEER_ACCESS_ALREADY_ENABLED,
+                     PEER_ACCESS_NOT_ENABLED, PEER_ACCESS_UNSUPPORTED, NotSupportedError)
 
 
 class ComputeCapability(NamedTuple):
@@ -95,8 +94,8 @@ class DeviceProperties:
             backend = self._device._backend
             err, value = backend.driver.cuDeviceGetAttribute(attribute, self._device._handle)
             if err:
-                if int(err) == 1:  # INVALID_VALUE: the driver predates this attribute
-                    raise NotSupportedError(801, "cuDeviceGetAttribute", "",
+                if int(err) == INVALID_VALUE:  # the driver predates this attribute
+                    raise NotSupportedError(NOT_SUPPORTED, "cuDeviceGetAttribute", "",
                                             f"this driver does not know {attribute.name}")
                 fail(backend, err, "cuDeviceGetAttribute")
             value = int(value)
@@ -229,14 +228,15 @@ class Device:
             return
         if not self.can_access_peer(other):
             raise NotSupportedError(
-                217, "Device.enable_peer_access", "peer access is not supported between these "
-                "two devices", f"{self!r} cannot access memory of {other!r} "
-                "(cuDeviceCanAccessPeer is 0); copy the data with cuctx.copy instead (copies "
-                "between devices need no peer access)")
+                PEER_ACCESS_UNSUPPORTED, "Device.enable_peer_access",
+                "peer access is not supported between these two devices",
+                f"{self!r} cannot access memory of {other!r} (cuDeviceCanAccessPeer is 0); "
+                "copy the data with cuctx.copy instead (copies between devices need no peer "
+                "access)")
         mine, theirs = self.primary_context, other.primary_context
         with in_context(mine, "Device.enable_peer_access"):
             err, = self._backend.driver.cuCtxEnablePeerAccess(theirs._handle, 0)
-        if err and int(err) != _PEER_ACCESS_ALREADY_ENABLED:
+        if err and int(err) != PEER_ACCESS_ALREADY_ENABLED:
             fail(self._backend, err, "cuCtxEnablePeerAccess", mine)
         try:
             self._grant_pool(other, CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
@@ -265,7 +265,7 @@ class Device:
             err, = self._backend.driver.cuCtxDisablePeerAccess(theirs._handle)
         self._peers.discard(other)
         self._peer_holds.pop(other, None)
-        if err and int(err) != _PEER_ACCESS_NOT_ENABLED:
+        if err and int(err) != PEER_ACCESS_NOT_ENABLED:
             fail(self._backend, err, "cuCtxDisablePeerAccess", mine)
 
     def _peer_of(self, other: Device | int, operation: str) -> Device:

@@ -19,6 +19,22 @@ from cuda.bindings.driver import CUresult
 # large (720) is not sticky.
 STICKY_CODES = frozenset({700, 702, 710, 714, 715, 716, 717, 718, 719})
 
+# The result codes cuctx tests for, named once (CUresult values as plain ints, to compare
+# with ``int(err)``).
+INVALID_VALUE = int(CUresult.CUDA_ERROR_INVALID_VALUE)  # 1
+OUT_OF_MEMORY = int(CUresult.CUDA_ERROR_OUT_OF_MEMORY)  # 2
+INVALID_DEVICE = int(CUresult.CUDA_ERROR_INVALID_DEVICE)  # 101
+INVALID_CONTEXT = int(CUresult.CUDA_ERROR_INVALID_CONTEXT)  # 201
+PEER_ACCESS_UNSUPPORTED = int(CUresult.CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)  # 217
+NOT_FOUND = int(CUresult.CUDA_ERROR_NOT_FOUND)  # 500
+NOT_READY = int(CUresult.CUDA_ERROR_NOT_READY)  # 600
+PEER_ACCESS_ALREADY_ENABLED = int(CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)  # 704
+PEER_ACCESS_NOT_ENABLED = int(CUresult.CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)  # 705
+CONTEXT_IS_DESTROYED = int(CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED)  # 709
+HOST_MEMORY_ALREADY_REGISTERED = int(CUresult.CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)  # 712
+NOT_PERMITTED = int(CUresult.CUDA_ERROR_NOT_PERMITTED)  # 800
+NOT_SUPPORTED = int(CUresult.CUDA_ERROR_NOT_SUPPORTED)  # 801
+
 
 def error_name(code: int) -> str:
     try:
@@ -82,7 +98,8 @@ class InvalidContextError(CudaError):
 class ContextDestroyedError(CudaError):
     """The context, or the context an object belongs to, was destroyed or reset."""
 
-    def __init__(self, code: int = 709, operation: str = "", message: str = "", hint: str = ""):
+    def __init__(self, code: int = CONTEXT_IS_DESTROYED, operation: str = "", message: str = "",
+                 hint: str = ""):
         super().__init__(code, operation, message or "context is destroyed", hint)
 
 
@@ -134,7 +151,8 @@ HOST_FUNCTION_HINT = (
 
 def called_from_host_function(operation: str) -> NotPermittedError:
     """The error for a cuctx call made from inside a host function."""
-    return NotPermittedError(800, operation, "operation not permitted", HOST_FUNCTION_HINT)
+    return NotPermittedError(NOT_PERMITTED, operation, "operation not permitted",
+                             HOST_FUNCTION_HINT)
 
 
 class BackendUnavailableError(RuntimeError):
@@ -142,14 +160,14 @@ class BackendUnavailableError(RuntimeError):
 
 
 _CLASS_FOR_CODE: dict[int, type[CudaError]] = {
-    1: InvalidValueError,
-    2: OutOfMemoryError,
-    101: InvalidDeviceError,
-    201: InvalidContextError,
-    217: NotSupportedError,  # PEER_ACCESS_UNSUPPORTED
-    709: ContextDestroyedError,
-    800: NotPermittedError,
-    801: NotSupportedError,
+    INVALID_VALUE: InvalidValueError,
+    OUT_OF_MEMORY: OutOfMemoryError,
+    INVALID_DEVICE: InvalidDeviceError,
+    INVALID_CONTEXT: InvalidContextError,
+    PEER_ACCESS_UNSUPPORTED: NotSupportedError,
+    CONTEXT_IS_DESTROYED: ContextDestroyedError,
+    NOT_PERMITTED: NotPermittedError,
+    NOT_SUPPORTED: NotSupportedError,
     **{code: StickyFaultError for code in STICKY_CODES},
 }
 

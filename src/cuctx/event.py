@@ -17,11 +17,11 @@ from . import _driver, _trace
 from ._resource import Resource, upper
 from .context import (ACTIVE, DESTROYED, Context, context_for, fail, in_context,
                       refuse_in_host_function)
+from .errors import NOT_READY
 
 _DISABLE_TIMING = int(CUevent_flags.CU_EVENT_DISABLE_TIMING)
 _BLOCKING_SYNC = int(CUevent_flags.CU_EVENT_BLOCKING_SYNC)
 _INTERPROCESS = int(CUevent_flags.CU_EVENT_INTERPROCESS)
-_NOT_READY = 600
 
 
 class Event(Resource):
@@ -125,7 +125,7 @@ class Event(Resource):
             raise self._ctx._unusable("Event.done")
         refuse_in_host_function("Event.done")
         err, = self._backend.driver.cuEventQuery(self._handle)
-        if err and int(err) != _NOT_READY:
+        if err and int(err) != NOT_READY:
             fail(self._backend, err, "cuEventQuery", self._ctx)
         return not err
 

@@ -31,13 +31,11 @@ from ._twin_check import check_twin
 from .compiler import CompileError, compile_source, pick_arch
 from .context import ACTIVE, Context, context_for, fail, in_context
 from .device import Device, devices
-from .errors import NotSupportedError
+from .errors import NOT_FOUND, NOT_SUPPORTED, NotSupportedError
 from .memory import DeviceArray
 
 if TYPE_CHECKING:
     from typing import Self
-
-_NOT_FOUND = 500
 
 
 # -- what Library and Module share --------------------------------------------------------
@@ -139,7 +137,7 @@ class _Code(Resource):
             if found is None:
                 err, handle = self._get_kernel(mangled.encode())
                 if err:
-                    if int(err) == _NOT_FOUND:
+                    if int(err) == NOT_FOUND:
                         raise KeyError(f"no kernel {name!r} in {self!r}; it has "
                                        f"{self.kernel_names}") from None
                     fail(self._backend, err, self._get_kernel_name)
@@ -191,7 +189,7 @@ class Library(_Code):
         if err:
             fail(backend, err, "cuLibraryLoadData",
                  hint="the sim reads cubins and PTX, not fatbins" if backend.sim is not None
-                 and int(err) == 801 else "")
+                 and int(err) == NOT_SUPPORTED else "")
         self._setup(backend, None, handle, names or {}, image, _ptx)
         self._used: weakref.WeakSet[Context] = weakref.WeakSet()
         self._finalizer = weakref.finalize(self, _unload_library, drv, handle, self._used)
@@ -267,7 +265,7 @@ class Library(_Code):
                                                                      name.encode())
         if err:
             fail(self._backend, err, "cuLibraryGetGlobal", ctx,
-                 hint=f"no __device__ variable {name!r} in {self!r}" if int(err) == _NOT_FOUND
+                 hint=f"no __device__ variable {name!r} in {self!r}" if int(err) == NOT_FOUND
                  else "")
         self._used_in(ctx)
         return _variable_view(ctx, int(ptr), int(nbytes), dtype, shape, self, name)
@@ -285,7 +283,7 @@ class Library(_Code):
                                                                       name.encode())
         if err:
             fail(self._backend, err, "cuLibraryGetManaged", ctx,
-                 hint=f"no __managed__ variable {name!r} in {self!r}" if int(err) == _NOT_FOUND
+                 hint=f"no __managed__ variable {name!r} in {self!r}" if int(err) == NOT_FOUND
                  else "")
         dtype, shape = _view_shape(int(nbytes), dtype, shape, name)
         return np.asarray(_HostView(int(ptr), shape, dtype, self))
@@ -388,7 +386,7 @@ class Module(_Code):
 
     @property
     def kernel_names(self) -> list[str]:
-        raise NotSupportedError(801, "Module.kernel_names", "",
+        raise NotSupportedError(NOT_SUPPORTED, "Module.kernel_names", "",
                                 "the driver lists kernels of libraries only; use a Library")
 
     def _check(self, operation: str) -> None:
@@ -433,7 +431,7 @@ class Module(_Code):
         err, ptr, nbytes = self._backend.driver.cuModuleGetGlobal(self._handle, name.encode())
         if err:
             fail(self._backend, err, "cuModuleGetGlobal", self._ctx,
-                 hint=f"no variable {name!r} in {self!r}" if int(err) == _NOT_FOUND else "")
+                 hint=f"no variable {name!r} in {self!r}" if int(err) == NOT_FOUND else "")
         return _variable_view(self._ctx, int(ptr), int(nbytes), dtype, shape, self, name)
 
     def unload(self) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from cuda.bindings.driver import CUstream
+from cuda.bindings.driver import CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUstream, CUstream_flags
 
 from . import _driver, _lifetimes, _trace
 from ._driver import in_host_function
@@ -27,12 +27,11 @@ from ._resource import Resource, upper
 from .context import (ACTIVE, DESTROYED, Context, _object_for, context_for, current_device,
                       exit_block, fail, in_context, refuse_in_host_function)
 from .device import Device
-from .errors import HostFunctionError
+from .errors import NOT_READY, HostFunctionError
 from .event import Event
 
-LEGACY, PER_THREAD = 1, 2  # CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
-_NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING
-_NOT_READY = 600
+LEGACY, PER_THREAD = int(CU_STREAM_LEGACY), int(CU_STREAM_PER_THREAD)  # 1, 2
+_NON_BLOCKING = int(CUstream_flags.CU_STREAM_NON_BLOCKING)
 
 
 # -- the stream object --------------------------------------------------------------------
@@ -261,7 +260,7 @@ class Stream(Resource):
         """True when all work queued on this stream has finished (cuStreamQuery)."""
         self._check("Stream.done")
         err, = self._call(self._backend.driver.cuStreamQuery, self._handle)
-        if err and int(err) != _NOT_READY:
+        if err and int(err) != NOT_READY:
             fail(self._backend, err, "cuStreamQuery", self._ctx)
         return not err
 
