@@ -147,6 +147,22 @@ class _Code(Resource):
     def __getitem__(self, name: str) -> Kernel:
         return self.kernel(name)
 
+    def _variable(self, operation: str, lookup: str, what: str,
+                  name: str) -> tuple[Context, int, int]:
+        """The context, address and size of the variable ``name``, found with the driver
+        call ``lookup`` in the code's context (a Library's: the current one, where each
+        context has its own copy)."""
+        self._check(operation)
+        _need_name(name, operation)
+        ctx = self._ctx or context_for()
+        with in_context(ctx, operation):
+            err, ptr, nbytes = getattr(self._backend.driver, lookup)(self._handle,
+                                                                     name.encode())
+        if err:
+            fail(self._backend, err, lookup, ctx,
+                 hint=f"no {what} {name!r} in {self!r}" if int(err) == NOT_FOUND else "")
+        return ctx, int(ptr), int(nbytes)
+
     def _install_twins(self, twins: Mapping[str, Callable] | None) -> None:
         """Check sim twins against their kernels on every backend (so code that loads on
         the sim loads on a GPU), and register them on the sim; the cuda backend runs the
@@ -257,36 +273,20 @@ class Library(_Code):
         """A `DeviceArray` view of the ``__device__`` (or ``__constant__``) variable
         ``name`` in the current context (each context has its own copy). ``dtype`` and
         ``shape`` say how to see its bytes (default: all of them as uint8)."""
-        self._check("Library.get_global")
-        _need_name(name, "Library.get_global")
-        ctx = context_for()
-        with in_context(ctx, "Library.get_global"):
-            err, ptr, nbytes = self._backend.driver.cuLibraryGetGlobal(self._handle,
-                                                                     name.encode())
-        if err:
-            fail(self._backend, err, "cuLibraryGetGlobal", ctx,
-                 hint=f"no __device__ variable {name!r} in {self!r}" if int(err) == NOT_FOUND
-                 else "")
+        ctx, ptr, nbytes = self._variable("Library.get_global", "cuLibraryGetGlobal",
+                                          "__device__ variable", name)
         self._used_in(ctx)
-        return _variable_view(ctx, int(ptr), int(nbytes), dtype, shape, self, name)
+        return _variable_view(ctx, ptr, nbytes, dtype, shape, self, name)
 
     def get_managed(self, name: str, dtype: Any = np.uint8,
                     shape: int | tuple[int, ...] | None = None) -> np.ndarray:
         """A NumPy view of the ``__managed__`` variable ``name``: one copy for every context
         and device (cuLibraryGetManaged). Synchronize before reading what kernels wrote."""
-        self._check("Library.get_managed")
-        _need_name(name, "Library.get_managed")
         # Managed variables exist once the library is loaded into a context: ask in one.
-        ctx = context_for()
-        with in_context(ctx, "Library.get_managed"):
-            err, ptr, nbytes = self._backend.driver.cuLibraryGetManaged(self._handle,
-                                                                      name.encode())
-        if err:
-            fail(self._backend, err, "cuLibraryGetManaged", ctx,
-                 hint=f"no __managed__ variable {name!r} in {self!r}" if int(err) == NOT_FOUND
-                 else "")
-        dtype, shape = _view_shape(int(nbytes), dtype, shape, name)
-        return np.asarray(_HostView(int(ptr), shape, dtype, self))
+        _, ptr, nbytes = self._variable("Library.get_managed", "cuLibraryGetManaged",
+                                        "__managed__ variable", name)
+        dtype, shape = _view_shape(nbytes, dtype, shape, name)
+        return np.asarray(_HostView(ptr, shape, dtype, self))
 
     # -- unloading ------------------------------------------------------------------------
 
@@ -426,13 +426,9 @@ class Module(_Code):
     def get_global(self, name: str, dtype: Any = np.uint8,
                    shape: int | tuple[int, ...] | None = None):
         """A `DeviceArray` view of the variable ``name`` in the module's context."""
-        self._check("Module.get_global")
-        _need_name(name, "Module.get_global")
-        err, ptr, nbytes = self._backend.driver.cuModuleGetGlobal(self._handle, name.encode())
-        if err:
-            fail(self._backend, err, "cuModuleGetGlobal", self._ctx,
-                 hint=f"no variable {name!r} in {self!r}" if int(err) == NOT_FOUND else "")
-        return _variable_view(self._ctx, int(ptr), int(nbytes), dtype, shape, self, name)
+        ctx, ptr, nbytes = self._variable("Module.get_global", "cuModuleGetGlobal",
+                                          "variable", name)
+        return _variable_view(ctx, ptr, nbytes, dtype, shape, self, name)
 
     def unload(self) -> None:
         """Unload once the module's context has finished its queued work."""
