@@ -123,6 +123,14 @@ class _Code(Resource):
         return RuntimeError(f"{operation}: {self!r} was unloaded; its kernels and variables "
                             "cannot be used any more")
 
+    def unload(self) -> None:
+        """Unload the code once the work queued in every context that used it (a Module's:
+        its context) is done. Its kernels, launchers and variable views must not be used
+        afterwards. Unloading twice does nothing; garbage collection unloads the same way."""
+        if self._loaded:
+            self._loaded = False
+            self._finalizer()
+
     def _user_name(self, mangled: str) -> str:
         return next((user for user, m in self._names.items() if m == mangled), mangled)
 
@@ -288,16 +296,6 @@ class Library(_Code):
         dtype, shape = _view_shape(nbytes, dtype, shape, name)
         return np.asarray(_HostView(ptr, shape, dtype, self))
 
-    # -- unloading ------------------------------------------------------------------------
-
-    def unload(self) -> None:
-        """Unload the library once the work queued in every context that used it is done.
-        Its kernels, launchers and variable views must not be used afterwards. Unloading
-        twice does nothing; garbage collection unloads the same way."""
-        if self._loaded:
-            self._loaded = False
-            self._finalizer()
-
     def __repr__(self) -> str:
         state = "" if self._loaded else " unloaded"
         return f"<Library {int(self._handle):#x} ({self._backend.name}){state}>"
@@ -429,12 +427,6 @@ class Module(_Code):
         ctx, ptr, nbytes = self._variable("Module.get_global", "cuModuleGetGlobal",
                                           "variable", name)
         return _variable_view(ctx, ptr, nbytes, dtype, shape, self, name)
-
-    def unload(self) -> None:
-        """Unload once the module's context has finished its queued work."""
-        if self._loaded:
-            self._loaded = False
-            self._finalizer()
 
     def __repr__(self) -> str:
         state = "" if self._loaded else " unloaded"
