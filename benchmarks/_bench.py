@@ -35,7 +35,8 @@ def best_time(fn: Callable[[], object], *, inner: int, rounds: int = 7) -> float
 
 
 def compare(title: str, candidates: dict[str, Callable[[], float]], *, unit: str,
-            reference: str = "cuctx", higher_is_better: bool = False, rounds: int = 5) -> dict[str, float]:
+            reference: str = "cuctx", higher_is_better: bool = False,
+            rounds: int = 5) -> dict[str, float]:
     """Measure every candidate (each returns one measurement in ``unit``) ``rounds`` times,
     interleaved so drift hits all alike; keep each one's best; print values and ratios."""
     best: dict[str, float] = {}

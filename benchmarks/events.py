@@ -24,7 +24,8 @@ def per_call_ns(fn, sync) -> float:
 
 
 def main() -> None:
-    backend, raw = start("the baseline is the sim's driver; ratios show cuctx's Python overhead only")
+    backend, raw = start("the baseline is the sim's driver; ratios show cuctx's Python "
+                         "overhead only")
     drv = backend.driver
     with cuctx.Device(0) as ctx:
         a, b = cuctx.Stream(), cuctx.Stream()

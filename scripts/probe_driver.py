@@ -1,5 +1,9 @@
 """Record what the real driver does, so the sim can be checked against it (dev tool)."""
-import json, os, sys, subprocess, importlib
+import json
+import os
+import sys
+import subprocess
+import importlib
 from cuda.bindings import driver as d
 out = os.environ.get("OUT", "/tmp")
 info = {}

@@ -93,7 +93,8 @@ def test_the_readme_kernel_example_prints_what_it_says(tmp_path):
 def test_blocks_are_found_as_the_rule_says(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("text\n```python\na = 1\n```\n```sh\nls\n```\n- item\n\n  ```python gpu\n"
-                    "  if a:\n      b = 2\n  ```\n```\nnot python\n```\n```python sim\nc = 3\n```\n")
+                    "  if a:\n      b = 2\n  ```\n```\nnot python\n```\n"
+                    "```python sim\nc = 3\n```\n")
     assert python_blocks(page) == [{"line": 3, "code": "a = 1", "only": None},
                                    {"line": 11, "code": "if a:\n    b = 2", "only": "cuda"},
                                    {"line": 18, "code": "c = 3", "only": "sim"}]

@@ -1,4 +1,5 @@
-"""What a newcomer sees of the project itself: the package's type hints, and pytest's output."""
+"""What a newcomer sees of the project itself: the package's type hints, pytest's output,
+and code that passes the one lint configuration."""
 
 import importlib.resources
 import os
@@ -64,3 +65,12 @@ def test_asking_for_skip_lines_gets_pytests_own(tmp_path):
     out = run_pytest(tmp_path, "-rs").stdout
     assert "SKIPPED [1] test_sample.py:4: reason one" in out
     assert "by reason" not in out
+
+
+def test_the_code_passes_the_one_lint_configuration():
+    """pyproject.toml's [tool.ruff] is the one linter configuration (pyflakes, pycodestyle with
+    the 100-column limit, bugbear); CI runs it through this test."""
+    pytest.importorskip("ruff", reason="ruff comes with the test extra: pip install -e '.[test]'")
+    run = subprocess.run([sys.executable, "-m", "ruff", "check", "src", "tests", "benchmarks",
+                          "scripts"], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr

@@ -22,7 +22,8 @@ import cuctx
 from cuctx.compiler import cache_directory, nvrtc_version
 from cuctx.examples import EXAMPLES
 
-_KEY_PROPERTIES = ("multiprocessor_count", "max_threads_per_block", "max_shared_memory_per_block_optin",
+_KEY_PROPERTIES = ("multiprocessor_count", "max_threads_per_block",
+                   "max_shared_memory_per_block_optin",
                    "l2_cache_size", "clock_rate", "memory_clock_rate", "global_memory_bus_width",
                    "unified_addressing", "concurrent_managed_access")
 

@@ -57,7 +57,8 @@ def allocate(nbytes: int, stream: Stream) -> Allocation:
         hint = ""
         if int(err) == OUT_OF_MEMORY:
             free, total = ctx.device.mem_info()
-            hint = f"asked for {nbytes} bytes on device {ctx.device.ordinal} (free {free} of {total})"
+            hint = (f"asked for {nbytes} bytes on device {ctx.device.ordinal} "
+                    f"(free {free} of {total})")
         fail(stream._backend, err, "cuMemAllocAsync", ctx, hint)
     if _trace.sinks:
         _trace.emit("alloc", ctx, stream, (_trace.Access(int(ptr), nbytes, _trace.WRITE),))

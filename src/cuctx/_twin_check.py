@@ -15,8 +15,8 @@ from ._ptx import ParamType
 def where(fn: Callable) -> str:
     """``file:line`` of a function's definition (of its class's ``__call__`` for other
     callables); its repr when Python does not know."""
-    code = getattr(fn, "__code__", None) or getattr(getattr(type(fn), "__call__", None),
-                                                     "__code__", None)
+    call = type(fn).__dict__.get("__call__") if not hasattr(fn, "__code__") else None
+    code = getattr(fn, "__code__", None) or getattr(call, "__code__", None)
     return f"{code.co_filename}:{code.co_firstlineno}" if code else repr(fn)
 
 

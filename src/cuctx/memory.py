@@ -180,7 +180,8 @@ class DeviceArray(Resource):
         copy(out, self, stream)
         return out
 
-    def to_host(self, out: np.ndarray | None = None, stream: Stream | Any | None = None) -> np.ndarray:
+    def to_host(self, out: np.ndarray | None = None,
+                stream: Stream | Any | None = None) -> np.ndarray:
         """Copy to the host and return the host array. Without ``out`` the result is a new
         (pageable) NumPy array and the copy is synchronous: the data is there on return.
         With a page-locked ``out`` (`pinned_empty`, `register_host`) the copy is
@@ -191,7 +192,8 @@ class DeviceArray(Resource):
         copy(out, self, stream)
         return out
 
-    def copy_from(self, src: DeviceArray | np.ndarray, stream: Stream | Any | None = None) -> DeviceArray:
+    def copy_from(self, src: DeviceArray | np.ndarray,
+                  stream: Stream | Any | None = None) -> DeviceArray:
         """Copy ``src`` (host or device, same shape and dtype) into this array; see `copy`."""
         copy(self, src, stream)
         return self
@@ -269,7 +271,8 @@ class DeviceArray(Resource):
 
 # -- making arrays ------------------------------------------------------------------------
 
-def empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *, stream: Stream | Any | None = None,
+def empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
+          stream: Stream | Any | None = None,
           device: Device | int | None = None) -> DeviceArray:
     """An uninitialised C-contiguous device array, allocated stream-ordered on ``stream``
     (default: the current stream of ``device``, default the current device)."""
@@ -283,7 +286,8 @@ def empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *, stream: Stre
     return DeviceArray._make(stream._ctx, alloc.ptr, shape, dtype, None, alloc)
 
 
-def zeros(shape: int | tuple[int, ...], dtype: Any = np.float64, *, stream: Stream | Any | None = None,
+def zeros(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
+          stream: Stream | Any | None = None,
           device: Device | int | None = None) -> DeviceArray:
     """A device array of zeros (stream-ordered, see `empty`)."""
     return full(shape, 0, dtype, stream=stream, device=device)

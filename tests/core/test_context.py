@@ -155,7 +155,9 @@ def test_push_pop_order(backend):
     b = Context.create(0)
     try:
         assert [Context.pop(), Context.pop()] == [b, a]
-        a.push(); b.push(); a.push()
+        a.push()
+        b.push()
+        a.push()
         assert cuctx.current_context() is a
         assert [Context.pop(), Context.pop(), Context.pop()] == [a, b, a]
         assert cuctx.current_context() is None
@@ -181,7 +183,8 @@ def test_with_restores_the_exact_stack_when_nested_and_on_exceptions(backend):
     a = Context.create(0)
     b = Context.create(0)
     c = Context.create(0)
-    Context.pop(); Context.pop()  # stack: a
+    Context.pop()
+    Context.pop()  # stack: a
     try:
         with b:
             with pytest.raises(KeyError):

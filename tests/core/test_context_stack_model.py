@@ -57,7 +57,8 @@ def make_contexts():
     return contexts
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(program=OPS)
 def test_random_programs_match_the_driver_model(backend, program):
     contexts = backend.tls.__dict__.setdefault("model_contexts", None) or make_contexts()

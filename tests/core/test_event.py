@@ -207,7 +207,7 @@ def test_events_of_a_destroyed_context_raise(backend):
     with pytest.raises(ContextDestroyedError):
         event.synchronize()
     with pytest.raises(ContextDestroyedError):
-        event.done
+        _ = event.done
     with Device(0):
         with pytest.raises(ContextDestroyedError):
             Stream().wait(event)

@@ -328,7 +328,7 @@ def test_streams_of_a_destroyed_context_raise(backend):
     with Device(0):
         with pytest.raises(ContextDestroyedError):
             Stream().wait(stream)
-    del stream
+    stream = None  # (the lambdas above read `stream`: rebind rather than del)
     gc.collect()  # the finalizer must not hand the driver a destroyed context's stream
 
 

@@ -155,6 +155,7 @@ def test_a_null_host_function_is_refused_not_called_on_the_sim(sim):
     drv = sim.driver
     with Device(0):
         stream = Stream(Device(0))
-        assert drv.cuLaunchHostFunc(stream._handle, CUhostFn(0), 0) == (CUresult.CUDA_ERROR_INVALID_VALUE,)
+        null = CUhostFn(0)
+        assert drv.cuLaunchHostFunc(stream._handle, null, 0) == (CUresult.CUDA_ERROR_INVALID_VALUE,)
         assert drv.cuLaunchHostFunc(stream._handle, None, 0) == (CUresult.CUDA_ERROR_INVALID_VALUE,)
         assert drv.cuStreamSynchronize(stream._handle) == (OK,)

@@ -248,7 +248,7 @@ class ArrayMachine(StreamMachine):
         if expect is None:
             self.order(stream, [arr])
         dev = self.call(f"arr.copy({s})", expect, arr.dev.copy, None if s is None else s.stream)
-        if not ok(dev) or not (expect is None):
+        if not ok(dev) or expect is not None:
             return multiple()
         new = self.new_base(dev, arr.ctx, stream)
         assert dev.is_contiguous, dev

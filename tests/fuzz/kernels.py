@@ -14,7 +14,8 @@ import cuctx
 SOURCE = r"""
 #define GRID_STRIDE(i, n)                                                                      \
     long long nthreads = (long long)blockDim.x * blockDim.y * blockDim.z;                      \
-    long long tid = threadIdx.x + blockDim.x * (threadIdx.y + (long long)blockDim.y * threadIdx.z); \
+    long long tid = threadIdx.x                                                                \
+        + blockDim.x * (threadIdx.y + (long long)blockDim.y * threadIdx.z);                    \
     long long bid = blockIdx.x + gridDim.x * (blockIdx.y + (long long)gridDim.y * blockIdx.z); \
     long long stride = nthreads * gridDim.x * gridDim.y * gridDim.z;                           \
     for (long long i = bid * nthreads + tid; i < (n); i += stride)

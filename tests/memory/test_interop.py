@@ -294,7 +294,7 @@ def test_asarray_refuses_a_read_only_versioned_tensor(backend):
             return arr.__dlpack_device__()
     with pytest.raises(BufferError, match="read-only"):
         cuctx.asarray(ReadOnly())
-    del arr
+    arr = None  # (the class above reads `arr`: rebind rather than del)
     gc.collect()
     assert ref() is None  # the refused capsule was freed by its producer
 

@@ -3,8 +3,8 @@
 Work queued on a stream does not run when it is enqueued. It runs when something forces it:
 synchronizing the stream, an event or the context, querying a stream or an event (each query
 runs one more operation of the queried work, then answers), or a stream waiting on an event
-whose work has not run yet. Synchronizing one stream runs only that stream and what it waits on, so a
-missing ``wait`` shows up as stale data every time. Synchronizing a context interleaves its
+whose work has not run yet. Synchronizing one stream runs only that stream and what it waits
+on, so a missing ``wait`` shows up as stale data every time. Synchronizing a context interleaves its
 streams: the operation that would *finish* first on the virtual clock runs first, and ties
 are broken by a random generator seeded from ``CUCTX_SIM_SEED`` (default 0), so a race has
 one outcome per seed.
