@@ -50,21 +50,26 @@ def make_env(backend, cache_dir: str) -> Env:
     with device:
         err, least, greatest = backend.driver.cuCtxGetStreamPriorityRange()
         assert not err, err
-        stream = cuctx.Stream()
-        start, end = cuctx.Event(timing=True), cuctx.Event()
-        start.record(stream)
-        counter = cuctx.zeros(1, "uint32", stream=stream)
-        optin = p.max_shared_memory_per_block_optin - attrs["count"].shared_size_bytes
-        library["count"][1, 32, optin, stream](counter)
-        cuctx.launch(library["count"], 2, 32, counter, stream=stream, cooperative=True)
-        if p.cluster_launch:
-            cuctx.launch(library["count"], 2, 32, counter, stream=stream, cluster=2)
-        stream.launch_host_func(int)
-        end.record(stream)
-        counter.to_host(stream=stream)
-        stream.synchronize()
-        del counter, stream, start, end
-        gc.collect()
+
+    def warm() -> None:
+        with device:
+            stream = cuctx.Stream()
+            start, end = cuctx.Event(timing=True), cuctx.Event()
+            start.record(stream)
+            counter = cuctx.zeros(1, "uint32", stream=stream)
+            optin = p.max_shared_memory_per_block_optin - attrs["count"].shared_size_bytes
+            library["count"][1, 32, optin, stream](counter)
+            cuctx.launch(library["count"], 2, 32, counter, stream=stream, cooperative=True)
+            if p.cluster_launch:
+                cuctx.launch(library["count"], 2, 32, counter, stream=stream, cluster=2)
+            stream.launch_host_func(int)
+            end.record(stream)
+            counter.to_host(stream=stream)
+            stream.synchronize()
+            del counter, stream, start, end
+            gc.collect()
+
+    warm()
     limits = {
         "grid": (p.max_grid_dim_x, p.max_grid_dim_y, p.max_grid_dim_z),
         "block": (p.max_block_dim_x, p.max_block_dim_y, p.max_block_dim_z),
@@ -76,7 +81,7 @@ def make_env(backend, cache_dir: str) -> Env:
         "sms": p.multiprocessor_count,
     }
     return Env(backend, library, limits, (int(least), int(greatest)),
-               anchor=device.primary_context)
+               anchor=device.primary_context, warm=warm, warmed=device.primary_context)
 
 
 def run(machine_cls, env: Env, weight: float, examples: int | None = None) -> None:
