@@ -166,9 +166,8 @@ def make_launcher(kernel: Kernel, grid: Any, block: Any, shared_mem: int = 0,
     if cache is None:
         raise TypeError(f"the kernel argument of cuctx.launch must be a cuctx.Kernel "
                         f"(lib['name']), not {type(kernel).__name__}: {kernel!r}")
-    if stream is None:
-        ctx = kernel._ctx or context_for()
-        stream = resolve_stream(None, ctx, f"launch of {kernel.name!r}")
+    if stream is None:  # (no operation name: resolving None in a context cannot fail)
+        stream = resolve_stream(None, kernel._ctx or context_for())
     # Types too: 1.0 == 1 and True == 1, but only the int passes the checks.
     key = (grid, block, shared_mem, stream, cluster, cooperative,
            type(grid), type(block), type(shared_mem))
