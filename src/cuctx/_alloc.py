@@ -14,16 +14,47 @@ from .stream import Stream
 
 
 class Allocation:
-    """One stream-ordered allocation; freed on its stream when the last array using it goes."""
+    """One stream-ordered allocation; freed on its stream when the last array using it goes,
+    or when its context is destroyed or reset, whichever comes first."""
 
-    __slots__ = ("ptr", "stream", "recorded", "__weakref__")
+    __slots__ = ("ptr", "stream", "recorded", "_finalizer", "__weakref__")
 
     def __init__(self, ptr: int, nbytes: int, stream: Stream):
         self.ptr = ptr
         self.stream = stream
         self.recorded: list[Stream] = []  # other streams that used it (record_stream)
-        weakref.finalize(self, free_or_defer, _release, ptr, nbytes, stream,
-                         self.recorded).atexit = False  # (free_or_defer holds it in host functions)
+        self._finalizer = weakref.finalize(self, free_or_defer, _release, ptr, nbytes, stream,
+                                           self.recorded)
+        self._finalizer.atexit = False  # (free_or_defer holds it in host functions)
+        ctx = stream._ctx
+        live = _live.get(ctx)
+        if live is None:
+            live = _live[ctx] = weakref.WeakSet()
+            ctx._on_teardown(_free_live, before=True)
+            ctx._on_teardown(_orphan_live)
+        live.add(self)
+
+
+# The allocations of each context not yet freed. Stream-ordered memory comes from the device's
+# pool, which outlives contexts: destroying or resetting a context does not free it (measured
+# on an H100, driver 580), so cuctx frees what is left just before, while the context works.
+_live: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _free_live(ctx) -> None:
+    for alloc in list(_live.pop(ctx, ())):
+        pending = alloc._finalizer.detach()  # (None when it ran meanwhile)
+        if pending is not None:
+            _, _, (release, *args), _ = pending
+            release(*args)  # now, not deferred: after the teardown nothing could free it
+
+
+def _orphan_live(ctx) -> None:
+    """After the teardown: what a poisoned context could not free goes to the device's
+    orphans (`_lifetimes.free_orphans`)."""
+    for alloc in list(_live.pop(ctx, ())):
+        if alloc._finalizer.detach() is not None:
+            _lifetimes.orphans.setdefault(ctx._device, []).append(alloc.ptr)
 
 
 def _release(ptr: int, nbytes: int, stream: Stream, recorded: list[Stream]) -> None:
@@ -45,6 +76,8 @@ def allocate(nbytes: int, stream: Stream) -> Allocation:
         raise ctx._unusable("cuctx.empty")
     if _lifetimes._held:  # frees a collection inside a host function held: reuse them first
         _lifetimes.run_held_finalizers()
+    if _lifetimes.orphans:
+        _lifetimes.free_orphans(ctx)
     alloc = stream._backend.driver.cuMemAllocAsync
     err, ptr = stream._call(alloc, nbytes, stream._handle)
     if err and int(err) == OUT_OF_MEMORY:

@@ -30,7 +30,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from cuda.bindings.driver import CUhostFn
+from cuda.bindings.driver import CU_STREAM_LEGACY, CUhostFn
 
 from . import _driver
 from ._driver import HOST_FUNCTION_STATE, in_host_function
@@ -231,6 +231,8 @@ def raise_host_func_errors(ctx: Context) -> None:
     since they were last reported (what Context.synchronize reports)."""
     if _held:
         run_held_finalizers()
+    if orphans:
+        free_orphans(ctx)
     if _failures:
         failures = take_failures(lambda k: k[0] == ctx._key)
         if failures:
@@ -279,6 +281,29 @@ def run_finalizer(fn: Callable, *args: Any) -> None:
     if _held:
         run_held_finalizers()
     fn(*args)
+
+
+# Stream-ordered memory that a context could not free before it was torn down (a poisoned
+# context runs nothing): the device's pool still holds it after the context is gone. It is
+# freed through the next context of the same device that allocates or synchronizes.
+orphans: dict[Any, list[int]] = {}  # Device -> device pointers
+
+
+def free_orphans(ctx: Context) -> None:
+    """Free the orphaned pointers of ``ctx``'s device, with ``ctx`` (usable) current."""
+    ptrs = orphans.pop(ctx._device, None)
+    if not ptrs:
+        return
+    drv = ctx._backend.driver
+    if drv.cuCtxPushCurrent(ctx._handle)[0]:
+        orphans[ctx._device] = ptrs  # not now: the next one
+        return
+    try:
+        for ptr in ptrs:
+            drv.cuMemFreeAsync(ptr, CU_STREAM_LEGACY)  # nothing to report to: best effort
+        drv.cuStreamSynchronize(CU_STREAM_LEGACY)  # rare: give the memory back now
+    finally:
+        drv.cuCtxPopCurrent()
 
 
 def run_held_finalizers() -> None:

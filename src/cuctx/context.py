@@ -153,7 +153,7 @@ class Context(Resource):
     """
 
     __slots__ = ("_drv", "_device", "kind", "_state", "_fault", "_why_destroyed", "_finalizer",
-                 "_default_streams", "_teardown", "__weakref__")
+                 "_default_streams", "_teardown", "_before_teardown", "__weakref__")
 
     def __init__(self) -> None:
         raise TypeError("make contexts with Context.create(device), device.primary_context "
@@ -173,6 +173,7 @@ class Context(Resource):
         ctx._why_destroyed = ""
         ctx._default_streams = {}  # "legacy"/"per-thread" -> Stream, made on first use
         ctx._teardown = []  # called with the context when it is destroyed
+        ctx._before_teardown = []  # called while it is still usable, just before
         ctx._finalizer = finalize(ctx, *finalizer) if finalizer else None
         backend.contexts[ctx._key] = ctx
         return ctx
@@ -216,6 +217,8 @@ class Context(Resource):
         state = backend.tls.state
         stack = state.stack  # inside a host function this raises, before anything is done
         on_top = int(drv.cuCtxGetCurrent()[1] or 0) == self._key
+        if self._state is ACTIVE:
+            self._tear_down_first()
         err, = drv.cuCtxDestroy(self._handle)
         if err and int(err) != CONTEXT_IS_DESTROYED:
             # still alive: leave it as it was, finalizer included
@@ -243,11 +246,20 @@ class Context(Resource):
     def _ctx(self) -> Context:  # the Resource protocol: a context is its own
         return self
 
-    def _on_teardown(self, callback: Callable[[Context], None]) -> None:
+    def _on_teardown(self, callback: Callable[[Context], None], *, before: bool = False) -> None:
         """Call ``callback(self)`` once when this context is destroyed: how the layers above
-        drop what they keep for it without this module importing them."""
-        if callback not in self._teardown:
-            self._teardown.append(callback)
+        drop what they keep for it without this module importing them. ``before``: while it
+        is still usable, just before the driver destroys or resets it (to give back what the
+        driver would not free with it)."""
+        callbacks = self._before_teardown if before else self._teardown
+        if callback not in callbacks:
+            callbacks.append(callback)
+
+    def _tear_down_first(self) -> None:
+        """Run the ``before`` teardown callbacks (Context.destroy, Device.reset)."""
+        callbacks, self._before_teardown = self._before_teardown, []
+        for callback in callbacks:
+            callback(self)
 
     def _mark_destroyed(self, why: str) -> None:
         self._state = DESTROYED

@@ -346,6 +346,9 @@ class Device:
         ``torch.cuda.empty_cache()``), or their pools free dead pointers later, at the
         latest at interpreter exit."""
         with self._lock:
+            live = self._primary() if self._primary is not None else None
+            if live is not None and live._state is ACTIVE:
+                live._tear_down_first()
             call(self._backend, "cuDevicePrimaryCtxReset", self._handle)
             ctx = self._primary() if self._primary is not None else None
             if ctx is not None:

@@ -107,12 +107,12 @@ class ContextMachine(RuleBasedStateMachine):
         initialises lazily: the primary context stays current)."""
         empty = cuctx.current_context() is None
         backend = self.env.backend
-        if backend.sim is None:  # the driver's pool may keep freed blocks: hand them back
-            with self.device:
-                err, pool = backend.driver.cuDeviceGetDefaultMemPool(self.device._handle)
-                assert not err, err
-                err, = backend.driver.cuMemPoolTrimTo(pool, 0)
-                assert not err, err
+        # the driver's pool may keep freed blocks: hand them back
+        with self.device:
+            err, pool = backend.driver.cuDeviceGetDefaultMemPool(self.device._handle)
+            assert not err, err
+            err, = backend.driver.cuMemPoolTrimTo(pool, 0)
+            assert not err, err
         free = self.device.mem_info().free
         if empty:
             assert cuctx.Context.pop() is self.device.primary_context

@@ -104,19 +104,25 @@ def scalar_args(kind: str):
         good = st.one_of(
             st.sampled_from([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0]).map(lambda v: (v, v)),
             st.sampled_from([-2, -1, 0, 1, 2]).map(lambda v: (v, float(v))),  # int -> float
-            st.sampled_from([np.float32(0.5), np.float32(-2.0)]).map(lambda v: (v, float(v))),
+            st.sampled_from([np.float32(0.5), np.float32(-2.0), np.float64(1.0)]  # float kinds
+                            ).map(lambda v: (v, float(v))),
         )
-        bad = st.sampled_from([True, "1.0", np.float64(1.0), [1.0], 1 + 0j]).map(
-            lambda v: (v, None))
+        bad = st.sampled_from([True, "1.0", [1.0], 1 + 0j]).map(lambda v: (v, None))
         return st.one_of(good, bad)
     if kind in ("i32", "i64"):
+        # PTX does not tell int from unsigned, nor an 8-byte int from a pointer: the signed
+        # minimum to the unsigned maximum is accepted (the kernel sees the bits as signed),
+        # and None is a null pointer for an 8-byte parameter (docs/kernels.md).
         top = 2**31 if kind == "i32" else 2**63
         good = st.one_of(
             st.integers(-3, 40).map(lambda v: (v, v)),
             st.sampled_from([Mode.FOUR]).map(lambda v: (v, int(v))),
             st.sampled_from([np.int32(3)] if kind == "i32" else [np.int64(-2**63), np.int64(5)]
                             ).map(lambda v: (v, int(v))),
+            st.just((top, -top)),
+            *([st.just((None, 0))] if kind == "i64" else []),
         )
-        bad = st.sampled_from([2.0, 1.5, top, -top - 1, "3", None, [3]]).map(lambda v: (v, None))
+        bad = st.sampled_from([2.0, 1.5, 2 * top, -top - 1, "3", [3],
+                               *([None] if kind == "i32" else [])]).map(lambda v: (v, None))
         return st.one_of(good, bad)
     raise ValueError(kind)

@@ -66,7 +66,7 @@ class Block:
     """A range of device addresses with bytes behind it, used by one allocation at a time."""
 
     __slots__ = ("base", "size", "device", "ctx", "data", "current", "valid", "pooled",
-                 "free_stream", "released")
+                 "free_stream", "released", "ordered")
 
     def __init__(self, base: int, size: int, device: int, ctx):
         self.base = base
@@ -79,6 +79,7 @@ class Block:
         self.pooled = False  # in the pool (freed or its free queued), not allocated
         self.free_stream = None  # the SimStream whose queued free put it in the pool
         self.released = False  # that free has run: any stream may reuse it
+        self.ordered = False  # from the device's pool (cuMemAllocAsync): outlives its context
 
     @property
     def length(self) -> int:
@@ -227,6 +228,10 @@ class MemoryModel(PitchedCopies, HostMemory):
         super()._release_context_resources(ctx)  # runs the queued work first
         with self._lock:
             for block in [b for b in self._blocks.values() if b.ctx is ctx]:
+                if block.ordered and block.live:
+                    # The device's pool owns it: destroying or resetting the context does not
+                    # free it; a free from another context does (measured on an H100).
+                    continue
                 if block.pooled:
                     self._pools[block.device].remove(block)
                 self._drop_block(block)
@@ -276,6 +281,7 @@ class MemoryModel(PitchedCopies, HostMemory):
                 or self._new_block(nbytes, ctx.device, ctx)
             if block is None:
                 return (OUT_OF_MEMORY, None)
+            block.ordered = True
             return (OK, CUdeviceptr(block.allocate(nbytes, ctx)))
 
     def _reusable(self, nbytes: int, device: int, stream) -> Block | None:

@@ -100,6 +100,16 @@ class PeerModel:
         ordinal, rest = divmod(offset, _POOL_STEP)
         return ordinal if offset >= 0 and not rest and ordinal < len(self._devices) else None
 
+    def cuMemPoolTrimTo(self, pool, minBytesToKeep):
+        """Give back the pool's freed blocks (the sim keeps none: minBytesToKeep is not
+        modelled beyond 0)."""
+        owner = self._pool_device(pool)
+        if owner is None:
+            return (INVALID_VALUE,)
+        with self._lock:
+            self._trim_pool(owner)
+        return (OK,)
+
     def cuMemPoolSetAccess(self, pool, map, count):  # noqa: A002 - the driver's parameter name
         owner = self._pool_device(pool)
         if owner is None or count < 0 or count > len(map or ()):
