@@ -247,16 +247,13 @@ class Context(Resource):
         return self
 
     def _on_teardown(self, callback: Callable[[Context], None], *, before: bool = False) -> None:
-        """Call ``callback(self)`` once when this context is destroyed: how the layers above
-        drop what they keep for it without this module importing them. ``before``: while it
-        is still usable, just before the driver destroys or resets it (to give back what the
-        driver would not free with it)."""
+        """Call ``callback(self)`` once when this context is destroyed (how the layers above
+        drop what they keep for it), or with ``before`` just before, while it still works."""
         callbacks = self._before_teardown if before else self._teardown
         if callback not in callbacks:
             callbacks.append(callback)
 
-    def _tear_down_first(self) -> None:
-        """Run the ``before`` teardown callbacks (Context.destroy, Device.reset)."""
+    def _tear_down_first(self) -> None:  # Context.destroy, Device.reset
         callbacks, self._before_teardown = self._before_teardown, []
         for callback in callbacks:
             callback(self)
