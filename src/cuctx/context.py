@@ -42,9 +42,8 @@ ContextFlags.__module__ = __name__
 
 
 def refuse_in_host_function(operation: str) -> None:
-    """Raise `NotPermittedError` when called from inside a host function. For the entries
-    that read no thread state (those that do fail on that read, see
-    `_driver.HostFunctionState`); the set is empty unless a host function is running."""
+    """Raise `NotPermittedError` inside a host function, for the entries that read no thread
+    state (`_driver.HostFunctionState` covers the others)."""
     if in_host_function and threading.get_ident() in in_host_function:
         raise called_from_host_function(operation)
 
@@ -75,9 +74,7 @@ def _with_twin_cause(backend: _driver.Backend, ctx: Context, exc: CudaError, cod
                      operation: str, message: str, hint: str) -> CudaError:
     """On the sim, a sticky fault may come from a kernel twin that raised: name the twin's
     file and line in the message and chain its exception (``__cause__``)."""
-    if backend.sim is None:
-        return exc
-    _, cause, where = backend.sim.fault_cause(ctx._handle)
+    _, cause, where = backend.sim.fault_cause(ctx._handle) if backend.sim else (0, None, "")
     if not where:
         return exc
     exc = error_for(code, operation, message, f"{hint}; {where}" if hint else where)
