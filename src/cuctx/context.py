@@ -1,10 +1,9 @@
 """Contexts: primary and created ones, the per-thread context stack, lazy initialisation.
 
-The driver keeps the real stack; cuctx mirrors what it pushes in a per-thread *shadow*
-stack of `Context` objects. The shadow does two jobs: it keeps every context that cuctx made
-current alive while it is on a stack (so garbage collection never destroys a current
-context), and it lets ``with ctx:`` restore the exact previous stack on exit even when the
-block pushed more and did not pop.
+The driver keeps the real stack; cuctx mirrors what it pushes in a per-thread *shadow* stack
+of `Context` objects. It keeps every context cuctx made current alive while it is on a stack
+(garbage collection never destroys a current context), and lets ``with ctx:`` restore the
+exact previous stack on exit even when the block pushed more and did not pop.
 
 A `Context` is in one of three states. ``active``; ``destroyed`` (by `destroy`, by
 `Device.reset` for a primary context, or seen destroyed by the driver); ``poisoned`` (a
