@@ -467,7 +467,7 @@ class ContextMachine(RuleBasedStateMachine):
         slack = 0 if self.env.backend.name == "sim" else 1 << 20  # a GPU's page granularity
         assert free >= self.baseline - slack, (
             f"device memory in use grew by {self.baseline - free} bytes over the example "
-            f"(free {free}, was {self.baseline}): something leaked")
+            f"(free {free}, was {self.baseline}): something leaked; {_still_held()}")
 
     def release(self):
         """Drop every object the example made (the bundles keep the records)."""
@@ -483,6 +483,21 @@ class ContextMachine(RuleBasedStateMachine):
         if self._primary is not None:
             self._primary.ctx = self._primary.legacy = None
         self._primary = None
+
+
+def _still_held() -> str:
+    """What cuctx itself still holds, for a leak report: allocations not freed (and the
+    contexts they belong to), pointers waiting for a usable context, live contexts."""
+    from cuctx import _alloc, _lifetimes
+    held = [(ctx, alloc._finalizer.peek()) for ctx, allocs in list(_alloc._live.items())
+            for alloc in list(allocs)]
+    sizes = [args[2] for _, (_, _, args, _) in held if args]
+    contexts = sorted({repr(ctx) for ctx, _ in held})
+    orphans = sum(len(p) for p in _lifetimes.orphans.values())
+    live = [c for c in gc.get_objects() if isinstance(c, cuctx.Context) and c.state != "destroyed"]
+    return (f"cuctx still holds {len(held)} allocation(s), {sum(sizes)} bytes, in {contexts}; "
+            f"{orphans} orphaned pointer(s); {len(live)} live Context object(s): "
+            f"{sorted(repr(c) for c in live)[:6]}")
 
 
 __all__ = ["ContextMachine", "Env", "ok"]
