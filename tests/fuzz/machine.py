@@ -210,12 +210,7 @@ class ContextMachine(RuleBasedStateMachine):
         result = self.call(f"{rec}.synchronize()", expect, rec.ctx.synchronize)
         if isinstance(result, Failed) and not isinstance(result.exc, cuctx.HostFunctionError):
             return
-        for s in streams:
-            s.host_failures = 0
-            for base in self.bases:
-                base.pending.discard(s)
-            if s.host_expected is not None:
-                assert self.host_calls[id(s)] == s.host_expected, s
+        self.settled(streams)
 
     def settle(self, rec: CtxRec) -> None:
         """Before ``rec`` goes (destroy, reset): finish the work of every stream that may
@@ -393,12 +388,7 @@ class ContextMachine(RuleBasedStateMachine):
                 if s.host_failures != 0:
                     s.host_failures = None
             return
-        for s in streams:
-            s.host_failures = 0
-            for base in self.bases:
-                base.pending.discard(s)
-            if s.host_expected is not None:
-                assert self.host_calls[id(s)] == s.host_expected, s
+        self.settled(streams)
 
     # -- invariants and the end -----------------------------------------------------------
 
@@ -477,6 +467,15 @@ class ContextMachine(RuleBasedStateMachine):
         assert free >= self.baseline - slack, (
             f"device memory in use grew by {self.baseline - free} bytes over the example "
             f"(free {free}, was {self.baseline}): something leaked; {_still_held()}")
+
+    def settled(self, streams) -> None:
+        """The streams' work is done: nothing pending, host functions counted as expected."""
+        for s in streams:
+            s.host_failures = 0
+            for base in self.bases:
+                base.pending.discard(s)
+            if s.host_expected is not None:
+                assert self.host_calls[id(s)] == s.host_expected, s
 
     def release(self):
         """Drop every object the example made (the bundles keep the records)."""

@@ -59,12 +59,17 @@ class EventModel:
             return (INVALID_HANDLE,)
         return (CONTEXT_IS_DESTROYED,) if event.gone or event.ctx.destroyed else (OK,)
 
+    def _event_and_stream(self, hEvent, hStream):
+        """(OK, event, stream), or the error of the first handle that is not valid."""
+        err, event = self._event(hEvent)
+        if err:
+            return err, None, None
+        err, stream = self._stream(hStream)
+        return (err, None, None) if err else (OK, event, stream)
+
     def cuEventRecord(self, hEvent, hStream):
         with self._lock:
-            err, event = self._event(hEvent)
-            if err:
-                return (err,)
-            err, stream = self._stream(hStream)
+            err, event, stream = self._event_and_stream(hEvent, hStream)
             if err:
                 return (err,)
             if stream.ctx is not event.ctx:

@@ -387,10 +387,7 @@ class StreamModel(EventModel):
         if int(Flags) not in (0, 1):
             return (INVALID_VALUE,)
         with self._lock:
-            err, event = self._event(hEvent)
-            if err:
-                return (err,)
-            err, stream = self._stream(hStream)
+            err, event, stream = self._event_and_stream(hEvent, hStream)
             if err:
                 return (err,)
             if event.marker is not None and not event.marker.done:  # an empty event: no wait
