@@ -9,7 +9,7 @@ from .context import (Context, ContextFlags, current_context, current_device, en
                       synchronize)
 from .device import ComputeCapability, Device, DeviceProperties, MemInfo, devices
 from .errors import (BackendUnavailableError, ContextDestroyedError, ContextPoisonedError,
-                     CudaError, InvalidContextError, InvalidDeviceError, InvalidValueError,
+                     CudaError, GraphCaptureError, GraphUpdateError, InvalidContextError, InvalidDeviceError, InvalidValueError,
                      NotPermittedError, NotSupportedError, OutOfMemoryError, StickyFaultError)
 from .event import Event
 from ._args import KernelArgumentError
@@ -37,7 +37,7 @@ def set_backend(name: str) -> _driver.Backend:
 
 __all__ = [
     "BackendUnavailableError", "BlockSizeSuggestion", "CompileError", "ComputeCapability",
-    "Context", "ContextDestroyedError", "ContextFlags", "ContextPoisonedError", "CudaError",
+    "Context", "ContextDestroyedError", "ContextFlags", "ContextPoisonedError", "CudaError", "GraphCaptureError", "GraphUpdateError",
     "Device", "DeviceArray", "DeviceProperties", "Event", "HostFunctionError",
     "InvalidContextError", "InvalidDeviceError", "InvalidValueError", "Kernel",
     "KernelArgumentError", "KernelAttributes", "LaunchConfigError", "Launcher", "Library",

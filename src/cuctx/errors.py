@@ -34,6 +34,14 @@ CONTEXT_IS_DESTROYED = int(CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED)  # 709
 HOST_MEMORY_ALREADY_REGISTERED = int(CUresult.CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)  # 712
 NOT_PERMITTED = int(CUresult.CUDA_ERROR_NOT_PERMITTED)  # 800
 NOT_SUPPORTED = int(CUresult.CUDA_ERROR_NOT_SUPPORTED)  # 801
+# Stream capture (900-908): an operation a capture cannot hold (900), a capture already
+# broken (901), a merge of unrelated captures (902), an unmatched or unjoined fork (903, 904),
+# a dependency across a capture's boundary (905), the legacy stream's implicit dependency
+# (906), a query of an event recorded in a capture (907), another thread's capture in
+# thread-local mode (908). 910: the graph exec update's refusal.
+CAPTURE_UNSUPPORTED = int(CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)  # 900
+CAPTURE_CODES = frozenset(range(900, 909))  # 909 is CUDA_ERROR_TIMEOUT
+GRAPH_EXEC_UPDATE_FAILURE = int(CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE)  # 910
 
 
 def error_name(code: int) -> str:
@@ -155,6 +163,18 @@ def called_from_host_function(operation: str) -> NotPermittedError:
                              HOST_FUNCTION_HINT)
 
 
+class GraphCaptureError(CudaError):
+    """A call broke a stream capture (a synchronize, a query, a pageable copy, the legacy
+    stream in global mode, ...). The message names the call and the user's line; the
+    capture has been ended and the stream is usable again."""
+
+
+class GraphUpdateError(CudaError):
+    """An executable graph refused an update (`GraphExec.update`, `GraphExec.update_node`):
+    the message names the node (and the line that made it) and the driver's reason in
+    words. The executable is unchanged and can still be launched."""
+
+
 class BackendUnavailableError(RuntimeError):
     """The backend asked for (CUCTX_BACKEND or set_backend) cannot run on this machine."""
 
@@ -168,6 +188,8 @@ _CLASS_FOR_CODE: dict[int, type[CudaError]] = {
     CONTEXT_IS_DESTROYED: ContextDestroyedError,
     NOT_PERMITTED: NotPermittedError,
     NOT_SUPPORTED: NotSupportedError,
+    GRAPH_EXEC_UPDATE_FAILURE: GraphUpdateError,
+    **{code: GraphCaptureError for code in CAPTURE_CODES},
     **{code: StickyFaultError for code in STICKY_CODES},
 }
 
