@@ -12,6 +12,7 @@ from .errors import (BackendUnavailableError, ContextDestroyedError, ContextPois
                      CudaError, GraphCaptureError, GraphUpdateError, InvalidContextError, InvalidDeviceError, InvalidValueError,
                      NotPermittedError, NotSupportedError, OutOfMemoryError, StickyFaultError)
 from .event import Event
+from .graphs import Graph, GraphExec, GraphNode
 from ._args import KernelArgumentError
 from ._launch_config import LaunchConfigError
 from ._launcher import Launcher, launch
@@ -38,7 +39,8 @@ def set_backend(name: str) -> _driver.Backend:
 __all__ = [
     "BackendUnavailableError", "BlockSizeSuggestion", "CompileError", "ComputeCapability",
     "Context", "ContextDestroyedError", "ContextFlags", "ContextPoisonedError", "CudaError", "GraphCaptureError", "GraphUpdateError",
-    "Device", "DeviceArray", "DeviceProperties", "Event", "HostFunctionError",
+    "Device", "DeviceArray", "DeviceProperties", "Event", "Graph", "GraphExec", "GraphNode",
+    "HostFunctionError",
     "InvalidContextError", "InvalidDeviceError", "InvalidValueError", "Kernel",
     "KernelArgumentError", "KernelAttributes", "LaunchConfigError", "Launcher", "Library",
     "MemInfo", "Module", "NotPermittedError", "NotSupportedError", "OutOfMemoryError",
