@@ -1,5 +1,5 @@
 /* The C baselines of benchmarks/graphs.py: what CUDA graphs cost through the driver API, with
- * no Python anywhere. The kernel is tiny and takes (float* x, float a, int i); N launches of it
+ * no Python anywhere. The kernel is tiny and takes (float* x, int a, int i); N launches of it
  * on one stream form a chain (each waits for the one before).
  *
  *   graphs_c CUBIN KERNEL N ROUNDS K...
@@ -38,20 +38,20 @@ static double min_of(double a, double b) { return a < b ? a : b; }
 
 /* The value of node i's scalar: 1, except for the first `changed` nodes spread evenly over the
  * chain, which get `value`. */
-static float scalar(int i, int changed, float value) {
+static int scalar(int i, int changed, int value) {
     return changed > 0 && i % (n_nodes / changed) == 0 && i / (n_nodes / changed) < changed
-        ? value : 1.0f;
+        ? value : 1;
 }
 
-static void launch_chain(int changed, float value) {
+static void launch_chain(int changed, int value) {
     for (int i = 0; i < n_nodes; ++i) {
-        float a = scalar(i, changed, value);
+        int a = scalar(i, changed, value);
         void* params[3] = {&x, &a, &i};
         CHECK(cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
     }
 }
 
-static CUgraph capture_chain(int changed, float value) {
+static CUgraph capture_chain(int changed, int value) {
     CUgraph graph;
     CHECK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
     launch_chain(changed, value);
@@ -61,11 +61,11 @@ static CUgraph capture_chain(int changed, float value) {
 
 /* The same chain built node by node, keeping the node handles (for per-node patches). The
  * kernel parameters are copied by the driver when each node is added. */
-static CUgraph build_chain(CUgraphNode* nodes, int changed, float value) {
+static CUgraph build_chain(CUgraphNode* nodes, int changed, int value) {
     CUgraph graph;
     CHECK(cuGraphCreate(&graph, 0));
     for (int i = 0; i < n_nodes; ++i) {
-        float a = scalar(i, changed, value);
+        int a = scalar(i, changed, value);
         void* params[3] = {&x, &a, &i};
         CUDA_KERNEL_NODE_PARAMS p = {0};
         p.func = function;
@@ -99,11 +99,11 @@ int main(int argc, char** argv) {
     CHECK(cuMemsetD32(x, 0, 4096));
 
     double eager = 1e30, capture = 1e30, instantiate = 1e30, replay = 1e30;
-    launch_chain(0, 1.0f);  /* warm: the module is loaded on first use */
+    launch_chain(0, 1);  /* warm: the module is loaded on first use */
     CHECK(cuStreamSynchronize(stream));
     for (int r = 0; r < rounds; ++r) {
         double t0 = now_us();
-        launch_chain(0, 1.0f);
+        launch_chain(0, 1);
         CHECK(cuStreamSynchronize(stream));
         eager = min_of(eager, now_us() - t0);
     }
@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < rounds; ++r) {
         if (graph) CHECK(cuGraphDestroy(graph));
         double t0 = now_us();
-        graph = capture_chain(0, 1.0f);
+        graph = capture_chain(0, 1);
         capture = min_of(capture, now_us() - t0);
     }
     for (int r = 0; r < rounds; ++r) {
@@ -144,18 +144,18 @@ int main(int argc, char** argv) {
         if (k < 1 || k > n_nodes) { fprintf(stderr, "K must be in 1..N, not %d\n", k); return 2; }
         /* Two versions of the chain that differ in k nodes; each measurement flips the
          * executable from one to the other, so every update really changes k nodes. */
-        CUgraph base = build_chain(nodes, 0, 1.0f);
-        CUgraph changed = build_chain(other_nodes, k, 2.0f);
+        CUgraph base = build_chain(nodes, 0, 1);
+        CUgraph changed = build_chain(other_nodes, k, 2);
         CUgraph versions[2] = {base, changed};
         CHECK(cuGraphInstantiate(&exec, base, 0));
         double patch = 1e30, whole = 1e30, recapture = 1e30, reinstantiate = 1e30;
         int flips = 0;
         for (int r = 0; r < rounds; ++r) {
-            float value = ++flips & 1 ? 2.0f : 1.0f;
+            int value = ++flips & 1 ? 2 : 1;
             double t0 = now_us();
             for (int j = 0; j < k; ++j) {
                 int i = j * (n_nodes / k);
-                float a = value;
+                int a = value;
                 void* params[3] = {&x, &a, &i};
                 CUDA_KERNEL_NODE_PARAMS p = {0};
                 p.func = function;
@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
             whole = min_of(whole, now_us() - t0);
         }
         for (int r = 0; r < rounds; ++r) {
-            float value = ++flips & 1 ? 2.0f : 1.0f;
+            int value = ++flips & 1 ? 2 : 1;
             double t0 = now_us();
             CUgraph captured = capture_chain(k, value);
             update(exec, captured);
