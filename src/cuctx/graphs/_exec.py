@@ -1,9 +1,471 @@
-"""Graph executables: `GraphExec` (work in progress)."""
+"""Graph executables: `GraphExec` (cuGraphInstantiateWithParams), launches and uploads,
+whole-graph updates (cuGraphExecUpdate) and per-node ones (cuGraphExec*NodeSetParams,
+cuGraphNodeSetEnabled).
+
+What an executable's work uses stays alive as long as it can run: at instantiation it copies
+its graph's set (every node's objects, host functions, libraries; the graph itself, whose
+node handles identify the executable's nodes), and each per-node update adds the new
+arguments. When the executable is destroyed (or collected) while launches may still run,
+that set goes to the queues of the streams it was launched on (`_lifetimes`), which drop it
+once those streams are known idle. A use after its context is gone raises the context's
+error first (ContextDestroyedError).
+
+Refusals name the node, the user's line that made it and the driver's reason in words
+(`GraphUpdateError`).
+"""
 
 from __future__ import annotations
 
+import functools
+import weakref
+from typing import TYPE_CHECKING, Any
 
-class GraphExec:
-    """An instantiated `Graph`."""
+from cuda.bindings.driver import (CUDA_GRAPH_INSTANTIATE_PARAMS, CUgraphExecUpdateResult,
+                                  CUgraphInstantiate_flags, CUgraphInstantiateResult)
 
-    __slots__ = ("_backend", "_ctx", "_handle", "_key", "__weakref__")
+from .. import _lifetimes
+from .._driver import in_host_function
+from .._launch_config import make_config, validate
+from .._resource import Resource
+from ..context import (ACTIVE, DESTROYED, Context, fail, in_context,
+                       refuse_in_host_function)
+from ..errors import CONTEXT_IS_DESTROYED, CudaError, GraphUpdateError
+from ..stream import Stream, resolve_stream
+from ._nodes import KernelParams, copy_params, fill_params
+
+if TYPE_CHECKING:
+    from ._graph import Graph, GraphNode
+
+_F = CUgraphInstantiate_flags
+_R = CUgraphExecUpdateResult
+_I = CUgraphInstantiateResult
+
+# The driver's reasons for refusing an update (CUgraphExecUpdateResult), in words.
+UPDATE_REASONS = {
+    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR):
+        "the driver refused it without naming a reason (an invalid value, such as a graph "
+        "the executable cannot take)",
+    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED):
+        "the structure changed: the graphs differ in their nodes or in the dependencies "
+        "between them, so the update has nothing to pair; instantiate the new graph instead",
+    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED):
+        "the node is of another kind than the executable's node at its place (a copy where "
+        "a kernel was, say)",
+    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED):
+        "the kernel node runs another kernel, which this driver cannot change",
+    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED):
+        "its parameters changed in a way an update cannot make (a copy or fill of another "
+        "size or memory kind, memory of another context or device, ...)",
+    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED):
+        "this kind of node, or this change to it, cannot be updated (another host function "
+        "or event, memory nodes, conditional nodes' parameters, ...)",
+    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE):
+        "the kernel changed to one the executable cannot run in its place (another context, "
+        "or one using dynamic parallelism or device-side graph calls the first did not)",
+    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED):
+        "the node's attributes changed in a way an update cannot make (its priority, with "
+        "instantiate(priority=True), or its cluster shape)",
+}
+
+_INSTANTIATE_REASONS = {
+    int(_I.CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE):
+        "the graph's structure is invalid (a cycle, say)",
+    int(_I.CUDA_GRAPH_INSTANTIATE_NODE_OPERATION_NOT_SUPPORTED):
+        "a node's operation is not supported here",
+    int(_I.CUDA_GRAPH_INSTANTIATE_MULTIPLE_CTXS_NOT_SUPPORTED):
+        "its nodes run in several contexts, which this graph cannot",
+    int(_I.CUDA_GRAPH_INSTANTIATE_CONDITIONAL_HANDLE_UNUSED):
+        "a conditional handle is not used by any conditional node",
+}
+
+
+class _Held:
+    """What an executable's work uses; its finalizer hands it to the queues of the streams
+    it was launched on, so the objects outlive the launches still running."""
+
+    __slots__ = ("objects", "slots", "streams")
+
+    def __init__(self) -> None:
+        self.objects: tuple = ()
+        self.slots: dict[int, Any] = {}  # position -> per-node update state (its arguments)
+        self.streams: set[Stream] = set()
+
+
+class GraphExec(Resource):
+    """An executable graph: made by `Graph.instantiate`. `launch` runs it on a stream of its
+    context; `update` takes the parameters of another graph of the same structure;
+    `update_node` changes one kernel, copy or fill node; `enable` turns a node off and on.
+    `destroy` (or the end of a ``with`` block, or garbage collection) frees it."""
+
+    __slots__ = ("graph", "_origin", "_held", "_host", "_libraries", "_events", "_where",
+                 "_handles", "_specs", "_finalizer", "__weakref__")
+
+    def __init__(self, graph: Graph, upload: Any, auto_free: bool, priority: bool) -> None:
+        graph._check("Graph.instantiate")
+        ctx = graph._ctx
+        backend = ctx._backend
+        drv = backend.driver
+        flags = (int(_F.CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) if auto_free else 0) \
+            | (int(_F.CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY) if priority else 0)
+        if upload is None:
+            with in_context(ctx, "Graph.instantiate"):
+                err, handle = drv.cuGraphInstantiate(graph._handle, flags)
+            if err:
+                fail(backend, err, "cuGraphInstantiate", ctx, hint=f"instantiating {graph!r}")
+        else:
+            handle = _instantiate_uploaded(graph, flags,
+                                           _stream_for(ctx, upload, "Graph.instantiate"))
+        self._backend = backend
+        self._ctx = ctx
+        self._handle = handle
+        self._key = int(handle)
+        self._origin = graph  # its node handles name the executable's nodes
+        self._where: dict[GraphNode, int] = {}
+        self._handles = [node._handle for node in graph._nodes]
+        self._specs: list[GraphNode] = []
+        self._held = _Held()
+        self._take(graph)
+        self._finalizer = _lifetimes.finalize(self, _destroy_exec, drv, handle, ctx, self._held)
+        _live.setdefault(ctx._key, weakref.WeakSet()).add(self)
+        ctx._on_teardown(_forget_context)
+
+    def _take(self, graph: Graph) -> None:
+        """Keep what ``graph``'s nodes use; its nodes name this executable's nodes (by
+        position: the order the driver pairs them in for an update)."""
+        keep, host, libraries, events = graph._closure()
+        self.graph = graph
+        self._host = tuple(host)
+        self._libraries = tuple(libraries)
+        self._events = tuple(events)
+        held = self._held
+        _retire(held, (held.objects, list(held.slots.values())))
+        held.objects = (self._origin, graph, *keep, *host)
+        held.slots.clear()
+        self._specs = list(graph._nodes)
+        self._where = {node: i for i, node in enumerate(self._origin._nodes)}
+        self._where.update({node: i for i, node in enumerate(graph._nodes)})
+
+    # -- properties -----------------------------------------------------------------------
+
+    @property
+    def context(self) -> Context:
+        return self._ctx
+
+    @property
+    def device(self):
+        return self._ctx.device
+
+    @property
+    def handle(self) -> int:
+        """The CUgraphExec as an integer (0 once destroyed)."""
+        return self._key if self._handle is not None else 0
+
+    def _usable(self, operation: str) -> None:
+        ctx = self._ctx
+        if ctx._state is not ACTIVE:
+            raise ctx._unusable(operation)
+        if self._handle is None:
+            raise RuntimeError(f"{operation}: the executable was destroyed; instantiate the "
+                               "graph again")
+        if in_host_function:
+            refuse_in_host_function(operation)
+
+    # -- running --------------------------------------------------------------------------
+
+    def launch(self, stream: Stream | Any | None = None) -> None:
+        """Run the graph on ``stream`` (default: the current stream of its context), after
+        the work queued there before. The stream must belong to the executable's context."""
+        self._usable("GraphExec.launch")
+        ctx = self._ctx
+        if stream.__class__ is not Stream or stream._ctx is not ctx:
+            stream = _stream_for(ctx, stream, "GraphExec.launch")
+        for library in self._libraries:
+            if not library._loaded:
+                raise library._gone("GraphExec.launch")
+        for host in self._host:  # its host nodes' failures go to this stream's synchronize
+            host.owner.key = (ctx._key, stream._key)
+        err, = stream._call(self._backend.driver.cuGraphLaunch, self._handle, stream._handle)
+        if err:
+            fail(self._backend, err, "cuGraphLaunch", ctx, hint=f"launching {self!r}")
+        self._held.streams.add(stream)
+        for event in self._events:
+            event._recorded = True
+
+    def upload(self, stream: Stream | Any | None = None) -> None:
+        """Prepare the executable's device resources on ``stream`` now, so the first launch
+        does not pay for it."""
+        self._usable("GraphExec.upload")
+        stream = _stream_for(self._ctx, stream, "GraphExec.upload")
+        err, = stream._call(self._backend.driver.cuGraphUpload, self._handle, stream._handle)
+        if err:
+            fail(self._backend, err, "cuGraphUpload", self._ctx)
+
+    # -- updates --------------------------------------------------------------------------
+
+    def update(self, graph: Graph) -> None:
+        """Take every node's parameters from ``graph``, which must have the structure of
+        this executable's graph (the same kinds of nodes, added in the same order, with the
+        same dependencies). A refusal raises `GraphUpdateError` naming the node, the line
+        that added it and the reason; the executable is then unchanged."""
+        self._usable("GraphExec.update")
+        if not isinstance(graph, type(self._origin)):
+            raise TypeError(f"GraphExec.update takes a cuctx.Graph, not {type(graph).__name__}")
+        graph._check("GraphExec.update")
+        if graph._ctx is not self._ctx:
+            raise ValueError(f"GraphExec.update: {graph!r} belongs to {graph._ctx!r}, the "
+                             f"executable to {self._ctx!r}")
+        with in_context(self._ctx, "GraphExec.update"):
+            err, info = self._backend.driver.cuGraphExecUpdate(self._handle, graph._handle)
+        if err:
+            self._refuse_update(err, graph, info)
+        self._take(graph)
+
+    def _refuse_update(self, err, graph: Graph, info) -> None:
+        result = int(info.result)
+        reason = UPDATE_REASONS.get(result, f"result {result}")
+        node = graph._node(info.errorNode)
+        dependency = graph._node(info.errorFromNode)
+        if node is not None:
+            what = f"{node.description}, added at {node.where}"
+            if dependency is not None:
+                what += (f" (its dependency on {dependency.description}, added at "
+                         f"{dependency.where}, does not match)")
+        elif result == int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED):
+            what = (f"the graph as a whole ({len(graph._nodes)} nodes, the executable's "
+                    f"{len(self._specs)})")
+        else:
+            what = "the graph"
+        try:
+            fail(self._backend, err, "GraphExec.update", self._ctx,
+                 hint=f"refused {what}: {reason}; the executable is unchanged")
+        except GraphUpdateError as exc:
+            exc.node, exc.reason = node, reason
+            raise
+
+    def update_node(self, node: GraphNode, *args: Any, grid: Any = None, block: Any = None,
+                    shared_mem: Any = None) -> None:
+        """Change one node of the executable (its graph is unchanged): a kernel node's
+        arguments (all of them, checked and packed as for `cuctx.launch`) and optionally its
+        ``grid``, ``block``, ``shared_mem``; a copy node's ``(dst, src)``; a fill node's
+        ``(array, value)``. The new objects are kept alive with the executable."""
+        self._usable("GraphExec.update_node")
+        position = self._where.get(node)
+        if position is None:
+            raise ValueError(f"GraphExec.update_node: {node!r} is not a node of the graph this "
+                             "executable was made from (or updated with)")
+        slot = self._held.slots.get(position)
+        if slot is None:
+            slot = self._held.slots[position] = self._slot(position)
+        kind = slot.kind
+        if kind != "kernel" and (grid is not None or block is not None or shared_mem is not None):
+            raise TypeError(f"GraphExec.update_node: grid, block and shared_mem are for kernel "
+                            f"nodes, and {node!r} is a {kind} node")
+        err = slot.update(self, args, grid, block, shared_mem)
+        if err:
+            self._refuse_node(err, slot.name, self._specs[position])
+
+    def _slot(self, position: int) -> _Slot:
+        spec = self._specs[position]
+        handle = self._handles[position]
+        maker = _SLOTS.get(spec.kind)
+        if maker is None or (spec.kind == "kernel" and spec._kernel is None):
+            raise TypeError(f"GraphExec.update_node changes kernel, copy and fill nodes made "
+                            f"by cuctx; {spec!r} is a {spec.kind} node: update the whole graph "
+                            "with exe.update(graph)")
+        return maker(self, spec, handle)
+
+    def _refuse_node(self, err, operation: str, node: GraphNode) -> None:
+        hint = f"refused for {node.description}, added at {node.where}"
+        try:
+            fail(self._backend, err, operation, self._ctx, hint=hint)
+        except CudaError as exc:
+            if exc.sticky or exc.code == CONTEXT_IS_DESTROYED or isinstance(exc, GraphUpdateError):
+                raise
+            refusal = GraphUpdateError(exc.code, exc.operation, exc.message, exc.hint)
+            refusal.node, refusal.reason = node, exc.message
+            raise refusal from None
+
+    def enable(self, node: GraphNode, enabled: bool = True) -> None:
+        """Turn a kernel, copy or fill node off (it does nothing at later launches) or on
+        again; its parameters stay."""
+        self._usable("GraphExec.enable")
+        position = self._where.get(node)
+        if position is None:
+            raise ValueError(f"GraphExec.enable: {node!r} is not a node of this executable's "
+                             "graph")
+        spec = self._specs[position]
+        if spec.kind not in ("kernel", "copy", "fill"):
+            raise TypeError(f"GraphExec.enable turns kernel, copy and fill nodes on and off "
+                            f"(the driver's rule); {spec!r} is a {spec.kind} node")
+        err, = self._backend.driver.cuGraphNodeSetEnabled(self._handle, self._handles[position],
+                                                          int(bool(enabled)))
+        if err:
+            self._refuse_node(err, "cuGraphNodeSetEnabled", spec)
+
+    # -- the end --------------------------------------------------------------------------
+
+    def destroy(self) -> None:
+        """Free the executable. Launches still queued run to completion (the driver's rule),
+        and what they use stays alive until their streams are known idle."""
+        if self._handle is not None:
+            self._handle = None
+            self._finalizer()
+
+    def __enter__(self) -> GraphExec:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.destroy()
+
+    def __repr__(self) -> str:
+        state = "" if self._handle is not None else " destroyed"
+        return f"<GraphExec{state} of {self.graph!r}>"
+
+
+# -- per-node updates: what each kind precomputes ---------------------------------------------
+
+class _Slot:
+    """One node's update state: the bound driver call and what the new parameters use."""
+
+    __slots__ = ("kind", "name", "set", "params", "keep")
+
+    def __init__(self, kind: str, name: str, call) -> None:
+        self.kind, self.name, self.set = kind, name, call
+        self.params: KernelParams | None = None
+        self.keep: tuple = ()
+
+
+class _KernelSlot(_Slot):
+    __slots__ = ("device",)
+
+    def update(self, exe: GraphExec, args: tuple, grid, block, shared_mem):
+        params = self.params
+        config = None
+        if grid is not None or block is not None or shared_mem is not None:
+            old = params.config
+            config = make_config(old.grid if grid is None else grid,
+                                 old.block if block is None else block,
+                                 old.shared_mem if shared_mem is None else shared_mem,
+                                 None, False)
+            kernel = params.kernel
+            if (config, self.device) not in kernel._checked:
+                validate(kernel, self.device, config)
+                kernel._checked.add((config, self.device))
+        replaced = params.args
+        params.pack(args, exe._origin._stream)
+        if config is not None:
+            params.configure(config)
+        if replaced and exe._held.streams:
+            _retire(exe._held, replaced)
+        return self.set()[0]
+
+
+def _kernel_slot(exe: GraphExec, spec: GraphNode, handle) -> _Slot:
+    slot = _KernelSlot("kernel", "cuGraphExecKernelNodeSetParams", None)
+    slot.params = KernelParams(spec._kernel, spec._config, exe._ctx)
+    slot.device = exe._ctx._device
+    slot.set = functools.partial(exe._backend.driver.cuGraphExecKernelNodeSetParams,
+                                 exe._handle, handle, slot.params.struct)
+    return slot
+
+
+class _CopySlot(_Slot):
+    __slots__ = ()
+
+    def update(self, exe: GraphExec, args: tuple, grid, block, shared_mem):
+        if len(args) != 2:
+            raise TypeError(f"GraphExec.update_node of a copy node takes (dst, src), got "
+                            f"{len(args)} argument(s)")
+        params, _ = copy_params(args[0], args[1], exe._ctx, "GraphExec.update_node")
+        err, = self.set(params, exe._ctx._handle)
+        if not err:
+            _retire(exe._held, self.keep)
+            self.keep = args
+        return err
+
+
+class _FillSlot(_Slot):
+    __slots__ = ()
+
+    def update(self, exe: GraphExec, args: tuple, grid, block, shared_mem):
+        if len(args) != 2:
+            raise TypeError(f"GraphExec.update_node of a fill node takes (array, value), got "
+                            f"{len(args)} argument(s)")
+        params, _ = fill_params(args[0], args[1], exe._ctx, "GraphExec.update_node")
+        err, = self.set(params, exe._ctx._handle)
+        if not err:
+            _retire(exe._held, self.keep)
+            self.keep = args
+        return err
+
+
+def _bound(cls, kind: str, name: str):
+    def make(exe: GraphExec, spec: GraphNode, handle) -> _Slot:
+        call = functools.partial(getattr(exe._backend.driver, name), exe._handle, handle)
+        return cls(kind, name, call)
+    return make
+
+
+_SLOTS = {
+    "kernel": _kernel_slot,
+    "copy": _bound(_CopySlot, "copy", "cuGraphExecMemcpyNodeSetParams"),
+    "fill": _bound(_FillSlot, "fill", "cuGraphExecMemsetNodeSetParams"),
+}
+
+
+def _instantiate_uploaded(graph: Graph, flags: int, stream: Stream):
+    """cuGraphInstantiateWithParams with an upload stream; a failure names the node the
+    driver blames and its reason."""
+    ctx = graph._ctx
+    params = CUDA_GRAPH_INSTANTIATE_PARAMS()
+    params.flags = flags | int(_F.CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)
+    params.hUploadStream = stream._handle
+    with in_context(ctx, "Graph.instantiate"):
+        err, handle = ctx._backend.driver.cuGraphInstantiateWithParams(graph._handle, params)
+    if err:
+        node = graph._node(params.hErrNode_out)
+        reason = _INSTANTIATE_REASONS.get(int(params.result_out), "")
+        hint = "; ".join(filter(None, [reason, f"at {node!r}" if node else ""]))
+        fail(ctx._backend, err, "cuGraphInstantiateWithParams", ctx, hint=hint)
+    return handle
+
+
+# -- streams, lifetimes, teardown ---------------------------------------------------------------
+
+def _stream_for(ctx: Context, stream: Any, operation: str) -> Stream:
+    """The stream to run on: None is the current stream of ``ctx``; one of another context
+    (or device) is refused, naming both."""
+    stream = resolve_stream(stream, ctx)
+    if stream._ctx is not ctx:
+        raise ValueError(
+            f"{operation}: the executable belongs to {ctx!r} (device {ctx._device.ordinal}) "
+            f"and {stream!r} to {stream._ctx!r} (device {stream._ctx._device.ordinal}); an "
+            "executable runs on streams of its own context: make one there "
+            "(with exe.context: cuctx.Stream()) or instantiate a graph of that context")
+    return stream
+
+
+def _retire(held: _Held, objects: Any) -> None:
+    """Objects the executable no longer uses, which launches still queued may: the streams
+    it ran on keep them until they are known idle."""
+    if objects:
+        for stream in held.streams:
+            stream._hold(objects)
+
+
+def _destroy_exec(drv, handle, ctx: Context, held: _Held) -> None:
+    if ctx._state is ACTIVE:  # launches may still run: keep it all until they ran
+        _retire(held, (held.objects, list(held.slots.values())))
+    held.objects, held.slots, held.streams = (), {}, set()
+    if ctx._state != DESTROYED:  # the driver freed it with the context, and must not see it
+        drv.cuGraphExecDestroy(handle)
+
+
+# Executables by context key, to let go of what they keep when their context is torn down.
+_live: dict[int, weakref.WeakSet] = {}
+
+
+def _forget_context(ctx: Context) -> None:
+    for exe in list(_live.pop(ctx._key, ())):
+        held = exe._held
+        held.objects, held.slots, held.streams = (), {}, set()

@@ -1,15 +1,453 @@
-"""Graph definitions: `Graph` and its `GraphNode`s (work in progress)."""
+"""Explicit CUDA graphs: `Graph` (a CUgraph in one context) and its `GraphNode`s.
+
+Each node is added with the checks of the eager operation it stands for (_nodes.py) and
+remembers its graph, kind, the user's line that added it, a description, and the objects
+its work uses: arrays, the kernel's library, events, host functions, child graphs. A graph
+keeps its nodes (so their objects) alive; an executable copies that set when it is made
+(_exec.py). Graphs the driver made (stream capture) are wrapped with `Graph._adopt`.
+"""
 
 from __future__ import annotations
 
+import os
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+from cuda.bindings.driver import (CU_GRAPH_COND_ASSIGN_DEFAULT, CUgraphConditionalNodeType,
+                                  CUgraphDebugDot_flags, CUgraphNodeParams, CUgraphNodeType)
+
+from .. import _trace
+from .._kernel import Kernel
+from .._launch_config import make_config, validate
+from .._lifetimes import drop_host_function, finalize
+from .._resource import Resource
+from ..context import ACTIVE, DESTROYED, Context, context_for, fail, in_context
+from ..event import Event
+from ..stream import resolve_stream
+from ._exec import GraphExec
+from ._nodes import (Condition, HostFunctions, KernelParams, NodeInfo, copy_params,
+                     describe_kernel, fill_params, kind_of)
+
+if TYPE_CHECKING:
+    from ..stream import Stream
+
+_CONDITIONS = {"if": CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_IF,
+               "while": CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE}
+
 
 class GraphNode:
-    """One node of a `Graph`."""
+    """One node of a `Graph`. ``graph``; ``kind``: "kernel", "copy", "fill", "host",
+    "record", "wait", "child", "empty", "conditional" (captured graphs also hold "alloc"
+    and "free"); ``site``: the user's (file, line, function) that added it; ``description``;
+    ``keep``: what its work uses, kept alive with it. Pass nodes to ``after=`` to order
+    work; a conditional node also has ``condition`` and ``body``."""
 
-    __slots__ = ("graph", "kind", "_handle", "__weakref__")
+    __slots__ = ("graph", "kind", "site", "description", "_handle", "_keep", "_kernel",
+                 "_config", "_extra", "__weakref__")
+
+    def __init__(self, graph: Graph, kind: str, handle, info: NodeInfo, extra: Any = None):
+        self.graph = graph
+        self.kind = kind
+        self.site = info.site
+        self.description = info.description or kind
+        self._handle = handle
+        self._keep = info.keep
+        self._kernel = info.kernel
+        self._config = info.config
+        # record/wait: the Event; child: the Graph; conditional: (Condition, body graph)
+        self._extra = extra
+
+    @property
+    def keep(self) -> tuple:
+        """The objects this node's work uses (arrays, the kernel's library, the event, the
+        host function and its arguments, the child graph)."""
+        return self._keep
+
+    @property
+    def condition(self) -> Condition:
+        """A conditional node's handle: pass it to the kernel that sets the condition."""
+        return self._conditional()[0]
+
+    @property
+    def body(self) -> Graph:
+        """A conditional node's body: a `Graph` to add the nodes it runs to."""
+        return self._conditional()[1]
+
+    def _conditional(self) -> tuple[Condition, Graph]:
+        if self.kind != "conditional" or self._extra is None:
+            raise AttributeError(f"{self!r} is not a conditional node made by "
+                                 "Graph.conditional: it has no condition or body")
+        return self._extra
+
+    @property
+    def where(self) -> str:
+        """"file:line" of the call that added the node ("unknown line" without one)."""
+        return f"{self.site[0]}:{self.site[1]}" if self.site else "unknown line"
+
+    def __repr__(self) -> str:
+        return f"<GraphNode {self.description} at {self.where}>"
 
 
-class Graph:
-    """An explicit CUDA graph in the current context."""
+class Graph(Resource):
+    """An explicit CUDA graph in the current context (see `context_for`). Add work with
+    `launch`, `copy`, `fill`, `host`, `record`, `wait`, `child`, `empty` and `conditional`;
+    each returns a `GraphNode` that later nodes can list in ``after=`` (a node or an
+    iterable of nodes of this graph; nodes without ``after`` may run in any order). Make an
+    executable with `instantiate`."""
 
-    __slots__ = ("_backend", "_ctx", "_handle", "_key", "__weakref__")
+    __slots__ = ("_nodes", "_by_handle", "_parts", "_host", "_own_host", "_stream", "_parent",
+                 "_finalizer", "__weakref__")
+
+    def __init__(self) -> None:
+        ctx = context_for()
+        drv = ctx._backend.driver
+        with in_context(ctx, "Graph"):
+            err, handle = drv.cuGraphCreate(0)
+        if err:
+            fail(ctx._backend, err, "cuGraphCreate", ctx)
+        self._setup(ctx, handle, None)
+        self._finalizer = finalize(self, _destroy_graph, drv, handle, ctx)
+
+    def _setup(self, ctx: Context, handle, parent: Graph | None) -> None:
+        self._backend = ctx._backend
+        self._ctx = ctx
+        self._handle = handle
+        self._key = int(handle)
+        self._nodes: list[GraphNode] = []
+        self._by_handle: dict[int, GraphNode] = {}
+        self._parts: list[Graph] = []  # child graphs and conditional bodies: their objects too
+        self._host: list[HostFunctions] = []  # its host nodes' functions (captured ones too)
+        self._own_host: HostFunctions | None = None  # where Graph.host registers
+        # The stream argument conversions get (its context is checked; another library's
+        # array is ordered after its producer on it).
+        self._stream: Stream = resolve_stream(None, ctx)
+        self._parent = parent  # a conditional body: the driver owns it with its node
+        self._finalizer = None
+
+    @classmethod
+    def _adopt(cls, ctx: Context, handle, info: Mapping[int, NodeInfo] | None = None,
+               host_functions: Iterable[HostFunctions] = ()) -> Graph:
+        """A `Graph` owning a CUgraph the driver made (cuStreamEndCapture's): one
+        `GraphNode` per driver node, in the driver's order, with the `NodeInfo` given for
+        its handle (``int(CUgraphNode)``; without one: no site, nothing kept). The
+        ``host_functions`` of its host nodes stay registered while the graph or an
+        executable of it lives."""
+        graph = object.__new__(cls)
+        graph._setup(ctx, handle, None)
+        drv = ctx._backend.driver
+        graph._finalizer = finalize(graph, _destroy_graph, drv, handle, ctx)
+        graph._host.extend(host_functions)
+        info = info or {}
+        for node in _driver_nodes(ctx, handle):
+            err, node_type = drv.cuGraphNodeGetType(node)
+            if err:
+                fail(ctx._backend, err, "cuGraphNodeGetType", ctx)
+            kind = kind_of(node_type)
+            graph._append(GraphNode(graph, kind, node, info.get(int(node), NodeInfo())))
+        return graph
+
+    def _append(self, node: GraphNode) -> GraphNode:
+        self._nodes.append(node)
+        self._by_handle[int(node._handle)] = node
+        return node
+
+    # -- adding nodes ---------------------------------------------------------------------
+
+    def _deps(self, after: GraphNode | Iterable[GraphNode], operation: str) -> list:
+        nodes = (after,) if isinstance(after, GraphNode) else after
+        handles, seen = [], set()
+        for node in nodes:
+            if not isinstance(node, GraphNode):
+                raise TypeError(f"{operation}: after= takes GraphNodes (what the graph's "
+                                f"methods return), not {type(node).__name__}")
+            if node.graph is not self:
+                raise ValueError(f"{operation}: after= names {node!r} of another graph; a "
+                                 "node can only follow nodes of its own graph")
+            if id(node) not in seen:
+                seen.add(id(node))
+                handles.append(node._handle)
+        return handles
+
+    def _add(self, operation: str, kind: str, add: Callable, args: tuple, after,
+             info: NodeInfo, extra: Any = None) -> GraphNode:
+        """Add one node through ``add(graph, deps, count, *args)`` with the graph's context
+        current; the node records the user's line."""
+        deps = self._deps(after, operation)
+        ctx = self._ctx
+        with in_context(ctx, operation):
+            err, handle = add(self._handle, deps, len(deps), *args)
+        if err:
+            fail(self._backend, err, add.__name__, ctx, hint=f"adding {info.description}")
+        site = _trace.user_site()
+        return self._append(GraphNode(self, kind, handle, info._replace(site=site), extra))
+
+    def launch(self, kernel: Kernel, grid: Any, block: Any, *args: Any, shared_mem: int = 0,
+               after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
+        """A kernel node: ``kernel`` on a ``grid`` of ``block``-sized blocks with ``args``,
+        checked exactly as `cuctx.launch` checks them (LaunchConfigError,
+        KernelArgumentError)."""
+        if not isinstance(kernel, Kernel):
+            raise TypeError(f"Graph.launch needs a cuctx.Kernel (lib['name']), not "
+                            f"{type(kernel).__name__}: {kernel!r}")
+        operation = f"Graph.launch of {kernel.name!r}"
+        ctx = self._ctx
+        self._check(operation)
+        kernel._check_launchable(ctx)
+        config = make_config(grid, block, shared_mem, None, False)
+        if (config, ctx._device) not in kernel._checked:
+            validate(kernel, ctx._device, config)
+            kernel._checked.add((config, ctx._device))
+        params = KernelParams(kernel, config, ctx)
+        params.pack(args, self._stream)
+        kernel._owner._used_in(ctx)
+        info = NodeInfo(None, params.keep(), describe_kernel(kernel, config), kernel, config)
+        return self._add(operation, "kernel", self._backend.driver.cuGraphAddKernelNode,
+                         (params.struct,), after, info)
+
+    def copy(self, dst: Any, src: Any,
+             after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
+        """A copy node from ``src`` to ``dst`` (same shape and dtype): device arrays of the
+        graph's device, or page-locked host arrays (`pinned_empty`, `register_host`), in
+        layouts one 3D copy can do."""
+        self._check("Graph.copy")
+        params, description = copy_params(dst, src, self._ctx, "Graph.copy")
+        return self._add("Graph.copy", "copy", self._backend.driver.cuGraphAddMemcpyNode,
+                         (params, self._ctx._handle), after,
+                         NodeInfo(keep=(dst, src), description=description))
+
+    def fill(self, array: Any, value: Any,
+             after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
+        """A memset node setting every element of the contiguous ``array`` to ``value`` (a
+        number its dtype holds exactly, as for `DeviceArray.fill`)."""
+        self._check("Graph.fill")
+        params, description = fill_params(array, value, self._ctx, "Graph.fill")
+        return self._add("Graph.fill", "fill", self._backend.driver.cuGraphAddMemsetNode,
+                         (params, self._ctx._handle), after,
+                         NodeInfo(keep=(array,), description=description))
+
+    def host(self, fn: Callable[..., Any], *args: Any,
+             after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
+        """A host node calling ``fn(*args)`` at each launch. As for
+        `Stream.launch_host_func`: ``fn`` must not call CUDA, and what it raises is raised
+        as `HostFunctionError` by the next synchronize of the stream the executable was
+        launched on (or of its context)."""
+        if not callable(fn):
+            raise TypeError(f"Graph.host needs a callable, not {type(fn).__name__}")
+        self._check("Graph.host")
+        if self._own_host is None:
+            self._own_host = HostFunctions(self._ctx)
+            self._host.append(self._own_host)
+        params = self._own_host.add(fn, args, self._backend.sim is None)
+        name = getattr(fn, "__qualname__", repr(fn))
+        try:
+            return self._add("Graph.host", "host", self._backend.driver.cuGraphAddHostNode,
+                             (params,), after,
+                             NodeInfo(keep=(fn, *args), description=f"host {name}"))
+        except BaseException:
+            drop_host_function(int(params.userData))
+            raise
+
+    def record(self, event: Event, after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
+        """An event record node: each launch records ``event`` (of the graph's context)."""
+        self._event("Graph.record", event)
+        if event._ctx is not self._ctx:
+            raise ValueError(f"Graph.record: {event!r} belongs to {event._ctx!r}, the graph to "
+                             f"{self._ctx!r}; record an event of the graph's context")
+        return self._add("Graph.record", "record",
+                         self._backend.driver.cuGraphAddEventRecordNode, (event._handle,),
+                         after, NodeInfo(keep=(event,), description="record event"), event)
+
+    def wait(self, event: Event, after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
+        """An event wait node: the nodes after it wait for the event's latest record at the
+        time the graph runs (of any context or device)."""
+        self._event("Graph.wait", event)
+        return self._add("Graph.wait", "wait", self._backend.driver.cuGraphAddEventWaitNode,
+                         (event._handle,), after,
+                         NodeInfo(keep=(event,), description="wait event"), event)
+
+    def _event(self, operation: str, event: Any) -> None:
+        self._check(operation)
+        if not isinstance(event, Event):
+            raise TypeError(f"{operation} takes a cuctx.Event, not {type(event).__name__}")
+        if event._backend is not self._backend:
+            raise ValueError(f"{operation}: {event!r} is of another backend")
+        event._check(operation)
+
+    def child(self, graph: Graph, after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
+        """A child graph node: runs a copy of ``graph`` as it is now (later changes to
+        ``graph`` do not reach this node)."""
+        self._check("Graph.child")
+        if not isinstance(graph, Graph):
+            raise TypeError(f"Graph.child takes a cuctx.Graph, not {type(graph).__name__}")
+        if graph is self or graph._backend is not self._backend:
+            raise ValueError("Graph.child: a graph cannot contain itself or a graph of "
+                             "another backend")
+        graph._check("Graph.child")
+        node = self._add("Graph.child", "child", self._backend.driver.cuGraphAddChildGraphNode,
+                         (graph._handle,), after,
+                         NodeInfo(keep=(graph,), description=f"child {graph._summary()}"),
+                         graph)
+        self._parts.append(graph)
+        return node
+
+    def empty(self, after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
+        """A node that does nothing: a join point for ``after=``."""
+        self._check("Graph.empty")
+        return self._add("Graph.empty", "empty", self._backend.driver.cuGraphAddEmptyNode, (),
+                         after, NodeInfo(description="empty"))
+
+    def conditional(self, kind: str = "if", default: int | None = None,
+                    after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
+        """A conditional node: its ``body`` (a Graph) runs once if the condition is
+        non-zero (``kind="if"``), or again and again while it is (``"while"``). A kernel
+        sets the condition: pass it ``node.condition`` and call
+        ``cudaGraphSetConditional(handle, value)`` there. With ``default``, each launch
+        starts from that value; without, from the last value set. Needs a driver with
+        conditional nodes (CUDA 12.4+ for "if" and "while"): else NotSupportedError."""
+        if kind not in _CONDITIONS:
+            raise ValueError(f"Graph.conditional: kind must be 'if' or 'while', not {kind!r}")
+        if default is not None and (isinstance(default, bool) or not isinstance(default, int)
+                                    or default < 0):
+            raise TypeError(f"Graph.conditional: default must be None or an int >= 0, not "
+                            f"{default!r}")
+        operation = f"Graph.conditional({kind!r})"
+        self._check(operation)
+        ctx, drv = self._ctx, self._backend.driver
+        flags = CU_GRAPH_COND_ASSIGN_DEFAULT if default is not None else 0
+        with in_context(ctx, operation):
+            err, handle = drv.cuGraphConditionalHandleCreate(self._handle, ctx._handle,
+                                                             default or 0, flags)
+        if err:
+            fail(self._backend, err, "cuGraphConditionalHandleCreate", ctx,
+                 hint="conditional nodes need a driver of CUDA 12.4 or newer")
+        params = CUgraphNodeParams()
+        params.type = CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
+        cond = params.conditional
+        cond.handle = handle
+        cond.type = _CONDITIONS[kind]
+        cond.size = 1
+        cond.ctx = ctx._handle
+
+        def add(graph, deps, count, node_params):  # cuGraphAddNode takes edge data too
+            return drv.cuGraphAddNode(graph, deps, None, count, node_params)
+        add.__name__ = "cuGraphAddNode"
+        condition = Condition(int(handle))
+        body = object.__new__(Graph)
+        node = self._add(operation, "conditional", add, (params,), after,
+                         NodeInfo(description=f"conditional {kind} {condition:#x}"))
+        body._setup(ctx, params.conditional.phGraph_out[0], self)
+        node._extra = (condition, body)
+        self._parts.append(body)
+        return node
+
+    # -- the graph as a whole -------------------------------------------------------------
+
+    @property
+    def nodes(self) -> tuple[GraphNode, ...]:
+        """The nodes, in the order they were added."""
+        return tuple(self._nodes)
+
+    @property
+    def edges(self) -> tuple[tuple[GraphNode, GraphNode], ...]:
+        """The dependencies as (from, to) pairs: ``to`` runs after ``from``."""
+        self._check("Graph.edges")
+        drv = self._backend.driver
+        result = drv.cuGraphGetEdges(self._handle, 0)
+        if result[0]:
+            fail(self._backend, result[0], "cuGraphGetEdges", self._ctx)
+        count = int(result[-1])
+        if not count:
+            return ()
+        result = drv.cuGraphGetEdges(self._handle, count)
+        if result[0]:
+            fail(self._backend, result[0], "cuGraphGetEdges", self._ctx)
+        by = self._by_handle
+        return tuple((by[int(a)], by[int(b)])
+                     for a, b in zip(result[1][:count], result[2][:count]))
+
+    def instantiate(self, *, upload: Stream | Any | None = None, auto_free: bool = False,
+                    priority: bool = False) -> GraphExec:
+        """An executable of the graph as it is now. ``upload``: a stream to upload it on
+        right away (else the first launch does); ``auto_free``: memory the graph allocates
+        and does not free is freed at its next launch; ``priority``: kernel nodes run with
+        their own priority attributes."""
+        return GraphExec(self, upload, auto_free, priority)
+
+    def to_dot(self, path: str | os.PathLike, verbose: bool = False) -> str:
+        """Write the graph as Graphviz DOT to ``path`` (cuGraphDebugDotPrint; ``verbose``:
+        every node's parameters too); returns the path."""
+        self._check("Graph.to_dot")
+        flags = int(CUgraphDebugDot_flags.CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE) if verbose else 0
+        err, = self._backend.driver.cuGraphDebugDotPrint(self._handle, os.fsencode(path), flags)
+        if err:
+            fail(self._backend, err, "cuGraphDebugDotPrint", self._ctx,
+                 hint=f"writing {os.fspath(path)!r}")
+        return os.fspath(path)
+
+    def _node(self, handle) -> GraphNode | None:
+        """The node of a driver handle, in this graph or the graphs inside it."""
+        node = self._by_handle.get(int(handle or 0))
+        if node is None:
+            for part in self._parts:
+                node = part._node(handle)
+                if node is not None:
+                    break
+        return node
+
+    def _closure(self) -> tuple[list, list[HostFunctions], set, list[Event]]:
+        """What an executable of this graph must keep: every node's objects, host
+        functions, libraries, recorded events (of the graphs inside it too)."""
+        keep, host, libraries, events = [], list(self._host), set(), []
+        for node in self._nodes:
+            keep.extend(node._keep)
+            if node._kernel is not None:
+                libraries.add(node._kernel._owner)
+            if node.kind == "record" and isinstance(node._extra, Event):
+                events.append(node._extra)
+        for part in self._parts:
+            k, h, lib, ev = part._closure()
+            keep.extend(k)
+            host.extend(h)
+            libraries.update(lib)
+            events.extend(ev)
+        return keep, host, libraries, events
+
+    def _summary(self) -> str:
+        kinds = Counter(node.kind for node in self._nodes)
+        parts = []
+        for kind, n in kinds.items():
+            if kind == "kernel":
+                names = Counter(node._kernel.name if node._kernel else "?"
+                                for node in self._nodes if node.kind == "kernel")
+                named = ", ".join(f"{name!r}" + (f" x{k}" if k > 1 else "")
+                                  for name, k in names.items())
+                parts.append(f"{n} kernel ({named})")
+            else:
+                parts.append(f"{n} {kind}")
+        return f"{len(self._nodes)} nodes" + (f": {'; '.join(parts)}" if parts else "")
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __repr__(self) -> str:
+        edges = f", {len(self.edges)} edges" if self._ctx._state is ACTIVE else ""
+        body = " (conditional body)" if self._parent is not None else ""
+        return f"<Graph{body} {self._summary()}{edges} ctx {self._ctx._key:#x}>"
+
+
+def _driver_nodes(ctx: Context, handle) -> list:
+    drv = ctx._backend.driver
+    err, _, count = drv.cuGraphGetNodes(handle, 0)
+    if err:
+        fail(ctx._backend, err, "cuGraphGetNodes", ctx)
+    if not count:
+        return []
+    err, nodes, count = drv.cuGraphGetNodes(handle, count)
+    if err:
+        fail(ctx._backend, err, "cuGraphGetNodes", ctx)
+    return list(nodes[:count])
+
+
+def _destroy_graph(drv, handle, ctx: Context) -> None:
+    if ctx._state != DESTROYED:  # as for streams and events: nothing of a destroyed context
+        drv.cuGraphDestroy(handle)
