@@ -62,30 +62,37 @@ class LaunchModel:
         err, ctx = self._stream_context(hStream)
         if err:
             return err
+        err, launch = self._prepared_launch(kernel, ctx, grid, block, shared, kernelParams,
+                                            extra, cluster, cooperative)
+        if err:
+            return err
+        return self._enqueue(hStream, launch.run(self), cost_ns=LAUNCH_COST_NS,
+                             label=f"kernel {kernel.name}")
+
+    def _prepared_launch(self, kernel: SimKernel, ctx, grid, block, shared, kernelParams,
+                         extra, cluster=None, cooperative=False):
+        """(CUresult, `Launch`): the driver's checks of a launch in ``ctx`` and its parameter
+        bytes, copied now. Launches and kernel graph nodes share it."""
         if isinstance(kernel.owner, SimModule) and kernel.owner.ctx is not ctx:
-            return INVALID_HANDLE  # a CUfunction works only in its module's context
+            return INVALID_HANDLE, None  # a CUfunction works only in its module's context
         err = self._check_config(kernel, ctx.device, grid, block, shared, cluster, cooperative)
         if err:
-            return err
+            return err, None
         if extra not in (None, 0):
-            return NOT_SUPPORTED  # cuctx passes parameters through kernelParams only
+            return NOT_SUPPORTED, None  # cuctx passes parameters through kernelParams only
         err, raw = _read_params(kernel.image.info.params, kernelParams)
         if err:
-            return err
+            return err, None
         if kernel.twin is None:
-            return NOT_SUPPORTED  # the sim has nothing to run (cuctx says so before this)
+            return NOT_SUPPORTED, None  # the sim has nothing to run (cuctx says so before this)
         if isinstance(kernel.owner, SimLibrary) and ctx.handle not in kernel.owner.copies \
                 and kernel.owner.image.variables:
             with self._lock:  # the library's variables come to this context with its first use
                 copies = self._allocate_variables(ctx, kernel.owner.image.variables)
                 if copies is None:
-                    return OUT_OF_MEMORY
+                    return OUT_OF_MEMORY, None
                 kernel.owner.copies[ctx.handle] = copies
-        twin, kinds, name = kernel.twin, kernel.kinds, kernel.name
-
-        def run():
-            return run_twin(self, ctx, name, twin, grid, block, kinds, raw)
-        return self._enqueue(hStream, run, cost_ns=LAUNCH_COST_NS, label=f"kernel {name}")
+        return OK, Launch(kernel, ctx, grid, block, shared, raw)
 
     def _check_config(self, kernel: SimKernel, device: int, grid, block, shared, cluster,
                       cooperative) -> CUresult:
@@ -118,6 +125,30 @@ class LaunchModel:
             if grid[0] * grid[1] * grid[2] > most:
                 return COOPERATIVE_TOO_LARGE
         return OK
+
+
+class Launch:
+    """One checked launch: the kernel, its context, configuration and parameter bytes."""
+
+    __slots__ = ("kernel", "ctx", "grid", "block", "shared", "raw")
+
+    def __init__(self, kernel: SimKernel, ctx, grid, block, shared: int, raw: list[bytes]):
+        self.kernel = kernel
+        self.ctx = ctx
+        self.grid = grid
+        self.block = block
+        self.shared = shared
+        self.raw = raw
+
+    def run(self, driver):
+        """The operation that runs the twin registered now (a later registration does not
+        change work already queued)."""
+        ctx, name, grid, block, raw = self.ctx, self.kernel.name, self.grid, self.block, self.raw
+        twin, kinds = self.kernel.twin, self.kernel.kinds
+
+        def run():
+            return run_twin(driver, ctx, name, twin, grid, block, kinds, raw)
+        return run
 
 
 def _read_params(params, kernelParams) -> tuple[CUresult, list[bytes] | None]:

@@ -77,15 +77,24 @@ class PitchedCopies:
         err, _ = self._stream_context(hStream)
         if err:
             return (err,)
+        err, plan = self._pitched_plan(copy, depth, three_d)
+        if err or plan is None:
+            return (err,)
+        nbytes, run, host = plan
+        return self._copy(hStream, nbytes, run, host, "copy3D" if three_d else "copy2D")
+
+    def _pitched_plan(self, copy, depth: int, three_d: bool):
+        """(CUresult, (bytes, operation, the pageable or else any host side or None)) for
+        ``copy`` checked now; (OK, None) for an empty copy. Graph copy nodes share it."""
         width, height = copy.WidthInBytes, copy.Height
         sides = []
         for prefix in ("src", "dst"):
             err, side = self._pitched_side(copy, prefix, width, height, depth, three_d)
             if err:
-                return (err,)
+                return err, None
             sides.append(side)
         if not (width and height and depth):
-            return (OK,)
+            return OK, None
         source, target = sides
         shape = (depth, height, width)
 
@@ -100,8 +109,7 @@ class PitchedCopies:
             dst[...] = src  # NumPy copies through a buffer when the two overlap
         hosts = [s.bytes for s in sides if s.host]  # pageable if either side is
         host = next((h for h in hosts if not h.pinned), hosts[0] if hosts else None)
-        return self._copy(hStream, width * height * depth, run, host,
-                          "copy3D" if three_d else "copy2D")
+        return OK, (width * height * depth, run, host)
 
     def _pitched_side(self, copy, prefix: str, width: int, height: int, depth: int,
                       three_d: bool):

@@ -397,7 +397,12 @@ class StreamModel(EventModel):
     def cuLaunchHostFunc(self, hStream, fn, userData):
         if not int(fn or 0):
             return (INVALID_VALUE,)  # calling it would crash the interpreter
-        call = _HOST_FN(int(fn))  # the C function pointer the caller passed, as the driver has
+        return (self._enqueue(hStream, self._host_call(fn, userData), label="host function"),)
+
+    def _host_call(self, fn, userData):
+        """The operation that calls the C function pointer ``fn`` (non-null) with
+        ``userData``, as the driver does (host functions and host graph nodes)."""
+        call = _HOST_FN(int(fn))
         data = int(userData or 0)
         tls = self._tls
 
@@ -409,4 +414,4 @@ class StreamModel(EventModel):
                 call(data)
             finally:
                 tls.host_functions -= 1
-        return (self._enqueue(hStream, run, label="host function"),)
+        return run

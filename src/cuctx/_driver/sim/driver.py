@@ -14,6 +14,8 @@ import threading
 from ._common import h100_spec
 from ._contexts import ContextModel
 from ._devices import DeviceQueries, SimDevice
+from ._graph_exec import GraphExecModel
+from ._graphs import GraphModel
 from ._launches import LaunchModel
 from ._library import LibraryModel
 from ._memory import MemoryModel
@@ -24,6 +26,8 @@ from ._streams import StreamModel
 
 class SimDriver(
     DeviceQueries,
+    GraphExecModel,
+    GraphModel,
     StreamModel,
     LaunchModel,
     OccupancyModel,
@@ -45,6 +49,8 @@ class SimDriver(
         self._init_memory()
         self._init_libraries()
         self._init_peers()
+        self._init_graphs()
+        self._init_graph_execs()
 
 
 def from_env() -> SimDriver:

@@ -1,0 +1,255 @@
+"""The sim's CUDA graphs, called as cuda.bindings' driver functions: explicit graphs and their
+nodes, executables launched through the stream engine, per-node updates, stream capture,
+whole-graph updates, conditional and memory nodes. (cuctx's own graph API is tested in
+tests/graphs.)"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+from cuda.bindings import driver as d
+
+T = d.CUgraphNodeType
+OK = d.CUresult.CUDA_SUCCESS
+INVALID_VALUE = d.CUresult.CUDA_ERROR_INVALID_VALUE
+
+PTX = b"""
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry put(.param .u64 p, .param .u32 v) {
+  .reg .b64 %rd<3>; .reg .b32 %r<2>;
+  ld.param.u64 %rd1, [p]; ld.param.u32 %r1, [v];
+  cvta.to.global.u64 %rd2, %rd1; st.global.u32 [%rd2], %r1; ret;
+}
+"""
+
+
+def put(grid, block, p, v):
+    p.view(np.uint32, 1)[0] = v
+
+
+class Rig:
+    """A context, a kernel ``put(p, v)`` (``*p = v``), a stream and helpers, on the sim."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.drv = drv = backend.driver
+        assert drv.cuInit(0) == (OK,)
+        _, self.ctx = drv.cuDevicePrimaryCtxRetain(d.CUdevice(0))
+        assert drv.cuCtxPushCurrent(self.ctx) == (OK,)
+        _, mod = drv.cuModuleLoadData(PTX)
+        _, self.fn = drv.cuModuleGetFunction(mod, b"put")
+        backend.sim.set_kernel_twin(self.fn, put)
+        _, self.stream = drv.cuStreamCreate(1)
+        self._keep = []
+
+    def close(self):
+        self.drv.cuCtxSynchronize()
+        self.drv.cuCtxPopCurrent()
+
+    def alloc(self, nbytes: int = 64) -> int:
+        err, ptr = self.drv.cuMemAlloc(nbytes)
+        assert not err
+        assert self.drv.cuMemsetD8Async(ptr, 0, nbytes, 0) == (OK,)
+        assert self.drv.cuCtxSynchronize() == (OK,)
+        return int(ptr)
+
+    def read(self, ptr: int, count: int = 4) -> list[int]:
+        assert self.drv.cuCtxSynchronize() == (OK,)
+        out = np.zeros(count, np.uint32)
+        assert self.drv.cuMemcpyDtoH(out.ctypes.data, ptr, out.nbytes) == (OK,)
+        return out.tolist()
+
+    def kernel(self, ptr: int, value: int) -> d.CUDA_KERNEL_NODE_PARAMS:
+        values = (ctypes.c_uint64 * 1)(ptr), (ctypes.c_uint32 * 1)(value)
+        array = (ctypes.c_void_p * 2)(*[ctypes.addressof(v) for v in values])
+        self._keep.append((values, array))
+        params = d.CUDA_KERNEL_NODE_PARAMS()
+        params.func = self.fn
+        params.gridDimX = params.gridDimY = params.gridDimZ = 1
+        params.blockDimX = params.blockDimY = params.blockDimZ = 1
+        params.kernelParams = ctypes.addressof(array)
+        return params
+
+    @staticmethod
+    def memset(ptr: int, value: int, width: int, size: int = 4, height: int = 1,
+               pitch: int = 0) -> d.CUDA_MEMSET_NODE_PARAMS:
+        params = d.CUDA_MEMSET_NODE_PARAMS()
+        params.dst, params.value, params.elementSize = ptr, value, size
+        params.width, params.height, params.pitch = width, height, pitch
+        return params
+
+    @staticmethod
+    def copy(dst: int, src: int, nbytes: int) -> d.CUDA_MEMCPY3D:
+        params = d.CUDA_MEMCPY3D()
+        params.srcMemoryType = params.dstMemoryType = d.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        params.srcDevice, params.dstDevice = src, dst
+        params.srcPitch = params.dstPitch = nbytes
+        params.WidthInBytes, params.Height, params.Depth = nbytes, 1, 1
+        return params
+
+    def graph(self):
+        err, graph = self.drv.cuGraphCreate(0)
+        assert not err
+        return graph
+
+    def add(self, graph, kind: str, *args, after=()):
+        err, node = getattr(self.drv, f"cuGraphAdd{kind}Node")(graph, list(after), len(after),
+                                                               *args)
+        assert err == OK, err
+        return node
+
+    def run(self, graph, flags: int = 0):
+        err, exe = self.drv.cuGraphInstantiate(graph, flags)
+        assert err == OK, err
+        assert self.drv.cuGraphLaunch(exe, self.stream) == (OK,)
+        assert self.drv.cuStreamSynchronize(self.stream) == (OK,)
+        return exe
+
+
+@pytest.fixture
+def rig(sim):
+    rig = Rig(sim)
+    yield rig
+    rig.close()
+
+
+# -- explicit graphs ----------------------------------------------------------------------
+
+def test_a_graph_runs_its_nodes_in_dependency_order_on_the_stream(rig):
+    a, b = rig.alloc(), rig.alloc()
+    g = rig.graph()
+    fill = rig.add(g, "Memset", rig.memset(a, 5, 4), rig.ctx)
+    put_ = rig.add(g, "Kernel", rig.kernel(a + 4, 9), after=[fill])
+    rig.add(g, "Memcpy", rig.copy(b, a, 16), rig.ctx, after=[put_])
+    rig.run(g)
+    assert rig.read(b) == [5, 9, 5, 5]
+
+
+def test_launches_are_asynchronous_and_ordered_with_the_streams_other_work(rig):
+    a = rig.alloc()
+    g = rig.graph()
+    rig.add(g, "Kernel", rig.kernel(a, 1))
+    _, exe = rig.drv.cuGraphInstantiate(g, 0)
+    assert rig.drv.cuGraphLaunch(exe, rig.stream) == (OK,)
+    assert rig.drv.cuMemsetD32Async(a, 2, 1, rig.stream) == (OK,)
+    assert rig.drv.cuStreamQuery(rig.stream)[0] == d.CUresult.CUDA_ERROR_NOT_READY
+    assert rig.read(a, 1) == [2]  # the memset after the launch ran after it
+
+
+def test_parameters_are_copied_when_the_node_is_added(rig):
+    a = rig.alloc()
+    g = rig.graph()
+    params = rig.kernel(a, 3)
+    rig.add(g, "Kernel", params)
+    ctypes.c_uint32.from_address(ctypes.c_void_p.from_address(params.kernelParams + 8).value) \
+        .value = 4
+    rig.run(g)
+    assert rig.read(a, 1) == [3]
+
+
+def test_nodes_and_edges_come_back_as_cuda_bindings_returns_them(rig):
+    g = rig.graph()
+    x = rig.add(g, "Empty")
+    y = rig.add(g, "Empty", after=[x])
+    assert rig.drv.cuGraphGetNodes(g) == (OK, [], 2)
+    err, nodes, count = rig.drv.cuGraphGetNodes(g, 3)
+    assert [int(n) for n in nodes] == [int(x), int(y), 0] and count == 2
+    err, src, dst, data, count = rig.drv.cuGraphGetEdges(g, 1)
+    assert (int(src[0]), int(dst[0]), count) == (int(x), int(y), 1)
+    assert rig.drv.cuGraphNodeGetType(y) == (OK, T.CU_GRAPH_NODE_TYPE_EMPTY)
+
+
+def test_child_graphs_are_cloned_when_added(rig):
+    a = rig.alloc()
+    child = rig.graph()
+    rig.add(child, "Kernel", rig.kernel(a, 6))
+    g = rig.graph()
+    node = rig.add(g, "ChildGraph", child)
+    rig.add(child, "Kernel", rig.kernel(a + 4, 7))  # after the clone: not in g
+    err, inner = rig.drv.cuGraphChildGraphNodeGetGraph(node)
+    assert rig.drv.cuGraphGetNodes(inner)[2] == 1
+    assert rig.drv.cuGraphDestroy(inner) == (INVALID_VALUE,)  # the node owns it
+    rig.run(g)
+    assert rig.read(a, 2) == [6, 0]
+
+
+def test_event_nodes_order_work_across_streams(rig):
+    a = rig.alloc()
+    _, event = rig.drv.cuEventCreate(0)
+    g = rig.graph()
+    k = rig.add(g, "Kernel", rig.kernel(a, 8))
+    rig.add(g, "EventRecord", event, after=[k])
+    _, exe = rig.drv.cuGraphInstantiate(g, 0)
+    assert rig.drv.cuGraphLaunch(exe, rig.stream) == (OK,)
+    _, other = rig.drv.cuStreamCreate(1)
+    assert rig.drv.cuStreamWaitEvent(other, event, 0) == (OK,)
+    out = np.zeros(1, np.uint32)
+    host = rig.drv.cuMemHostAlloc(4, 0)[1]
+    assert rig.drv.cuMemcpyDtoHAsync(host, a, 4, other) == (OK,)
+    assert rig.drv.cuStreamSynchronize(other) == (OK,)
+    ctypes.memmove(out.ctypes.data, host, 4)
+    assert out.tolist() == [8]
+
+
+def test_host_nodes_call_their_function(rig):
+    seen = []
+    callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda data: seen.append(data))
+    params = d.CUDA_HOST_NODE_PARAMS()
+    params.fn = ctypes.cast(callback, ctypes.c_void_p).value
+    params.userData = 42
+    g = rig.graph()
+    rig.add(g, "Host", params)
+    rig.run(g)
+    assert seen == [42]
+
+
+def test_bad_handles_and_dependencies_are_invalid_values(rig):
+    g, other = rig.graph(), rig.graph()
+    foreign = rig.add(other, "Empty")
+    assert rig.drv.cuGraphAddEmptyNode(g, [foreign], 1) == (INVALID_VALUE, None)
+    x = rig.add(g, "Empty")
+    assert rig.drv.cuGraphAddEmptyNode(g, [x, x], 2) == (INVALID_VALUE, None)
+    with pytest.raises(RuntimeError):
+        rig.drv.cuGraphAddEmptyNode(g, [x], 2)
+    assert rig.drv.cuGraphAddEmptyNode(d.CUgraph(0), None, 0) == (INVALID_VALUE, None)
+    assert rig.drv.cuGraphLaunch(d.CUgraphExec(0), rig.stream) == (INVALID_VALUE,)
+    assert rig.drv.cuGraphAddMemsetNode(g, None, 0, rig.memset(12345, 0, 4), rig.ctx) \
+        == (INVALID_VALUE, None)
+    assert rig.drv.cuGraphDestroy(g) == (OK,)
+    assert rig.drv.cuGraphDestroy(g) == (INVALID_VALUE,)
+    assert rig.drv.cuGraphNodeGetType(x) == (INVALID_VALUE, None)
+
+
+# -- executables --------------------------------------------------------------------------
+
+def test_set_params_and_disabled_nodes_change_later_launches_only(rig):
+    a = rig.alloc()
+    g = rig.graph()
+    k = rig.add(g, "Kernel", rig.kernel(a, 1))
+    m = rig.add(g, "Memset", rig.memset(a + 4, 2, 1), rig.ctx, after=[k])
+    _, exe = rig.drv.cuGraphInstantiate(g, 0)
+    assert rig.drv.cuGraphLaunch(exe, rig.stream) == (OK,)
+    assert rig.drv.cuGraphExecKernelNodeSetParams(exe, k, rig.kernel(a, 10)) == (OK,)
+    assert rig.drv.cuGraphNodeSetEnabled(exe, m, 0) == (OK,)
+    assert rig.drv.cuGraphNodeGetEnabled(exe, m) == (OK, 0)
+    assert rig.read(a, 2) == [1, 2]  # the queued launch kept its parameters
+    assert rig.drv.cuMemsetD32Async(a, 0, 2, rig.stream) == (OK,)
+    assert rig.drv.cuGraphLaunch(exe, rig.stream) == (OK,)
+    assert rig.read(a, 2) == [10, 0]
+
+
+def test_memset_set_params_keep_the_shape(rig):
+    a = rig.alloc()
+    g = rig.graph()
+    m = rig.add(g, "Memset", rig.memset(a, 2, 4), rig.ctx)
+    _, exe = rig.drv.cuGraphInstantiate(g, 0)
+    assert rig.drv.cuGraphExecMemsetNodeSetParams(exe, m, rig.memset(a + 16, 3, 4), rig.ctx) \
+        == (OK,)
+    assert rig.drv.cuGraphExecMemsetNodeSetParams(
+        exe, m, rig.memset(a, 3, 2, height=2, pitch=16), rig.ctx) == (INVALID_VALUE,)
+    assert rig.drv.cuGraphLaunch(exe, rig.stream) == (OK,)
+    assert rig.read(a, 8) == [0, 0, 0, 0, 3, 3, 3, 3]
