@@ -20,8 +20,7 @@ import functools
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from cuda.bindings.driver import (CUDA_GRAPH_INSTANTIATE_PARAMS, CUgraphExecUpdateResult,
-                                  CUgraphInstantiate_flags, CUgraphInstantiateResult)
+from cuda.bindings.driver import CUDA_GRAPH_INSTANTIATE_PARAMS, CUgraphInstantiate_flags
 
 from .. import _lifetimes
 from .._driver import in_host_function
@@ -32,52 +31,12 @@ from ..context import (ACTIVE, DESTROYED, Context, fail, in_context,
 from ..errors import CONTEXT_IS_DESTROYED, CudaError, GraphUpdateError
 from ..stream import Stream, resolve_stream
 from ._nodes import KernelParams, copy_params, fill_params
+from ._update import INSTANTIATE_REASONS, TOPOLOGY, UPDATE_REASONS, refusal
 
 if TYPE_CHECKING:
     from ._graph import Graph, GraphNode
 
 _F = CUgraphInstantiate_flags
-_R = CUgraphExecUpdateResult
-_I = CUgraphInstantiateResult
-
-# The driver's reasons for refusing an update (CUgraphExecUpdateResult), in words.
-UPDATE_REASONS = {
-    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR):
-        "the driver refused it without naming a reason (an invalid value, such as a graph "
-        "the executable cannot take)",
-    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED):
-        "the structure changed: the graphs differ in their nodes or in the dependencies "
-        "between them, so the update has nothing to pair; instantiate the new graph instead",
-    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED):
-        "the node is of another kind than the executable's node at its place (a copy where "
-        "a kernel was, say)",
-    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED):
-        "the kernel node runs another kernel, which this driver cannot change",
-    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED):
-        "its parameters changed in a way an update cannot make (a copy or fill of another "
-        "size or memory kind, memory of another context or device, ...)",
-    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED):
-        "this kind of node, or this change to it, cannot be updated (another host function "
-        "or event, memory nodes, conditional nodes' parameters, ...)",
-    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE):
-        "the kernel changed to one the executable cannot run in its place (another context, "
-        "or one using dynamic parallelism or device-side graph calls the first did not)",
-    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED):
-        "the node's attributes changed in a way an update cannot make (its priority, with "
-        "instantiate(priority=True), or its cluster shape)",
-}
-
-_INSTANTIATE_REASONS = {
-    int(_I.CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE):
-        "the graph's structure is invalid (a cycle, say)",
-    int(_I.CUDA_GRAPH_INSTANTIATE_NODE_OPERATION_NOT_SUPPORTED):
-        "a node's operation is not supported here",
-    int(_I.CUDA_GRAPH_INSTANTIATE_MULTIPLE_CTXS_NOT_SUPPORTED):
-        "its nodes run in several contexts, which this graph cannot",
-    int(_I.CUDA_GRAPH_INSTANTIATE_CONDITIONAL_HANDLE_UNUSED):
-        "a conditional handle is not used by any conditional node",
-}
-
 
 class _Held:
     """What an executable's work uses; its finalizer hands it to the queues of the streams
@@ -221,18 +180,16 @@ class GraphExec(Resource):
         self._take(graph)
 
     def _refuse_update(self, err, graph: Graph, info) -> None:
-        result = int(info.result)
+        result, node, dependency = refusal(self.graph, graph, info)
         reason = UPDATE_REASONS.get(result, f"result {result}")
-        node = graph._node(info.errorNode)
-        dependency = graph._node(info.errorFromNode)
         if node is not None:
             what = f"{node.description}, added at {node.where}"
             if dependency is not None:
-                what += (f" (its dependency on {dependency.description}, added at "
-                         f"{dependency.where}, does not match)")
-        elif result == int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED):
+                what += f" (its dependency on {dependency.description}, added at " \
+                        f"{dependency.where}, is new)"
+        elif result == TOPOLOGY:
             what = (f"the graph as a whole ({len(graph._nodes)} nodes, the executable's "
-                    f"{len(self._specs)})")
+                    f"{len(self.graph._nodes)})")
         else:
             what = "the graph"
         try:
@@ -424,7 +381,7 @@ def _instantiate_uploaded(graph: Graph, flags: int, stream: Stream):
         err, handle = ctx._backend.driver.cuGraphInstantiateWithParams(graph._handle, params)
     if err:
         node = graph._node(params.hErrNode_out)
-        reason = _INSTANTIATE_REASONS.get(int(params.result_out), "")
+        reason = INSTANTIATE_REASONS.get(int(params.result_out), "")
         hint = "; ".join(filter(None, [reason, f"at {node!r}" if node else ""]))
         fail(ctx._backend, err, "cuGraphInstantiateWithParams", ctx, hint=hint)
     return handle
