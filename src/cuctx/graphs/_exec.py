@@ -1,4 +1,4 @@
-"""Graph executables: `GraphExec` (cuGraphInstantiateWithParams), launches and uploads,
+"""Graph executables: `GraphExec` (cuGraphInstantiate), launches and uploads,
 whole-graph updates (cuGraphExecUpdate) and per-node ones (cuGraphExec*NodeSetParams,
 cuGraphNodeSetEnabled).
 
@@ -20,7 +20,7 @@ import functools
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from cuda.bindings.driver import CUDA_GRAPH_INSTANTIATE_PARAMS, CUgraphInstantiate_flags
+from cuda.bindings.driver import CUgraphInstantiate_flags
 
 from .. import _lifetimes
 from .._driver import in_host_function
@@ -31,7 +31,7 @@ from ..context import (ACTIVE, DESTROYED, Context, fail, in_context,
 from ..errors import CONTEXT_IS_DESTROYED, CudaError, GraphUpdateError
 from ..stream import Stream, resolve_stream
 from ._nodes import KernelParams, copy_params, fill_params
-from ._update import INSTANTIATE_REASONS, TOPOLOGY, UPDATE_REASONS, refusal
+from ._update import TOPOLOGY, UPDATE_REASONS, refusal
 
 if TYPE_CHECKING:
     from ._graph import Graph, GraphNode
@@ -66,14 +66,11 @@ class GraphExec(Resource):
         drv = backend.driver
         flags = (int(_F.CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) if auto_free else 0) \
             | (int(_F.CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY) if priority else 0)
-        if upload is None:
-            with in_context(ctx, "Graph.instantiate"):
-                err, handle = drv.cuGraphInstantiate(graph._handle, flags)
-            if err:
-                fail(backend, err, "cuGraphInstantiate", ctx, hint=f"instantiating {graph!r}")
-        else:
-            handle = _instantiate_uploaded(graph, flags,
-                                           _stream_for(ctx, upload, "Graph.instantiate"))
+        stream = None if upload is None else _stream_for(ctx, upload, "Graph.instantiate")
+        with in_context(ctx, "Graph.instantiate"):
+            err, handle = drv.cuGraphInstantiate(graph._handle, flags)
+        if err:
+            fail(backend, err, "cuGraphInstantiate", ctx, hint=f"instantiating {graph!r}")
         self._backend = backend
         self._ctx = ctx
         self._handle = handle
@@ -87,6 +84,8 @@ class GraphExec(Resource):
         self._finalizer = _lifetimes.finalize(self, _destroy_exec, drv, handle, ctx, self._held)
         _live.setdefault(ctx._key, weakref.WeakSet()).add(self)
         ctx._on_teardown(_forget_context)
+        if stream is not None:  # what CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD does, in one more call
+            self.upload(stream)
 
     def _take(self, graph: Graph) -> None:
         """Keep what ``graph``'s nodes use; its nodes name this executable's nodes (by
@@ -368,23 +367,6 @@ _SLOTS = {
     "copy": _bound(_CopySlot, "copy", "cuGraphExecMemcpyNodeSetParams"),
     "fill": _bound(_FillSlot, "fill", "cuGraphExecMemsetNodeSetParams"),
 }
-
-
-def _instantiate_uploaded(graph: Graph, flags: int, stream: Stream):
-    """cuGraphInstantiateWithParams with an upload stream; a failure names the node the
-    driver blames and its reason."""
-    ctx = graph._ctx
-    params = CUDA_GRAPH_INSTANTIATE_PARAMS()
-    params.flags = flags | int(_F.CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)
-    params.hUploadStream = stream._handle
-    with in_context(ctx, "Graph.instantiate"):
-        err, handle = ctx._backend.driver.cuGraphInstantiateWithParams(graph._handle, params)
-    if err:
-        node = graph._node(params.hErrNode_out)
-        reason = INSTANTIATE_REASONS.get(int(params.result_out), "")
-        hint = "; ".join(filter(None, [reason, f"at {node!r}" if node else ""]))
-        fail(ctx._backend, err, "cuGraphInstantiateWithParams", ctx, hint=hint)
-    return handle
 
 
 # -- streams, lifetimes, teardown ---------------------------------------------------------------

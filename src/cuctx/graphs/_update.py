@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cuda.bindings.driver import CUgraphExecUpdateResult, CUgraphInstantiateResult
+from cuda.bindings.driver import CUgraphExecUpdateResult
 
 from ..memory import DeviceArray
 
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from ._graph import Graph, GraphNode
 
 _R = CUgraphExecUpdateResult
-_I = CUgraphInstantiateResult
 ERROR = int(_R.CU_GRAPH_EXEC_UPDATE_ERROR)
 TOPOLOGY = int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED)
 NODE_TYPE = int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED)
@@ -55,18 +54,6 @@ UPDATE_REASONS = {
         "the node's attributes changed in a way an update cannot make (its priority, with "
         "instantiate(priority=True), or its cluster shape)",
 }
-
-INSTANTIATE_REASONS = {
-    int(_I.CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE):
-        "the graph's structure is invalid (a cycle, say)",
-    int(_I.CUDA_GRAPH_INSTANTIATE_NODE_OPERATION_NOT_SUPPORTED):
-        "a node's operation is not supported here",
-    int(_I.CUDA_GRAPH_INSTANTIATE_MULTIPLE_CTXS_NOT_SUPPORTED):
-        "its nodes run in several contexts, which this graph cannot",
-    int(_I.CUDA_GRAPH_INSTANTIATE_CONDITIONAL_HANDLE_UNUSED):
-        "a conditional handle is not used by any conditional node",
-}
-
 
 def refusal(old: Graph, new: Graph, info) -> tuple[int, GraphNode | None, GraphNode | None]:
     """(CUgraphExecUpdateResult, the node of ``new`` to blame, its mismatched dependency)
