@@ -66,7 +66,7 @@ class Block:
     """A range of device addresses with bytes behind it, used by one allocation at a time."""
 
     __slots__ = ("base", "size", "device", "ctx", "data", "current", "valid", "pooled",
-                 "free_stream", "released", "ordered")
+                 "free_stream", "released", "ordered", "graph")
 
     def __init__(self, base: int, size: int, device: int, ctx):
         self.base = base
@@ -80,6 +80,7 @@ class Block:
         self.free_stream = None  # the SimStream whose queued free put it in the pool
         self.released = False  # that free has run: any stream may reuse it
         self.ordered = False  # from the device's pool (cuMemAllocAsync): outlives its context
+        self.graph = None  # a graph allocation's state (`_graph_memory.GraphMemory`)
 
     @property
     def length(self) -> int:

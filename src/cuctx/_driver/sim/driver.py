@@ -12,9 +12,12 @@ import os
 import threading
 
 from ._common import h100_spec
+from ._capture import CaptureModel
+from ._capture_ops import CaptureOps
 from ._contexts import ContextModel
 from ._devices import DeviceQueries, SimDevice
 from ._graph_exec import GraphExecModel
+from ._graph_memory import GraphMemoryModel
 from ._graphs import GraphModel
 from ._launches import LaunchModel
 from ._library import LibraryModel
@@ -25,7 +28,10 @@ from ._streams import StreamModel
 
 
 class SimDriver(
+    CaptureOps,
+    CaptureModel,
     DeviceQueries,
+    GraphMemoryModel,
     GraphExecModel,
     GraphModel,
     StreamModel,
@@ -51,6 +57,7 @@ class SimDriver(
         self._init_peers()
         self._init_graphs()
         self._init_graph_execs()
+        self._init_capture()
 
 
 def from_env() -> SimDriver:
