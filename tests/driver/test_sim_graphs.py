@@ -417,3 +417,50 @@ def test_stream_ordered_allocations_in_a_capture_become_memory_nodes(rig):
     assert drv.cuGraphLaunch(exe, s) == (OK,)  # freed in the graph: relaunching is fine
     assert drv.cuStreamSynchronize(s) == (OK,)
     assert drv.cuGraphInstantiate(graph, 0) == (INVALID_VALUE, None)  # one at a time
+
+
+# -- whole-graph updates ------------------------------------------------------------------
+
+UPDATE = d.CUgraphExecUpdateResult
+
+
+def test_an_update_with_the_same_structure_takes_the_new_parameters(rig):
+    drv = rig.drv
+    a, b = rig.alloc(), rig.alloc()
+
+    def build(ptr, value):
+        g = rig.graph()
+        k = rig.add(g, "Kernel", rig.kernel(ptr, value))
+        rig.add(g, "Memset", rig.memset(ptr + 4, value, 3), rig.ctx, after=[k])
+        return g
+    exe = rig.run(build(a, 1))
+    err, info = drv.cuGraphExecUpdate(exe, build(b, 2))
+    assert (err, info.result) == (OK, UPDATE.CU_GRAPH_EXEC_UPDATE_SUCCESS)
+    assert drv.cuGraphLaunch(exe, rig.stream) == (OK,)
+    assert rig.read(b) == [2, 2, 2, 2] and rig.read(a) == [1, 1, 1, 1]
+
+
+def test_an_update_is_refused_naming_the_node_and_the_reason(rig):
+    drv = rig.drv
+    a = rig.alloc()
+    g = rig.graph()
+    rig.add(g, "Memset", rig.memset(a, 1, 4), rig.ctx)
+    _, exe = drv.cuGraphInstantiate(g, 0)
+
+    def refused(graph):
+        err, info = drv.cuGraphExecUpdate(exe, graph)
+        assert err == R.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
+        return info.result, int(info.errorNode)
+
+    two = rig.graph()
+    rig.add(two, "Memset", rig.memset(a, 1, 4), rig.ctx)
+    rig.add(two, "Empty")
+    assert refused(two) == (UPDATE.CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, 0)
+    other = rig.graph()
+    node = rig.add(other, "Kernel", rig.kernel(a, 1))
+    assert refused(other) == (UPDATE.CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED, int(node))
+    shape = rig.graph()
+    node = rig.add(shape, "Memset", rig.memset(a, 1, 2, height=2, pitch=16), rig.ctx)
+    assert refused(shape) == (UPDATE.CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED, int(node))
+    assert drv.cuGraphLaunch(exe, rig.stream) == (OK,)  # unchanged by the refusals
+    assert rig.read(a) == [1, 1, 1, 1]

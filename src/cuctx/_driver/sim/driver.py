@@ -18,6 +18,7 @@ from ._contexts import ContextModel
 from ._devices import DeviceQueries, SimDevice
 from ._graph_exec import GraphExecModel
 from ._graph_memory import GraphMemoryModel
+from ._graph_update import GraphUpdateModel
 from ._graphs import GraphModel
 from ._launches import LaunchModel
 from ._library import LibraryModel
@@ -32,6 +33,7 @@ class SimDriver(
     CaptureModel,
     DeviceQueries,
     GraphMemoryModel,
+    GraphUpdateModel,
     GraphExecModel,
     GraphModel,
     StreamModel,
