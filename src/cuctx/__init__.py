@@ -12,7 +12,7 @@ from .errors import (BackendUnavailableError, ContextDestroyedError, ContextPois
                      CudaError, GraphCaptureError, GraphUpdateError, InvalidContextError, InvalidDeviceError, InvalidValueError,
                      NotPermittedError, NotSupportedError, OutOfMemoryError, StickyFaultError)
 from .event import Event
-from .graphs import Graph, GraphExec, GraphNode
+from .graphs import Graph, GraphExec, GraphNode, autograph
 from ._args import KernelArgumentError
 from ._launch_config import LaunchConfigError
 from ._launcher import Launcher, launch
@@ -44,7 +44,7 @@ __all__ = [
     "InvalidContextError", "InvalidDeviceError", "InvalidValueError", "Kernel",
     "KernelArgumentError", "KernelAttributes", "LaunchConfigError", "Launcher", "Library",
     "MemInfo", "Module", "NotPermittedError", "NotSupportedError", "OutOfMemoryError",
-    "StickyFaultError", "Stream", "asarray", "backend", "copy", "current_context",
+    "StickyFaultError", "Stream", "asarray", "autograph", "backend", "copy", "current_context",
     "current_device", "current_stream", "defer_cleanup", "devices", "empty",
     "ensure_context", "full", "launch", "legacy_stream", "per_thread_stream",
     "pinned_empty", "register_host", "set_backend", "synchronize", "to_device", "zeros",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import weakref
 
-from . import _trace
+from . import _record, _trace
 from . import _lifetimes
 from ._lifetimes import free_or_defer
 from .context import ACTIVE, fail, in_context
@@ -74,7 +74,9 @@ def allocate(nbytes: int, stream: Stream) -> Allocation:
     ctx = stream._ctx
     if ctx._state is not ACTIVE:
         raise ctx._unusable("cuctx.empty")
-    if _lifetimes._held:  # frees a collection inside a host function held: reuse them first
+    # Frees a collection inside a host function held: reuse them first (not while this thread
+    # records an autograph call: they would be queued before the work it recorded).
+    if _lifetimes._held and _record.current() is None:
         _lifetimes.run_held_finalizers()
     if _lifetimes.orphans:
         _lifetimes.free_orphans(ctx)

@@ -21,7 +21,7 @@ import os
 import threading
 from typing import Any, Callable
 
-from . import _trace
+from . import _record, _trace
 from ._args import ARRAY, PACK_ERRORS, VALUE
 from ._driver import in_host_function
 from ._plan import Plan
@@ -45,6 +45,8 @@ def fast_launch(plan: Plan, *, ctx: Any, owner: Any, local: threading.local,
              "pack_errors": PACK_ERRORS, "pack_into": plan.layout.pack_into,
              "ctx": ctx, "device": ctx._device, "owner": owner, "local": local,
              "general": general, "fail": fail, "stream": stream,
+             "recording": _record.threads, "take": _record.launch,
+             "launcher": general.__self__, "plan": plan,
              **{f"T{i}": t for i, t in enumerate(plan.types)},
              **{f"G{i}": p.convert for i, p in enumerate(plan.params) if p.convert}}
     exec(compile(source, name, "exec"), scope)  # noqa: S102 - our own source, from a plan
@@ -83,6 +85,8 @@ def launch_source(plan: Plan) -> str:
               f"        pack_into(buffer, 0{''.join(', ' + v for v in values)})",
               "    except pack_errors:  # a value its code cannot hold: unsigned, or an error",
               "        return general(args)",
+              "    if recording and take(launcher, buffer, args, plan):  # an autograph records",
+              "        return",
               "    err, = go()",
               "    if err:",
               "        fail(err)"]

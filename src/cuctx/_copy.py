@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from cuda.bindings.driver import CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUmemorytype
 
-from . import _layout, _trace
+from . import _layout, _record, _trace
 from ._alloc import allocate
 from ._host import page_locked
 from ._layout import Plan
@@ -55,6 +55,9 @@ def issue(stream: Stream, plan: Plan, dst_obj, src_obj, dst_on_device: bool,
           src_on_device: bool) -> None:
     """Queue ``plan`` on ``stream`` from ``src_obj`` to ``dst_obj`` (device arrays or NumPy
     arrays, as the flags say). Raises the driver's error as a CudaError."""
+    if _record.threads and _record.enqueue(stream, _record.COPY, plan, dst_obj, src_obj,
+                                           dst_on_device, src_on_device):
+        return  # an autograph call recorded it
     drv = stream._backend.driver
     dst = _address(dst_obj, dst_on_device) + plan.dst_offset
     src = _address(src_obj, src_on_device) + plan.src_offset
@@ -127,6 +130,8 @@ def fill_pattern(value: Any, dtype: np.dtype) -> bytes:
 def memset(arr, pattern: bytes, stream: Stream) -> None:
     """Fill the dense, aligned ``arr`` with the element ``pattern``: one memset for 1-, 2-
     and 4-byte patterns and repeating 4-byte words, else one strided 32-bit memset per word."""
+    if _record.threads and _record.enqueue(stream, _record.FILL, arr, pattern):
+        return  # an autograph call recorded it
     drv, h, n, call = stream._backend.driver, stream._handle, arr.size, stream._call
     if len(pattern) == 1:
         results = [call(drv.cuMemsetD8Async, arr.ptr, pattern[0], n, h)]

@@ -18,7 +18,7 @@ import functools
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import _codegen, _trace
+from . import _codegen, _record, _trace
 from ._args import PACK_ERRORS
 from ._driver import in_host_function
 from ._launch_config import Config, driver_config, make_config, validate
@@ -116,16 +116,36 @@ class Launcher:
             plan.pack(buffer, self.stream, args)
         except PACK_ERRORS:
             pack_slowly(self._packer, plan, args, self.stream, buffer)
+        # A recording thread's recorder (an autograph call) takes the packed launch instead.
+        if not (_record.threads and _record.launch(self, buffer, args, plan)):
+            err, = go()
+            if err:
+                self._fail(err)
+            if _trace.sinks:
+                _trace.emit("launch", ctx, self.stream, plan.accesses(args, self.stream),
+                            kernel=self.kernel, config=self.config)
+        if plan is not self._fast_plan and _codegen.ENABLED:
+            self._misses += 1
+            if self._fast is None or self._misses >= _FOLLOW_AFTER:
+                self._follow(plan)
+
+    def _enqueue(self, data: bytes, args: tuple, plan: Plan) -> None:
+        """Launch with parameter bytes packed before (from ``args`` by ``plan``): a recorded
+        launch that runs eagerly after all."""
+        ctx = self._ctx
+        if ctx._state is not ACTIVE:
+            raise ctx._unusable(f"launch of {self.kernel.name!r}")
+        try:
+            buffer, go = self._local.state
+        except AttributeError:
+            buffer, go = self._thread_state()
+        buffer[:] = data
         err, = go()
         if err:
             self._fail(err)
         if _trace.sinks:
             _trace.emit("launch", ctx, self.stream, plan.accesses(args, self.stream),
                         kernel=self.kernel, config=self.config)
-        if plan is not self._fast_plan and _codegen.ENABLED:
-            self._misses += 1
-            if self._fast is None or self._misses >= _FOLLOW_AFTER:
-                self._follow(plan)
 
     def _follow(self, plan: Plan) -> None:
         """Make ``plan``'s fast path the launcher's (generating it the first time), so

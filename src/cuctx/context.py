@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, NoReturn
 
 from cuda.bindings.driver import CUctx_flags
 
-from . import _driver, _trace
+from . import _driver, _record, _trace
 from ._driver import in_host_function
 from ._lifetimes import finalize, raise_host_func_errors
 from ._resource import ACTIVE, DESTROYED, POISONED, Resource, upper
@@ -365,6 +365,8 @@ class Context(Resource):
     def synchronize(self) -> None:
         """Wait for all work in this context; raises the fault if a kernel in it failed, and
         `HostFunctionError` if a host function launched on one of its streams raised."""
+        if _record.threads:  # an autograph call enqueues what it recorded, and stops
+            _record.interrupt("Context.synchronize")
         with _InContext(self, "Context.synchronize"):
             err, = self._drv.cuCtxSynchronize()
         if err:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from cuda.bindings.driver import CUevent_flags
 
 from ._lifetimes import finalize
-from . import _driver, _trace
+from . import _driver, _record, _trace
 from ._resource import Resource, upper
 from .context import (ACTIVE, DESTROYED, Context, context_for, fail, in_context,
                       refuse_in_host_function)
@@ -111,6 +111,8 @@ class Event(Resource):
         """Wait on the host until the work captured by the latest record is done."""
         self._check_waitable("Event.synchronize", self._backend)
         refuse_in_host_function("Event.synchronize")
+        if _record.threads:  # an autograph call enqueues what it recorded, and stops
+            _record.interrupt("Event.synchronize")
         err, = self._backend.driver.cuEventSynchronize(self._handle)
         if err:
             fail(self._backend, err, "cuEventSynchronize", self._ctx)
@@ -124,6 +126,8 @@ class Event(Resource):
         if self._ctx._state is not ACTIVE:
             raise self._ctx._unusable("Event.done")
         refuse_in_host_function("Event.done")
+        if _record.threads:
+            _record.interrupt("Event.done")
         err, = self._backend.driver.cuEventQuery(self._handle)
         if err and int(err) != NOT_READY:
             fail(self._backend, err, "cuEventQuery", self._ctx)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from cuda.bindings.driver import CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUstream, CUstream_flags
 
-from . import _driver, _lifetimes, _trace
+from . import _driver, _lifetimes, _record, _trace
 from ._driver import in_host_function
 from ._lifetimes import raise_host_func_errors  # noqa: F401 - documented as cuctx.stream's
 from ._resource import Resource, upper
@@ -168,6 +168,9 @@ class Stream(Resource):
             event = Event._create(ctx, timing=False)
         elif event.__class__ is not Event or event._ctx is not ctx:
             _check_recordable(self, event)  # subclasses of Event pass; anything else raises
+        if _record.threads and _record.enqueue(self, _record.RECORD, event):
+            event._recorded = True  # (an autograph call recorded it)
+            return event
         err, = self._record(event._handle, self._handle)
         if err:
             fail(self._backend, err, "cuEventRecord", ctx)
@@ -190,6 +193,8 @@ class Stream(Resource):
             if not other._recorded or other._ctx._state is not ACTIVE \
                     or other._backend is not self._backend:
                 other._check_waitable("Stream.wait", self._backend)  # raises the reason
+            if _record.threads and _record.enqueue(self, _record.WAIT, other):
+                return  # an autograph call recorded it
             err, = self._wait(self._handle, other._handle, 0)
             if err:
                 fail(self._backend, err, "cuStreamWaitEvent", ctx)
@@ -208,6 +213,8 @@ class Stream(Resource):
             raise TypeError(f"Stream.wait takes an Event or a Stream, not {type(other).__name__}"
                             "; adopt another library's stream with cuctx.Stream.wrap(obj)")
         other._check_waitable("Stream.wait", self._backend)
+        if _record.threads and _record.enqueue(self, _record.WAIT, other):
+            return
         err, = self._wait(self._handle, other._handle, 0)
         if err:
             fail(self._backend, err, "cuStreamWaitEvent", self._ctx)
@@ -222,6 +229,8 @@ class Stream(Resource):
         other_ctx = other._ctx
         if other_ctx._state is not ACTIVE:
             raise other_ctx._unusable("Stream.wait")
+        if _record.threads and _record.enqueue(self, _record.WAIT, other):
+            return
         event = other._sync_event
         if event is None:
             event = other._sync_event = Event._create(other_ctx, timing=False)
@@ -243,6 +252,8 @@ class Stream(Resource):
         if ctx._state is not ACTIVE:
             raise ctx._unusable("Stream.synchronize")
         refuse_in_host_function("Stream.synchronize")
+        if _record.threads:  # an autograph call enqueues what it recorded, and stops
+            _record.interrupt("Stream.synchronize")
         err, = self._sync(self._handle)
         if err:
             fail(self._backend, err, "cuStreamSynchronize", ctx)
@@ -259,6 +270,8 @@ class Stream(Resource):
     def done(self) -> bool:
         """True when all work queued on this stream has finished (cuStreamQuery)."""
         self._check("Stream.done")
+        if _record.threads:
+            _record.interrupt("Stream.done")
         err, = self._call(self._backend.driver.cuStreamQuery, self._handle)
         if err and int(err) != NOT_READY:
             fail(self._backend, err, "cuStreamQuery", self._ctx)
@@ -272,6 +285,8 @@ class Stream(Resource):
         if not callable(fn):
             raise TypeError(f"launch_host_func needs a callable, not {type(fn).__name__}")
         self._check("Stream.launch_host_func")
+        if _record.threads and _record.enqueue(self, _record.HOST, fn, args):
+            return
         owner = _lifetimes.queue(self._ctx, self._key)
         key = owner.add_host_function(fn, args, self._backend.sim is None)
         err, = self._call(self._backend.driver.cuLaunchHostFunc, self._handle,

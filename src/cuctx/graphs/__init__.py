@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
+from ._autograph import AutoGraph, autograph
 from ._exec import GraphExec
 from ._graph import Graph, GraphNode
 
-__all__ = ["Graph", "GraphExec", "GraphNode"]
+__all__ = ["AutoGraph", "Graph", "GraphExec", "GraphNode", "autograph"]

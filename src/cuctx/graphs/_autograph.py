@@ -1,0 +1,457 @@
+"""`@cuctx.autograph`: a function that enqueues cuctx work runs as a CUDA graph when that
+pays, and eagerly when it does not, with the same results either way.
+
+Each call records what the function enqueues (`_autograph_record.Recording`) instead of
+enqueuing it, then compares it with what earlier calls recorded:
+
+- same structure and values: launch the executable made for that structure;
+- same structure, other values (new arrays, new scalars): patch the changed nodes, or
+  update the whole graph when that is cheaper (from the costs measured so far);
+- a structure seen for the first time runs eagerly (the recorded operations are enqueued
+  as they would have been); once it repeats, a graph is built (`_autograph_build`),
+  cached by structure (least recently used first out, bounded by ``max_graphs`` and an
+  estimate of the bytes, ``max_bytes``).
+
+Whether graphs pay is measured per structure (host time: eager enqueueing against patching
+and launching): after `SWITCH_AFTER` graph calls in a row costing more than eager ones, the
+structure runs eagerly; after as many eager calls in a row for which graph calls are
+predicted cheaper by `MARGIN`, it goes back to its graph. A call that does what a graph
+cannot hold (a synchronize, a query, a pageable copy) runs eagerly from the start: what was
+recorded before it is enqueued first. Everything is counted, timed and explained:
+`AutoGraph.stats`, `AutoGraph.explain`.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import types
+from collections import OrderedDict, deque
+from itertools import compress
+from operator import ne
+from time import perf_counter
+from typing import Any, Callable
+
+from .. import _record, _trace
+from .._launcher import Launcher
+from .._lifetimes import defer_cleanup
+from ..errors import CudaError
+from ._autograph_build import construct, patch, patchable, unbuildable
+from ._autograph_record import WAIT, Recording
+
+BUILD_AFTER = 2  # calls with one structure before a graph is built for it
+SWITCH_AFTER = 3  # calls in a row beyond the margin before graph <-> eager switches
+MARGIN = 0.25  # back to graphs only when predicted at least this much cheaper than eager
+SMOOTH = 0.25  # weight of the newest measurement in the running means
+REASONS_KEPT = 256  # the latest reasons stats() lists
+GRAPH, EAGER = "graph", "eager"
+
+
+def _mean(old: float | None, new: float) -> float:
+    return new if old is None else old + SMOOTH * (new - old)
+
+
+class _Entry:
+    """One structure: its executable (once built), the values it holds, measured costs."""
+
+    __slots__ = ("key", "keys", "size", "seen", "exe", "nodes", "values", "items", "bytes", "mode",
+                 "strikes", "eager_s", "replay_s", "construct_s", "whole_s", "blocked",
+                 "outside", "__weakref__")
+
+    def __init__(self, key: tuple, recording: Recording) -> None:
+        self.key = key
+        self.keys = recording.keys  # the same as a list: compared without making a tuple
+        self.size = len(key)
+        self.seen = 0
+        self.exe: Any = None
+        self.nodes: list = []
+        self.values: list = []
+        self.items: list = []  # keep what the executable's values point at
+        self.bytes = 0
+        self.mode = GRAPH
+        self.strikes = 0
+        self.eager_s: float | None = None  # running means, seconds per call
+        self.replay_s: float | None = None
+        self.construct_s: float | None = None
+        self.whole_s: float | None = None
+        self.blocked = unbuildable(recording)
+        # Waits for outside work, by index: made before each launch of the executable.
+        self.outside = [i for i, k in enumerate(key)
+                        if k.__class__ is tuple and k[0] is WAIT and len(k) == 2]
+
+
+class AutoGraph:
+    """A function whose cuctx work runs as a CUDA graph when that pays (see
+    `cuctx.autograph`). Call it as the function; `stats` and `explain` tell what happened."""
+
+    def __init__(self, fn: Callable, max_graphs: int = 16, max_bytes: int = 256 << 20) -> None:
+        if not callable(fn):
+            raise TypeError(f"autograph decorates a function, not {type(fn).__name__}")
+        for name, value in (("max_graphs", max_graphs), ("max_bytes", max_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"autograph: {name} must be an int >= 1, not {value!r}")
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self.max_graphs = max_graphs
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple, _Entry] = OrderedDict()  # least recently used first
+        self._last: _Entry | None = None
+        self._counts = dict.fromkeys(("calls", "replays", "updates", "builds", "eager"), 0)
+        self._times = dict.fromkeys(("recording", "replay", "update", "build", "eager"), 0.0)
+        self._saved = 0.0
+        self._reasons: deque[dict] = deque(maxlen=REASONS_KEPT)
+        # Costs measured across structures: seconds per patched node, per node of a whole
+        # update, of a build, of a replay.
+        self._patch_s: float | None = None
+        self._whole_node_s: float | None = None
+        self._build_node_s: float | None = None
+        self._replay_node_s: float | None = None
+
+    def __get__(self, obj: Any, cls: Any = None) -> Any:
+        return self if obj is None else types.MethodType(self, obj)
+
+    # -- a call -------------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _record.current() is not None:  # inside another autograph call: that one records
+            return self._fn(*args, **kwargs)
+        recording = Recording()
+        start = perf_counter()
+        # Frees of memory the call drops wait until its work is enqueued (it may use it).
+        with defer_cleanup():
+            _record.start(recording)
+            try:
+                result = self._fn(*args, **kwargs)
+            except BaseException as exc:
+                self._failed(recording, start, exc)
+                raise
+            if recording.broken is not None:
+                self._broken(recording, start)
+                return result
+            _record.stop()
+            recorded = perf_counter()
+            with self._lock:
+                self._counts["calls"] += 1
+                self._times["recording"] += recorded - start
+                self._run(recording)
+        return result
+
+    def _failed(self, recording: Recording, start: float, exc: BaseException) -> None:
+        """The function raised: what it enqueued before runs (as eagerly it would have)."""
+        if recording.broken is None:
+            _record.stop()
+            recording.enqueue_all()
+        with self._lock:
+            self._counts["calls"] += 1
+            self._counts["eager"] += 1
+            self._times["eager"] += perf_counter() - start
+            self._note("eager", f"the function raised {type(exc).__name__}: what it enqueued "
+                                "before ran eagerly", _site_of(exc))
+
+    def _broken(self, recording: Recording, start: float) -> None:
+        operation, site = recording.broken
+        with self._lock:
+            self._counts["calls"] += 1
+            self._counts["eager"] += 1
+            self._times["eager"] += perf_counter() - start
+            self._note("eager", f"{operation} cannot be part of a graph: the work recorded "
+                                "before it ran eagerly, then the rest of the call", site)
+
+    def _run(self, recording: Recording) -> None:
+        """Serve a complete recording: eagerly, by a build, a replay or an update."""
+        keys = recording.keys
+        last = self._last
+        if last is not None and last.size == len(keys) and last.keys == keys:
+            entry = last
+        else:
+            key = tuple(keys)
+            entry = self._cache.get(key)
+            if entry is None:
+                entry = self._cache[key] = _Entry(key, recording)
+                self._trim()
+                what = (f"a structure not seen before ({_difference(last, keys)})"
+                        if keys else "the call enqueued no work")
+                self._last = entry
+                entry.seen = 1
+                return self._eager(entry, recording, what)
+            self._cache.move_to_end(key)
+        self._last = entry
+        entry.seen += 1
+        if entry.exe is None:
+            why_not = self._why_not_build(entry)
+            if why_not:
+                return self._eager(entry, recording, why_not)
+            return self._build(entry, recording)
+        changed = self._changed(entry, recording)
+        if entry.mode is EAGER:
+            predicted = self._predict(entry, recording, changed)
+            if predicted < entry.eager_s * (1 - MARGIN):
+                entry.strikes += 1
+            else:
+                entry.strikes = 0
+            if entry.strikes < SWITCH_AFTER:
+                return self._eager(entry, recording, (
+                    f"graphs did not pay for this structure; a graph call is predicted at "
+                    f"{_us(predicted)} against {_us(entry.eager_s)} eager"))
+            entry.mode, entry.strikes = GRAPH, 0
+            self._note("graph", f"back to the graph: predicted {_us(predicted)} against "
+                                f"{_us(entry.eager_s)} eager for {SWITCH_AFTER} calls")
+        self._graph_call(entry, recording, changed)
+
+    # -- eager, build, replay, update -----------------------------------------------------------
+
+    def _eager(self, entry: _Entry, recording: Recording, reason: str) -> None:
+        t0 = perf_counter()
+        recording.enqueue_all()
+        spent = perf_counter() - t0
+        entry.eager_s = _mean(entry.eager_s, spent)
+        self._counts["eager"] += 1
+        self._times["eager"] += spent
+        self._note("eager", reason)
+
+    def _why_not_build(self, entry: _Entry) -> str | None:
+        if entry.blocked:
+            return f"no graph for this structure: {entry.blocked}"
+        if entry.seen < BUILD_AFTER:
+            return f"structure seen {entry.seen} time(s); a graph is built once it repeats"
+        return self._too_costly_to_build(entry)
+
+    def _too_costly_to_build(self, entry: _Entry) -> str | None:
+        """Why building now would not pay, from the costs measured so far (None: it would,
+        or nothing was measured yet)."""
+        if self._build_node_s is not None and entry.eager_s is not None:
+            build = self._build_node_s * entry.size
+            saving = entry.eager_s - (self._replay_node_s or 0.0) * entry.size
+            if saving * entry.seen < build:  # seen as often again: expected replays
+                return (f"a graph would not pay yet: building costs about {_us(build)}, and "
+                        f"saves {_us(saving)} per call over ~{entry.seen} expected calls")
+        return None
+
+    def _build(self, entry: _Entry, recording: Recording, reason: str | None = None) -> None:
+        t0 = perf_counter()
+        try:
+            graph, nodes, size = construct(recording)
+            t1 = perf_counter()
+            if size > self.max_bytes:
+                raise ValueError(f"its graph (about {size} bytes) would exceed max_bytes="
+                                 f"{self.max_bytes}")
+            exe = graph.instantiate()
+        except (CudaError, TypeError, ValueError) as exc:
+            entry.blocked = f"building its graph failed: {exc}"
+            return self._eager(entry, recording, f"no graph for this structure: {exc}")
+        built = perf_counter()
+        if entry.exe is not None:
+            entry.exe.destroy()
+        entry.exe, entry.nodes, entry.bytes = exe, nodes, size
+        entry.values, entry.items = recording.values, recording.items
+        entry.mode, entry.strikes = GRAPH, 0
+        entry.construct_s = t1 - t0
+        self._build_node_s = _mean(self._build_node_s, (built - t0) / max(entry.size, 1))
+        self._launch(entry, recording)
+        self._counts["builds"] += 1
+        self._times["build"] += perf_counter() - t0
+        self._note("build", reason or f"the structure repeated ({entry.seen} calls): built "
+                                      f"a graph of {len(graph.nodes)} nodes")
+        self._trim()
+
+    def _graph_call(self, entry: _Entry, recording: Recording, changed: list[int]) -> None:
+        t0 = perf_counter()
+        if changed:
+            try:
+                self._update(entry, recording, changed)
+            except CudaError as exc:  # a refused update (GraphUpdateError): build anew
+                return self._build(entry, recording, f"rebuilt: the update was refused: {exc}")
+        t1 = perf_counter()
+        self._launch(entry, recording)
+        t2 = perf_counter()
+        cost = t2 - t0
+        if changed:
+            self._counts["updates"] += 1
+            self._times["update"] += t1 - t0
+            self._times["replay"] += t2 - t1
+        else:
+            self._counts["replays"] += 1
+            self._times["replay"] += cost
+        entry.replay_s = _mean(entry.replay_s, t2 - t1)
+        self._replay_node_s = _mean(self._replay_node_s, (t2 - t1) / max(entry.size, 1))
+        entry.values, entry.items = recording.values, recording.items
+        eager = entry.eager_s or 0.0
+        self._saved += eager - cost
+        entry.strikes = entry.strikes + 1 if cost > eager else 0
+        if entry.strikes >= SWITCH_AFTER:
+            entry.mode, entry.strikes = EAGER, 0
+            self._note("eager", f"graph calls cost more than eager ones ({_us(cost)} against "
+                                f"{_us(eager)}, {len(changed)} changed operations): running "
+                                "this structure eagerly until graphs pay again")
+
+    def _changed(self, entry: _Entry, recording: Recording) -> list[int]:
+        new, old = recording.values, entry.values
+        if new == old:
+            return []
+        return list(compress(range(len(new)), map(ne, new, old)))
+
+    def _whole_estimate(self, entry: _Entry) -> float:
+        if self._whole_node_s is not None:
+            return self._whole_node_s * entry.size
+        return entry.construct_s or 0.0  # before any was measured: building the graph again
+
+    def _predict(self, entry: _Entry, recording: Recording, changed: list[int]) -> float:
+        """The seconds a graph call would take for these changes."""
+        replay = entry.replay_s or 0.0
+        if not changed:
+            return replay
+        whole = self._whole_estimate(entry)
+        if not patchable(entry.nodes, changed) or self._patch_s is None:
+            return replay + whole
+        return replay + min(whole, len(changed) * self._patch_s)
+
+    def _update(self, entry: _Entry, recording: Recording, changed: list[int]) -> None:
+        """Patch the changed nodes, or update the whole graph where that is cheaper."""
+        k = len(changed)
+        whole = self._whole_estimate(entry)
+        t0 = perf_counter()
+        if patchable(entry.nodes, changed) and (self._patch_s is None
+                                                or k * self._patch_s <= whole):
+            patched = patch(entry.exe, entry.nodes, recording, changed)
+            if patched:
+                self._patch_s = _mean(self._patch_s, (perf_counter() - t0) / patched)
+            return
+        graph, _, _ = construct(recording)
+        entry.exe.update(graph)
+        self._whole_node_s = _mean(self._whole_node_s,
+                                   (perf_counter() - t0) / max(entry.size, 1))
+
+    def _launch(self, entry: _Entry, recording: Recording) -> None:
+        """Launch the executable on role 0's stream, after the outside work the call waited
+        for and the work queued before on its other streams; those then wait for it."""
+        streams = recording.streams
+        root = streams[0]
+        for i in entry.outside:
+            root.wait(recording.items[i][1][0])
+        for stream in streams[1:]:
+            root.wait(stream)
+        entry.exe.launch(root)
+        for stream in streams[1:]:
+            stream.wait(root)
+
+    def _trim(self) -> None:
+        """Keep at most max_graphs executables of at most max_bytes, and four times as many
+        structures: the least recently used go first."""
+        cache = self._cache
+        while len(cache) > 4 * self.max_graphs:
+            self._evict(next(iter(cache)))
+        built = [e for e in cache.values() if e.exe is not None]
+        total = sum(e.bytes for e in built)
+        for entry in built[:-1]:  # the most recent one stays
+            if len(built) <= self.max_graphs and total <= self.max_bytes:
+                break
+            self._evict(entry.key)
+            built.remove(entry)
+            total -= entry.bytes
+
+    def _evict(self, key: tuple) -> None:
+        entry = self._cache.pop(key)
+        if entry.exe is not None:
+            entry.exe.destroy()
+            entry.exe = None
+        if self._last is entry:
+            self._last = None
+
+    # -- explaining -----------------------------------------------------------------------
+
+    def _note(self, action: str, reason: str, site: tuple | None = None) -> None:
+        site = site or _trace.user_site()
+        self._reasons.append({"call": self._counts["calls"], "action": action,
+                              "reason": reason,
+                              "site": f"{site[0]}:{site[1]}" if site else None})
+
+    def stats(self) -> dict[str, Any]:
+        """Counts (``calls`` = ``replays`` + ``updates`` + ``builds`` + ``eager``), seconds
+        spent in each (``recording_s``, ``replay_s``, ``update_s``, ``build_s``,
+        ``eager_s``), ``saved_s`` (estimated: eager time of the calls graphs served minus
+        what they cost), the cache (``graphs``, ``bytes``, ``structures``) and ``reasons``:
+        the latest eager calls, builds and switches, each with the call's number, its
+        ``action``, the ``reason`` and the user's ``site`` ("file:line")."""
+        with self._lock:
+            built = [e for e in self._cache.values() if e.exe is not None]
+            return {**self._counts,
+                    **{f"{name}_s": value for name, value in self._times.items()},
+                    "saved_s": self._saved, "graphs": len(built),
+                    "bytes": sum(e.bytes for e in built), "structures": len(self._cache),
+                    "reasons": list(self._reasons)}
+
+    def explain(self) -> str:
+        """Print what the calls did and why (a table of `stats`); return the text."""
+        s = self.stats()
+        name = getattr(self._fn, "__qualname__", repr(self._fn))
+        lines = [f"autograph {name}: {s['calls']} calls",
+                 f"  {'replays':>8} {'updates':>8} {'builds':>8} {'eager':>8}",
+                 f"  {s['replays']:>8} {s['updates']:>8} {s['builds']:>8} {s['eager']:>8}",
+                 "  time (ms): " + ", ".join(f"{k} {s[k + '_s'] * 1e3:.3f}" for k in (
+                     "recording", "replay", "update", "build", "eager")),
+                 f"  saved (estimated): {s['saved_s'] * 1e3:.3f} ms",
+                 f"  cache: {s['graphs']} of {self.max_graphs} graphs, ~{s['bytes']} of "
+                 f"{self.max_bytes} bytes; {s['structures']} structures known"]
+        if s["reasons"]:
+            lines.append("  why:")
+            lines += [f"    call {r['call']:>5}  {r['action']:<6} {r['reason']}"
+                      + (f"  (at {r['site']})" if r["site"] else "") for r in s["reasons"]]
+        text = "\n".join(lines)
+        print(text)
+        return text
+
+    def clear(self) -> None:
+        """Destroy the cached executables and forget the structures (the counts stay)."""
+        with self._lock:
+            for key in list(self._cache):
+                self._evict(key)
+
+    def __repr__(self) -> str:
+        return f"<autograph {getattr(self._fn, '__qualname__', self._fn)!r}>"
+
+
+def autograph(fn: Callable | None = None, *, max_graphs: int = 16,
+              max_bytes: int = 256 << 20) -> Any:
+    """Run ``fn``'s cuctx work as CUDA graphs where that pays: ``@cuctx.autograph`` or
+    ``@cuctx.autograph(max_graphs=16, max_bytes=256 << 20)``. Each call records what
+    ``fn`` enqueues (on the stream of its first operation and on the other streams of that
+    context) and replays, patches or builds a graph for it, or runs it eagerly; results are
+    those of calling ``fn`` itself. ``max_graphs`` executables are kept, of about
+    ``max_bytes`` in all. ``fn.stats()`` and ``fn.explain()`` say what happened and why.
+    See docs/graphs.md, "AutoGraph"."""
+    if fn is None:
+        return lambda f: AutoGraph(f, max_graphs, max_bytes)
+    return AutoGraph(fn, max_graphs, max_bytes)
+
+
+def _difference(last: _Entry | None, keys: list) -> str:
+    """Where a new structure departs from the latest one, in words."""
+    if last is None:
+        return f"{len(keys)} operations"
+    for i, (a, b) in enumerate(zip(last.key, keys)):
+        if a != b:
+            return f"operation {i + 1} is {_describe(b)}, was {_describe(a)}"
+    return f"{len(keys)} operations, was {last.size}"
+
+
+def _describe(key: Any) -> str:
+    if key.__class__ is Launcher:
+        c = key.config
+        return f"a launch of {key.kernel.name!r} grid {c.grid} block {c.block}"
+    return f"a {key[0]} on stream {key[1]}"
+
+
+def _site_of(exc: BaseException) -> tuple | None:
+    """The user's line a traceback went through last (outside cuctx)."""
+    site, tb = None, exc.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if not filename.startswith(_trace._PACKAGE) and not filename.startswith(_trace.GENERATED):
+            site = (filename, tb.tb_lineno, tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return site
+
+
+def _us(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds * 1e6:.1f} us"

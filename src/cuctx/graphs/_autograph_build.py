@@ -1,0 +1,117 @@
+"""A `Recording` as a `Graph` (through the explicit graph API, so every node is checked and
+keeps what it uses), and the per-node patches of an executable made from one.
+
+Stream order becomes dependencies: each role (stream) has a *tail*, the nodes its next
+operation comes after. A node on a role follows that role's tail and becomes it; a wait of
+one followed stream for another adds the other's tail to the waiter's; a wait for an event
+recorded in the call adds the tail the record had. Records become record nodes (the event
+is recorded for whoever uses it after the call); waits for outside work have no node (the
+executable's launch waits for it, see `_autograph.AutoGraph._launch`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._launcher import Launcher
+from ._autograph_record import COPY, FILL, HOST, RECORD, Recording
+from ._graph import Graph, GraphNode
+
+if TYPE_CHECKING:
+    from ._exec import GraphExec
+
+# Node kinds `GraphExec.update_node` changes; other changed nodes need a whole update.
+PATCHABLE = frozenset({"kernel", "copy", "fill"})
+# The estimate of an executable's size per node (the driver's own bookkeeping, which it does
+# not report), on top of the kernel parameter bytes: what max_bytes counts.
+NODE_BYTES = 1024
+
+
+def unbuildable(recording: Recording) -> str | None:
+    """Why no graph can hold this structure (None: one can)."""
+    for key in recording.keys:
+        if key.__class__ is Launcher:
+            config = key.config
+            if config.cluster is not None or config.cooperative:
+                return (f"launch of {key.kernel.name!r} with "
+                        f"{'a cluster' if config.cluster is not None else 'cooperative'} "
+                        "configuration, which graph kernel nodes made by cuctx do not take")
+    return None
+
+
+def construct(recording: Recording) -> tuple[Graph, list[GraphNode | None], int]:
+    """A new graph doing what ``recording`` holds; its node for each operation (None for
+    edges and outside waits); the estimated bytes of an executable of it."""
+    keys, values, items = recording.keys, recording.values, recording.items
+    with recording.ctx:
+        graph = Graph()
+    tails: list[tuple[GraphNode, ...]] = [()] * len(recording.streams)
+    at_record: dict[int, tuple[GraphNode, ...]] = {}
+    nodes: list[GraphNode | None] = [None] * len(keys)
+    size = 0
+    for i, key in enumerate(keys):
+        if key.__class__ is Launcher:
+            args, _ = items[i]
+            role = recording.role_of(key.stream)
+            c = key.config
+            node = graph.launch(key.kernel, c.grid, c.block, *args, shared_mem=c.shared_mem,
+                                after=tails[role])
+            size += len(values[i]) + NODE_BYTES
+            nodes[i] = node
+            tails[role] = (node,)
+            continue
+        kind, role = key[0], key[1]
+        _, payload = items[i]
+        if kind is COPY:
+            node = graph.copy(payload[1], payload[2], after=tails[role])
+        elif kind is FILL:
+            node = graph.fill(payload[0], fill_value(*payload), after=tails[role])
+        elif kind is HOST:
+            node = graph.host(payload[0], *payload[1], after=tails[role])
+        elif kind is RECORD:
+            nodes[i] = graph.record(payload[0], after=tails[role])
+            at_record[i] = tails[role]
+            size += NODE_BYTES
+            continue
+        else:  # WAIT: (WAIT, role, other role, None), (WAIT, role, None, record index), outside
+            if len(key) == 4:
+                other = tails[key[2]] if key[2] is not None else at_record[key[3]]
+                tails[role] = tuple({id(n): n for n in tails[role] + other}.values())
+            continue
+        nodes[i] = node
+        tails[role] = (node,)
+        size += NODE_BYTES
+    return graph, nodes, size
+
+
+def fill_value(array: Any, pattern: bytes) -> Any:
+    """The element value a fill's byte pattern stands for."""
+    return np.frombuffer(pattern, array.dtype)[0]
+
+
+def patchable(nodes: list[GraphNode | None], changed: list[int]) -> bool:
+    """Whether each changed operation's node (if it has one) can be patched by itself."""
+    return all(nodes[i] is None or nodes[i].kind in PATCHABLE for i in changed)
+
+
+def patch(exe: GraphExec, nodes: list[GraphNode | None], recording: Recording,
+          changed: list[int]) -> int:
+    """Give each changed node of ``exe`` the recording's values; the number patched."""
+    keys, items, count = recording.keys, recording.items, 0
+    for i in changed:
+        node = nodes[i]
+        if node is None:
+            continue
+        key = keys[i]
+        if key.__class__ is Launcher:
+            exe.update_node(node, *items[i][0])
+        else:
+            payload = items[i][1]
+            if key[0] is COPY:
+                exe.update_node(node, payload[1], payload[2])
+            else:  # FILL (patchable() let nothing else through)
+                exe.update_node(node, payload[0], fill_value(*payload))
+        count += 1
+    return count

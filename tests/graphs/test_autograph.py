@@ -1,0 +1,315 @@
+"""@cuctx.autograph: results are those of the function run eagerly, whatever AutoGraph does
+(eager first call, a build when the structure repeats, replays, patches for new arrays and
+scalars, eager calls for what a graph cannot hold); stats and explain say what happened and
+where. Sim and GPU."""
+
+from __future__ import annotations
+
+import linecache
+
+import numpy as np
+import pytest
+
+import cuctx
+from cuctx import KernelArgumentError
+from cuctx.graphs import _autograph
+
+from scenarios import ADD_SOURCE, add, library_fixture
+
+pytestmark = pytest.mark.usefixtures("nvrtc_cache", "graphs_pay")
+
+lib = library_fixture(ADD_SOURCE, add=add)
+N = 8
+
+
+@pytest.fixture
+def graphs_pay(monkeypatch):
+    """Measured costs decide whether graphs pay, and they vary from machine to machine (on
+    the sim, patching a graph of two nodes can cost more than two eager launches): the tests
+    of the mechanics take them out of the decision; the policy's test puts them back."""
+    monkeypatch.setattr(_autograph, "SWITCH_AFTER", 10**9)
+    monkeypatch.setattr(_autograph.AutoGraph, "_too_costly_to_build", lambda self, entry: None)
+
+
+def arange(start: float = 0, n: int = N) -> cuctx.DeviceArray:
+    return cuctx.to_device(np.arange(start, start + n, dtype=np.float32))
+
+
+def counts(fn) -> dict:
+    s = fn.stats()
+    assert s["calls"] == s["replays"] + s["updates"] + s["builds"] + s["eager"]
+    return {k: s[k] for k in ("calls", "replays", "updates", "builds", "eager")}
+
+
+def line(site: str) -> str:
+    filename, number = site.rsplit(":", 1)
+    assert filename == __file__
+    return linecache.getline(filename, int(number)).strip()
+
+
+def test_new_arrays_each_call_give_eager_results_in_the_callers_arrays(lib):
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(out, x, a):
+        tmp = cuctx.empty(N, np.float32)  # allocated inside: its address is a value
+        k[1, 32](tmp, x, np.float32(a), N)
+        k[1, 32](out, tmp, np.float32(a), N)
+
+    outs = []
+    for i in range(6):
+        out = cuctx.zeros(N, np.float32)
+        step(out, arange(10 * i), 0.5)
+        outs.append(out)
+    for i, out in enumerate(outs):  # every call's result, in the array the caller passed
+        np.testing.assert_array_equal(out.to_host(), np.arange(10 * i, 10 * i + N) + 1.0)
+    c = counts(step)
+    assert c["eager"] == 1 and c["builds"] == 1 and c["replays"] + c["updates"] == 4
+
+
+def test_eager_first_build_second_replays_after(lib):
+    k = lib["add"]
+    out, x = cuctx.zeros(N, np.float32), arange()
+
+    @cuctx.autograph
+    def step():
+        k[1, 32](out, x, np.float32(1), N)
+        k[1, 32](out, out, np.float32(1), N)
+
+    step()
+    assert counts(step) == dict(calls=1, replays=0, updates=0, builds=0, eager=1)
+    step()
+    assert counts(step) == dict(calls=2, replays=0, updates=0, builds=1, eager=1)
+    step()
+    step()
+    assert counts(step) == dict(calls=4, replays=2, updates=0, builds=1, eager=1)
+    np.testing.assert_array_equal(out.to_host(), np.arange(N) + 2.0)
+    reasons = step.stats()["reasons"]
+    assert [r["action"] for r in reasons] == ["eager", "build"]
+    assert "not seen before" in reasons[0]["reason"]
+    assert line(reasons[0]["site"]) == "step()"
+
+
+def test_a_changed_scalar_patches_the_executable(lib):
+    k = lib["add"]
+    out, x = cuctx.zeros(N, np.float32), arange()
+
+    @cuctx.autograph
+    def step(a):
+        k[1, 32](out, x, np.float32(a), N)
+
+    for a in (1, 1, 2, 3):
+        step(a)
+        np.testing.assert_array_equal(out.to_host(), np.arange(N) + a)
+    assert counts(step) == dict(calls=4, replays=0, updates=2, builds=1, eager=1)
+
+
+def test_a_structure_change_runs_eagerly_then_builds(lib):
+    k = lib["add"]
+    out, x = cuctx.zeros(N, np.float32), arange()
+
+    @cuctx.autograph
+    def step(twice):
+        k[1, 32](out, x, np.float32(1), N)
+        if twice:
+            k[1, 32](out, out, np.float32(1), N)
+
+    step(False)
+    step(False)
+    step(True)
+    assert counts(step) == dict(calls=3, replays=0, updates=0, builds=1, eager=2)
+    np.testing.assert_array_equal(out.to_host(), np.arange(N) + 2.0)
+    assert "operations, was 1" in step.stats()["reasons"][-1]["reason"]
+    step(True)
+    step(False)  # its graph is still cached
+    assert counts(step) == dict(calls=5, replays=1, updates=0, builds=2, eager=2)
+    np.testing.assert_array_equal(out.to_host(), np.arange(N) + 1.0)
+    assert step.stats()["graphs"] == 2
+
+
+@pytest.mark.parametrize("breaker", ["to_host", "synchronize"])
+def test_what_a_graph_cannot_hold_runs_the_call_eagerly(lib, breaker):
+    k = lib["add"]
+    x = arange()
+
+    @cuctx.autograph
+    def step(out):
+        k[1, 32](out, x, np.float32(1), N)
+        if breaker == "to_host":
+            host = out.to_host()  # control flow on a device value: a host read
+            a = 10.0 if host[0] > 0 else 20.0
+        else:
+            cuctx.current_stream().synchronize()
+            a = 10.0
+        k[1, 32](out, out, np.float32(a), N)
+
+    for _ in range(3):
+        out = cuctx.zeros(N, np.float32)
+        step(out)
+        np.testing.assert_array_equal(out.to_host(), np.arange(N) + 11.0)
+    assert counts(step) == dict(calls=3, replays=0, updates=0, builds=0, eager=3)
+    reason = step.stats()["reasons"][-1]
+    expected = {"to_host": "host = out.to_host()  # control flow on a device value: a host read",
+                "synchronize": "cuctx.current_stream().synchronize()"}[breaker]
+    assert line(reason["site"]) == expected
+    assert ("pageable" if breaker == "to_host" else "Stream.synchronize") in reason["reason"]
+
+
+def test_forked_and_joined_streams(lib):
+    k = lib["add"]
+    main, side = cuctx.Stream(), cuctx.Stream()
+    x = arange()
+
+    @cuctx.autograph
+    def step(left, right, other):
+        k[1, 32, 0, main](left, x, np.float32(1), N)
+        side.wait(main)  # fork
+        k[1, 32, 0, side](right, left, np.float32(1), N)
+        k[1, 32, 0, main](other, x, np.float32(10), N)  # concurrent with side's launch
+        main.wait(side)  # join
+        k[1, 32, 0, main](right, right, np.float32(100), N)
+
+    for _ in range(4):
+        left, right, other = (cuctx.zeros(N, np.float32) for _ in range(3))
+        main.wait(cuctx.current_stream())  # after the arrays' zero fill
+        step(left, right, other)
+        main.synchronize()
+        np.testing.assert_array_equal(right.to_host(), np.arange(N) + 102.0)
+        np.testing.assert_array_equal(other.to_host(), np.arange(N) + 10.0)
+    c = counts(step)
+    assert c["builds"] == 1 and c["updates"] + c["replays"] == 2
+
+
+def test_recorded_events_copies_fills_and_host_functions(lib):
+    k = lib["add"]
+    seen = []
+    stream = cuctx.Stream()
+    done = cuctx.Event()
+
+    @cuctx.autograph
+    def step(out, x):
+        scratch = cuctx.empty(N, np.float32, stream=stream)
+        scratch.fill(5, stream=stream)
+        k[1, 32, 0, stream](scratch, scratch, np.float32(1), N)
+        cuctx.copy(out, scratch, stream)
+        k[1, 32, 0, stream](out, out, np.float32(0), N)
+        out[:2].copy_from(x[:2], stream)
+        stream.launch_host_func(seen.append, "ran")
+        stream.record(done)
+
+    x = arange(100)
+    for _ in range(4):
+        out = cuctx.zeros(N, np.float32, stream=stream)
+        step(out, x)
+        done.synchronize()
+        np.testing.assert_array_equal(out.to_host(stream=stream),
+                                      [100, 101] + [6] * (N - 2))
+    assert seen == ["ran"] * 4
+    assert counts(step)["builds"] == 1
+
+
+def test_the_cache_keeps_at_most_max_graphs(lib):
+    k = lib["add"]
+    out = cuctx.zeros(N, np.float32)
+
+    @cuctx.autograph(max_graphs=2)
+    def step(times):
+        for _ in range(times):
+            k[1, 32](out, out, np.float32(1), N)
+
+    total = 0
+    for times in (1, 1, 2, 2, 3, 3, 1, 1):
+        step(times)
+        total += times
+        assert step.stats()["graphs"] <= 2
+    np.testing.assert_array_equal(out.to_host(), np.full(N, total, np.float32))
+    assert counts(step)["builds"] == 4  # the first structure was evicted and came back
+
+
+def test_argument_errors_are_those_of_eager_launches_at_the_users_line(lib):
+    k = lib["add"]
+    out, x = cuctx.zeros(N, np.float32), arange()
+
+    def step(bad):
+        k[1, 32](out, x, np.float32(1), N)
+        k[1, 32](out, x, np.float32(1), N, *bad)
+
+    graphed = cuctx.autograph(step)
+    graphed(())
+    graphed(())
+    with pytest.raises(KernelArgumentError) as eager:
+        step((1,))
+    with pytest.raises(KernelArgumentError) as recorded:
+        graphed((1,))
+    assert str(recorded.value) == str(eager.value)
+    site = graphed.stats()["reasons"][-1]["site"]
+    assert line(site) == "k[1, 32](out, x, np.float32(1), N, *bad)"
+    assert "raised KernelArgumentError" in graphed.stats()["reasons"][-1]["reason"]
+    cuctx.current_stream().synchronize()  # the launch before the error ran, as eagerly
+    np.testing.assert_array_equal(out.to_host(), np.arange(N) + 1.0)
+
+
+def test_graphs_that_cost_more_than_eager_give_way_and_come_back(lib, monkeypatch):
+    k = lib["add"]
+    out, x = cuctx.zeros(N, np.float32), arange()
+
+    @cuctx.autograph
+    def step(a):
+        k[1, 32](out, x, np.float32(a), N)
+
+    step(1)
+    step(1)  # built
+    entry = step._last
+    # Measurements decide; make eager calls look free, then expensive.
+    monkeypatch.setattr(_autograph, "SWITCH_AFTER", 3)
+    monkeypatch.setattr(_autograph, "_mean", lambda old, new: old if old is not None else new)
+    entry.eager_s = 0.0
+    for _ in range(_autograph.SWITCH_AFTER):
+        step(2)
+    assert entry.mode == _autograph.EAGER
+    assert "cost more than eager" in step.stats()["reasons"][-1]["reason"]
+    eager_before = counts(step)["eager"]
+    step(3)
+    assert counts(step)["eager"] == eager_before + 1
+    entry.eager_s = 1.0  # a second per eager call: graphs pay again
+    for _ in range(_autograph.SWITCH_AFTER):
+        step(4)
+    assert entry.mode == _autograph.GRAPH
+    assert any("back to the graph" in r["reason"] for r in step.stats()["reasons"])
+    np.testing.assert_array_equal(out.to_host(), np.arange(N) + 4.0)
+
+
+def test_explain_prints_the_table(lib, capsys):
+    k = lib["add"]
+    out, x = cuctx.zeros(N, np.float32), arange()
+
+    @cuctx.autograph
+    def step():
+        k[1, 32](out, x, np.float32(1), N)
+
+    step()
+    step()
+    text = step.explain()
+    assert capsys.readouterr().out == text + "\n"
+    assert "autograph" in text and "2 calls" in text and "build" in text
+    assert __file__ in text
+
+
+def test_nested_autograph_records_into_the_outer_call(lib):
+    k = lib["add"]
+    out, x = cuctx.zeros(N, np.float32), arange()
+
+    @cuctx.autograph
+    def inner():
+        k[1, 32](out, x, np.float32(1), N)
+
+    @cuctx.autograph
+    def outer():
+        inner()
+        k[1, 32](out, out, np.float32(1), N)
+
+    for _ in range(3):
+        outer()
+    np.testing.assert_array_equal(out.to_host(), np.arange(N) + 2.0)
+    assert counts(inner)["calls"] == 0
+    assert counts(outer) == dict(calls=3, replays=1, updates=0, builds=1, eager=1)
