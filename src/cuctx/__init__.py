@@ -9,8 +9,9 @@ from .context import (Context, ContextFlags, current_context, current_device, en
                       synchronize)
 from .device import ComputeCapability, Device, DeviceProperties, MemInfo, devices
 from .errors import (BackendUnavailableError, ContextDestroyedError, ContextPoisonedError,
-                     CudaError, GraphCaptureError, GraphUpdateError, InvalidContextError, InvalidDeviceError, InvalidValueError,
-                     NotPermittedError, NotSupportedError, OutOfMemoryError, StickyFaultError)
+                     CudaError, GraphCaptureError, GraphUpdateError, InvalidContextError,
+                     InvalidDeviceError, InvalidValueError, NotPermittedError, NotSupportedError,
+                     OutOfMemoryError, StickyFaultError)
 from .event import Event
 from .graphs import Graph, GraphExec, GraphNode, autograph
 from ._args import KernelArgumentError
@@ -38,7 +39,8 @@ def set_backend(name: str) -> _driver.Backend:
 
 __all__ = [
     "BackendUnavailableError", "BlockSizeSuggestion", "CompileError", "ComputeCapability",
-    "Context", "ContextDestroyedError", "ContextFlags", "ContextPoisonedError", "CudaError", "GraphCaptureError", "GraphUpdateError",
+    "Context", "ContextDestroyedError", "ContextFlags", "ContextPoisonedError", "CudaError",
+    "GraphCaptureError", "GraphUpdateError",
     "Device", "DeviceArray", "DeviceProperties", "Event", "Graph", "GraphExec", "GraphNode",
     "HostFunctionError",
     "InvalidContextError", "InvalidDeviceError", "InvalidValueError", "Kernel",
