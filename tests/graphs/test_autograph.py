@@ -313,3 +313,20 @@ def test_nested_autograph_records_into_the_outer_call(lib):
     np.testing.assert_array_equal(out.to_host(), np.arange(N) + 2.0)
     assert counts(inner)["calls"] == 0
     assert counts(outer) == dict(calls=3, replays=1, updates=0, builds=1, eager=1)
+
+
+def test_a_changed_host_function_argument_updates_the_whole_graph(lib):
+    k = lib["add"]
+    out, x = cuctx.zeros(N, np.float32), arange()
+    seen = []
+
+    @cuctx.autograph
+    def step(tag):
+        k[1, 32](out, x, np.float32(1), N)
+        cuctx.current_stream().launch_host_func(seen.append, tag)
+
+    for tag in ("a", "a", "b", "c"):
+        step(tag)
+    cuctx.current_stream().synchronize()
+    assert seen == ["a", "a", "b", "c"]
+    assert counts(step) == dict(calls=4, replays=0, updates=2, builds=1, eager=1)
