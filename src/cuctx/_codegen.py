@@ -5,9 +5,10 @@ its lines and `inspect.getsource` finds it.
 A fast path is made for one launcher and one plan (the argument types of its first launch).
 It does only what that case needs: the context, library, host-function and trace guards,
 the thread's parameter buffer, a type guard, the conversions the plan names, one
-``struct.pack_into`` and the bound driver call. Anything else returns ``general(args)``,
-the launcher's checked path, which raises the right error or packs what the fast path's
-codes cannot (so a fast path changes cost, never behaviour).
+``struct.pack_into`` and the bound driver call (or, while an `@autograph` call records on
+the thread, handing the packed bytes to its recorder: `cuctx._record`). Anything else
+returns ``general(args)``, the launcher's checked path, which raises the right error or
+packs what the fast path's codes cannot (so a fast path changes cost, never behaviour).
 
 ``CUCTX_FASTPATH=0`` in the environment turns fast paths off (everything takes the checked
 path); `ENABLED` holds the setting, read when a launcher would generate its fast path, so
