@@ -173,6 +173,8 @@ def test_demo_runs_every_example_and_says_what_it_shows(name):
     assert f"launches counted in managed memory: {out.count(': [0.0, 2.0, 4.0, 6.0]')}" in out
     assert "copy/compute/copy on 4 streams: correct" in out
     assert "sum on another stream, with the wait: 1.0000 (correct)" in out
+    assert "outputs of eager and AutoGraph: equal" in out  # the decoding loop
+    assert "autograph decode_token: 192 calls" in out and "time per token: eager" in out
     if name == "sim":  # deterministic on the sim; a race on a GPU
         assert "without the wait: 0.0000 (stale" in out
         assert "ms of simulated GPU time" in out
