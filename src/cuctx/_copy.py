@@ -275,6 +275,8 @@ def _copy_peer(dst, src, stream) -> None:
     """Between devices: cuMemcpyPeerAsync (no peer access needed) of C-contiguous buffers;
     a side that is not is staged through a contiguous array on its own device."""
     run = _either_stream(stream, dst, src, "cuctx.copy (between devices)")
+    if _record.threads:  # an autograph call enqueues what it recorded, and stops
+        _record.interrupt("cuctx.copy between devices")
     source, target = src, dst
     if not ((src._c and dst._c) or (src._f and dst._f)):
         if not src._c:

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import numpy as np
 from cuda.bindings.driver import CUpointer_attribute
 
-from . import _driver, _interop, _layout
+from . import _driver, _interop, _layout, _record
 from ._alloc import Allocation, allocate
 from ._copy import copy_device, copy_host, fill_pattern, memset
 from ._host import pinned_empty, register_host
@@ -236,6 +236,8 @@ class DeviceArray(Resource):
         """CUDA Array Interface v3. ``stream`` is this thread's current stream on the
         array's device: consumers make their work wait for it."""
         self._check("__cuda_array_interface__")
+        if _record.threads:  # another library will enqueue work on it: not recorded
+            _record.interrupt("__cuda_array_interface__ (another library uses the array)")
         return {"version": 3, "shape": self.shape, "typestr": self.dtype.str,
                 "descr": [("", self.dtype.str)], "data": (self.ptr, False),
                 "strides": None if self._c else self.strides,
@@ -253,6 +255,8 @@ class DeviceArray(Resource):
         on the array's device. A consumer that rejects the capsule frees it: its error
         reaches its caller, and the array's memory is not held."""
         self._check("__dlpack__")
+        if _record.threads:  # another library will enqueue work on it: not recorded
+            _record.interrupt("__dlpack__ (another library uses the array)")
         if copy:
             raise BufferError("cuctx exports device arrays without copying (copy=True asked)")
         if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():

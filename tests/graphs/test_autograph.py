@@ -330,3 +330,19 @@ def test_a_changed_host_function_argument_updates_the_whole_graph(lib):
     cuctx.current_stream().synchronize()
     assert seen == ["a", "a", "b", "c"]
     assert counts(step) == dict(calls=4, replays=0, updates=2, builds=1, eager=1)
+
+
+def test_handing_an_array_to_another_library_runs_the_call_eagerly(lib):
+    k = lib["add"]
+    out, x = cuctx.zeros(N, np.float32), arange()
+
+    @cuctx.autograph
+    def step():
+        k[1, 32](out, x, np.float32(1), N)
+        return out.__cuda_array_interface__["data"][0]  # what torch.as_tensor(out) reads
+
+    for _ in range(2):
+        assert step() == out.ptr
+    assert counts(step)["eager"] == 2
+    assert "another library" in step.stats()["reasons"][-1]["reason"]
+    np.testing.assert_array_equal(out.to_host(), np.arange(N) + 1.0)
