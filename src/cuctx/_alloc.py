@@ -3,6 +3,7 @@ garbage collection (waiting for streams named by `record_stream`; held by `defer
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 from . import _record, _trace
@@ -60,6 +61,9 @@ def _orphan_live(ctx) -> None:
 def _release(ptr: int, nbytes: int, stream: Stream, recorded: list[Stream]) -> None:
     if stream._ctx._state is not ACTIVE:
         return  # the driver freed it with the context (or will, when it is destroyed)
+    if _lifetimes.capturing and _lifetimes.held_by_capture(
+            stream, ptr, functools.partial(_release, ptr, nbytes, stream, recorded)):
+        return  # memory from before the capture: freed when it ends, not in the graph
     for other in recorded:
         if other._ctx._state is ACTIVE:
             stream.wait(other)  # the free is queued after that stream's work so far

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from cuda.bindings.driver import CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUmemorytype
 
-from . import _layout, _record, _trace
+from . import _layout, _lifetimes, _record, _trace
 from ._alloc import allocate
 from ._host import page_locked
 from ._layout import Plan
@@ -221,13 +221,23 @@ def _transfer(arr, host: np.ndarray, stream: Stream, to_device: bool,
     if plan is None:
         dst, src = (arr, host) if to_device else (host, arr)
         plan = _layout.plan(arr.shape, dst.strides, src.strides, itemsize)
+    lo, hi = _layout.span(host.shape, host.strides, itemsize)
+    locked = page_locked(_address(host, False) + lo, hi - lo)
+    if not locked and _lifetimes.capturing:
+        _lifetimes.refuse_in_capture("cuctx.copy", stream=stream, why=_PAGEABLE_IN_CAPTURE)
     if to_device:
         issue(stream, plan, arr, host, True, False)
     else:
         issue(stream, plan, host, arr, False, True)
-    lo, hi = _layout.span(host.shape, host.strides, itemsize)
-    if page_locked(_address(host, False) + lo, hi - lo):  # asynchronous: keep it until done
+    if locked:  # asynchronous: keep it until done
         stream._hold(host)
+
+
+_PAGEABLE_IN_CAPTURE = (
+    "the host side is pageable memory (an ordinary NumPy array; to_host() without out= makes "
+    "one), which cuctx copies synchronously, so a graph cannot hold the copy: use page-locked "
+    "memory (cuctx.pinned_empty, cuctx.register_host; to_host(out=pinned)) and read it after "
+    "the graph ran, or copy outside the capture")
 
 
 def _either_stream(stream, dst, src, operation: str) -> Stream:

@@ -8,7 +8,8 @@ the failures of those host functions until someone asks. Two kinds:
 - `StreamQueue`: the work queued on one stream (by context and handle, since several Stream
   objects can name one stream). Kept objects go when the stream is known idle (a synchronize,
   or a query every so often); a host function goes once it ran. No driver query is made while
-  ``capturing`` is set (a stream being captured into a graph must not be queried).
+  ``capturing`` is set (a stream being captured into a graph must not be queried; see
+  "stream capture" below for what the lower layers ask about active captures).
 - `GraphOwner`: a graph executable's. Its host functions run on every replay, so they stay
   registered until `release` (when the graph is destroyed).
 
@@ -80,7 +81,7 @@ class StreamQueue(Owner):
 
     def __init__(self, key: tuple[int, int]) -> None:
         super().__init__(key)
-        self.capturing = False  # set by graph capture: no cuStreamQuery meanwhile
+        self.capturing: Any = None  # the capture the stream takes part in: no query meanwhile
 
     def keep(self, obj: Any, idle: Callable[[], bool] | None = None) -> None:
         """Keep ``obj`` until the stream is known idle; past HOLD_CHECK objects, ask
@@ -117,6 +118,33 @@ def stream_idle(ctx_key: int, stream_key: int) -> None:
     owner = _queues.pop((ctx_key, stream_key), None)
     if owner is not None:
         owner.release()
+
+
+# -- stream capture --------------------------------------------------------------------------
+#
+# graphs/_capture.py files each stream taking part in an active capture here, by (context key,
+# stream handle), with its capture object (and sets the stream's queue's ``capturing``). The
+# dict is empty unless a capture is active, so the layers below graphs/ ask with one truth
+# test off their hot paths (``if _lifetimes.capturing:``), then call the functions that
+# graphs/_capture.py installs here at import:
+#
+# - refuse_in_capture(operation, *, stream=None, event=None, ctx=None, why="") raises
+#   GraphCaptureError when the call would break an active capture (a synchronize or query of
+#   a capturing stream, of an event recorded in a capture, of a context with a capturing
+#   stream; a pageable copy on a capturing stream), after ending the captures of the calling
+#   thread it breaks; it returns when the call is fine.
+# - capture_failed(operation, code) -> str, for context.fail when the driver answered a
+#   capture code: ends the calling thread's captures the driver invalidated, marks other
+#   threads' ones broken, and returns the words to add to the error (the user's line, what
+#   was ended).
+# - held_by_capture(stream, ptr, free) -> bool: whether a free (``free()``) of memory not
+#   allocated in the capture of ``stream`` was taken to run when that capture ends (the
+#   driver accepts only graph allocations in a captured free).
+
+capturing: dict[tuple[int, int], Any] = {}
+refuse_in_capture: Callable[..., None]
+capture_failed: Callable[[str, int], str]
+held_by_capture: Callable[[Any, int, Callable[[], None]], bool]
 
 
 def holds(ctx_key: int, stream_key: int) -> bool:

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Callable, NoReturn
 
 from cuda.bindings.driver import CUctx_flags
 
-from . import _driver, _record, _trace
+from . import _driver, _lifetimes, _record, _trace
 from ._driver import in_host_function
 from ._lifetimes import finalize, raise_host_func_errors
 from ._resource import ACTIVE, DESTROYED, POISONED, Resource, upper
-from .errors import (CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_VALUE, NOT_PERMITTED,
-                     STICKY_CODES, ContextDestroyedError, ContextPoisonedError, CudaError,
-                     InvalidContextError, called_from_host_function, error_for)
+from .errors import (CAPTURE_CODES, CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_VALUE,
+                     NOT_PERMITTED, STICKY_CODES, ContextDestroyedError, ContextPoisonedError,
+                     CudaError, InvalidContextError, called_from_host_function, error_for)
 
 if TYPE_CHECKING:
     from .device import Device
@@ -57,6 +57,9 @@ def fail(backend: _driver.Backend, err, operation: str, ctx: Context | None = No
         refuse_in_host_function(operation)
     status, text = backend.driver.cuGetErrorString(err)
     message = text.decode() if not status and text else ""
+    if code in CAPTURE_CODES and _lifetimes.capturing:  # end what the driver invalidated
+        where = _lifetimes.capture_failed(operation, code)
+        hint = f"{hint}; {where}" if hint else where
     exc = error_for(code, operation, message, hint)
     if code in STICKY_CODES:
         ctx = ctx or _registered_current(backend)
@@ -367,6 +370,8 @@ class Context(Resource):
         `HostFunctionError` if a host function launched on one of its streams raised."""
         if _record.threads:  # an autograph call enqueues what it recorded, and stops
             _record.interrupt("Context.synchronize")
+        if _lifetimes.capturing:
+            _lifetimes.refuse_in_capture("Context.synchronize", ctx=self)
         with _InContext(self, "Context.synchronize"):
             err, = self._drv.cuCtxSynchronize()
         if err:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from cuda.bindings.driver import CUevent_flags
 
 from ._lifetimes import finalize
-from . import _driver, _record, _trace
+from . import _driver, _lifetimes, _record, _trace
 from ._resource import Resource, upper
 from .context import (ACTIVE, DESTROYED, Context, context_for, fail, in_context,
                       refuse_in_host_function)
@@ -113,6 +113,8 @@ class Event(Resource):
         refuse_in_host_function("Event.synchronize")
         if _record.threads:  # an autograph call enqueues what it recorded, and stops
             _record.interrupt("Event.synchronize")
+        if _lifetimes.capturing:
+            _lifetimes.refuse_in_capture("Event.synchronize", event=self)
         err, = self._backend.driver.cuEventSynchronize(self._handle)
         if err:
             fail(self._backend, err, "cuEventSynchronize", self._ctx)
@@ -128,6 +130,8 @@ class Event(Resource):
         refuse_in_host_function("Event.done")
         if _record.threads:
             _record.interrupt("Event.done")
+        if _lifetimes.capturing:
+            _lifetimes.refuse_in_capture("Event.done", event=self)
         err, = self._backend.driver.cuEventQuery(self._handle)
         if err and int(err) != NOT_READY:
             fail(self._backend, err, "cuEventQuery", self._ctx)

@@ -254,6 +254,8 @@ class Stream(Resource):
         refuse_in_host_function("Stream.synchronize")
         if _record.threads:  # an autograph call enqueues what it recorded, and stops
             _record.interrupt("Stream.synchronize")
+        if _lifetimes.capturing:
+            _lifetimes.refuse_in_capture("Stream.synchronize", stream=self)
         err, = self._sync(self._handle)
         if err:
             fail(self._backend, err, "cuStreamSynchronize", ctx)
@@ -272,6 +274,8 @@ class Stream(Resource):
         self._check("Stream.done")
         if _record.threads:
             _record.interrupt("Stream.done")
+        if _lifetimes.capturing:
+            _lifetimes.refuse_in_capture("Stream.done", stream=self)
         err, = self._call(self._backend.driver.cuStreamQuery, self._handle)
         if err and int(err) != NOT_READY:
             fail(self._backend, err, "cuStreamQuery", self._ctx)
@@ -288,6 +292,8 @@ class Stream(Resource):
         if _record.threads and _record.enqueue(self, _record.HOST, fn, args):
             return
         owner = _lifetimes.queue(self._ctx, self._key)
+        if owner.capturing:  # a host node: it runs on every launch of the graph
+            owner = owner.capturing.owner
         key = owner.add_host_function(fn, args, self._backend.sim is None)
         err, = self._call(self._backend.driver.cuLaunchHostFunc, self._handle,
                           _lifetimes.TRAMPOLINE_FN, key)
@@ -296,6 +302,13 @@ class Stream(Resource):
             fail(self._backend, err, "cuLaunchHostFunc", self._ctx)
         if _trace.sinks:
             _trace.emit("host_func", self._ctx, self, fn=fn)
+
+    def capture(self, mode: str = "thread_local") -> Any:
+        """``with stream.capture(mode) as graph:`` records the work queued in the block on
+        this stream (and on streams that join it by waiting for it) into ``graph``, a
+        `cuctx.Graph`, instead of running it. ``mode`` is CUDA's: "thread_local" (the
+        default), "global" or "relaxed". See docs/graphs.md, "Capture"."""
+        return upper.capture(self, mode)  # graphs/_capture.py, above this module
 
     def _hold(self, obj: Any) -> None:
         """Keep ``obj`` (a host array an asynchronous copy uses) until the work queued on

@@ -126,13 +126,14 @@ class Graph(Resource):
 
     @classmethod
     def _adopt(cls, ctx: Context, handle, info: Mapping[int, NodeInfo] | None = None,
-               host_functions: Iterable[HostFunctions] = ()) -> Graph:
+               host_functions: Iterable[HostFunctions] = (), into: Graph | None = None) -> Graph:
         """A `Graph` owning a CUgraph the driver made (cuStreamEndCapture's): one
         `GraphNode` per driver node, in the driver's order, with the `NodeInfo` given for
         its handle (``int(CUgraphNode)``; without one: no site, nothing kept). The
         ``host_functions`` of its host nodes stay registered while the graph or an
-        executable of it lives."""
-        graph = object.__new__(cls)
+        executable of it lives. ``into``: the (uninitialised) Graph to fill, handed out by
+        ``with stream.capture() as graph:`` before the capture made one."""
+        graph = object.__new__(cls) if into is None else into
         graph._setup(ctx, handle, None)
         drv = ctx._backend.driver
         graph._finalizer = finalize(graph, _destroy_graph, drv, handle, ctx)

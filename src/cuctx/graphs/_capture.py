@@ -1,0 +1,367 @@
+"""Stream capture: ``with stream.capture(mode) as graph:`` turns the work cuctx queues in the
+block on ``stream``, and on streams that join it by waiting for it, into a `Graph`.
+
+How the work is seen: while a capture is active, a trace sink (`_trace.add_sink`) receives
+every operation cuctx enqueues (the generated fast paths step aside while a sink listens).
+For each operation on a stream of the capture it keeps what the graph's nodes use (arrays,
+page-locked host arrays, kernels, events), notes events recorded and memory allocated in the
+capture, and asks the driver which nodes the operation added (`cuStreamGetCaptureInfo`: the
+stream's dependencies after it are its last nodes; a count of the graph's nodes says how many
+it added, and earlier ones of a multi-node operation are found among their dependencies),
+giving each node the user's line. A stream joins when it waits for an event recorded in the
+capture or for a stream of it.
+
+How breaking calls are handled: the streams of active captures are filed in
+`_lifetimes.capturing`; the lower layers test that dict (one truth test, off the hot paths)
+before a synchronize, a query or a pageable copy, and call `refuse_in_capture`, installed
+here. Where the driver itself answers a capture code, `context.fail` calls `capture_failed`.
+Either way the calling thread's broken captures are ended (cuStreamEndCapture, the graph
+destroyed), so the streams are usable again, and GraphCaptureError names the call and the
+user's line. A capture of another thread is never ended from here (its block would go on
+running its work eagerly): cuctx's own refusals leave it running; one the driver invalidated
+is marked broken, and its own block raises when it ends.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from typing import Any, Callable
+
+from cuda.bindings.driver import CUstreamCaptureMode, CUstreamCaptureStatus
+
+from .. import _lifetimes, _trace
+from .._alloc import _live
+from .._resource import upper
+from ..context import fail, refuse_in_host_function
+from ..errors import CAPTURE_UNSUPPORTED, GraphCaptureError
+from ..stream import LEGACY, Stream
+from ._graph import Graph
+from ._nodes import HostFunctions, NodeInfo, describe_kernel
+
+MODES = {"thread_local": CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+         "global": CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL,
+         "relaxed": CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED}
+_ACTIVE = CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
+
+
+def capture(stream: Stream, mode: str = "thread_local") -> Capture:
+    """`Stream.capture`: the context manager of one capture."""
+    if mode not in MODES:
+        raise ValueError(f"capture mode must be one of {', '.join(map(repr, MODES))}, "
+                         f"not {mode!r}")
+    return Capture(stream, mode)
+
+
+class Capture:
+    """One capture of ``stream`` in ``mode``; ``with`` it to get the `Graph`."""
+
+    __slots__ = ("stream", "mode", "thread", "ctx", "site", "graph", "host", "events",
+                 "allocations", "held", "broken", "_streams", "_info", "_count", "_lock")
+
+    def __init__(self, stream: Stream, mode: str) -> None:
+        self.stream = stream
+        self.mode = mode
+        self.thread = threading.get_ident()
+        self.ctx = stream._ctx
+        self.site: tuple[str, int, str] | None = None  # where the capture began
+        self.graph: Graph | None = None
+        self.host = HostFunctions(self.ctx)  # the captured host functions (host nodes)
+        self.events: set[int] = set()  # events recorded in the capture
+        self.allocations: set[int] = set()  # memory allocated in it (graph memory)
+        self.held: list[Callable[[], None]] = []  # frees of other memory, run at the end
+        self.broken: GraphCaptureError | None = None  # what ended it early
+        self._streams: list[Stream] = []  # the origin, then the streams that joined
+        self._info: dict[int, NodeInfo] = {}  # node handle -> its line, what it uses
+        self._count = 0  # the graph's node count after the last operation seen
+        self._lock = threading.Lock()  # "relaxed" captures may be fed by several threads
+
+    # -- the block ------------------------------------------------------------------------
+
+    def __enter__(self) -> Graph:
+        stream, ctx = self.stream, self.ctx
+        ctx._check("Stream.capture")
+        refuse_in_host_function("Stream.capture")
+        if stream._key in (0, LEGACY):
+            raise GraphCaptureError(
+                CAPTURE_UNSUPPORTED, "Stream.capture", "",
+                "the legacy default stream cannot be captured (a CUDA rule); capture a stream "
+                "you create: s = cuctx.Stream(); with s.capture() as graph: ...")
+        other = _lifetimes.capturing.get((ctx._key, stream._key))
+        if other is not None:
+            raise ValueError(f"{stream!r} is already being captured (since {_where(other.site)});"
+                             " a stream takes part in one capture at a time")
+        drv = ctx._backend.driver
+        err, = stream._call(drv.cuStreamBeginCapture, stream._handle, MODES[self.mode])
+        if err:
+            fail(ctx._backend, err, "cuStreamBeginCapture", ctx)
+        self.site = _trace.user_site()
+        self.graph = object.__new__(Graph)  # filled at the end (Graph._adopt)
+        self._join(stream)
+        _trace.add_sink(self._see)
+        return self.graph
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.broken is not None:  # ended already, by the call that broke it
+            if exc_type is None:
+                raise GraphCaptureError(
+                    self.broken.code, "Stream.capture", self.broken.message,
+                    f"the capture begun at {_where(self.site)} was broken earlier and holds "
+                    f"no graph: {self.broken}") from self.broken
+            return
+        _trace.remove_sink(self._see)
+        stream, ctx = self.stream, self.ctx
+        err, handle = stream._call(ctx._backend.driver.cuStreamEndCapture, stream._handle)
+        self._leave()
+        if exc_type is not None or err:
+            self._discard(handle)
+            if exc_type is None:
+                fail(ctx._backend, err, "cuStreamEndCapture", ctx, self._end_hint(int(err)))
+            return
+        Graph._adopt(ctx, handle, self._info, (self.host,), into=self.graph)
+        self._run_held()
+
+    def _join(self, stream: Stream) -> None:
+        """File ``stream`` as taking part in this capture."""
+        self._streams.append(stream)
+        _lifetimes.capturing[stream._ctx._key, stream._key] = self
+        _lifetimes.queue(stream._ctx, stream._key).capturing = self
+
+    def _leave(self) -> None:
+        """The capture is over: its streams are ordinary streams again."""
+        for stream in self._streams:
+            key = (stream._ctx._key, stream._key)
+            if _lifetimes.capturing.get(key) is self:
+                del _lifetimes.capturing[key]
+            queue = _lifetimes._queues.get(key)
+            if queue is not None and queue.capturing is self:
+                queue.capturing = None
+
+    def _end_early(self, error: GraphCaptureError) -> None:
+        """End the capture now (the calling thread began it): its graph is discarded and the
+        stream is usable again."""
+        self.broken = error
+        _trace.remove_sink(self._see)
+        stream = self.stream
+        err, handle = stream._call(self.ctx._backend.driver.cuStreamEndCapture, stream._handle)
+        self._leave()
+        self._discard(None if err else handle)
+
+    def _discard(self, handle) -> None:
+        """Drop a capture that makes no graph: destroy what the driver returned, forget the
+        memory allocated in it (it never existed), run the frees held back."""
+        if handle is not None and int(handle):
+            self.ctx._backend.driver.cuGraphDestroy(handle)
+        for alloc in list(_live.get(self.ctx, ())):
+            if alloc.ptr in self.allocations:
+                alloc._finalizer.detach()
+        self.host.owner.release()
+        self._info.clear()
+        self._run_held()
+
+    def _run_held(self) -> None:
+        held, self.held = self.held, []
+        for free in held:
+            _lifetimes.free_or_defer(free)
+
+    def _end_hint(self, code: int) -> str:
+        joined = ", ".join(repr(s) for s in self._streams[1:])
+        why = {901: "an earlier call invalidated it (an operation the capture could not hold)",
+               904: f"a stream that joined the capture ({joined}) was not joined back: make "
+                    f"the capturing stream wait for it (stream.wait(other)) before the block "
+                    "ends"}.get(code, "")
+        return (f"the capture of {self.stream!r} begun at {_where(self.site)} made no graph"
+                + (f": {why}" if why else ""))
+
+    # -- what the capture sees ------------------------------------------------------------
+
+    def _see(self, op: _trace.Operation) -> None:
+        """The trace sink: every operation cuctx enqueues, on any thread."""
+        stream = op.stream
+        if stream is None or op.context is not self.ctx or self.broken is not None:
+            return
+        with self._lock:
+            if _lifetimes.capturing.get((self.ctx._key, stream._key)) is not self:
+                if not self._joins(op):
+                    return
+                self._join(stream)
+            if op.kind == "record":
+                self.events.add(op.event._key)
+            elif op.kind == "alloc":
+                self.allocations.add(op.accesses[0].ptr)
+            site = op.site
+            if op.kind == "free":  # run by a finalizer: the user's line is the one above it
+                frame, _ = _user_frame((weakref.__file__,))
+                if frame is not None:
+                    site = (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+            self._map(stream, op, site)
+
+    def _joins(self, op: _trace.Operation) -> bool:
+        """Whether ``op`` makes its stream join this capture (a fork)."""
+        if op.kind == "wait_event":
+            return op.event._key in self.events
+        if op.kind == "wait_stream":
+            other = op.other
+            return _lifetimes.capturing.get((other._ctx._key, other._key)) is self
+        return False
+
+    @property
+    def owner(self) -> _lifetimes.GraphOwner:
+        """Where `Stream.launch_host_func` registers while its stream captures."""
+        return self.host.owner
+
+    def _map(self, stream: Stream, op: _trace.Operation,
+             site: tuple[str, int, str] | None) -> None:
+        """Give the nodes ``op`` added on ``stream`` the user's line and what they use."""
+        drv = self.ctx._backend.driver
+        err, status, _, graph, deps, _, _ = stream._call(drv.cuStreamGetCaptureInfo,
+                                                         stream._handle)
+        if err or status != _ACTIVE:
+            return  # invalidated: whoever broke it reports it
+        err, _, count = drv.cuGraphGetNodes(graph, 0)
+        added, self._count = count - self._count, count
+        todo = list(deps)
+        info = _node_info(op, site, self.allocations) if added > 0 else None
+        while todo and added > 0:  # the last nodes first, then back through a multi-node op
+            node = todo.pop()
+            key = int(node)
+            if key in self._info:
+                continue
+            self._info[key] = info
+            added -= 1
+            err, _, _, n = drv.cuGraphNodeGetDependencies(node, 0)
+            if not err and n:
+                todo.extend(drv.cuGraphNodeGetDependencies(node, n)[1])
+
+
+def _node_info(op: _trace.Operation, site: tuple[str, int, str] | None,
+               graph_memory: set[int]) -> NodeInfo:
+    """What cuctx knows of the nodes one operation made: the user's line, what their work
+    uses, words for messages. Arrays of the graph's own memory (allocated in the capture,
+    ``graph_memory``) are not kept: the graph makes that memory, and keeping them would keep
+    their frees out of it."""
+    acc = op.accesses
+    keep = tuple(a.array for a in acc if a.array is not None
+                 and getattr(getattr(a.array, "_alloc", None), "ptr", None) not in graph_memory)
+    if op.kernel is not None:
+        keep += (op.kernel,)
+    if op.kind == "launch":
+        words = describe_kernel(op.kernel, op.config)
+    elif op.kind == "copy":
+        sides = ["host" if a.host else "device" for a in acc]
+        words = f"copy of {acc[1].nbytes} bytes, {sides[0]} to {sides[1]}"
+    elif op.kind == "host_func":
+        fn = op.fields.get("fn")
+        words = f"host function {getattr(fn, '__qualname__', fn)!r}"
+    else:  # memset, alloc, free
+        words = f"{'fill' if op.kind == 'memset' else op.kind} of {acc[0].nbytes} bytes"
+    return NodeInfo(site, keep, words + " (captured)", op.kernel, op.config)
+
+
+# -- what the lower layers call (installed in _lifetimes) -------------------------------------
+
+def refuse_in_capture(operation: str, *, stream: Stream | None = None, event: Any = None,
+                      ctx: Any = None, why: str = "") -> None:
+    """Raise GraphCaptureError when the call would break an active capture (see
+    `_lifetimes`); the calling thread's captures it breaks are ended first."""
+    captures = set(_lifetimes.capturing.values())
+    if stream is not None:
+        hit = [c for c in (_lifetimes.capturing.get((stream._ctx._key, stream._key)),) if c]
+        why = why or (f"{stream!r} is being captured: its work runs only when the graph is "
+                      "launched, so there is nothing to wait for or ask about yet")
+    elif event is not None:
+        hit = [c for c in captures if event._key in c.events]
+        why = (f"{event!r} was recorded in the capture: it marks a place in the graph, not "
+               "work that runs")
+    else:
+        hit = [c for c in captures if c.ctx is ctx]
+        why = (f"{ctx!r} has a stream being captured, and CUDA refuses to synchronize a "
+               "context (or device) while one of its streams captures")
+    if not hit:
+        return
+    call, where = _user_call(operation)
+    mine = [c for c in hit if c.thread == threading.get_ident()]
+    if mine:
+        ended = "; ".join(f"the capture of {c.stream!r} begun at {_where(c.site)}" for c in mine)
+        after = (f"T{ended[1:]} was ended and its graph discarded; the stream is usable again "
+                 "(synchronize after the `with` block instead)")
+    else:
+        after = (f"The capture (of another thread, begun at {_where(hit[0].site)}) goes on: "
+                 "cuctx refused the call before the driver saw it")
+    error = GraphCaptureError(CAPTURE_UNSUPPORTED, call, "operation not permitted when "
+                              "stream is capturing", f"at {where}: {why}. {after}")
+    for c in mine:
+        c._end_early(error)
+    raise error
+
+
+def capture_failed(operation: str, code: int) -> str:
+    """For `context.fail`: ``operation`` answered a capture code (``code``)."""
+    broken = []
+    for c in set(_lifetimes.capturing.values()):
+        s = c.stream
+        err, status = s._call(c.ctx._backend.driver.cuStreamIsCapturing, s._handle)
+        if err or status != _ACTIVE:
+            broken.append(c)
+    call, where = _user_call(operation)
+    where = f"called by {call} at {where}"
+    if not broken:
+        return where
+    error = GraphCaptureError(code, operation, "", where)
+    mine = [c for c in broken if c.thread == threading.get_ident()]
+    for c in broken:
+        if c in mine:
+            c._end_early(error)
+        else:
+            c.broken = error  # its own block ends it, and raises
+    words = "; ".join(f"the capture of {c.stream!r} begun at {_where(c.site)}" for c in broken)
+    return (f"{where}, which invalidated {words}, "
+            + ("which was ended and its graph discarded; the stream is usable again"
+               if mine else "whose `with` block will raise when it ends"))
+
+
+def held_by_capture(stream: Stream, ptr: int, free: Callable[[], None]) -> bool:
+    """Whether a free on ``stream`` waits for its capture to end (see `_lifetimes`)."""
+    c = _lifetimes.capturing.get((stream._ctx._key, stream._key))
+    if c is None or ptr in c.allocations:
+        return False  # not captured, or a free node of the capture's own memory
+    c.held.append(free)
+    return True
+
+
+def _user_frame(also: tuple[str, ...] = ()):
+    """(the user's frame, the code of the outermost cuctx frame below it or None): the first
+    frame outside cuctx, generated code and the files ``also`` names."""
+    frame, code = sys._getframe(2), None
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith((_trace._PACKAGE, _trace.GENERATED) + also):
+            break
+        if filename.startswith(_trace._PACKAGE):
+            code = frame.f_code
+        frame = frame.f_back
+    return frame, code
+
+
+def _user_call(operation: str) -> tuple[str, str]:
+    """(the cuctx call the user made, "file:line" of the user's line); ``operation`` when no
+    cuctx frame is found."""
+    frame, code = _user_frame()
+    where = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
+    if code is None:
+        return operation, where
+    name = getattr(code, "co_qualname", code.co_name)
+    if name.endswith(".__call__"):  # a launcher: kernel[grid, block](...)
+        return f"{name.removesuffix('.__call__')}(...)", where
+    return (name if "." in name else f"cuctx.{name}"), where
+
+
+def _where(site: tuple[str, int, str] | None) -> str:
+    return f"{site[0]}:{site[1]}" if site else "?"
+
+
+upper.capture = capture
+_lifetimes.refuse_in_capture = refuse_in_capture
+_lifetimes.capture_failed = capture_failed
+_lifetimes.held_by_capture = held_by_capture

@@ -1,0 +1,297 @@
+"""Stream capture: ``with stream.capture(mode) as graph:`` turns what cuctx queues on the
+stream (and on streams that join it) into a Graph whose nodes carry the user's lines and keep
+what they use alive; a call that would break the capture raises GraphCaptureError naming the
+call and the line, ends the capture and leaves the stream usable. Sim and GPU."""
+
+from __future__ import annotations
+
+import gc
+import linecache
+import threading
+
+import numpy as np
+import pytest
+
+import cuctx
+from cuctx import GraphCaptureError
+
+from scenarios import ADD_SOURCE, add, library_fixture
+
+pytestmark = pytest.mark.usefixtures("nvrtc_cache")
+
+lib = library_fixture(ADD_SOURCE, add=add)
+N = 8
+
+
+def arange(s: cuctx.Stream) -> cuctx.DeviceArray:
+    """0, 1, ..., N-1 on ``s`` (the work captured on ``s`` comes after it)."""
+    return cuctx.to_device(np.arange(N, dtype=np.float32), stream=s)
+
+
+def zeros(s: cuctx.Stream) -> cuctx.DeviceArray:
+    return cuctx.zeros(N, np.float32, stream=s)
+
+
+def line_of(node: cuctx.GraphNode) -> str:
+    """The source line the node was made by (its site must be in this file)."""
+    assert node.site is not None and node.site[0] == __file__, node
+    return linecache.getline(__file__, node.site[1])
+
+
+def usable(lib, s: cuctx.Stream) -> None:
+    """After a broken capture: eager work on ``s`` runs, and a new capture works."""
+    out, x = zeros(s), arange(s)
+    lib["add"][1, N, 0, s](out, x, 1.0, N)
+    s.synchronize()
+    assert out.to_host().tolist() == list(range(1, N + 1))
+    with s.capture() as graph:
+        lib["add"][1, N, 0, s](out, x, 2.0, N)
+    graph.instantiate().launch(s)
+    s.synchronize()
+    assert out.to_host().tolist() == list(range(2, N + 2))
+
+
+# -- what a capture holds ------------------------------------------------------------------
+
+def test_capture_holds_launches_copies_fills_host_functions_and_a_joined_stream(lib):
+    s, side = cuctx.Stream(), cuctx.Stream()
+    x, mid, out = arange(s), zeros(s), zeros(s)
+    scratch = zeros(s)
+    host = cuctx.pinned_empty(N, np.float32)
+    seen = []
+    with s.capture() as graph:
+        scratch.fill(7.0, stream=s)
+        lib["add"][1, N, 0, s](mid, x, 1.0, N)
+        side.wait(s.record())
+        lib["add"][1, N, 0, side](out, mid, 10.0, N)
+        s.launch_host_func(seen.append, "ran")
+        s.wait(side)
+        cuctx.copy(host, out, s)
+    assert isinstance(graph, cuctx.Graph)
+    assert sorted(node.kind for node in graph.nodes) == ["copy", "fill", "host", "kernel",
+                                                         "kernel"]
+    assert out.to_host().tolist() == [0.0] * N and seen == []  # nothing ran yet
+    for node in graph.nodes:  # each node names the line that queued it
+        text = {"fill": "scratch.fill(", "host": "launch_host_func(", "copy": "cuctx.copy("}
+        assert (text.get(node.kind) or 'lib["add"]') in line_of(node)
+    kernels = {line_of(n).strip() for n in graph.nodes if n.kind == "kernel"}
+    assert any("side](" in k for k in kernels)  # the joined stream's launch is in the graph
+    exe = graph.instantiate()
+    for _ in range(2):
+        host[:] = 0
+        exe.launch(s)
+        s.synchronize()
+        assert host.tolist() == [float(i + 11) for i in range(N)]
+        assert scratch.to_host().tolist() == [7.0] * N
+    assert seen == ["ran", "ran"]
+
+
+def test_the_graph_keeps_what_its_nodes_use(lib):
+    s = cuctx.Stream()
+    out, x = zeros(s), arange(s)
+    seen = []
+    with s.capture() as graph:
+        lib["add"][1, N, 0, s](out, x, 5.0, N)
+        s.launch_host_func(seen.append, np.float32(3))
+    del x  # the graph, and then its executable, are what keep the input alive
+    gc.collect()
+    exe = graph.instantiate()
+    del graph
+    gc.collect()
+    exe.launch(s)
+    s.synchronize()
+    assert out.to_host().tolist() == [float(i + 5) for i in range(N)]
+    assert seen == [3]
+
+
+def test_memory_allocated_in_a_capture_freed_inside(lib):
+    s = cuctx.Stream()
+    x, out = arange(s), zeros(s)
+    with s.capture() as graph:
+        tmp = cuctx.empty(N, np.float32, stream=s)
+        lib["add"][1, N, 0, s](tmp, x, 1.0, N)
+        lib["add"][1, N, 0, s](out, tmp, 1.0, N)
+        del tmp  # a free node: the graph frees its own memory at the end of each launch
+    assert sorted(node.kind for node in graph.nodes) == ["alloc", "free", "kernel", "kernel"]
+    exe = graph.instantiate()
+    for _ in range(2):
+        exe.launch(s)
+        s.synchronize()
+        assert out.to_host().tolist() == [float(i + 2) for i in range(N)]
+
+
+def test_memory_allocated_in_a_capture_freed_outside(lib):
+    s = cuctx.Stream()
+    x = arange(s)
+    with s.capture() as graph:
+        made = cuctx.empty(N, np.float32, stream=s)
+        lib["add"][1, N, 0, s](made, x, 3.0, N)
+    assert sorted(node.kind for node in graph.nodes) == ["alloc", "kernel"]
+    exe = graph.instantiate()
+    exe.launch(s)
+    s.synchronize()
+    assert made.to_host().tolist() == [float(i + 3) for i in range(N)]  # valid after a launch
+    del made  # freed on its stream, outside the graph: the executable may run again
+    gc.collect()
+    s.synchronize()
+
+
+def test_memory_from_before_the_capture_is_freed_after_it_not_in_it(lib):
+    s = cuctx.Stream()
+    old = cuctx.zeros(N, np.float32, stream=s)
+    x, out = arange(s), zeros(s)
+    s.synchronize()
+    with s.capture() as graph:
+        del old  # its free waits for the end of the capture (a graph frees only its memory)
+        gc.collect()
+        lib["add"][1, N, 0, s](out, x, 1.0, N)
+    assert [node.kind for node in graph.nodes] == ["kernel"]
+    graph.instantiate().launch(s)
+    s.synchronize()
+    assert out.to_host().tolist() == [float(i + 1) for i in range(N)]
+
+
+@pytest.mark.parametrize("mode", ["thread_local", "global", "relaxed"])
+def test_modes(lib, mode):
+    s = cuctx.Stream()
+    x, out = arange(s), zeros(s)
+    with s.capture(mode) as graph:
+        lib["add"][1, N, 0, s](out, x, 4.0, N)
+    graph.instantiate().launch(s)
+    s.synchronize()
+    assert out.to_host().tolist() == [float(i + 4) for i in range(N)]
+
+
+def test_a_bad_mode_lists_the_modes(backend):
+    with pytest.raises(ValueError, match="'thread_local', 'global', 'relaxed'"):
+        cuctx.Stream().capture("local")
+
+
+def test_the_legacy_stream_of_a_non_blocking_capture_runs_eagerly(lib):
+    s = cuctx.Stream()  # non-blocking: the legacy stream does not wait for it
+    x, out, other = arange(s), zeros(s), zeros(s)
+    legacy = cuctx.legacy_stream()
+    s.synchronize()  # (the legacy stream does not wait for s)
+    with s.capture("global") as graph:
+        lib["add"][1, N, 0, s](out, x, 1.0, N)
+        lib["add"][1, N, 0, legacy](other, x, 2.0, N)  # not captured: runs now
+    assert [node.kind for node in graph.nodes] == ["kernel"]
+    assert other.to_host().tolist() == [float(i + 2) for i in range(N)]
+
+
+# -- calls that break a capture -------------------------------------------------------------
+
+BREAKING = {  # the call the message names -> the call (s, an event recorded in the capture, arr)
+    "Stream.synchronize": lambda s, event, arr: s.synchronize(),
+    "Stream.done": lambda s, event, arr: s.done,
+    "Event.synchronize": lambda s, event, arr: event.synchronize(),
+    "Event.done": lambda s, event, arr: event.done,
+    "cuctx.synchronize": lambda s, event, arr: cuctx.synchronize(),
+    "Context.synchronize": lambda s, event, arr: s.context.synchronize(),
+    "Device.synchronize": lambda s, event, arr: s.device.synchronize(),
+    "cuctx.to_device": lambda s, event, arr: cuctx.to_device(np.ones(N, np.float32), stream=s),
+    "DeviceArray.to_host": lambda s, event, arr: arr.to_host(stream=s),
+    "cuctx.copy": lambda s, event, arr: cuctx.copy(np.empty(N, np.float32), arr, s),
+    "DeviceArray.copy_from": lambda s, event, arr: arr.copy_from(np.ones(N, np.float32), s),
+}
+
+
+@pytest.mark.parametrize("mode", ["thread_local", "global"])
+@pytest.mark.parametrize("call", list(BREAKING))
+def test_a_breaking_call_raises_ends_the_capture_and_leaves_the_stream_usable(lib, call,
+                                                                              mode):
+    s = cuctx.Stream()
+    arr = cuctx.zeros(N, np.float32, stream=s)
+    breaking = BREAKING[call]
+    with pytest.raises(GraphCaptureError) as info:
+        with s.capture(mode):
+            lib["add"][1, N, 0, s](arr, arr, 1.0, N)
+            breaking(s, s.record(), arr)
+    message = str(info.value)
+    assert call in message
+    assert f"{__file__}:{breaking.__code__.co_firstlineno}" in message
+    assert "ended" in message
+    usable(lib, s)
+
+
+def test_the_legacy_stream_breaks_a_capture_of_a_blocking_stream(lib):
+    s = cuctx.Stream(non_blocking=False)  # the legacy stream would wait for it
+    x, out = arange(s), zeros(s)
+    legacy = cuctx.legacy_stream()
+
+    def on_legacy():
+        lib["add"][1, N, 0, legacy](out, x, 2.0, N)
+
+    with pytest.raises(GraphCaptureError, match="cuLaunchKernel") as info:
+        with s.capture("global"):
+            lib["add"][1, N, 0, s](out, x, 1.0, N)
+            on_legacy()
+    line = on_legacy.__code__.co_firstlineno + 1
+    assert f"{__file__}:{line}" in str(info.value) and "ended" in str(info.value)
+    usable(lib, s)
+
+
+def test_an_exception_in_the_block_discards_the_capture(lib):
+    s = cuctx.Stream()
+    x, out = arange(s), zeros(s)
+    with pytest.raises(KeyError):
+        with s.capture():
+            lib["add"][1, N, 0, s](out, x, 1.0, N)
+            raise KeyError("user code failed")
+    assert out.to_host().tolist() == [0.0] * N  # the captured launch never ran
+    usable(lib, s)
+
+
+def test_a_capture_broken_and_caught_inside_raises_at_the_end(lib):
+    s = cuctx.Stream()
+    with pytest.raises(GraphCaptureError, match="broken earlier"):
+        with s.capture():
+            with pytest.raises(GraphCaptureError):
+                s.synchronize()
+    usable(lib, s)
+
+
+def test_a_fork_not_joined_back_raises_at_the_end(lib):
+    s, side = cuctx.Stream(), cuctx.Stream()
+    x, out = arange(s), zeros(s)
+    with pytest.raises(GraphCaptureError, match="not joined back"):
+        with s.capture():
+            side.wait(s)
+            lib["add"][1, N, 0, side](out, x, 1.0, N)
+    usable(lib, s)
+    usable(lib, side)
+
+
+def test_another_threads_synchronize_is_refused_and_the_capture_goes_on(lib):
+    s = cuctx.Stream()
+    x, out = arange(s), zeros(s)
+    errors = []
+
+    def other_thread():
+        try:
+            with s.context:
+                s.context.synchronize()
+        except GraphCaptureError as exc:
+            errors.append(exc)
+
+    with s.capture("relaxed") as graph:
+        lib["add"][1, N, 0, s](out, x, 1.0, N)
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+    assert len(errors) == 1 and "goes on" in str(errors[0])
+    graph.instantiate().launch(s)
+    s.synchronize()
+    assert out.to_host().tolist() == [float(i + 1) for i in range(N)]
+
+
+def test_capturing_the_legacy_stream_or_a_stream_twice_is_refused(lib):
+    with pytest.raises(GraphCaptureError, match="legacy default stream cannot be captured"):
+        with cuctx.legacy_stream().capture():
+            pass
+    s = cuctx.Stream()
+    with s.capture():
+        with pytest.raises(ValueError, match="already being captured"):
+            with s.capture():
+                pass
+    usable(lib, s)
