@@ -24,6 +24,7 @@ PTX = b"""
   ld.param.u64 %rd1, [p]; ld.param.u32 %r1, [v];
   cvta.to.global.u64 %rd2, %rd1; st.global.u32 [%rd2], %r1; ret;
 }
+.visible .entry step(.param .u64 counter, .param .u64 handle) { ret; }
 """
 
 
@@ -464,3 +465,107 @@ def test_an_update_is_refused_naming_the_node_and_the_reason(rig):
     assert refused(shape) == (UPDATE.CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED, int(node))
     assert drv.cuGraphLaunch(exe, rig.stream) == (OK,)  # unchanged by the refusals
     assert rig.read(a) == [1, 1, 1, 1]
+
+
+# -- conditional nodes, memory nodes, dot files -------------------------------------------
+
+COND = d.CUgraphConditionalNodeType
+
+
+def conditional(rig, graph, kind, size: int = 1, default: int = 0, flags: int = 0, after=()):
+    err, handle = rig.drv.cuGraphConditionalHandleCreate(graph, rig.ctx, default, flags)
+    assert err == OK
+    params = d.CUgraphNodeParams()
+    params.type = T.CU_GRAPH_NODE_TYPE_CONDITIONAL
+    params.conditional.handle, params.conditional.type = handle, kind
+    params.conditional.size, params.conditional.ctx = size, rig.ctx
+    err, node = rig.drv.cuGraphAddNode(graph, list(after), None, len(after), params)
+    assert err == OK, err
+    return handle, params.conditional.phGraph_out
+
+
+def stepper(rig):
+    """A kernel ``step(counter, handle)`` whose twin decrements *counter and sets the
+    condition to whether it is still above zero (as cudaGraphSetConditional would)."""
+    _, mod = rig.drv.cuModuleLoadData(PTX)
+    _, fn = rig.drv.cuModuleGetFunction(mod, b"step")
+
+    def step(grid, block, counter, handle: int):
+        view = counter.view(np.uint32, 1)
+        view[0] -= 1
+        rig.backend.sim.set_conditional(handle, int(view[0] > 0))
+    rig.backend.sim.set_kernel_twin(fn, step)
+    return fn
+
+
+def test_a_while_node_runs_its_body_while_a_kernel_keeps_the_condition_set(rig):
+    drv = rig.drv
+    counter, out = rig.alloc(), rig.alloc()
+    fn = stepper(rig)
+    g = rig.graph()
+    handle, bodies = conditional(rig, g, COND.CU_GRAPH_COND_TYPE_WHILE, default=1,
+                                 flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT)
+    body = bodies[0]
+    values = (ctypes.c_uint64 * 2)(counter, int(handle))
+    array = (ctypes.c_void_p * 2)(ctypes.addressof(values), ctypes.addressof(values) + 8)
+    params = rig.kernel(0, 0)
+    params.func, params.kernelParams = fn, ctypes.addressof(array)
+    k = rig.add(body, "Kernel", params)
+    rig.add(body, "Memset", rig.memset(out, 9, 1), rig.ctx, after=[k])
+    assert drv.cuMemsetD32Async(counter, 3, 1, rig.stream) == (OK,)
+    rig.run(g)
+    assert rig.read(counter, 1) == [0] and rig.read(out, 1) == [9]
+
+
+def test_an_if_node_runs_its_else_body_when_the_condition_is_zero(rig):
+    a = rig.alloc()
+    g = rig.graph()
+    _, bodies = conditional(rig, g, COND.CU_GRAPH_COND_TYPE_IF, size=2, default=0,
+                            flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT)
+    rig.add(bodies[0], "Memset", rig.memset(a, 1, 1), rig.ctx)
+    rig.add(bodies[1], "Memset", rig.memset(a + 4, 2, 1), rig.ctx)
+    assert rig.drv.cuGraphAddHostNode(bodies[0], None, 0, d.CUDA_HOST_NODE_PARAMS())[0] \
+        == INVALID_VALUE  # a null function; host nodes may not be in bodies at all
+    rig.run(g)
+    assert rig.read(a, 2) == [0, 2]
+
+
+def test_an_unused_conditional_handle_fails_instantiation(rig):
+    g = rig.graph()
+    assert rig.drv.cuGraphConditionalHandleCreate(g, rig.ctx, 0, 0)[0] == OK
+    assert rig.drv.cuGraphInstantiate(g, 0) == (INVALID_VALUE, None)
+
+
+def test_explicit_memory_nodes_and_relaunching_an_unfreed_allocation(rig):
+    drv = rig.drv
+    params = d.CUDA_MEM_ALLOC_NODE_PARAMS()
+    params.poolProps.allocType = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    params.poolProps.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    params.poolProps.location.id = 0
+    params.bytesize = 64
+    g = rig.graph()
+    alloc = rig.add(g, "MemAlloc", params)
+    ptr = int(params.dptr)
+    rig.add(g, "Memset", rig.memset(ptr, 5, 16), rig.ctx, after=[alloc])
+    exe = rig.run(g)
+    assert rig.read(ptr, 2) == [5, 5]  # not freed in the graph: usable after it
+    assert drv.cuGraphLaunch(exe, rig.stream) == (INVALID_VALUE,)  # still unfreed
+    assert drv.cuMemFreeAsync(ptr, rig.stream) == (OK,)
+    assert drv.cuGraphLaunch(exe, rig.stream) == (OK,)
+    assert drv.cuStreamSynchronize(rig.stream) == (OK,)
+    drv.cuGraphExecDestroy(exe)
+    rig.run(g, flags=d.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+    free = rig.graph()
+    rig.add(free, "MemFree", ptr)
+    assert drv.cuGraphAddMemFreeNode(free, None, 0, ptr) == (INVALID_VALUE, None)  # twice
+
+
+def test_a_dot_file_describes_the_graph(rig, tmp_path):
+    a = rig.alloc()
+    g = rig.graph()
+    k = rig.add(g, "Kernel", rig.kernel(a, 1))
+    rig.add(g, "Memset", rig.memset(a, 1, 1), rig.ctx, after=[k])
+    path = tmp_path / "g.dot"
+    assert rig.drv.cuGraphDebugDotPrint(g, str(path).encode(), 0) == (OK,)
+    text = path.read_text()
+    assert "KERNEL" in text and "put" in text and "MEMSET" in text and "n0 -> n1" in text

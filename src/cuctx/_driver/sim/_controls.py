@@ -68,6 +68,17 @@ class SimControls:
         found = self._driver._kernel(kernel)
         return (OK, found.twin) if found else (INVALID_HANDLE, None)
 
+    def set_conditional(self, handle, value: int) -> tuple[CUresult]:
+        """What ``cudaGraphSetConditional(handle, value)`` does in a kernel, for kernel twins:
+        set the condition ``handle`` (a CUgraphConditionalHandle, or the integer the twin
+        received as its argument) to ``value`` (an unsigned int); the conditional node that
+        reads it next sees the value."""
+        condition = self._driver._conditions.get(int(handle))
+        if condition is None or not 0 <= int(value) < 1 << 32:
+            return (INVALID_VALUE,)
+        condition.value = int(value)
+        return (OK,)
+
     def fault_cause(self, hctx) -> tuple[CUresult, BaseException | None, str]:
         """(OK, exception or None, sentence) about the twin whose failure gave ``hctx`` its
         sticky fault; (OK, None, "") when no twin caused one."""

@@ -24,6 +24,7 @@ from cuda.bindings.driver import (CUDA_HOST_NODE_PARAMS, CUgraphExec, CUgraphIns
 from ._cargs import unsigned
 from ._common import CONTEXT_IS_DESTROYED, INVALID_VALUE, NOT_INITIALIZED, OK
 from ._graph_nodes import ChildWork, copy_work, kernel_work, memset_work
+from ._launches import LAUNCH_COST_NS
 from ._graphs import SimGraph, SimNode, host_work, inner_graphs, order
 
 T = CUgraphNodeType
@@ -178,6 +179,9 @@ class GraphExecModel:
                 self._push(stream, None, 0, "disabled node")
             elif isinstance(work, ChildWork):
                 self._emit(exe, work.graph, stream)
+            elif work.type == T.CU_GRAPH_NODE_TYPE_CONDITIONAL:
+                self._push(stream, self._conditional_op(exe, work, stream), LAUNCH_COST_NS,
+                           work.label())
             elif work.type == T.CU_GRAPH_NODE_TYPE_EVENT_RECORD:
                 work.event.marker = self._push(stream, None, 0, "event record node")
             elif work.type == T.CU_GRAPH_NODE_TYPE_WAIT_EVENT:

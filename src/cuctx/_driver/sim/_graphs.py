@@ -20,7 +20,7 @@ from cuda.bindings.driver import (CUDA_HOST_NODE_PARAMS, CUgraph, CUgraphEdgeDat
                                   CUgraphNodeType)
 
 from ._cargs import size_t
-from ._common import INVALID_VALUE, NOT_INITIALIZED, OK
+from ._common import INVALID_VALUE, NOT_INITIALIZED, NOT_SUPPORTED, OK
 from ._graph_nodes import (ChildWork, EmptyWork, EventWork, HostWork, copy_work, kernel_work,
                            memset_work)
 
@@ -155,6 +155,9 @@ class GraphModel:
             err, work = make()
             if err:
                 return (err, None)
+            if graph.owner is not None and hasattr(graph.owner.work, "bodies") \
+                    and work.type not in BODY_TYPES:
+                return (NOT_SUPPORTED, None)  # not in a conditional node's body
             return (OK, CUgraphNode(self._append(graph, work, deps).handle))
 
     def _append(self, graph: SimGraph, work, deps: list) -> SimNode:
@@ -295,6 +298,10 @@ class GraphModel:
         return (OK, node.work.params())
 
 
+# What a conditional node's body may hold.
+BODY_TYPES = (T.CU_GRAPH_NODE_TYPE_KERNEL, T.CU_GRAPH_NODE_TYPE_MEMCPY,
+              T.CU_GRAPH_NODE_TYPE_MEMSET, T.CU_GRAPH_NODE_TYPE_EMPTY,
+              T.CU_GRAPH_NODE_TYPE_GRAPH, T.CU_GRAPH_NODE_TYPE_CONDITIONAL)
 # Child graphs may not hold these (cuGraphAddChildGraphNode's documented refusal).
 _NOT_IN_CHILDREN = (T.CU_GRAPH_NODE_TYPE_MEM_ALLOC, T.CU_GRAPH_NODE_TYPE_MEM_FREE,
                     T.CU_GRAPH_NODE_TYPE_CONDITIONAL)

@@ -16,6 +16,8 @@ from ._capture import CaptureModel
 from ._capture_ops import CaptureOps
 from ._contexts import ContextModel
 from ._devices import DeviceQueries, SimDevice
+from ._graph_conditional import ConditionalModel
+from ._graph_dot import GraphDotModel
 from ._graph_exec import GraphExecModel
 from ._graph_memory import GraphMemoryModel
 from ._graph_update import GraphUpdateModel
@@ -32,6 +34,8 @@ class SimDriver(
     CaptureOps,
     CaptureModel,
     DeviceQueries,
+    ConditionalModel,
+    GraphDotModel,
     GraphMemoryModel,
     GraphUpdateModel,
     GraphExecModel,
@@ -60,6 +64,7 @@ class SimDriver(
         self._init_graphs()
         self._init_graph_execs()
         self._init_capture()
+        self._init_conditionals()
 
 
 def from_env() -> SimDriver:
