@@ -26,7 +26,7 @@ from ._alloc import allocate
 from ._host import page_locked
 from ._layout import Plan
 from .context import fail
-from .stream import Stream, resolve_stream
+from .stream import Stream, refuse_legacy_in_global_capture, resolve_stream
 
 _HOST, _DEVICE = CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE
 _LINEAR = {(True, False): "cuMemcpyHtoDAsync", (False, True): "cuMemcpyDtoHAsync",
@@ -58,6 +58,8 @@ def issue(stream: Stream, plan: Plan, dst_obj, src_obj, dst_on_device: bool,
     if _record.threads and _record.enqueue(stream, _record.COPY, plan, dst_obj, src_obj,
                                            dst_on_device, src_on_device):
         return  # an autograph call recorded it
+    if _lifetimes.capturing:
+        refuse_legacy_in_global_capture(stream, "cuctx.copy")
     drv = stream._backend.driver
     dst = _address(dst_obj, dst_on_device) + plan.dst_offset
     src = _address(src_obj, src_on_device) + plan.src_offset
@@ -132,6 +134,8 @@ def memset(arr, pattern: bytes, stream: Stream) -> None:
     and 4-byte patterns and repeating 4-byte words, else one strided 32-bit memset per word."""
     if _record.threads and _record.enqueue(stream, _record.FILL, arr, pattern):
         return  # an autograph call recorded it
+    if _lifetimes.capturing:
+        refuse_legacy_in_global_capture(stream, "DeviceArray.fill")
     drv, h, n, call = stream._backend.driver, stream._handle, arr.size, stream._call
     if len(pattern) == 1:
         results = [call(drv.cuMemsetD8Async, arr.ptr, pattern[0], n, h)]

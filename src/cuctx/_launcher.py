@@ -18,13 +18,13 @@ import functools
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import _codegen, _record, _trace
+from . import _codegen, _lifetimes, _record, _trace
 from ._args import PACK_ERRORS
 from ._driver import in_host_function
 from ._launch_config import Config, driver_config, make_config, validate
 from ._plan import Plan, pack_slowly
 from .context import ACTIVE, context_for, fail, refuse_in_host_function
-from .stream import resolve_stream
+from .stream import refuse_legacy_in_global_capture, resolve_stream
 
 if TYPE_CHECKING:
     from ._kernel import Kernel
@@ -118,6 +118,8 @@ class Launcher:
             pack_slowly(self._packer, plan, args, self.stream, buffer)
         # A recording thread's recorder (an autograph call) takes the packed launch instead.
         if not (_record.threads and _record.launch(self, buffer, args, plan)):
+            if _lifetimes.capturing:  # (fast paths step aside while a capture listens)
+                refuse_legacy_in_global_capture(self.stream, f"launch of {self.kernel.name!r}")
             err, = go()
             if err:
                 self._fail(err)

@@ -171,6 +171,8 @@ class Stream(Resource):
         if _record.threads and _record.enqueue(self, _record.RECORD, event):
             event._recorded = True  # (an autograph call recorded it)
             return event
+        if _lifetimes.capturing:
+            refuse_legacy_in_global_capture(self, "Stream.record")
         err, = self._record(event._handle, self._handle)
         if err:
             fail(self._backend, err, "cuEventRecord", ctx)
@@ -195,6 +197,8 @@ class Stream(Resource):
                 other._check_waitable("Stream.wait", self._backend)  # raises the reason
             if _record.threads and _record.enqueue(self, _record.WAIT, other):
                 return  # an autograph call recorded it
+            if _lifetimes.capturing:
+                refuse_legacy_in_global_capture(self, "Stream.wait")
             err, = self._wait(self._handle, other._handle, 0)
             if err:
                 fail(self._backend, err, "cuStreamWaitEvent", ctx)
@@ -215,6 +219,8 @@ class Stream(Resource):
         other._check_waitable("Stream.wait", self._backend)
         if _record.threads and _record.enqueue(self, _record.WAIT, other):
             return
+        if _lifetimes.capturing:
+            refuse_legacy_in_global_capture(self, "Stream.wait")
         err, = self._wait(self._handle, other._handle, 0)
         if err:
             fail(self._backend, err, "cuStreamWaitEvent", self._ctx)
@@ -231,6 +237,8 @@ class Stream(Resource):
             raise other_ctx._unusable("Stream.wait")
         if _record.threads and _record.enqueue(self, _record.WAIT, other):
             return
+        if _lifetimes.capturing:
+            refuse_legacy_in_global_capture(self, "Stream.wait")
         event = other._sync_event
         if event is None:
             event = other._sync_event = Event._create(other_ctx, timing=False)
@@ -291,6 +299,8 @@ class Stream(Resource):
         self._check("Stream.launch_host_func")
         if _record.threads and _record.enqueue(self, _record.HOST, fn, args):
             return
+        if _lifetimes.capturing:
+            refuse_legacy_in_global_capture(self, "Stream.launch_host_func")
         owner = _lifetimes.queue(self._ctx, self._key)
         if owner.capturing:  # a host node: it runs on every launch of the graph
             owner = owner.capturing.owner
@@ -341,6 +351,14 @@ class Stream(Resource):
     def __repr__(self) -> str:
         where = f"device {self._ctx._device.ordinal}" if self._ctx._device is not None else ""
         return f"<Stream {self.kind} {self._key:#x} {where} ctx {self._ctx._key:#x}>"
+
+
+def refuse_legacy_in_global_capture(stream: Stream, operation: str) -> None:
+    """Work queued on the legacy stream while a global-mode capture is active in its context
+    would run at once, outside the graph (the driver accepts it beside a non-blocking
+    capturing stream): refuse it. Call under ``if _lifetimes.capturing:``."""
+    if stream._key in (0, LEGACY):
+        _lifetimes.refuse_in_capture(operation, legacy=stream)
 
 
 def _destroy_stream(drv, handle, ctx: Context) -> None:

@@ -167,16 +167,42 @@ def test_a_bad_mode_lists_the_modes(backend):
         cuctx.Stream().capture("local")
 
 
-def test_the_legacy_stream_of_a_non_blocking_capture_runs_eagerly(lib):
+@pytest.mark.parametrize("mode", ["thread_local", "relaxed"])
+def test_the_legacy_stream_beside_a_non_blocking_capture_runs_eagerly(lib, mode):
     s = cuctx.Stream()  # non-blocking: the legacy stream does not wait for it
     x, out, other = arange(s), zeros(s), zeros(s)
     legacy = cuctx.legacy_stream()
     s.synchronize()  # (the legacy stream does not wait for s)
-    with s.capture("global") as graph:
+    with s.capture(mode) as graph:
         lib["add"][1, N, 0, s](out, x, 1.0, N)
         lib["add"][1, N, 0, legacy](other, x, 2.0, N)  # not captured: runs now
     assert [node.kind for node in graph.nodes] == ["kernel"]
     assert other.to_host().tolist() == [float(i + 2) for i in range(N)]
+
+
+LEGACY_WORK = {  # the call the message names -> work queued on the legacy stream
+    "launch of 'add'": lambda lib, legacy, arr: lib["add"][1, N, 0, legacy](arr, arr, 2.0, N),
+    "DeviceArray.fill": lambda lib, legacy, arr: arr.fill(3.0, stream=legacy),
+    "Stream.record": lambda lib, legacy, arr: legacy.record(),
+    "Stream.wait": lambda lib, legacy, arr: legacy.wait(cuctx.Stream()),
+    "Stream.launch_host_func": lambda lib, legacy, arr: legacy.launch_host_func(print),
+}
+
+
+@pytest.mark.parametrize("call", list(LEGACY_WORK))
+def test_the_legacy_stream_in_a_global_capture_is_refused_before_it_runs(lib, call):
+    s = cuctx.Stream()
+    x, other = arange(s), zeros(s)
+    legacy = cuctx.legacy_stream()
+    s.synchronize()
+    work = LEGACY_WORK[call]
+    with pytest.raises(GraphCaptureError, match="legacy default stream") as info:
+        with s.capture("global"):
+            lib["add"][1, N, 0, s](x, x, 1.0, N)
+            work(lib, legacy, other)
+    assert f"{__file__}:{work.__code__.co_firstlineno}" in str(info.value)
+    assert other.to_host().tolist() == [0.0] * N  # nothing ran on the legacy stream
+    usable(lib, s)
 
 
 # -- calls that break a capture -------------------------------------------------------------
@@ -223,7 +249,7 @@ def test_the_legacy_stream_breaks_a_capture_of_a_blocking_stream(lib):
         lib["add"][1, N, 0, legacy](out, x, 2.0, N)
 
     with pytest.raises(GraphCaptureError, match="cuLaunchKernel") as info:
-        with s.capture("global"):
+        with s.capture("thread_local"):
             lib["add"][1, N, 0, s](out, x, 1.0, N)
             on_legacy()
     line = on_legacy.__code__.co_firstlineno + 1
