@@ -42,6 +42,8 @@ KINDS = frozenset({
 })
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# The examples ship inside the package but are user code: their lines are the user's.
+_EXAMPLES = _PACKAGE + "examples" + os.sep
 # Code cuctx generates (launch fast paths) is compiled under names starting with this: its
 # frames are cuctx's, not the user's.
 GENERATED = "<cuctx "
@@ -120,7 +122,7 @@ def user_site(depth: int = 2) -> tuple[str, int, str] | None:
     frame = sys._getframe(depth)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not filename.startswith(_PACKAGE) and not filename.startswith(GENERATED):
+        if not filename.startswith((_PACKAGE, GENERATED)) or filename.startswith(_EXAMPLES):
             return filename, frame.f_lineno, frame.f_code.co_name
         frame = frame.f_back
     return None

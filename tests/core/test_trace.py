@@ -32,3 +32,16 @@ def test_sinks_must_be_callable_and_registered_to_be_removed():
         _trace.add_sink(42)
     with pytest.raises(ValueError, match="not a registered"):
         _trace.remove_sink(print)
+
+
+
+def test_the_examples_lines_are_the_users(backend, capsys):
+    """The examples ship inside the package, yet they are user code: the operations they
+    make are placed at their own lines, not at whatever ran them."""
+    from cuctx.examples import stream_overlap
+
+    seen = []
+    with _trace.sink(seen.append):
+        stream_overlap.main()
+    sites = {op.site[0] for op in seen if op.site}
+    assert sites == {stream_overlap.__file__}, sites
