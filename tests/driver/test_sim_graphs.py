@@ -6,6 +6,9 @@ tests/graphs.)"""
 from __future__ import annotations
 
 import ctypes
+import importlib.util
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -569,3 +572,37 @@ def test_a_dot_file_describes_the_graph(rig, tmp_path):
     assert rig.drv.cuGraphDebugDotPrint(g, str(path).encode(), 0) == (OK,)
     text = path.read_text()
     assert "KERNEL" in text and "put" in text and "MEMSET" in text and "n0 -> n1" in text
+
+
+# -- parity with the GPU ------------------------------------------------------------------
+
+TRANSCRIPT = Path(__file__).with_name("graphs_transcript.json")
+RECORD = ("record it on a GPU: CUCTX_BACKEND=cuda PYTHONPATH=src python "
+          "scripts/probe_graphs.py tests/driver/graphs_transcript.json")
+
+
+def probe():
+    """scripts/probe_graphs.py, whose `transcript` both the GPU recording and this test run."""
+    path = Path(__file__).parents[2] / "scripts" / "probe_graphs.py"
+    spec = importlib.util.spec_from_file_location("probe_graphs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_probe_runs_on_the_sim_without_errors_of_its_own(sim):
+    steps = probe().transcript(sim)
+    assert len(steps) > 300
+    assert not [s for s in steps if isinstance(s[1], str) and s[1].startswith("raised")]
+
+
+def test_the_sim_answers_the_graph_transcript_as_the_gpu_did(sim):
+    if not TRANSCRIPT.exists():
+        pytest.skip(f"no GPU transcript of graph calls yet ({RECORD})")
+    expected = json.loads(TRANSCRIPT.read_text())["steps"]
+    seen = probe().transcript(sim)
+    differences = [f"{want[0]}: GPU {want[1]!r}, sim {got[1]!r}"
+                   for want, got in zip(expected, seen) if want != got]
+    if [s[0] for s in expected] != [s[0] for s in seen]:
+        differences.append("the steps differ: record the transcript again with this script")
+    assert not differences, "the sim differs from the GPU:\n" + "\n".join(differences)

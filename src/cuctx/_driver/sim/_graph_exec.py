@@ -39,7 +39,7 @@ _DEVICE_LAUNCH_TYPES = (T.CU_GRAPH_NODE_TYPE_KERNEL, T.CU_GRAPH_NODE_TYPE_MEMCPY
 
 
 class SimGraphExec:
-    __slots__ = ("handle", "graph", "source", "flags", "nodes", "disabled", "unfreed")
+    __slots__ = ("handle", "graph", "source", "flags", "nodes", "disabled", "origin")
 
     def __init__(self, handle: int, graph: SimGraph, source: SimGraph, flags: int):
         self.handle = handle
@@ -48,7 +48,9 @@ class SimGraphExec:
         self.flags = flags
         self.nodes: dict[int, SimNode] = {}  # source node handle -> the executable's node
         self.disabled: set[int] = set()  # ids of disabled nodes of the executable
-        self.unfreed: list = []  # allocations of its alloc nodes not freed yet (see _graph_memory)
+        # Each node's work when instantiated: the work resources the driver allocated for
+        # it, which later parameters must fit (memset shapes).
+        self.origin = {id(n): n.work for n in graph.walk()}
 
     def index(self, graph: SimGraph) -> None:
         """Make the nodes of ``graph`` (the executable's tree) findable by handle: the top
@@ -220,16 +222,17 @@ class GraphExecModel:
         return (OK, int(id(node) not in exe.disabled))
 
     def _set_exec_work(self, hGraphExec, hNode, kind, make, allowed):
-        """Give the executable's node the work ``make()`` returns when ``allowed(old, new)``
-        (the driver's rules for changing that node in place); else CUDA_ERROR_INVALID_VALUE."""
+        """Give the executable's node the work ``make()`` returns when ``allowed(first,
+        new)`` (the driver's rules for changing that node in place, against its work when
+        instantiated); else CUDA_ERROR_INVALID_VALUE."""
         with self._lock:
-            _, node = self._exec_node(hGraphExec, hNode, kind)
+            exe, node = self._exec_node(hGraphExec, hNode, kind)
             if node is None:
                 return (INVALID_VALUE,)
             err, work = make()
             if err:
                 return (err,)
-            if not allowed(node.work, work):
+            if not allowed(exe.origin[id(node)], work):
                 return (INVALID_VALUE,)
             node.work = work
         return (OK,)

@@ -15,8 +15,9 @@ for each pair, as the driver documents its results:
   configuration and arguments may change);
 - memcpy: a memory type or an operand's device changed: PARAMETERS_CHANGED;
 - memset: the device changed, a 2D memset's shape changed, a 1D memset's height changed or
-  its bytes grew: PARAMETERS_CHANGED (the sim's reading of "may fail if the resulting
-  operation doesn't map onto the work resources already allocated");
+  its bytes grew beyond the node's when instantiated: PARAMETERS_CHANGED (the sim's
+  reading of "may fail if the resulting operation doesn't map onto the work resources
+  already allocated");
 - memory alloc and free nodes: another allocation: NOT_SUPPORTED;
 - conditional: another type or body count: PARAMETERS_CHANGED;
 - host, empty, event record and wait nodes: anything may change.
@@ -47,7 +48,7 @@ class _Refused(Exception):
         self.source = source
 
 
-def _pairs(old_graph, new_graph, holder):
+def _pairs(old_graph, new_graph, holder, origin):
     """[(old node, new node)] for the whole tree, or _Refused at the first difference."""
     if len(old_graph.nodes) != len(new_graph.nodes):
         raise _Refused(U.CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, holder)
@@ -62,7 +63,7 @@ def _pairs(old_graph, new_graph, holder):
                 raise _Refused(U.CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, new, new_dep)
         if old.type != new.type:
             raise _Refused(U.CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED, new)
-        result = _node_refusal(old.work, new.work)
+        result = _node_refusal(origin.get(id(old), old.work), new.work)
         if result is not None:
             raise _Refused(result, new)
         pairs.append((old, new))
@@ -70,7 +71,7 @@ def _pairs(old_graph, new_graph, holder):
         if len(old_inner) != len(new_inner):
             raise _Refused(U.CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED, new)
         for a, b in zip(old_inner, new_inner):
-            pairs += _pairs(a, b, new)
+            pairs += _pairs(a, b, new, origin)
     return pairs
 
 
@@ -114,7 +115,7 @@ class GraphUpdateModel:
             if exe is None or graph is None:
                 return (INVALID_VALUE, _info(U.CU_GRAPH_EXEC_UPDATE_ERROR))
             try:
-                pairs = _pairs(exe.graph, graph, None)
+                pairs = _pairs(exe.graph, graph, None, exe.origin)
             except _Refused as refusal:
                 return (GRAPH_EXEC_UPDATE_FAILURE,
                         _info(refusal.result, refusal.node, refusal.source))
