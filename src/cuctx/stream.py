@@ -303,12 +303,14 @@ class Stream(Resource):
             refuse_legacy_in_global_capture(self, "Stream.launch_host_func")
         owner = _lifetimes.queue(self._ctx, self._key)
         if owner.capturing:  # a host node: it runs on every launch of the graph
-            owner = owner.capturing.owner
-        key = owner.add_host_function(fn, args, self._backend.sim is None)
-        err, = self._call(self._backend.driver.cuLaunchHostFunc, self._handle,
-                          _lifetimes.TRAMPOLINE_FN, key)
+            err = owner.capturing.host_function(self, fn, args)
+        else:
+            key = owner.add_host_function(fn, args, self._backend.sim is None)
+            err, = self._call(self._backend.driver.cuLaunchHostFunc, self._handle,
+                              _lifetimes.TRAMPOLINE_FN, key)
+            if err:
+                _lifetimes.drop_host_function(key)
         if err:
-            _lifetimes.drop_host_function(key)
             fail(self._backend, err, "cuLaunchHostFunc", self._ctx)
         if _trace.sinks:
             _trace.emit("host_func", self._ctx, self, fn=fn)

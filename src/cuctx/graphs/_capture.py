@@ -29,7 +29,8 @@ import threading
 import weakref
 from typing import Any, Callable
 
-from cuda.bindings.driver import CUstreamCaptureMode, CUstreamCaptureStatus
+from cuda.bindings.driver import (CUresult, CUstreamCaptureMode, CUstreamCaptureStatus,
+                                  CUstreamUpdateCaptureDependencies_flags)
 
 from .. import _lifetimes, _trace
 from .._alloc import _live
@@ -44,6 +45,9 @@ MODES = {"thread_local": CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
          "global": CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL,
          "relaxed": CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED}
 _ACTIVE = CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
+_SET_DEPENDENCIES = int(
+    CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES)
+CAPTURE_INVALIDATED = int(CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
 
 
 def capture(stream: Stream, mode: str = "thread_local") -> Capture:
@@ -206,10 +210,25 @@ class Capture:
             return _lifetimes.capturing.get((other._ctx._key, other._key)) is self
         return False
 
-    @property
-    def owner(self) -> _lifetimes.GraphOwner:
-        """Where `Stream.launch_host_func` registers while its stream captures."""
-        return self.host.owner
+    def host_function(self, stream: Stream, fn: Callable, args: tuple) -> Any:
+        """`Stream.launch_host_func` on a capturing stream: a host node added by hand after
+        the stream's capture dependencies, which then become that node; the driver's
+        result. Not cuLaunchHostFunc: cuda.bindings wraps the callback in data it frees
+        after the first call, and a graph calls it at every launch (on an H100 the second
+        launch of such a graph crashed the process)."""
+        drv = self.ctx._backend.driver
+        err, status, _, graph, deps, _, n = stream._call(drv.cuStreamGetCaptureInfo,
+                                                         stream._handle)
+        if err or status != _ACTIVE:
+            return err or CAPTURE_INVALIDATED
+        params = self.host.add(fn, args, self.ctx._backend.sim is None)
+        err, node = stream._call(drv.cuGraphAddHostNode, graph, deps, n, params)
+        if not err:
+            err, = stream._call(drv.cuStreamUpdateCaptureDependencies, stream._handle, [node],
+                                None, 1, _SET_DEPENDENCIES)
+        if err:
+            _lifetimes.drop_host_function(int(params.userData))
+        return err
 
     def _map(self, stream: Stream, op: _trace.Operation,
              site: tuple[str, int, str] | None) -> None:

@@ -34,13 +34,16 @@ import itertools
 import threading
 
 from cuda.bindings.driver import (CUgraph, CUgraphEdgeData, CUgraphNode, CUstreamCaptureMode,
-                                  CUstreamCaptureStatus, cuuint64_t)
+                                  CUstreamCaptureStatus, CUstreamUpdateCaptureDependencies_flags,
+                                  cuuint64_t)
 
 from ._common import (CAPTURE_IMPLICIT, CAPTURE_INVALIDATED, CAPTURE_UNJOINED,
                       CAPTURE_UNMATCHED, CAPTURE_UNSUPPORTED, CAPTURE_WRONG_THREAD,
                       CAPTURED_EVENT, ILLEGAL_STATE, INVALID_VALUE, OK)
 
 M = CUstreamCaptureMode
+_ADD = int(CUstreamUpdateCaptureDependencies_flags.CU_STREAM_ADD_CAPTURE_DEPENDENCIES)
+_SET = int(CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES)
 S = CUstreamCaptureStatus
 GLOBAL, THREAD_LOCAL, RELAXED = (M.CU_STREAM_CAPTURE_MODE_GLOBAL,
                                  M.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
@@ -202,6 +205,25 @@ class CaptureModel:
             return (OK, status, cuuint64_t(capture.id), CUgraph(capture.graph.handle),
                     [CUgraphNode(n.handle) for n in deps], [CUgraphEdgeData() for _ in deps],
                     len(deps))
+
+    def cuStreamUpdateCaptureDependencies(self, hStream, dependencies, dependencyData,
+                                          numDependencies, flags):
+        """Set (CU_STREAM_SET_CAPTURE_DEPENDENCIES) or add to (0, ADD) the nodes the next
+        work captured on the stream depends on; ILLEGAL_STATE when it does not capture."""
+        with self._lock:
+            err, stream, capture = self._capture_status(hStream)
+            if err:
+                return (err,)
+            if capture is None:
+                return (ILLEGAL_STATE,)
+            if capture.invalid:
+                return (CAPTURE_INVALIDATED,)
+            nodes = [self._graph_node(h) for h in list(dependencies or ())[:numDependencies]]
+            if any(n is None for n in nodes) or int(flags) not in (0, _ADD, _SET):
+                return (INVALID_VALUE,)
+            frontier = [] if int(flags) == _SET else list(capture.frontier[stream])
+            capture.frontier[stream] = frontier + [n for n in nodes if n not in frontier]
+            return (OK,)
 
     def cuThreadExchangeStreamCaptureMode(self, mode):
         if int(mode) not in (int(GLOBAL), int(THREAD_LOCAL), int(RELAXED)):
