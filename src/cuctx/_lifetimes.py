@@ -285,11 +285,15 @@ def free_or_defer(free: Callable, *args: Any) -> None:
     run_finalizer(free, *args)
 
 
-# -- finalizers that run inside a host function ----------------------------------------------
+# -- finalizers that run inside a host function or a capture --------------------------------
 #
 # A garbage collection can start anywhere, inside a host function too, where CUDA must not be
 # called. A cuctx finalizer that finds itself there waits in this list, and runs at the next
-# allocation, finalizer or synchronize outside a host function.
+# allocation, finalizer or synchronize outside a host function. While a stream capture is
+# active, destroy calls (streams, events, graph executables, modules) wait here too: the
+# driver refuses some of them in a capture and invalidates it (cuGraphExecDestroy, measured
+# on an H100); they run when the last capture ends. Frees of memory are not held here: a
+# capture turns them into free nodes or holds them itself (`held_by_capture`).
 
 _held: list[tuple[Callable, tuple]] = []
 
@@ -298,9 +302,16 @@ def finalize(obj: Any, fn: Callable, *args: Any) -> weakref.finalize:
     """``weakref.finalize(obj, fn, *args)`` for a finalizer that calls CUDA: held while a host
     function runs on the collecting thread, never run at interpreter exit (the driver tears
     everything down then)."""
-    finalizer = weakref.finalize(obj, run_finalizer, fn, *args)
+    finalizer = weakref.finalize(obj, _run_destroy, fn, *args)
     finalizer.atexit = False
     return finalizer
+
+
+def _run_destroy(fn: Callable, *args: Any) -> None:
+    if capturing:
+        _held.append((fn, args))
+        return
+    run_finalizer(fn, *args)
 
 
 def run_finalizer(fn: Callable, *args: Any) -> None:
@@ -336,8 +347,9 @@ def free_orphans(ctx: Context) -> None:
 
 
 def run_held_finalizers() -> None:
-    """Run the finalizers held while host functions ran (call outside a host function)."""
-    while _held:
+    """Run the finalizers held while host functions ran or captures were active (call
+    outside a host function; nothing runs while a capture is active)."""
+    while _held and not capturing:
         try:
             fn, args = _held.pop(0)
         except IndexError:  # another thread took the last one

@@ -321,3 +321,22 @@ def test_capturing_the_legacy_stream_or_a_stream_twice_is_refused(lib):
             with s.capture():
                 pass
     usable(lib, s)
+
+
+def test_objects_collected_during_a_capture_are_destroyed_after_it(lib):
+    """A garbage collection inside the block must not destroy an executable, a stream or an
+    event then: the driver refuses some destroys in a capture and invalidates it."""
+    s = cuctx.Stream()
+    x = arange(s)
+    with s.capture() as first:
+        lib["add"][1, N, 0, s](x, x, 1.0, N)
+    doomed = [first.instantiate(), cuctx.Stream(), cuctx.Event()]
+    with s.capture() as graph:
+        lib["add"][1, N, 0, s](x, x, 1.0, N)
+        doomed.clear()
+        gc.collect()
+        lib["add"][1, N, 0, s](x, x, 10.0, N)
+    assert [node.kind for node in graph.nodes] == ["kernel", "kernel"]
+    graph.instantiate().launch(s)
+    s.synchronize()
+    assert x.to_host().tolist() == [float(i + 11) for i in range(N)]

@@ -141,6 +141,8 @@ class Capture:
             queue = _lifetimes._queues.get(key)
             if queue is not None and queue.capturing is self:
                 queue.capturing = None
+        if _lifetimes._held and not _lifetimes.capturing:  # destroys collected meanwhile
+            _lifetimes.run_held_finalizers()
 
     def _end_early(self, error: GraphCaptureError) -> None:
         """End the capture now (the calling thread began it): its graph is discarded and the
