@@ -3,8 +3,11 @@
 (a) A chain of N tiny kernels (each waits for the one before), end to end including the
     synchronize, in us per kernel: cuctx eager; `@cuctx.autograph`; the same chain captured
     with raw driver calls and replayed; the C program's replay (benchmarks/graphs_c.c);
-    `torch.cuda.CUDAGraph` replay. Goals: AutoGraph >= 4x faster than cuctx eager, and
-    <= 1.2x the raw replay per node.
+    `torch.cuda.CUDAGraph` replay. Twice: calls in a row then one synchronize (a loop that
+    calls the function again and again: the host prepares the next call while the GPU runs
+    this one), and one call then a synchronize (the latency of a single call: AutoGraph's
+    recording of the call comes before its graph runs). Goals, on calls in a row: AutoGraph
+    >= 4x faster than cuctx eager, and <= 1.2x the raw replay per node.
 (b) The decoding loop of cuctx/examples/decoding_loop.py (a few dozen kernels per token, the
     sequence length changes every token, the structure every 64 tokens), us per token over a
     whole run from a cold start: eager; AutoGraph; capture + whole update every token
@@ -59,17 +62,21 @@ class Sizes:
     rounds: int  # measurements per candidate; the best counts
 
 
+CALLS_IN_A_ROW = 10  # a loop calling the function again and again
 GPU_SIZES = Sizes(nodes=1000, ks=(1, 10, 100, 1000), tokens=256, rounds=5)
 SIM_SIZES = Sizes(nodes=40, ks=(1, 4, 40), tokens=130, rounds=2)
 
 
-def end_to_end(run: Callable[[], object], sync: Callable[[], object], count: int) -> float:
-    """us per item of one call of ``run`` (``count`` items), up to the end of its work."""
+def end_to_end(run: Callable[[], object], sync: Callable[[], object], count: int,
+               calls: int = 1) -> float:
+    """us per item of ``calls`` calls of ``run`` in a row (``count`` items each), up to the
+    end of their work."""
     sync()
     begin = time.perf_counter()
-    run()
+    for _ in range(calls):
+        run()
     sync()
-    return (time.perf_counter() - begin) / count * 1e6
+    return (time.perf_counter() - begin) / (count * calls) * 1e6
 
 
 def best_us(fn: Callable[[], object], rounds: int) -> float:
@@ -152,7 +159,11 @@ def torch_chain(torch, n: int):
         for i in range(n):
             step(grid=(1, 1, 1), block=(32, 1, 1), args=[x, 1, i])
         graph.capture_end()
-    return graph.replay, stream.synchronize
+
+    def replay() -> None:
+        with torch.cuda.stream(stream):  # (replay() launches on the current stream)
+            graph.replay()
+    return replay, stream.synchronize
 
 
 # -- (a) the chain --------------------------------------------------------------------------
@@ -172,19 +183,24 @@ def chain(sizes: Sizes, raw: str, c: dict[str, float] | None, why_no_c: str | No
     for _ in range(4):  # seen twice, built, then replayed
         graphed()
     sync = stream.synchronize
-    candidates = {"cuctx eager": lambda: end_to_end(eager, sync, n),
-                  "cuctx AutoGraph": lambda: end_to_end(graphed, sync, n)}
     replay, raw_sync = raw_replay(cuctx.backend(), kernel, x, n)
-    candidates[f"raw {raw} replay"] = lambda: end_to_end(replay, raw_sync, n)
-    if c is not None:
-        candidates["C graph replay"] = lambda: c["replay_us_per_node"]
-        candidates["C eager"] = lambda: c["eager_us_per_kernel"]
     torch, why_no_torch = torch_or_reason()
+    runs = {"cuctx eager": (eager, sync), "cuctx AutoGraph": (graphed, sync),
+            f"raw {raw} replay": (replay, raw_sync)}
     if torch is not None:
-        t_replay, t_sync = torch_chain(torch, n)
-        candidates["torch CUDAGraph replay"] = lambda: end_to_end(t_replay, t_sync, n)
-    best = compare(f"a chain of {n} tiny kernels, end to end per kernel", candidates,
-                   unit="us", reference="cuctx AutoGraph", rounds=sizes.rounds * 4)
+        runs["torch CUDAGraph replay"] = torch_chain(torch, n)
+    best = {}
+    for calls, what in ((CALLS_IN_A_ROW, f"{CALLS_IN_A_ROW} calls in a row"),
+                        (1, "one call")):
+        candidates = {name: (lambda run=run, s=s, k=calls: end_to_end(run, s, n, k))
+                      for name, (run, s) in runs.items()}
+        if c is not None and calls == 1:  # (the C program measures one call)
+            candidates["C graph replay"] = lambda: c["replay_us_per_node"]
+            candidates["C eager"] = lambda: c["eager_us_per_kernel"]
+        measured = compare(f"a chain of {n} tiny kernels, {what} then a synchronize, per "
+                           "kernel", candidates, unit="us", reference="cuctx AutoGraph",
+                           rounds=sizes.rounds * (1 if calls > 1 else 4))
+        best = best or measured  # the goals are on calls in a row
     for name, why in (("C", why_no_c), ("torch", why_no_torch)):
         if why:
             print(f"  (no {name} baseline: {why})")
@@ -195,6 +211,7 @@ def chain(sizes: Sizes, raw: str, c: dict[str, float] | None, why_no_c: str | No
     print(f"  AutoGraph: {stats['calls']} calls, {stats['replays']} replays, "
           f"{stats['builds']} builds, {stats['eager']} eager")
     auto = best["cuctx AutoGraph"]
+    print(f"  goals, on {CALLS_IN_A_ROW} calls in a row:")
     goal("AutoGraph >= 4x faster than cuctx eager", best["cuctx eager"] / auto, ">=", 4.0,
          "eager / AutoGraph")
     goal(f"AutoGraph <= 1.2x the raw {raw} replay per node", auto / best[f"raw {raw} replay"],
