@@ -5,6 +5,9 @@ its nodes and edges, says what it holds, and writes DOT. Sim and GPU."""
 from __future__ import annotations
 
 import linecache
+import pathlib
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -286,3 +289,60 @@ def test_an_if_node_runs_its_body_by_its_default_condition(lib, backend):
         g.conditional("switch")
     with pytest.raises(AttributeError, match="not a conditional"):
         assert g.empty().body is None  # raises first
+
+
+
+COUNTDOWN_SOURCE = r"""
+#ifdef SIM_STAND_IN  // on the sim the twin below sets the condition
+__device__ void cudaGraphSetConditional(cudaGraphConditionalHandle, unsigned int) {}
+#endif
+extern "C" __global__ void countdown(unsigned int* counter, float* out,
+                                     cudaGraphConditionalHandle handle) {
+    out[*counter] = (float)*counter;
+    *counter -= 1;
+    cudaGraphSetConditional(handle, *counter > 0);
+}
+"""
+
+
+def countdown_twin(grid, block, counter, out, handle):
+    """The sim's countdown: the same steps, the condition set through the sim's control."""
+    c = counter.view(np.uint32, 1)
+    out.view(np.float32, N)[c[0]] = float(c[0])
+    c[0] -= 1
+    cuctx.backend().sim.set_conditional(handle, int(c[0] > 0))
+
+
+@pytest.fixture
+def countdown(backend, tmp_path) -> cuctx.Kernel:
+    """``countdown``: on a GPU built by nvcc and linked with the device runtime, where
+    cudaGraphSetConditional lives (NVRTC alone does not link it)."""
+    if backend.sim is not None:
+        lib = cuctx.Library.from_source(COUNTDOWN_SOURCE, ["-DSIM_STAND_IN"],
+                                        sim_kernels={"countdown": countdown_twin})
+        return lib["countdown"]
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("needs nvcc: a kernel that sets a condition links the CUDA toolkit's "
+                    "device runtime (cudadevrt)")
+    arch = "sm_{}{}".format(*cuctx.Device(0).compute_capability)
+    source, relocatable, linked = (tmp_path / n for n in ("k.cu", "k_rdc.cubin", "k.cubin"))
+    source.write_text(COUNTDOWN_SOURCE)
+    libdir = pathlib.Path(nvcc).resolve().parent.parent / "lib64"
+    subprocess.run([nvcc, f"-arch={arch}", "-rdc=true", "-cubin", str(source), "-o",
+                    str(relocatable)], check=True)
+    subprocess.run([str(pathlib.Path(nvcc).parent / "nvlink"), f"-arch={arch}",
+                    str(relocatable), f"-L{libdir}", "-lcudadevrt", "-o", str(linked)],
+                   check=True)
+    return cuctx.Library.from_file(linked)["countdown"]
+
+
+def test_a_while_node_runs_its_body_until_a_kernel_clears_the_condition(countdown):
+    counter = cuctx.to_device(np.array([5], np.uint32))
+    out = cuctx.zeros(N, np.float32)
+    g = cuctx.Graph()
+    loop = g.conditional("while", default=1)
+    loop.body.launch(countdown, 1, 1, counter, out, loop.condition)
+    run(g)
+    assert counter.to_host().tolist() == [0]  # the body ran 5 times, then the kernel stopped it
+    assert out.to_host().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.0, 0.0]
