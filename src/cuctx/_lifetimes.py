@@ -138,9 +138,10 @@ def stream_idle(ctx_key: int, stream_key: int) -> None:
 #   capture code: ends the calling thread's captures the driver invalidated, marks other
 #   threads' ones broken, and returns the words to add to the error (the user's line, what
 #   was ended).
-# - held_by_capture(stream, ptr, free) -> bool: whether a free (``free()``) of memory not
-#   allocated in the capture of ``stream`` was taken to run when that capture ends (the
-#   driver accepts only graph allocations in a captured free).
+# - held_by_capture(stream, ptr, free) -> bool: whether a free (``free()``) was taken to run
+#   later: memory not allocated in the capture of ``stream`` is freed when that capture ends
+#   (the driver accepts only graph allocations in a captured free), and a free on a stream
+#   that does not capture waits with the destroys (below) until the last capture ends.
 
 capturing: dict[tuple[int, int], Any] = {}
 refuse_in_capture: Callable[..., None]
@@ -290,10 +291,11 @@ def free_or_defer(free: Callable, *args: Any) -> None:
 # A garbage collection can start anywhere, inside a host function too, where CUDA must not be
 # called. A cuctx finalizer that finds itself there waits in this list, and runs at the next
 # allocation, finalizer or synchronize outside a host function. While a stream capture is
-# active, destroy calls (streams, events, graph executables, modules) wait here too: the
-# driver refuses some of them in a capture and invalidates it (cuGraphExecDestroy, measured
-# on an H100); they run when the last capture ends. Frees of memory are not held here: a
-# capture turns them into free nodes or holds them itself (`held_by_capture`).
+# active, destroy calls (streams, events, graph executables, libraries, modules, page-locked
+# memory) wait here too, since the driver refuses some of them in a capture and invalidates
+# it (cuGraphExecDestroy, measured on an H100), and so do frees on streams that do not
+# capture (`held_by_capture`); they run when the last capture ends. Frees on a capturing
+# stream are the capture's business: free nodes of its own memory, others held to its end.
 
 _held: list[tuple[Callable, tuple]] = []
 

@@ -26,6 +26,7 @@ import numpy as np
 from . import _cubin, _driver, _ptx
 from ._kernel import BlockSizeSuggestion, Kernel, KernelAttributes
 from ._layout import dtype_of, shape_of
+from ._lifetimes import finalize
 from ._resource import Resource
 from ._twin_check import check_twin
 from .compiler import CompileError, compile_source, pick_arch
@@ -216,8 +217,7 @@ class Library(_Code):
                  and int(err) == NOT_SUPPORTED else "")
         self._setup(backend, None, handle, names or {}, image, _ptx)
         self._used: weakref.WeakSet[Context] = weakref.WeakSet()
-        self._finalizer = weakref.finalize(self, _unload_library, drv, handle, self._used)
-        self._finalizer.atexit = False
+        self._finalizer = finalize(self, _unload_library, drv, handle, self._used)
         self._install_twins(sim_kernels)
 
     @property
@@ -374,8 +374,7 @@ class Module(_Code):
         if err:
             fail(backend, err, "cuModuleLoadData", ctx)
         self._setup(backend, ctx, handle, names or {}, image, _ptx)
-        self._finalizer = weakref.finalize(self, _unload_module, backend.driver, handle, ctx)
-        self._finalizer.atexit = False
+        self._finalizer = finalize(self, _unload_module, backend.driver, handle, ctx)
         self._install_twins(sim_kernels)
 
     @property

@@ -350,8 +350,11 @@ def capture_failed(operation: str, code: int) -> str:
 def held_by_capture(stream: Stream, ptr: int, free: Callable[[], None]) -> bool:
     """Whether a free on ``stream`` waits for its capture to end (see `_lifetimes`)."""
     c = _lifetimes.capturing.get((stream._ctx._key, stream._key))
-    if c is None or ptr in c.allocations:
-        return False  # not captured, or a free node of the capture's own memory
+    if c is None:  # a free on another stream: after the last capture ends, as destroys
+        _lifetimes._held.append((free, ()))
+        return True
+    if ptr in c.allocations:
+        return False  # a free node of the capture's own memory
     c.held.append(free)
     return True
 
