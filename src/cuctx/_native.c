@@ -72,7 +72,7 @@ static struct {
     Py_ssize_t launchers, fast;                    /* Kernel, Launcher */
 } L;
 
-static PyObject *S_native, *S_tls, *S_state, *S_loaded, *S_locked, *S_getPtr, *S_active,
+static PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked, *S_getPtr, *S_active,
     *S_shared_mem, *S_stream, *ZERO;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
@@ -290,22 +290,45 @@ static PyObject *fail(PyObject *backend, int err, const char *operation, PyObjec
     return NULL;
 }
 
+/* This thread's dict of the threading.local ``tls`` (a borrowed reference). Reading an
+ * attribute of a threading.local costs more than the rest of a push, so each thread keeps
+ * (tls, its dict) of the last one it read in its own thread-state dict, which the
+ * interpreter clears when the thread ends. The local's dict of a thread is one object for
+ * the thread's life, and the kept reference to ``tls`` keeps its address from being reused. */
+static PyObject *local_dict(PyObject *tls)
+{
+    PyObject *thread = PyThreadState_GetDict();
+    PyObject *kept = thread ? PyDict_GetItemWithError(thread, S_tls_cache) : NULL;
+    if (kept != NULL && PyTuple_GET_ITEM(kept, 0) == tls)
+        return PyTuple_GET_ITEM(kept, 1);
+    PyObject *dict = PyObject_GetAttr(tls, S_dict); /* threading.local: this thread's */
+    if (dict == NULL || !PyDict_Check(dict) || thread == NULL) {
+        Py_XDECREF(dict);
+        return NULL;
+    }
+    kept = PyTuple_Pack(2, tls, dict);
+    Py_DECREF(dict);
+    if (kept == NULL || PyDict_SetItem(thread, S_tls_cache, kept) < 0) {
+        Py_XDECREF(kept);
+        return NULL;
+    }
+    Py_DECREF(kept); /* the thread's dict holds it, and with it `dict` */
+    return dict;
+}
+
 /* backend.tls.state, when it is a ThreadState (a new reference); NULL otherwise (inside a
  * host function it is the guard whose attributes raise: the checked path raises that). */
 static PyObject *thread_state(PyObject *backend)
 {
-    PyObject *tls = PyObject_GetAttr(backend, S_tls);
-    if (tls == NULL) {
+    PyObject *tls = PyObject_GetAttr(backend, S_tls), *dict, *state = NULL;
+    if (tls != NULL && (dict = local_dict(tls)) != NULL)
+        state = PyDict_GetItemWithError(dict, S_state);
+    Py_XDECREF(tls); /* `dict` holds the state, and the thread's dict holds `dict` */
+    if (state == NULL || !Py_IS_TYPE(state, L.ThreadState)) {
         PyErr_Clear();
         return NULL;
     }
-    PyObject *state = PyObject_GetAttr(tls, S_state);
-    Py_DECREF(tls);
-    if (state == NULL)
-        PyErr_Clear();
-    else if (!Py_IS_TYPE(state, L.ThreadState))
-        Py_CLEAR(state);
-    return state;
+    return Py_NewRef(state);
 }
 
 static PyObject *Driver_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
@@ -922,19 +945,21 @@ static PyObject *stream_wait(PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-static PyObject *stream_hash(PyObject *const *args, Py_ssize_t nargs)
+/* Stream's tp_hash: Stream.__hash__'s value, hash((ctx._key, _key)), without a call into
+ * Python; streams are keys of every launcher cache lookup (kernel[...], cuctx.launch). */
+static Py_hash_t stream_tp_hash(PyObject *stream)
 {
-    if (nargs != 1 || !PyObject_TypeCheck(args[0], L.Stream))
-        return PYTHON_PATH;
-    PyObject *ctx = SLOT(args[0], L.ctx), *key = SLOT(args[0], L.key);
-    if (ctx == NULL || key == NULL || SLOT(ctx, L.key) == NULL)
-        return PYTHON_PATH;
-    PyObject *pair = PyTuple_Pack(2, SLOT(ctx, L.key), key); /* Stream.__hash__'s tuple */
+    PyObject *ctx = SLOT(stream, L.ctx), *key = SLOT(stream, L.key);
+    if (ctx == NULL || key == NULL || SLOT(ctx, L.key) == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "a Stream without its context or handle");
+        return -1;
+    }
+    PyObject *pair = PyTuple_Pack(2, SLOT(ctx, L.key), key);
     if (pair == NULL)
-        return NULL;
+        return -1;
     Py_hash_t hash = PyObject_Hash(pair);
     Py_DECREF(pair);
-    return hash == -1 ? NULL : PyLong_FromSsize_t(hash);
+    return hash;
 }
 
 /* Push ``ctx`` and mirror it on the shadow stack; a `with` block also notes its depth. */
@@ -1182,7 +1207,7 @@ static const struct {
     impl_kw_fn impl_kw;
 } IMPLS[] = {
     {"Stream.record", stream_record}, {"Stream.wait", stream_wait},
-    {"Stream.__hash__", stream_hash}, {"Event.record", event_record},
+    {"Event.record", event_record},
     {"Context.push", context_push}, {"Context.pop", context_pop},
     {"Context.__enter__", context_enter}, {"Context.__exit__", context_exit},
     {"Device.__enter__", device_enter}, {"Device.__exit__", device_exit},
@@ -1381,6 +1406,17 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
                 || slot_offset(resources[i], "_backend") != L.backend)
             return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_TypeError,
                 "%s's resource slots differ from Stream's", resources[i]->tp_name);
+    /* Stream.__hash__ (Python) stays what `Stream.__hash__` names; the type's slot, which
+     * dicts and hash() call, computes the same value in C. Subclasses would have copied the
+     * old slot: there are none. */
+    PyObject *subclasses = PyObject_CallMethod((PyObject *)L.Stream, "__subclasses__", NULL);
+    if (subclasses == NULL)
+        return NULL;
+    if (PyList_GET_SIZE(subclasses) == 0) {
+        L.Stream->tp_hash = stream_tp_hash;
+        PyType_Modified(L.Stream);
+    }
+    Py_DECREF(subclasses);
     L.ready = 1;
     Py_RETURN_NONE;
 }
@@ -1401,7 +1437,8 @@ PyMODINIT_FUNC PyInit__native(void)
             || PyType_Ready(&MethodType) < 0)
         return NULL;
     struct { PyObject **s; const char *text; } names[] = {
-        {&S_native, "native"}, {&S_tls, "tls"}, {&S_state, "state"}, {&S_loaded, "_loaded"},
+        {&S_native, "native"}, {&S_tls, "tls"}, {&S_tls_cache, "cuctx._native thread state"},
+        {&S_dict, "__dict__"}, {&S_state, "state"}, {&S_loaded, "_loaded"},
         {&S_locked, "locked"}, {&S_getPtr, "getPtr"}, {&S_active, "_active"},
         {&S_shared_mem, "shared_mem"}, {&S_stream, "stream"}};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)

@@ -4,7 +4,9 @@ implementations of `cuctx._native` in front of the checked Python methods.
 Each method below becomes a ``_native.Method``: a compiled path for the common case that
 hands every other case, and every call on a backend whose ``native`` slot is None, to the
 Python method it stands in for (its ``__wrapped__``; ``help`` and ``inspect`` see that one).
-The launchers' compiled paths are chosen in `Launcher._fast_path`.
+The launchers' compiled paths are chosen in `Launcher._fast_path`. `setup` also gives
+`Stream` a hash slot in C (the value `Stream.__hash__` computes; streams key every launcher
+cache lookup).
 
 While any value in `STEP_ASIDE` is true, the compiled launch, record and wait step aside to
 the checked paths, which announce the operation (a trace sink) or refuse it (inside a host
@@ -36,7 +38,7 @@ STEP_ASIDE = (
 
 # (class, method name) of every method with a compiled path (cuctx/_native.c, IMPLS).
 METHODS = (
-    (Stream, "record"), (Stream, "wait"), (Stream, "__hash__"), (Event, "record"),
+    (Stream, "record"), (Stream, "wait"), (Event, "record"),
     (Context, "push"), (Context, "pop"), (Context, "__enter__"), (Context, "__exit__"),
     (Device, "__enter__"), (Device, "__exit__"), (Kernel, "__getitem__"),
     (Launcher, "__call__"),
