@@ -839,17 +839,11 @@ error:
 
 /* -- records, waits, context switches ------------------------------------------------- */
 
-/* Stream.record(event) / Event.record(stream), both exactly of their classes. */
-static PyObject *record(PyObject *stream, PyObject *event)
+/* Record ``event`` on ``stream`` (of ``ctx``), with the stream's context current where it
+ * needs it; the caller holds ``d`` while the call runs without the GIL. */
+static PyObject *record_with(Driver *d, PyObject *backend, PyObject *stream, PyObject *ctx,
+                             PyObject *event)
 {
-    PyObject *ctx = SLOT(stream, L.ctx);
-    if (ctx == NULL || SLOT(event, L.ctx) != ctx || SLOT(ctx, L.state) != L.ACTIVE
-            || step_aside())
-        return PYTHON_PATH;
-    PyObject *backend = SLOT(stream, L.backend);
-    Driver *d = native_of(backend);
-    if (d == NULL)
-        return PYTHON_PATH;
     int pushed, err = enter_stream_context(d, stream, ctx, &pushed);
     if (err < 0)
         return NULL;
@@ -861,6 +855,26 @@ static PyObject *record(PyObject *stream, PyObject *event)
         return NULL;
     if (err > 0)
         return fail(backend, err, "cuEventRecord", ctx);
+    Py_RETURN_NONE;
+}
+
+/* Stream.record(event) / Event.record(stream), both exactly of their classes. */
+static PyObject *record(PyObject *stream, PyObject *event)
+{
+    PyObject *ctx = SLOT(stream, L.ctx);
+    if (ctx == NULL || SLOT(event, L.ctx) != ctx || SLOT(ctx, L.state) != L.ACTIVE
+            || step_aside())
+        return PYTHON_PATH;
+    PyObject *backend = SLOT(stream, L.backend);
+    Driver *d = native_of(backend);
+    if (d == NULL)
+        return PYTHON_PATH;
+    Py_INCREF(d);
+    PyObject *done = record_with(d, backend, stream, ctx, event);
+    Py_DECREF(d);
+    if (done == NULL)
+        return NULL;
+    Py_DECREF(done);
     PyObject **recorded = &SLOT(event, L.recorded), *old = *recorded;
     *recorded = Py_NewRef(Py_True);
     Py_XDECREF(old);
@@ -881,16 +895,29 @@ static PyObject *event_record(PyObject *const *args, Py_ssize_t nargs)
     return record(args[1], args[0]);
 }
 
-/* the stream's wait on an event, with the stream's context current where it needs it */
-static int wait_on(Driver *d, PyObject *stream, PyObject *ctx, PyObject *event, int *push_err)
+/* The wait of ``stream`` on ``event``; with ``other`` (a stream), first the record of
+ * ``event`` (its sync event) on it. */
+static PyObject *wait_with(Driver *d, PyObject *backend, PyObject *stream, PyObject *ctx,
+                           PyObject *event, PyObject *other, PyObject *other_ctx)
 {
+    if (other != NULL) {
+        PyObject *done = record_with(d, backend, other, other_ctx, event);
+        if (done == NULL)
+            return NULL;
+        Py_DECREF(done);
+    }
     int pushed, err = enter_stream_context(d, stream, ctx, &pushed);
-    *push_err = err > 0;
-    if (err)
-        return err;
+    if (err < 0)
+        return NULL;
+    if (err > 0)
+        return fail(backend, err, "cuCtxPushCurrent", ctx);
     err = drv_wait(d, stream, event);
     leave_stream_context(d, pushed);
-    return err;
+    if (err < 0)
+        return NULL;
+    if (err > 0)
+        return fail(backend, err, "cuStreamWaitEvent", ctx);
+    Py_RETURN_NONE;
 }
 
 static PyObject *stream_wait(PyObject *const *args, Py_ssize_t nargs)
@@ -900,49 +927,32 @@ static PyObject *stream_wait(PyObject *const *args, Py_ssize_t nargs)
     PyObject *stream = args[0], *other = args[1], *ctx = SLOT(stream, L.ctx);
     if (ctx == NULL || SLOT(ctx, L.state) != L.ACTIVE || step_aside())
         return PYTHON_PATH;
-    PyObject *backend = SLOT(stream, L.backend);
+    PyObject *backend = SLOT(stream, L.backend), *event, *other_ctx;
     Driver *d = native_of(backend);
-    PyObject *event = other, *other_ctx;
-    int push_err, err;
-    if (d == NULL)
+    if (d == NULL || !(Py_IS_TYPE(other, L.Event) || Py_IS_TYPE(other, L.Stream))
+            || SLOT(other, L.backend) != backend)
         return PYTHON_PATH;
-    if ((Py_IS_TYPE(other, L.Event) || Py_IS_TYPE(other, L.Stream))
-            && SLOT(other, L.backend) != backend)
+    other_ctx = SLOT(other, L.ctx);
+    if (other_ctx == NULL || SLOT(other_ctx, L.state) != L.ACTIVE)
         return PYTHON_PATH;
     if (Py_IS_TYPE(other, L.Event)) {
-        other_ctx = SLOT(other, L.ctx);
-        if (SLOT(other, L.recorded) != Py_True || other_ctx == NULL
-                || SLOT(other_ctx, L.state) != L.ACTIVE)
+        if (SLOT(other, L.recorded) != Py_True)
             return PYTHON_PATH;
-    } else if (Py_IS_TYPE(other, L.Stream)) { /* record its sync event, wait on that */
+        event = other;
+        other = NULL;
+    } else { /* a stream: record its sync event, wait on that */
         if (other == stream)
             Py_RETURN_NONE;
-        other_ctx = SLOT(other, L.ctx);
         event = SLOT(other, L.sync_event);
-        if (other_ctx == NULL || SLOT(other_ctx, L.state) != L.ACTIVE || event == NULL
-                || event == Py_None) /* the first wait on it makes the event */
+        if (event == NULL || event == Py_None) /* the first wait on it makes the event */
             return PYTHON_PATH;
-        int pushed;
-        err = enter_stream_context(d, other, other_ctx, &pushed);
-        if (err < 0)
-            return NULL;
-        if (err > 0)
-            return fail(backend, err, "cuCtxPushCurrent", other_ctx);
-        err = drv_record(d, event, other);
-        leave_stream_context(d, pushed);
-        if (err < 0)
-            return NULL;
-        if (err > 0)
-            return fail(backend, err, "cuEventRecord", other_ctx);
-    } else {
-        return PYTHON_PATH;
     }
-    err = wait_on(d, stream, ctx, event, &push_err);
-    if (err < 0)
-        return NULL;
-    if (err > 0)
-        return fail(backend, err, push_err ? "cuCtxPushCurrent" : "cuStreamWaitEvent", ctx);
-    Py_RETURN_NONE;
+    Py_INCREF(d);
+    Py_INCREF(event);
+    PyObject *result = wait_with(d, backend, stream, ctx, event, other, other_ctx);
+    Py_DECREF(event);
+    Py_DECREF(d);
+    return result;
 }
 
 /* Stream's tp_hash: Stream.__hash__'s value, hash((ctx._key, _key)), without a call into
@@ -1133,9 +1143,13 @@ static PyObject *cached_launcher(PyObject *kernel, PyObject *grid, PyObject *blo
 static PyObject *run_launcher(PyObject *launcher, PyObject *const *argv, Py_ssize_t n)
 {
     PyObject *fast = Py_IS_TYPE(launcher, L.Launcher) ? SLOT(launcher, L.fast) : NULL;
-    if (fast != NULL && Py_IS_TYPE(fast, &LaunchType))
-        return launch_run((Launch *)fast, argv, n, NULL);
-    return PyObject_Vectorcall(launcher, argv, n, NULL);
+    if (fast == NULL || !Py_IS_TYPE(fast, &LaunchType))
+        return PyObject_Vectorcall(launcher, argv, n, NULL);
+    /* held while it runs: another thread may give the launcher another fast path meanwhile */
+    Py_INCREF(fast);
+    PyObject *result = launch_run((Launch *)fast, argv, n, NULL);
+    Py_DECREF(fast);
+    return result;
 }
 
 static PyObject *kernel_getitem(PyObject *const *args, Py_ssize_t nargs)
@@ -1191,7 +1205,10 @@ static PyObject *launcher_call(PyObject *const *args, Py_ssize_t nargs)
     PyObject *fast = SLOT(args[0], L.fast);
     if (fast == NULL || !Py_IS_TYPE(fast, &LaunchType))
         return PYTHON_PATH;
-    return launch_run((Launch *)fast, args + 1, nargs - 1, NULL);
+    Py_INCREF(fast); /* held while it runs, as in run_launcher */
+    PyObject *result = launch_run((Launch *)fast, args + 1, nargs - 1, NULL);
+    Py_DECREF(fast);
+    return result;
 }
 
 /* -- Method: a compiled method standing in for a Python one ---------------------------- */
