@@ -12,6 +12,7 @@ every call takes the checked Python paths (with their generated fast paths).
 from __future__ import annotations
 
 import os
+import sys
 from types import ModuleType
 
 # What the compiled paths call, by cuda.bindings' names.
@@ -27,6 +28,8 @@ def extension() -> tuple[ModuleType | None, str]:
     """(cuctx._native, "") when the compiled path can run; (None, why not) otherwise."""
     if not ENABLED:
         return None, "turned off by CUCTX_NATIVE=0"
+    if sys.byteorder != "little":
+        return None, "the compiled path packs parameters for little-endian hosts only"
     try:
         from .. import _native
     except ImportError as exc:
@@ -51,7 +54,10 @@ def load(driver, sim) -> tuple[object | None, str]:
             else flags.CU_GET_PROC_ADDRESS_LEGACY_STREAM)
     addresses = {}
     for name in FUNCTIONS:
-        err, address, _ = driver.cuGetProcAddress(name.encode(), ABI_VERSION, flag)
+        try:
+            err, address, _ = driver.cuGetProcAddress(name.encode(), ABI_VERSION, flag)
+        except Exception as exc:  # noqa: BLE001 - a binding that differs: Python paths then
+            return None, f"cuGetProcAddress failed for {name} ({type(exc).__name__}: {exc})"
         if err or not int(address or 0):
             return None, f"the driver gave no address for {name} (cuGetProcAddress: {err!r})"
         addresses[name] = int(address)
