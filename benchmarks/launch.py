@@ -3,9 +3,14 @@
 The kernel is empty and takes two arguments (a device pointer and an int). Each candidate
 submits batches of 128 launches on its own non-blocking stream (128 fit the launch queue,
 so no submission waits for the GPU), synchronizes between batches, and times only the
-submissions; the best batch counts. Results are printed in ns per launch and as ratios to C
-(lower is better). The C baseline (benchmarks/launch_c.c) is built at run time with gcc
-into /tmp. Also timed: `Library.from_source` on a cold cache against a cache hit.
+submissions; the best batch counts. Results are printed in ns per launch and as ratios to
+the C program launching the same kind of handle (lower is better): a context-independent
+CUkernel (cuLibraryGetKernel: cuctx.Library, cuda.bindings, cuda.core) or a module's
+CUfunction (cuModuleGetFunction: cuctx.Module, CuPy, PyTorch). cuctx runs on both of its
+paths: "native" (the compiled fast path, `cuctx.backend().native`) and "Python" (the checked
+paths with their generated fast paths, as with CUCTX_NATIVE=0). The C baseline
+(benchmarks/launch_c.c) is built at run time with gcc into /tmp. Also timed:
+`Library.from_source` on a cold cache against a cache hit.
 
 Run on a GPU machine: ``python benchmarks/launch.py``. Peers that are not installed are
 skipped with a note.
@@ -46,33 +51,87 @@ def timed(submit_batch, synchronize) -> float:
 # -- candidates: each returns a measure() -> ns per launch --------------------------------
 
 def c_program(cubin: Path):
+    """The C program's two numbers, measured in one run of it: {"CUkernel": ns, ...}."""
     cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     exe = Path(tempfile.gettempdir()) / "cuctx_launch_c"
     subprocess.run(["gcc", "-O2", "-o", str(exe), str(Path(__file__).with_name("launch_c.c")),
                     f"-I{cuda}/include", "-lcuda"], check=True)
-    return lambda: float(subprocess.run([str(exe), str(cubin), "empty", str(BATCHES)],
-                                        check=True, capture_output=True, text=True).stdout)
+
+    def measure() -> dict[str, float]:
+        out = subprocess.run([str(exe), str(cubin), "empty", str(BATCHES)], check=True,
+                             capture_output=True, text=True).stdout
+        return {kind: float(ns) for kind, ns in (line.split() for line in out.splitlines())}
+    return measure
+
+
+class python_path:
+    """``with python_path():`` the active backend's hot paths are the Python ones, as with
+    CUCTX_NATIVE=0 (the compiled methods hand every call to them)."""
+
+    def __enter__(self):
+        self.backend = cuctx.backend()
+        self.native, self.backend.native = self.backend.native, None
+
+    def __exit__(self, *exc_info):
+        self.backend.native = self.native
+
+
+def on_python_path(measure):
+    def measured():
+        with python_path():
+            return measure()
+    return measured
 
 
 def cuctx_candidates(image: bytes):
+    """cuctx's launches on each of its paths: the launcher, kernel[...](...), cuctx.launch
+    (a Library's CUkernel) and a Module's launcher (a CUfunction)."""
     library = cuctx.Library.from_bytes(image)
     kernel = library["empty"]
     with cuctx.Device(0):
-        stream = cuctx.Stream()
+        module = cuctx.Module.from_bytes(image)
         data = cuctx.zeros(256, np.float32)
-    launcher = kernel[1, 32, 0, stream]
+    candidates = {}
+    paths = [("native", cuctx.backend().native is not None), ("Python", True)]
+    for path, available in paths:
+        if not available:
+            print(f"(no native path: {cuctx.backend().native_reason})")
+            continue
+        wrap = on_python_path if path == "Python" else (lambda measure: measure)
+        with cuctx.Device(0):
+            stream = cuctx.Stream()  # one per path: each path's launchers are its own
+        if path == "Python":
+            with python_path():
+                launcher, function = kernel[1, 32, 0, stream], module["empty"][1, 32, 0, stream]
+                launcher(data, 3), function(data, 3)  # the first call makes the fast path
+        else:
+            launcher, function = kernel[1, 32, 0, stream], module["empty"][1, 32, 0, stream]
+            launcher(data, 3), function(data, 3)
 
-    def held():
-        for _ in range(BATCH):
-            launcher(data, 3)
+        def held(launcher=launcher):
+            for _ in range(BATCH):
+                launcher(data, 3)
 
-    def subscript():
-        for _ in range(BATCH):
-            kernel[1, 32, 0, stream](data, 3)
+        def subscript(stream=stream):
+            for _ in range(BATCH):
+                kernel[1, 32, 0, stream](data, 3)
 
-    def function():
-        for _ in range(BATCH):
-            cuctx.launch(kernel, 1, 32, data, 3, stream=stream)
+        def as_function(stream=stream):
+            for _ in range(BATCH):
+                cuctx.launch(kernel, 1, 32, data, 3, stream=stream)
+
+        def module_held(function=function):
+            for _ in range(BATCH):
+                function(data, 3)
+        sync = stream.synchronize
+        candidates.update({
+            (f"cuctx launcher ({path})", "CUkernel"): wrap(lambda f=held, s=sync: timed(f, s)),
+            (f"cuctx kernel[...](...) ({path})", "CUkernel"):
+                wrap(lambda f=subscript, s=sync: timed(f, s)),
+            (f"cuctx.launch ({path})", "CUkernel"): wrap(lambda f=as_function, s=sync: timed(f, s)),
+            (f"cuctx Module launcher ({path})", "CUfunction"):
+                wrap(lambda f=module_held, s=sync: timed(f, s)),
+        })
     # The driver floor for these very objects: cuctx's kernel, stream and array, launched
     # through cuda.bindings with a void** packed once. cuctx launcher / this = cuctx's own cost.
     from cuda.bindings import driver as drv
@@ -83,12 +142,9 @@ def cuctx_candidates(image: bytes):
     def floor():
         for _ in range(BATCH):
             drv.cuLaunchKernel(cu_function, 1, 1, 1, 32, 1, 1, 0, handle, address, 0)
-
-    sync = stream.synchronize
-    return {"cuctx launcher": lambda: timed(held, sync),
-            "same objects, raw void**": lambda: timed(floor, sync),
-            "cuctx kernel[...](...)": lambda: timed(subscript, sync),
-            "cuctx.launch": lambda: timed(function, sync)}
+    candidates[("same objects, raw void**", "CUkernel")] = \
+        lambda: timed(floor, stream.synchronize)
+    return candidates
 
 
 def bindings_candidates(image: bytes):
@@ -115,8 +171,8 @@ def bindings_candidates(image: bytes):
 
     def sync():
         drv.cuStreamSynchronize(stream)
-    return {"cuda.bindings (tuples)": lambda: timed(tuples, sync),
-            "cuda.bindings (void**)": lambda: timed(prepacked, sync)}
+    return {("cuda.bindings (tuples)", "CUkernel"): lambda: timed(tuples, sync),
+            ("cuda.bindings (void**)", "CUkernel"): lambda: timed(prepacked, sync)}
 
 
 def cuda_core_candidates(image: bytes):
@@ -135,7 +191,7 @@ def cuda_core_candidates(image: bytes):
     def batch():
         for _ in range(BATCH):
             launch(stream, config, kernel, buffer, n)
-    return {"cuda.core": lambda: timed(batch, stream.sync)}
+    return {("cuda.core", "CUkernel"): lambda: timed(batch, stream.sync)}
 
 
 def cupy_candidates():
@@ -149,7 +205,7 @@ def cupy_candidates():
         with stream:
             for _ in range(BATCH):
                 kernel((1,), (32,), (data, n))
-    return {"CuPy RawKernel": lambda: timed(batch, stream.synchronize)}
+    return {("CuPy RawKernel", "CUfunction"): lambda: timed(batch, stream.synchronize)}
 
 
 def torch_candidates():
@@ -173,7 +229,7 @@ def torch_candidates():
                 for _ in range(BATCH):
                     small.zero_()
         name = "PyTorch tensor.zero_()"
-    return {name: lambda: timed(batch, stream.synchronize)}
+    return {(name, "CUfunction"): lambda: timed(batch, stream.synchronize)}
 
 
 # -- the run ------------------------------------------------------------------------------
@@ -201,8 +257,8 @@ def main() -> None:
     cubin = Path(tempfile.gettempdir()) / "cuctx_launch_empty.cubin"
     cubin.write_bytes(image)
 
-    candidates = {"C cuLaunchKernel": c_program(cubin)}
-    candidates.update(cuctx_candidates(image))
+    c_measure = c_program(cubin)
+    candidates = cuctx_candidates(image)
     for name, make in (("cuda.bindings", lambda: bindings_candidates(image)),
                        ("cuda.core", lambda: cuda_core_candidates(image)),
                        ("CuPy", cupy_candidates), ("PyTorch", torch_candidates)):
@@ -211,18 +267,36 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - a peer's missing package or changed API
             print(f"(no {name} baseline: {type(exc).__name__}: {exc})")
 
-    best: dict[str, float] = {}
+    best: dict[tuple[str, str], float] = {}
     for _ in range(5):  # rounds interleaved, so drift hits every candidate alike
-        for name, measure in candidates.items():
-            best[name] = min(best.get(name, float("inf")), measure())
-    c = best["C cuLaunchKernel"]
+        for kind, ns in c_measure().items():
+            best[("C cuLaunchKernel", kind)] = min(best.get(("C cuLaunchKernel", kind), ns), ns)
+        for key, measure in candidates.items():
+            best[key] = min(best.get(key, float("inf")), measure())
     print(f"\n== host cost per launch, empty kernel, 2 arguments, batches of {BATCH} "
-          f"({device.name}; lower is better)")
-    for name, ns in best.items():
-        print(f"  {name:<28} {ns:8.0f} ns   {ns / c:5.2f}x C")
-    floor = best["same objects, raw void**"]
-    print(f"  cuctx launcher / the same launch through raw cuda.bindings = "
-          f"{best['cuctx launcher'] / floor:.3f} (cuctx's own cost)")
+          f"({device.name}; lower is better; each against C launching the same kind)")
+    for (name, kind), ns in sorted(best.items(), key=lambda item: item[1]):
+        c = best[("C cuLaunchKernel", kind)]
+        print(f"  {name:<34} {kind:<10} {ns:8.0f} ns   {ns / c:5.2f}x C")
+    print("\n== ratios (issue 11's targets in brackets)")
+    floor = best[("same objects, raw void**", "CUkernel")]
+    for path in ("native", "Python"):
+        launcher = best.get((f"cuctx launcher ({path})", "CUkernel"))
+        if launcher is None:
+            continue
+        c = best[("C cuLaunchKernel", "CUkernel")]
+        module = best[(f"cuctx Module launcher ({path})", "CUfunction")]
+        print(f"  {path}: launcher / C {launcher / c:.3f} [<= 1.05]; launcher / raw "
+              f"cuda.bindings void** {launcher / floor:.3f} [<= 1.0]; kernel[...] / launcher "
+              f"{best[(f'cuctx kernel[...](...) ({path})', 'CUkernel')] / launcher:.3f} "
+              f"[<= 1.15]; cuctx.launch / launcher "
+              f"{best[(f'cuctx.launch ({path})', 'CUkernel')] / launcher:.3f} [<= 1.15]; "
+              f"Module launcher / C CUfunction "
+              f"{module / best[('C cuLaunchKernel', 'CUfunction')]:.3f}")
+    native = best.get(("cuctx launcher (native)", "CUkernel"))
+    for (name, _), ns in best.items():
+        if native is not None and name in ("cuda.core", "CuPy RawKernel"):
+            print(f"  cuctx launcher (native) / {name} {native / ns:.3f} [< 1]")
     compile_times()
 
 

@@ -3,6 +3,11 @@
 The ``backend`` fixture switches cuctx to one backend for the test (a fresh sim for each
 test, so no state leaks) and checks afterwards that the test left this thread's context
 stack as it found it: a test that leaks a pushed context fails.
+
+The hot paths (launch, record, wait, context switches) have a compiled path and the checked
+Python paths. A module marked ``pytest.mark.paths("python", "native")`` runs each of its
+tests on both (ids ``[sim-native]``, ``[sim-python]``); others run on what the backend loaded
+(the compiled path where it is built, unless ``CUCTX_NATIVE=0``).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import gc
 import sys
 import time
 from collections import Counter, defaultdict
+from contextlib import contextmanager
 
 import pytest
 
@@ -62,11 +68,45 @@ def _empty_stack(backend) -> list[int]:
         handles.append(int(handle))
 
 
+PATHS = ("python", "native")
+
+
+@pytest.fixture
+def path(request) -> str:
+    """Which path the hot paths take: "native" (compiled), "python" (the checked paths and
+    their generated fast paths) or "default" (what the backend loaded)."""
+    return getattr(request, "param", "default")
+
+
+def pytest_generate_tests(metafunc):
+    marker = metafunc.definition.get_closest_marker("paths")
+    if marker is not None and "path" in metafunc.fixturenames:
+        metafunc.parametrize("path", marker.args or PATHS, indirect=True)
+
+
+@contextmanager
+def on_path(b: _driver.Backend, path: str):
+    """Run with ``b``'s hot paths on ``path`` (see `path`), restoring its slot after."""
+    native = b.native
+    if path == "python":
+        b.native = None
+    elif path == "native" and native is None:
+        pytest.skip(f"the compiled fast path is off: {b.native_reason}")
+    try:
+        yield b
+    finally:
+        b.native = native
+
+
 @pytest.fixture(params=BACKENDS)
-def backend(request):
+def backend(request, path):
     """The backend for one test, on an empty context stack (other libraries on the GPU,
     such as torch or cuda.core, leave their contexts current on the main thread)."""
-    b = fresh(request.param)
+    with on_path(fresh(request.param), path) as b:
+        yield from _checked_stack(b)
+
+
+def _checked_stack(b: _driver.Backend):
     _empty_stack(b)
     yield b
     leaked = _empty_stack(b)
@@ -84,17 +124,22 @@ def backend(request):
 
 
 @pytest.fixture
-def sim():
+def sim(path):
     """The sim alone, for what only the sim can show (fault injection, its device model)."""
-    return fresh("sim")
+    with on_path(fresh("sim"), path) as b:
+        yield b
 
 
 @pytest.fixture
-def gpu():
+def gpu(path):
     """The cuda backend for GPU-only tests (interop with torch, CuPy, Numba, cuda.core)."""
     if not HAVE_GPU:
         pytest.skip(f"needs a GPU: {CUDA_REASON}")
-    b = fresh("cuda")
+    with on_path(fresh("cuda"), path) as b:
+        yield from _foreign_cleanup(b)
+
+
+def _foreign_cleanup(b: _driver.Backend):
     yield b
     _release_foreign_caches()
     _empty_stack(b)  # the other libraries may have made their contexts current

@@ -13,7 +13,10 @@ import pytest
 from conftest import BACKENDS, HAVE_GPU
 from scenarios import run_python
 
+from cuctx._driver import native
 from cuctx.examples import EXAMPLES
+
+NATIVE_BUILT = native.extension()[0] is not None  # what `info` in a subprocess will find
 
 
 def cli(*args, backend, **env):
@@ -65,12 +68,19 @@ def test_info_shows_versions_and_where_things_are(name, tmp_path):
     assert info["environment"]["CUCTX_CACHE_DIR"] == str(tmp_path)
     assert info["environment"]["CUCTX_BACKEND"] == name
     assert info["simulated"] is (name == "sim")
-    assert info["native_fast_path"] is False
+    assert info["native_fast_path"] is NATIVE_BUILT  # (CUCTX_NATIVE is not set here)
+    assert info["native_reason"]
     if name == "sim":
         assert info["libcuda"] is None
     else:  # the library the driver calls go to
         assert pathlib.Path(info["libcuda"]).name.startswith("libcuda")
         assert pathlib.Path(info["libcuda"]).exists()
+
+
+def test_info_says_when_the_compiled_path_is_turned_off():
+    proc = cli("info", backend="sim", CUCTX_NATIVE="0")
+    assert proc.returncode == 0, proc.stderr
+    assert info_fields(proc.stdout)["native fast path"] == "no (turned off by CUCTX_NATIVE=0)"
 
 
 def test_info_says_when_the_cache_is_off():
@@ -91,7 +101,7 @@ def test_info_table_names_backend_and_devices(name):
                 "compile cache", "environment"):
         assert fields[key], key
     assert fields["backend"].startswith(f"{name} (")
-    assert fields["native fast path"] == "no"  # the slot a compiled fast path will fill
+    assert fields["native fast path"].startswith("yes (" if NATIVE_BUILT else "no (")
     assert f"CUCTX_BACKEND={name}" in fields["environment"]
     if name == "sim":  # what the sim reports is marked as modelled, not measured
         assert "simulated" in fields["driver"] and "simulated" in fields["timings"]

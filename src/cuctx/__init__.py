@@ -16,7 +16,8 @@ from .event import Event
 from .graphs import Graph, GraphExec, GraphNode, autograph
 from ._args import KernelArgumentError
 from ._launch_config import LaunchConfigError
-from ._launcher import Launcher, launch
+from ._launcher import Launcher
+from ._native_hooks import launch  # the compiled path's, where it is built
 from .library import BlockSizeSuggestion, Kernel, KernelAttributes, Library, Module
 from .memory import (DeviceArray, asarray, copy, defer_cleanup, empty, full, pinned_empty,
                      register_host, to_device, zeros)

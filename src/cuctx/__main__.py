@@ -70,6 +70,7 @@ def describe() -> dict:
         # virtual clock: both are simulated, not measured.
         "simulated": backend.sim is not None,
         "native_fast_path": backend.native is not None,
+        "native_reason": backend.native_reason,
         "driver_version": f"{version // 1000}.{version % 1000 // 10}",
         "libcuda": _libcuda_path(backend),
         "compile_cache": None if cache is None else str(cache),
@@ -99,7 +100,8 @@ def render(info: dict) -> str:
                    + (" (simulated: the version the sim models)" if sim else "")),
         ("libcuda", info["libcuda"] or ("none (the simulated GPU needs no driver)" if sim
                                         else "loaded, path unknown")),
-        ("native fast path", "yes" if info["native_fast_path"] else "no"),
+        ("native fast path", f"yes ({info['native_reason']})" if info["native_fast_path"]
+                             else f"no ({info['native_reason']})"),
         ("compile cache", info["compile_cache"] or "off (CUCTX_CACHE_DIR is empty)"),
         ("environment", ", ".join(f"{k}={val}" for k, val in info["environment"].items())
                         or "no CUCTX_* variables set"),

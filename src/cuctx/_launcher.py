@@ -7,8 +7,9 @@ gets its own parameter buffer and a ``void*`` array pointing into it, whose addr
 driver call receives (cuda.bindings passes an int ``kernelParams`` straight through as
 ``void**``); the driver copies the parameters during the call. The checked general path
 packs from the kernel's plan for the argument types (`cuctx._plan`) and announces the
-launch to trace sinks; it makes the fast path for that plan (`cuctx._codegen`), which every
-thread then uses.
+launch to trace sinks; it makes the fast path for that plan, which every thread then uses:
+the compiled one (`cuctx._native`, when the backend's ``native`` slot is filled), else the
+generated Python one (`cuctx._codegen`).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ class Launcher:
     kernel's arguments to launch. Made by ``kernel[grid, block, shared_mem, stream]``."""
 
     __slots__ = ("kernel", "config", "stream", "_ctx", "_owner", "_backend", "_packer",
-                 "_go_at", "_local", "_fast", "_fast_source", "_fast_plan", "_made",
-                 "_misses", "__weakref__")
+                 "_go_at", "_sim_args", "_ex_config", "_local", "_fast", "_fast_source",
+                 "_fast_plan", "_made", "_misses", "__weakref__")
 
     def __init__(self, kernel: Kernel, config: Config, stream: Stream):
         ctx = stream._ctx
@@ -68,19 +69,22 @@ class Launcher:
         function, handle = kernel._function, stream._handle
         # stream._bind: a default stream's handle means "the current context's", so for one
         # the call runs with the stream's context current.
+        # The driver call but for (kernelParams, extra); the compiled path makes it from C.
         if config.cluster is None and not config.cooperative:
-            self._go_at = functools.partial(
-                stream._bind(drv.cuLaunchKernel), function, *config.grid, *config.block,
-                config.shared_mem, handle)
+            self._ex_config = None
+            self._sim_args = (function, *config.grid, *config.block, config.shared_mem, handle)
+            self._go_at = functools.partial(stream._bind(drv.cuLaunchKernel), *self._sim_args)
         else:
-            self._go_at = functools.partial(stream._bind(drv.cuLaunchKernelEx),
-                                            driver_config(config, stream), function)
+            self._ex_config = driver_config(config, stream)
+            self._sim_args = (self._ex_config, function)
+            self._go_at = functools.partial(stream._bind(drv.cuLaunchKernelEx), *self._sim_args)
 
     @property
     def fast_source(self) -> str | None:
         """The source of this launcher's generated fast path, for the argument types of its
-        latest checked launch (None before its first launch, or with fast paths off:
-        ``CUCTX_FASTPATH=0``)."""
+        latest checked launch (None before its first launch, with fast paths off:
+        ``CUCTX_FASTPATH=0``, or when the compiled fast path launches: `cuctx.backend`'s
+        ``native``)."""
         return self._fast_source
 
     def _thread_state(self) -> tuple[bytearray, Callable]:
@@ -154,12 +158,24 @@ class Launcher:
         arguments whose types changed for good run fast again."""
         made = self._made.get(plan)
         if made is None:
-            made = self._made[plan] = _codegen.fast_launch(
-                plan, ctx=self._ctx, owner=self._owner, local=self._local,
-                general=self._general, fail=self._fail, stream=self.stream)
+            made = self._made[plan] = self._fast_path(plan)
         self._fast, self._fast_source = made
         self._fast_plan = plan
         self._misses = 0
+
+    def _fast_path(self, plan: Plan) -> tuple[Callable, str | None]:
+        """(fast path, its generated source or None) for ``plan``: the compiled one where
+        the backend has it and it packs this plan, else the generated one."""
+        native = self._backend.native
+        if native is not None:
+            c = self.config
+            fast = native.launcher(plan, self._ctx, self._owner, self.stream,
+                                   self.kernel._function, c.grid, c.block, c.shared_mem,
+                                   self._ex_config, self._general, self._fail, self._sim_args)
+            if fast is not None:
+                return fast, None
+        return _codegen.fast_launch(plan, ctx=self._ctx, owner=self._owner, local=self._local,
+                                    general=self._general, fail=self._fail, stream=self.stream)
 
     def _fail(self, err) -> None:
         c = self.config

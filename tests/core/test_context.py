@@ -9,6 +9,8 @@ import pytest
 import cuctx
 from cuctx import Context, ContextDestroyedError, InvalidContextError
 
+pytestmark = pytest.mark.paths("python", "native")
+
 
 def primary_active(device) -> bool:
     err, flags, active = device._backend.driver.cuDevicePrimaryCtxGetState(device._handle)

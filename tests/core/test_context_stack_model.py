@@ -5,10 +5,13 @@ import random
 import threading
 
 from hypothesis import HealthCheck, given, settings
+import pytest
 from hypothesis import strategies as st
 
 import cuctx
 from cuctx import Context, InvalidContextError
+
+pytestmark = pytest.mark.paths("python", "native")
 
 OPS = st.lists(st.one_of(
     st.tuples(st.just("push"), st.integers(0, 2)),

@@ -9,6 +9,8 @@ from cuda.bindings.driver import CUdevice_attribute
 import cuctx
 from cuctx.device import ATTRIBUTE_NAMES
 
+pytestmark = pytest.mark.paths("python", "native")
+
 
 def test_one_object_per_ordinal(backend):
     devices = cuctx.devices()

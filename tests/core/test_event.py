@@ -11,6 +11,8 @@ from cuctx import Context, ContextDestroyedError, Device, Event, Stream
 from conftest import busy
 from scenarios import Handoff
 
+pytestmark = pytest.mark.paths("python", "native")
+
 
 def test_an_event_belongs_to_the_current_context(backend):
     with Device(0) as ctx:

@@ -14,6 +14,8 @@ from cuctx import Context, ContextDestroyedError, ContextPoisonedError, Device, 
 from conftest import busy, fresh
 from scenarios import Handoff, run_python
 
+pytestmark = pytest.mark.paths("python", "native")
+
 
 # -- creating streams ---------------------------------------------------------------------
 

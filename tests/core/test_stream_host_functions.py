@@ -11,6 +11,8 @@ from cuctx import Context, Device, Stream
 
 from conftest import requires_nvrtc
 
+pytestmark = pytest.mark.paths("python", "native")
+
 
 def calls(ctx: Context, stream: Stream, other: Stream, event: cuctx.Event, arr):
     """Public entries, each as a function to call inside a host function."""

@@ -19,7 +19,8 @@ from cuctx.compiler import compile_source
 
 from scenarios import ADD_SOURCE, add, library_fixture
 
-pytestmark = [requires_nvrtc, pytest.mark.usefixtures("nvrtc_cache")]
+pytestmark = [requires_nvrtc, pytest.mark.usefixtures("nvrtc_cache"),
+              pytest.mark.paths("python", "native")]
 
 SOURCE = r"""
 struct C8 { float re, im; };

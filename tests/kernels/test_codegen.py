@@ -17,7 +17,7 @@ from cuctx import _codegen, _launcher, _plan
 
 from scenarios import ADD_SOURCE, add, add_arrays, library_fixture, run_python
 
-pytestmark = pytest.mark.usefixtures("nvrtc_cache")
+pytestmark = [pytest.mark.usefixtures("nvrtc_cache"), pytest.mark.paths("python")]
 
 lib = library_fixture(ADD_SOURCE, add=add)
 

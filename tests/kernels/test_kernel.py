@@ -12,7 +12,8 @@ from cuctx import LaunchConfigError
 
 from scenarios import library_fixture
 
-pytestmark = [requires_nvrtc, pytest.mark.usefixtures("nvrtc_cache")]
+pytestmark = [requires_nvrtc, pytest.mark.usefixtures("nvrtc_cache"),
+              pytest.mark.paths("python", "native")]
 
 SOURCE = r"""
 __device__ int counter[4];

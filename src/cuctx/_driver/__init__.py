@@ -11,7 +11,8 @@ exceptions for the same situations.
 Two more slots say what else a backend can do, so no code above the seam tests its name:
 ``sim`` holds the controls only the simulated GPU has (fault injection, work of a given
 duration, kernel twins, the virtual clock; `SimControls`), None on ``cuda``; ``native`` is
-where a compiled fast path will plug in (None: none is built yet).
+the compiled fast path's driver (`cuctx._driver.native`; None where it is not built or is
+turned off, ``native_reason`` says why).
 
 A `Backend` also holds the per-backend state of the layers above (the context registry, the
 device objects, the per-thread shadow stacks), so objects of two backends never mix.
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import BackendUnavailableError, called_from_host_function
+from . import native
 
 if TYPE_CHECKING:
     from .sim import SimControls
@@ -95,7 +97,8 @@ class Backend:
     driver: object  # cuda.bindings.driver, or a SimDriver with the same names
     reason: str  # why this backend was chosen
     sim: SimControls | None = None  # the simulated GPU's controls; None on a real GPU
-    native: object = None  # the compiled fast path, once one exists
+    native: object = None  # the compiled fast path's driver (truthy), None: Python paths only
+    native_reason: str = ""  # what `native` is, or why it is None
     contexts: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary)
     devices: dict = field(default_factory=dict)
     tls: _Local = field(default_factory=_Local)
@@ -157,7 +160,7 @@ def _load_cuda(required: bool) -> Backend | None:
                 f"the cuda backend was asked for but cannot run here: {reason}. "
                 "Use CUCTX_BACKEND=sim (or auto) to run on the simulated GPU.")
         return None
-    _loaded["cuda"] = Backend("cuda", driver, reason)
+    _loaded["cuda"] = Backend("cuda", driver, reason, None, *native.load(driver, None))
     return _loaded["cuda"]
 
 
@@ -166,6 +169,7 @@ def _load_sim(reason: str) -> Backend:
         from .sim import SimControls, from_env
         driver = from_env()
         driver.cuInit(0)
-        _loaded["sim"] = Backend("sim", driver, reason, sim=SimControls(driver))
+        controls = SimControls(driver)
+        _loaded["sim"] = Backend("sim", driver, reason, controls, *native.load(driver, controls))
     _loaded["sim"].reason = reason
     return _loaded["sim"]

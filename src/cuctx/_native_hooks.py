@@ -1,0 +1,68 @@
+"""Where the compiled fast path plugs into the classes: the one place that puts the C
+implementations of `cuctx._native` in front of the checked Python methods.
+
+Each method below becomes a ``_native.Method``: a compiled path for the common case that
+hands every other case, and every call on a backend whose ``native`` slot is None, to the
+Python method it stands in for (its ``__wrapped__``; ``help`` and ``inspect`` see that one).
+The launchers' compiled paths are chosen in `Launcher._fast_path`. `setup` also gives
+`Stream` a hash slot in C (the value `Stream.__hash__` computes; streams key every launcher
+cache lookup).
+
+While any value in `STEP_ASIDE` is true, the compiled launch, record and wait step aside to
+the checked paths, which announce the operation (a trace sink) or refuse it (inside a host
+function). A new reason to step aside is one more (namespace, name) pair there.
+
+Without the extension (no C compiler at install time) or with ``CUCTX_NATIVE=0`` nothing is
+replaced and `launch` is the Python function.
+"""
+
+from __future__ import annotations
+
+from cuda.bindings.driver import CUcontext, CUresult
+
+from . import _driver, _launcher, _trace
+from ._driver import ThreadState, native
+from ._kernel import Kernel
+from ._launcher import Launcher
+from ._resource import ACTIVE
+from .context import Context, _object_for, fail
+from .device import Device
+from .event import Event
+from .memory import DeviceArray
+from .stream import Stream
+
+STEP_ASIDE = (
+    (vars(_trace), "sinks"),  # a trace sink listens: the checked paths announce operations
+    (vars(_driver), "in_host_function"),  # a host function runs: the checked paths refuse
+)
+
+# (class, method name) of every method with a compiled path (cuctx/_native.c, IMPLS).
+METHODS = (
+    (Stream, "record"), (Stream, "wait"), (Event, "record"),
+    (Context, "push"), (Context, "pop"), (Context, "__enter__"), (Context, "__exit__"),
+    (Device, "__enter__"), (Device, "__exit__"), (Kernel, "__getitem__"),
+    (Launcher, "__call__"),
+)
+
+
+def _install():
+    """Put the compiled methods on the classes; return the public `launch`."""
+    module, _ = native.extension()
+    if module is None:
+        return _launcher.launch
+    module.setup(Context=Context, Stream=Stream, Event=Event, DeviceArray=DeviceArray,
+                 ThreadState=ThreadState, Device=Device, Kernel=Kernel, Launcher=Launcher,
+                 ACTIVE=ACTIVE, CUresult=CUresult, CUcontext=CUcontext, fail=fail,
+                 object_for=_object_for, driver_namespace=vars(_driver),
+                 step_aside=STEP_ASIDE)
+    for cls, name in METHODS:
+        python = vars(cls)[name]
+        if isinstance(python, staticmethod):
+            setattr(cls, name, staticmethod(module.Method(f"{cls.__name__}.{name}",
+                                                          python.__func__)))
+        else:
+            setattr(cls, name, module.Method(f"{cls.__name__}.{name}", python))
+    return module.Method("launch", _launcher.launch)
+
+
+launch = _install()

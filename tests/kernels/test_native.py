@@ -1,0 +1,177 @@
+"""The compiled fast path (cuctx._native): it is what launches, records, waits and switches
+contexts where it is built; it hands every case it was not made for to the checked Python
+path, so both paths raise the same errors with the same messages; CUCTX_NATIVE=0 turns it
+off. Sim and GPU (on the sim the compiled code runs too and ends in the sim's driver)."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+
+import numpy as np
+import pytest
+
+import cuctx
+from cuctx import _launcher
+
+from scenarios import ADD_SOURCE, add, add_arrays, library_fixture, run_python
+
+pytestmark = pytest.mark.usefixtures("nvrtc_cache")
+
+lib = library_fixture(ADD_SOURCE, add=add)
+
+
+@pytest.fixture
+def native(backend):
+    """The compiled path's driver of the test's backend (skips where it is off)."""
+    if backend.native is None:
+        pytest.skip(f"the compiled fast path is off: {backend.native_reason}")
+    return backend.native
+
+
+def outcome(call) -> tuple[type, str] | None:
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - the error is what is compared
+        return type(exc), str(exc)
+    return None
+
+
+def on_each_path(backend, make_calls) -> tuple[list, list]:
+    """The outcomes of the calls ``make_calls()`` returns, made (and called) once with the
+    backend's compiled path off and once with it on."""
+    native = backend.native
+    backend.native = None
+    try:
+        python = [outcome(call) for call in make_calls()]
+    finally:
+        backend.native = native
+    return python, [outcome(call) for call in make_calls()]
+
+
+def test_the_compiled_path_launches(lib, native):
+    out, x = add_arrays()
+    launcher = lib["add"][1, 8, 0, cuctx.Stream()]
+    launcher(out, x, 1.0, 8)  # the checked path, which makes the fast path
+    assert type(launcher._fast).__name__ == "Launch" and launcher.fast_source is None
+    launcher(out, x, 2.0, 8)
+    launcher.stream.synchronize()
+    assert out.to_host().tolist() == [k + 2.0 for k in range(8)]
+
+
+def test_launch_errors_are_the_same_on_both_paths(lib, native):
+    out, x = add_arrays()
+
+    def calls():
+        launcher = lib["add"][1, 8, 0, cuctx.Stream()]
+        launcher(out, x, 1.0, 8)  # its fast path: compiled, or generated with native off
+        return [lambda: launcher(out, x, 1.0),  # one argument short
+                lambda: launcher(out, x, "a", 8),  # a str for a float
+                lambda: launcher(out, x, 1.0, 2**40),  # beyond an int
+                lambda: launcher(out, x, 1e300, 8),  # beyond a float32
+                lambda: launcher(out, x[::2], 1.0, 4),  # not contiguous
+                lambda: launcher(out, x, 1.0, 2**32 - 1)]  # fits as unsigned: launches
+    python, compiled = on_each_path(cuctx.backend(), calls)
+    assert compiled == python
+    assert [o is None for o in python] == [False] * 5 + [True]
+
+
+def test_record_wait_and_context_errors_are_the_same_on_both_paths(native):
+    cuctx.Context.create()
+    theirs = cuctx.Event()  # of that context, which it keeps alive
+    dead = cuctx.Context.create()
+    dead_stream = cuctx.Stream()
+    dead.destroy()
+    cuctx.Context.pop()
+    with cuctx.Device(0):
+        stream, event, never = cuctx.Stream(), cuctx.Event(), cuctx.Event()
+
+    def calls():
+        return [lambda: stream.record(theirs),  # an event of another context
+                lambda: stream.wait(never),  # never recorded
+                lambda: stream.wait(5),  # not an event or a stream
+                lambda: dead_stream.record(),  # a destroyed context
+                lambda: event.record(dead_stream),
+                lambda: dead.push(),
+                lambda: dead.__enter__(),
+                lambda: cuctx.Context.pop(),  # the stack is empty
+                lambda: stream.record(event).record(stream)]  # fine
+    python, compiled = on_each_path(cuctx.backend(), calls)
+    assert compiled == python
+    assert python[-1] is None and all(python[:-1])
+    assert "stack of this thread is empty" in python[-2][1]
+
+
+def test_a_default_stream_runs_with_its_context_current(lib, native):
+    out, x = add_arrays()
+    legacy = cuctx.legacy_stream()  # of the primary context, current in `lib`
+    other = cuctx.Context.create()  # now current
+    try:
+        launcher = lib["add"][1, 8, 0, legacy]
+        for k in range(3):
+            launcher(out, x, float(k), 8)
+            event = legacy.record(cuctx.Event._create(legacy.context, timing=False))
+            legacy.wait(event)
+        assert cuctx.current_context() is other  # pushed for the calls, popped after
+        legacy.synchronize()
+        assert out.to_host().tolist() == [k + 2.0 for k in range(8)]
+    finally:
+        cuctx.Context.pop()
+        other.destroy()
+
+
+@pytest.mark.parametrize("kind", [{"cooperative": True}, {"cluster": 2}])
+def test_cluster_and_cooperative_launches_take_the_compiled_path(lib, native, kind):
+    out, x = add_arrays(16)
+    stream = cuctx.Stream()
+    for k in range(3):
+        cuctx.launch(lib["add"], 2, 8, out, x, float(k), 16, stream=stream, **kind)
+    launcher = _launcher.make_launcher(lib["add"], 2, 8, 0, stream, kind.get("cluster"),
+                                       kind.get("cooperative", False))
+    assert type(launcher._fast).__name__ == "Launch"
+    stream.synchronize()
+    assert out.to_host().tolist() == [k + 2.0 for k in range(16)]
+
+
+def test_one_compiled_launcher_serves_every_thread(lib, native):
+    stream = cuctx.Stream()
+    launcher = lib["add"][1, 8, 0, stream]
+    outs = [cuctx.zeros(8, np.float32) for _ in range(4)]
+    x = cuctx.to_device(np.arange(8, dtype=np.float32))
+    launcher(outs[0], x, 0.0, 8)
+    errors = []
+
+    def work(k):
+        try:
+            for _ in range(50):
+                launcher(outs[k], x, float(k), 8)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stream.synchronize()
+    assert not errors
+    for k, out in enumerate(outs):
+        assert out.to_host().tolist() == [i + float(k) for i in range(8)]
+
+
+def test_the_compiled_methods_show_the_python_ones(native):
+    record = cuctx.Stream.record
+    assert record.__wrapped__.__qualname__ == "Stream.record"
+    assert inspect.signature(record) == inspect.signature(record.__wrapped__)
+    assert record.__doc__ == record.__wrapped__.__doc__
+    assert "def wait(self" in inspect.getsource(cuctx.Stream.wait)
+    assert cuctx.launch.__doc__ == _launcher.launch.__doc__
+
+
+def test_cuctx_native_0_turns_the_compiled_path_off():
+    code = ("import cuctx, cuctx._launcher as l; b = cuctx.backend(); "
+            "print(b.native, b.native_reason, cuctx.launch is l.launch, "
+            "type(cuctx.Stream.__dict__['record']).__name__)")
+    proc = run_python("-c", code, CUCTX_NATIVE="0", CUCTX_BACKEND="sim")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["None", "turned", "off", "by", "CUCTX_NATIVE=0", "True",
+                                   "function"]
