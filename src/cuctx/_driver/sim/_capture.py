@@ -9,11 +9,14 @@ capture (its frontier becomes the event's), a capturing stream that waits on it 
 event's nodes to its frontier. At cuStreamEndCapture every stream that joined must have
 been joined back: its frontier must lie in what the origin stream's frontier depends on.
 
-The refusals follow the CUDA programming guide's rules, with the driver's codes: a
-synchronize or query of a capturing stream, and any "potentially unsafe" call
-(cuCtxSynchronize, cuMemAlloc, cuMemFree, the synchronous copies) while the calling thread
-is prohibited from them (its mode, `cuThreadExchangeStreamCaptureMode`, against the captures
-in progress) are CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; work on the legacy stream while a
+The refusals follow the CUDA programming guide's rules, with the driver's codes, as an H100
+(driver 580) answers them: a synchronize or query of a capturing stream, cuCtxSynchronize
+while a stream of the context captures (in every mode), and any "potentially unsafe" call
+(cuMemAlloc, cuMemFree, cuStreamSynchronize of a stream not capturing) while the calling
+thread is prohibited from them (its mode, `cuThreadExchangeStreamCaptureMode`, against the
+captures in progress: RELAXED allows them) are CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; the
+synchronous copies are not refused (they run at once, on the legacy stream); work on the
+legacy stream while a
 blocking stream of its context captures is CUDA_ERROR_STREAM_CAPTURE_IMPLICIT; a query or
 synchronize of an event recorded in a capture is CUDA_ERROR_CAPTURED_EVENT; waiting on an
 event recorded outside the capture is CUDA_ERROR_STREAM_CAPTURE_ISOLATION, on one of
@@ -22,7 +25,8 @@ concerns: its streams then answer CUDA_ERROR_STREAM_CAPTURE_INVALIDATED until
 cuStreamEndCapture, which returns that code and no graph and takes the streams out of
 capture, usable again. cuStreamEndCapture on a stream that joined (not the origin) is
 CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, from another thread than the one that began a non-relaxed
-capture CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD (the capture goes on), with a stream not
+capture CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD (the capture ends without a graph: its
+thread's cuStreamEndCapture then finds the stream not capturing, H100), with a stream not
 joined back CUDA_ERROR_STREAM_CAPTURE_UNJOINED (the capture ends without a graph). Beginning
 a capture on the legacy stream is CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, on a capturing stream
 and ending one on a stream not capturing CUDA_ERROR_ILLEGAL_STATE.
@@ -163,9 +167,10 @@ class CaptureModel:
             if capture.origin is not stream:
                 capture.invalid = True
                 return (CAPTURE_UNMATCHED, None)
-            if capture.mode != RELAXED and capture.thread != threading.get_ident():
-                return (CAPTURE_WRONG_THREAD, None)
             self._end(capture)
+            if capture.mode != RELAXED and capture.thread != threading.get_ident():
+                self._forget(capture.graph)
+                return (CAPTURE_WRONG_THREAD, None)
             joined = _ancestors(capture.frontier[stream])
             unjoined = any(id(n) not in joined for s, nodes in capture.frontier.items()
                            if s is not stream for n in nodes)
@@ -247,7 +252,12 @@ class CaptureModel:
             return CAPTURE_UNSUPPORTED
 
     def cuStreamSynchronize(self, hStream):
+        """A capturing stream: refused (`_refuse_on_capturing`); another stream: a
+        potentially unsafe call."""
         err = self._refuse_on_capturing(hStream) if self._captures else None
+        if err is None and self._captures:
+            with self._lock:
+                err = self._refuse_unsafe() or None
         return super().cuStreamSynchronize(hStream) if err is None else (err,)
 
     def cuStreamQuery(self, hStream):
@@ -278,7 +288,19 @@ class CaptureModel:
         return (err,) if err else call(*args)
 
     def cuCtxSynchronize(self):
-        return self._unsafe(super().cuCtxSynchronize)
+        """Refused in every mode while a stream of the context captures: it would wait for
+        that stream (its captures are invalidated)."""
+        if self._captures:
+            with self._lock:
+                err, ctx = self._work_context()
+                if err:
+                    return (err,)
+                captures = {c for s, c in self._captures.items() if s.ctx is ctx and not c.invalid}
+                for capture in captures:
+                    capture.invalid = True
+            if captures:
+                return (CAPTURE_UNSUPPORTED,)
+        return super().cuCtxSynchronize()
 
     def cuMemAlloc(self, bytesize):
         err = self._unsafe(lambda: (OK,))[0]
@@ -286,21 +308,6 @@ class CaptureModel:
 
     def cuMemFree(self, dptr):
         return self._unsafe(super().cuMemFree, dptr)
-
-    def cuMemcpyHtoD(self, dstDevice, srcHost, ByteCount):
-        return self._unsafe(super().cuMemcpyHtoD, dstDevice, srcHost, ByteCount)
-
-    def cuMemcpyDtoH(self, dstHost, srcDevice, ByteCount):
-        return self._unsafe(super().cuMemcpyDtoH, dstHost, srcDevice, ByteCount)
-
-    def cuMemcpyDtoD(self, dstDevice, srcDevice, ByteCount):
-        return self._unsafe(super().cuMemcpyDtoD, dstDevice, srcDevice, ByteCount)
-
-    def cuMemcpy2D(self, pCopy):
-        return self._unsafe(super().cuMemcpy2D, pCopy)
-
-    def cuMemcpy3D(self, pCopy):
-        return self._unsafe(super().cuMemcpy3D, pCopy)
 
 
 def _status(capture):

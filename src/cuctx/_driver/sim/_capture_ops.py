@@ -2,14 +2,14 @@
 with the same checks and works as explicit graphs' nodes (`_graph_nodes`), so a captured
 graph and an explicit one behave and update alike.
 
-launches -> kernel nodes; asynchronous copies -> memcpy nodes (a pageable host side is
-CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: the copy would be synchronous); memsets -> memset
-nodes; host functions -> host nodes; cuMemAllocAsync / cuMemFreeAsync -> memory alloc / free
-nodes (a free must be of a graph allocation); cuGraphLaunch -> a child graph node holding the
-executable's graph; cuEventRecord / cuStreamWaitEvent -> dependencies (see `_capture`), no
-nodes. Any other work reaching the engine on a capturing stream is refused with
-CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (the sim has no node for it). Empty work (a zero size)
-adds no node.
+launches -> kernel nodes; asynchronous copies -> memcpy nodes (pageable host memory too: the
+H100 captures such a copy, which then reads or writes that memory at every launch); memsets
+-> memset nodes; host functions -> host nodes; cuMemAllocAsync / cuMemFreeAsync -> memory
+alloc / free nodes (a free must be of a graph allocation); cuEventRecord / cuStreamWaitEvent
+-> dependencies (see `_capture`), no nodes. cuGraphLaunch into a capturing stream is
+CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture (H100), as is any other
+work reaching the engine on a capturing stream (the sim has no node for it). Empty work (a
+zero size) adds no node.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from cuda.bindings.driver import (CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUDA_MEMSET_NODE
 from ._cargs import size_t, unsigned
 from ._common import (CAPTURE_ISOLATION, CAPTURE_MERGE, CAPTURE_UNSUPPORTED, INVALID_HANDLE,
                       INVALID_VALUE, OK)
-from ._graph_exec import copy_tree
-from ._graph_nodes import ChildWork, HostWork, KernelWork, copy_work, memset_work
+from ._graph_nodes import HostWork, KernelWork, copy_work, memset_work
 
 HOST, DEVICE = CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE
 EVENT_WAIT_EXTERNAL = 1
@@ -48,9 +47,7 @@ class CaptureOps:
             if err == CAPTURE_UNSUPPORTED:
                 capture.invalid = True
             if not err and work is not None:
-                node = self._add_captured(capture, stream, work)
-                if isinstance(work, ChildWork):
-                    work.graph.owner = node
+                self._add_captured(capture, stream, work)
             return (err,)
 
     def _enqueue(self, hStream, op, *, nbytes=0, cost_ns=None, label=""):
@@ -88,9 +85,7 @@ class CaptureOps:
     def cuGraphLaunch(self, hGraphExec, hStream):
         def make(stream):
             exe = self._graph_exec(hGraphExec)
-            if exe is None:
-                return INVALID_VALUE, None
-            return OK, ChildWork(self._clone(copy_tree(exe.graph), None))
+            return (INVALID_VALUE if exe is None else CAPTURE_UNSUPPORTED), None
         return self._capture_node(hStream, make, lambda: super(CaptureOps, self).cuGraphLaunch(
             hGraphExec, hStream))
 
@@ -111,11 +106,9 @@ class CaptureOps:
     def _captured_copy(self, stream, copy):
         for prefix in ("src", "dst"):
             try:
-                kind = getattr(copy, prefix + "MemoryType")
+                getattr(copy, prefix + "MemoryType")
             except ValueError:
                 return INVALID_VALUE, None
-            if kind == HOST and not self._pinned(int(getattr(copy, prefix + "Host")), 1):
-                return CAPTURE_UNSUPPORTED, None  # pageable: the copy would be synchronous
         return copy_work(self, copy, CUcontext(stream.ctx.handle))
 
     def cuMemcpyHtoDAsync(self, dstDevice, srcHost, ByteCount, hStream):

@@ -13,9 +13,11 @@ A conditional node runs as one operation of the launch: when it runs, it reads t
 and runs the chosen body's nodes inline, in a dependency order (the body of a WHILE again
 while the value is non-zero; after 2**16 rounds the launch fails with the sticky
 CUDA_ERROR_LAUNCH_TIMEOUT, as a hung kernel would be stopped), adding their cost to the
-operation's. Bodies hold kernel, memcpy, memset, empty, child graph and conditional nodes
-(others are CUDA_ERROR_NOT_SUPPORTED when added); a handle no conditional node of the graph
-uses makes cuGraphInstantiate fail (CUDA_ERROR_INVALID_VALUE).
+operation's. Bodies may hold kernel, memcpy, memset, empty, child graph and conditional
+nodes (the documented list, recursively): the driver accepts any node when it is added to a
+body (the H100 adds a host node), and cuGraphInstantiate refuses a graph whose bodies hold
+another kind with CUDA_ERROR_INVALID_VALUE, as it refuses a handle no conditional node of
+the graph uses.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ C = CUgraphConditionalNodeType
 MAX_ROUNDS = 1 << 16
 LAUNCH_TIMEOUT = CUresult.CUDA_ERROR_LAUNCH_TIMEOUT
 _OUT_OFFSET = 16  # of phGraph_out in CUDA_CONDITIONAL_NODE_PARAMS (handle, type, size, ...)
+# What a conditional node's body may hold.
+BODY_TYPES = (T.CU_GRAPH_NODE_TYPE_KERNEL, T.CU_GRAPH_NODE_TYPE_MEMCPY,
+              T.CU_GRAPH_NODE_TYPE_MEMSET, T.CU_GRAPH_NODE_TYPE_EMPTY,
+              T.CU_GRAPH_NODE_TYPE_GRAPH, T.CU_GRAPH_NODE_TYPE_CONDITIONAL)
 
 
 class SimCondition:
@@ -139,9 +145,13 @@ class ConditionalModel:
     # -- instantiation and launches ----------------------------------------------------------
 
     def _check_instantiable(self, graph):
-        used = {id(n.work.condition) for n in graph.walk() if isinstance(n.work, CondWork)}
+        conditionals = [n.work for n in graph.walk() if isinstance(n.work, CondWork)]
+        used = {id(work.condition) for work in conditionals}
         if any(c.graph is graph and id(c) not in used for c in self._conditions.values()):
             return INVALID_VALUE  # CUDA_GRAPH_INSTANTIATE_CONDITIONAL_HANDLE_UNUSED
+        if any(n.type not in BODY_TYPES for work in conditionals for body in work.bodies
+               for n in body.walk()):
+            return INVALID_VALUE
         return super()._check_instantiable(graph)
 
     def _launch_graph(self, exe, stream):

@@ -11,7 +11,10 @@ their node stands. The nodes of one launch therefore run one after the other on 
 virtual clock, each for what its eager counterpart costs, ordered after the stream's earlier
 work and before its later work, as the driver orders a launch. Event record nodes move the
 event's marker to their place in the launch; event wait nodes wait for the marker the
-event has when the graph is launched; a disabled node queues an empty operation.
+event has when the graph is launched; a disabled node queues an empty operation (only
+kernel, memset and memcpy nodes can be disabled: the driver's documented list, which the
+H100 enforces with CUDA_ERROR_INVALID_VALUE). A graph with memory nodes has one executable
+at a time: a second cuGraphInstantiate is CUDA_ERROR_NOT_SUPPORTED (H100).
 """
 
 from __future__ import annotations
@@ -22,24 +25,26 @@ from cuda.bindings.driver import (CUDA_HOST_NODE_PARAMS, CUgraphExec, CUgraphIns
                                   CUgraphNodeType)
 
 from ._cargs import unsigned
-from ._common import CONTEXT_IS_DESTROYED, INVALID_VALUE, NOT_INITIALIZED, OK
+from ._common import CONTEXT_IS_DESTROYED, INVALID_VALUE, NOT_INITIALIZED, NOT_SUPPORTED, OK
 from ._graph_nodes import ChildWork, copy_work, kernel_work, memset_work
 from ._launches import LAUNCH_COST_NS
-from ._graphs import SimGraph, SimNode, host_work, inner_graphs, order
+from ._graphs import MEMORY_NODES, SimGraph, SimNode, host_work, inner_graphs, order
 
 T = CUgraphNodeType
 F = CUgraphInstantiate_flags
 AUTO_FREE = int(F.CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
 DEVICE_LAUNCH = int(F.CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH)
 NODE_PRIORITY = int(F.CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY)
-MEMORY_NODES = (T.CU_GRAPH_NODE_TYPE_MEM_ALLOC, T.CU_GRAPH_NODE_TYPE_MEM_FREE)
 _DEVICE_LAUNCH_TYPES = (T.CU_GRAPH_NODE_TYPE_KERNEL, T.CU_GRAPH_NODE_TYPE_MEMCPY,
                         T.CU_GRAPH_NODE_TYPE_MEMSET, T.CU_GRAPH_NODE_TYPE_GRAPH,
                         T.CU_GRAPH_NODE_TYPE_EMPTY)
+# The nodes cuGraphNodeSetEnabled / GetEnabled take.
+_CAN_DISABLE = (T.CU_GRAPH_NODE_TYPE_KERNEL, T.CU_GRAPH_NODE_TYPE_MEMSET,
+                T.CU_GRAPH_NODE_TYPE_MEMCPY)
 
 
 class SimGraphExec:
-    __slots__ = ("handle", "graph", "source", "flags", "nodes", "disabled", "origin")
+    __slots__ = ("handle", "graph", "source", "flags", "nodes", "disabled")
 
     def __init__(self, handle: int, graph: SimGraph, source: SimGraph, flags: int):
         self.handle = handle
@@ -48,9 +53,6 @@ class SimGraphExec:
         self.flags = flags
         self.nodes: dict[int, SimNode] = {}  # source node handle -> the executable's node
         self.disabled: set[int] = set()  # ids of disabled nodes of the executable
-        # Each node's work when instantiated: the work resources the driver allocated for
-        # it, which later parameters must fit (memset shapes).
-        self.origin = {id(n): n.work for n in graph.walk()}
 
     def index(self, graph: SimGraph) -> None:
         """Make the nodes of ``graph`` (the executable's tree) findable by handle: the top
@@ -101,7 +103,7 @@ class GraphExecModel:
             nodes = list(graph.walk())
             has_memory = any(n.type in MEMORY_NODES for n in nodes)
             if has_memory and graph.execs:
-                return (INVALID_VALUE, None)  # one executable at a time for memory nodes
+                return (NOT_SUPPORTED, None)  # one executable at a time for memory nodes
             if flags & DEVICE_LAUNCH and not self._device_launchable(nodes):
                 return (INVALID_VALUE, None)
             err = self._check_instantiable(graph)
@@ -207,7 +209,7 @@ class GraphExecModel:
         enabled = unsigned(isEnabled, 32, "unsigned int")
         with self._lock:
             exe, node = self._exec_node(hGraphExec, hNode)
-            if node is None:
+            if node is None or node.type not in _CAN_DISABLE:
                 return (INVALID_VALUE,)
             if enabled:
                 exe.disabled.discard(id(node))
@@ -217,14 +219,14 @@ class GraphExecModel:
 
     def cuGraphNodeGetEnabled(self, hGraphExec, hNode):
         exe, node = self._exec_node(hGraphExec, hNode)
-        if node is None:
+        if node is None or node.type not in _CAN_DISABLE:
             return (INVALID_VALUE, None)
         return (OK, int(id(node) not in exe.disabled))
 
     def _set_exec_work(self, hGraphExec, hNode, kind, make, allowed):
-        """Give the executable's node the work ``make()`` returns when ``allowed(first,
-        new)`` (the driver's rules for changing that node in place, against its work when
-        instantiated); else CUDA_ERROR_INVALID_VALUE."""
+        """Give the executable's node the work ``make()`` returns when ``allowed(old,
+        new)`` (the driver's rules for changing that node in place); else
+        CUDA_ERROR_INVALID_VALUE."""
         with self._lock:
             exe, node = self._exec_node(hGraphExec, hNode, kind)
             if node is None:
@@ -232,7 +234,7 @@ class GraphExecModel:
             err, work = make()
             if err:
                 return (err,)
-            if not allowed(exe.origin[id(node)], work):
+            if not allowed(node.work, work):
                 return (INVALID_VALUE,)
             node.work = work
         return (OK,)
@@ -262,24 +264,28 @@ def kernel_update_ok(old, new) -> bool:
     return old.launch.ctx is new.launch.ctx
 
 
+def _one_d(work) -> bool:
+    return work.copy.Height == 1 and work.copy.Depth == 1
+
+
 def copy_update_ok(old, new) -> bool:
-    """Memory types and the operands' devices stay (cuGraphExecUpdate's memcpy rules)."""
-    return old.kinds == new.kinds and old.devices == new.devices
+    """cuGraphExecUpdate's memcpy rules: memory types and the operands' devices stay, and
+    a 1D copy stays 1D (the H100 refuses a 1D copy updated to a 2D one)."""
+    return old.kinds == new.kinds and old.devices == new.devices and _one_d(old) == _one_d(new)
 
 
 def copy_set_ok(old, new) -> bool:
     """cuGraphExecMemcpyNodeSetParams: as an update, and both copies one-dimensional."""
-    one_d = all(w.copy.Height == 1 and w.copy.Depth == 1 for w in (old, new))
-    return one_d and copy_update_ok(old, new)
+    return _one_d(old) and _one_d(new) and copy_update_ok(old, new)
 
 
 def memset_update_ok(old, new) -> bool:
-    """Address and value may change. A 2D memset keeps its shape; a 1D memset keeps its
-    height, and may change width or element size only while its bytes do not grow (the
-    sim's reading of "if the resulting work maps onto the work resources already allocated";
-    the GPU transcript checks it). The device stays."""
+    """Address and value may change, and the device stays. A 2D memset keeps its shape; a
+    1D memset stays 1D and may change its width and element size (the H100 accepts a
+    wider one: "opportunistically allowed if the resulting work maps onto the work
+    resources already allocated")."""
     if old.device != new.device or old.height != new.height:
         return False
     if old.height > 1:
         return (old.width, old.size, old.pitch) == (new.width, new.size, new.pitch)
-    return new.width * new.size <= old.width * old.size
+    return True

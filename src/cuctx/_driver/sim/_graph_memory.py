@@ -9,7 +9,9 @@ another) ends it when it runs, and work that touches it afterwards is an illegal
 The blocks are not given back when the graph goes (the driver keeps graph memory reserved
 until cuDeviceGraphMemTrim, which the sim does not model).
 
-The driver's rules: one executable at a time for a graph with memory nodes (`_graph_exec`);
+The driver's rules: one executable at a time for a graph with memory nodes (`_graph_exec`:
+a second cuGraphInstantiate is CUDA_ERROR_NOT_SUPPORTED, as is a child graph node holding
+memory nodes, `_graphs`; both measured on an H100);
 a relaunch while an allocation of the previous launch is unfreed is CUDA_ERROR_INVALID_VALUE
 unless the executable was instantiated with AUTO_FREE_ON_LAUNCH, which frees it first; an
 allocation is freed once: by a free node of its own graph, of one other graph, by

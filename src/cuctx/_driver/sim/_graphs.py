@@ -9,7 +9,9 @@ clone is owned by the node (cuGraphChildGraphNodeGetGraph hands it out, cuGraphD
 refuses it) and goes with its parent. Executables (`_graph_exec`) clone the whole tree.
 
 Lists come back as cuda.bindings returns them: asked for ``n`` entries (the default 0 asks
-only for the count), a list of ``n`` handles padded with null handles, and the real count.
+only for the count), a list of ``n`` handles padded with null handles, and the real count;
+in the H100's order (driver 580): nodes in creation order, root nodes newest first, edges
+grouped by their source node in creation order, each source's in the order they were added.
 """
 
 from __future__ import annotations
@@ -155,9 +157,6 @@ class GraphModel:
             err, work = make()
             if err:
                 return (err, None)
-            if graph.owner is not None and hasattr(graph.owner.work, "bodies") \
-                    and work.type not in BODY_TYPES:
-                return (NOT_SUPPORTED, None)  # not in a conditional node's body
             return (OK, CUgraphNode(self._append(graph, work, deps).handle))
 
     def _append(self, graph: SimGraph, work, deps: list) -> SimNode:
@@ -236,8 +235,10 @@ class GraphModel:
         def make():
             child = self._graph(childGraph)
             if child is None or child is self._graph(hGraph) or any(
-                    n.type in _NOT_IN_CHILDREN for n in child.walk()):
+                    n.type == T.CU_GRAPH_NODE_TYPE_CONDITIONAL for n in child.walk()):
                 return INVALID_VALUE, None
+            if any(n.type in MEMORY_NODES for n in child.walk()):
+                return NOT_SUPPORTED, None  # "contains allocation or free nodes" (H100)
             return OK, ChildWork(child)
         err, handle = self._add_node(hGraph, dependencies, numDependencies, make)
         if not err:
@@ -258,16 +259,20 @@ class GraphModel:
         graph = self._graph(hGraph)
         if graph is None:
             return (INVALID_VALUE, None, None)
-        handles = [n.handle for n in graph.nodes if not n.deps]
+        handles = [n.handle for n in reversed(graph.nodes) if not n.deps]
         return (OK, padded(handles, size_t(numRootNodes), CUgraphNode), len(handles))
 
     def cuGraphGetEdges(self, hGraph, numEdges=0):
-        """(CUresult, from, to, edgeData, numEdges): the edges of each node in creation
-        order, each node's dependencies in the order given; default (zeroed) edge data."""
+        """(CUresult, from, to, edgeData, numEdges): the edges out of each node in creation
+        order, each node's in the order they were added; default (zeroed) edge data."""
         graph = self._graph(hGraph)
         if graph is None:
             return (INVALID_VALUE, None, None, None, None)
-        edges = [(d.handle, n.handle) for n in graph.nodes for d in n.deps]
+        out: dict[int, list] = {id(n): [] for n in graph.nodes}
+        for node in graph.nodes:
+            for dep in node.deps:
+                out[id(dep)].append(node)
+        edges = [(n.handle, user.handle) for n in graph.nodes for user in out[id(n)]]
         asked = size_t(numEdges)
         return (OK, padded([e[0] for e in edges], asked, CUgraphNode),
                 padded([e[1] for e in edges], asked, CUgraphNode),
@@ -298,13 +303,7 @@ class GraphModel:
         return (OK, node.work.params())
 
 
-# What a conditional node's body may hold.
-BODY_TYPES = (T.CU_GRAPH_NODE_TYPE_KERNEL, T.CU_GRAPH_NODE_TYPE_MEMCPY,
-              T.CU_GRAPH_NODE_TYPE_MEMSET, T.CU_GRAPH_NODE_TYPE_EMPTY,
-              T.CU_GRAPH_NODE_TYPE_GRAPH, T.CU_GRAPH_NODE_TYPE_CONDITIONAL)
-# Child graphs may not hold these (cuGraphAddChildGraphNode's documented refusal).
-_NOT_IN_CHILDREN = (T.CU_GRAPH_NODE_TYPE_MEM_ALLOC, T.CU_GRAPH_NODE_TYPE_MEM_FREE,
-                    T.CU_GRAPH_NODE_TYPE_CONDITIONAL)
+MEMORY_NODES = (T.CU_GRAPH_NODE_TYPE_MEM_ALLOC, T.CU_GRAPH_NODE_TYPE_MEM_FREE)
 
 
 def host_work(params: CUDA_HOST_NODE_PARAMS):
