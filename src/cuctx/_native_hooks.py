@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from cuda.bindings.driver import CUcontext, CUresult
 
-from . import _driver, _launcher, _trace
+from . import _driver, _launcher, _record, _trace
 from ._driver import ThreadState, native
 from ._kernel import Kernel
 from ._launcher import Launcher
@@ -34,6 +34,7 @@ from .stream import Stream
 STEP_ASIDE = (
     (vars(_trace), "sinks"),  # a trace sink listens: the checked paths announce operations
     (vars(_driver), "in_host_function"),  # a host function runs: the checked paths refuse
+    (vars(_record), "threads"),  # an autograph call records: the Python paths hand it over
 )
 
 # (class, method name) of every method with a compiled path (cuctx/_native.c, IMPLS).
