@@ -85,10 +85,11 @@ class StreamQueue(Owner):
 
     def keep(self, obj: Any, idle: Callable[[], bool] | None = None) -> None:
         """Keep ``obj`` until the stream is known idle; past HOLD_CHECK objects, ask
-        ``idle()`` (a driver query) unless the stream captures."""
+        ``idle()`` (a driver query) unless a capture is active: querying any stream during
+        a capture invalidates it (measured on an H100)."""
         kept = self._kept
         kept.append(obj)
-        if len(kept) > HOLD_CHECK and idle is not None and not self.capturing and idle():
+        if len(kept) > HOLD_CHECK and idle is not None and not capturing and idle():
             kept.clear()
 
 

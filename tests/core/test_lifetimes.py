@@ -44,27 +44,30 @@ def test_a_stream_queue_drops_a_host_function_once_it_ran():
     assert calls == [1] and key not in _lifetimes._pending
 
 
-def test_no_idle_query_while_the_queue_says_it_captures():
+def test_no_idle_query_while_a_capture_is_active(monkeypatch):
+    """A query of any stream invalidates an active capture (global and thread-local modes,
+    measured on an H100), so no queue asks while one is active, its own stream's or not."""
     owner = _lifetimes.StreamQueue((-4, 1))
 
     def idle():
         raise AssertionError("queried while capturing")
-    owner.capturing = True
+    monkeypatch.setitem(_lifetimes.capturing, (-4, 2), object())  # another stream captures
     for i in range(3 * _lifetimes.HOLD_CHECK):
         owner.keep(i, idle)
     assert len(owner._kept) == 3 * _lifetimes.HOLD_CHECK
-    owner.capturing = False
-    owner.keep("last", lambda: True)  # not capturing: asked, idle, so everything goes
+    monkeypatch.undo()
+    owner.keep("last", lambda: True)  # no capture: asked, idle, so everything goes
     assert owner._kept == []
 
 
-def test_a_capturing_stream_is_not_queried_when_it_holds_host_arrays(sim, monkeypatch):
+def test_a_stream_is_not_queried_for_its_host_arrays_while_a_capture_is_active(sim,
+                                                                                monkeypatch):
     with cuctx.Device(0) as ctx:
-        stream = Stream()
-        _lifetimes.queue(ctx, stream._key).capturing = True
+        stream, capturing = Stream(), Stream()
+        monkeypatch.setitem(_lifetimes.capturing, (ctx._key, capturing._key), object())
 
         def refuse(*args):
-            raise AssertionError("cuStreamQuery while the stream captures")
+            raise AssertionError("cuStreamQuery while a capture is active")
         monkeypatch.setattr(sim.driver, "cuStreamQuery", refuse)
         for i in range(2 * _lifetimes.HOLD_CHECK):
             stream._hold(i)

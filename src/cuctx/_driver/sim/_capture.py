@@ -251,17 +251,21 @@ class CaptureModel:
             capture.invalid = True
             return CAPTURE_UNSUPPORTED
 
-    def cuStreamSynchronize(self, hStream):
+    def _refuse_wait_or_query(self, hStream):
         """A capturing stream: refused (`_refuse_on_capturing`); another stream: a
-        potentially unsafe call."""
+        potentially unsafe call (measured on an H100 for synchronize and query alike)."""
         err = self._refuse_on_capturing(hStream) if self._captures else None
         if err is None and self._captures:
             with self._lock:
                 err = self._refuse_unsafe() or None
+        return err
+
+    def cuStreamSynchronize(self, hStream):
+        err = self._refuse_wait_or_query(hStream)
         return super().cuStreamSynchronize(hStream) if err is None else (err,)
 
     def cuStreamQuery(self, hStream):
-        err = self._refuse_on_capturing(hStream) if self._captures else None
+        err = self._refuse_wait_or_query(hStream)
         return super().cuStreamQuery(hStream) if err is None else (err,)
 
     def _refuse_captured_event(self, hEvent):
