@@ -331,6 +331,9 @@ def test_out_of_memory_names_the_sizes(backend):
         cuctx.empty(total // 4 * 5, np.uint8)
     assert isinstance(info.value, MemoryError)
     cuctx.zeros(16).to_host()  # and the device still works
+    other = Context.create(Device(0))  # with memory for a new context: nothing kept reserved
+    Context.pop()
+    other.destroy()
 
 
 def test_a_use_after_free_is_an_illegal_address_on_the_sim(sim):
