@@ -1,0 +1,5 @@
+"""Tools that watch what the streams do, built on the operation trace (cuctx._trace).
+
+Nothing below this package imports it: each tool is a trace sink (or reads the sim's
+activity feed), so it costs nothing while it is off.
+"""
