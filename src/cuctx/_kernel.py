@@ -4,12 +4,12 @@ types, launch configurations (``kernel[grid, block]``), attributes and occupancy
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 import numpy as np
 from cuda.bindings.driver import CUfunction, CUfunction_attribute
 
-from . import _ptx
+from . import _access, _ptx
 from ._launch_config import LaunchConfigError
 from ._launcher import Launcher, make_launcher
 from ._plan import Packer
@@ -59,7 +59,7 @@ class Kernel(Resource):
     # The Resource fields: ``_handle`` is the CUkernel (library) or CUfunction (module),
     # ``_ctx`` its owner's (None for a library's kernel: it runs in every context).
     __slots__ = ("name", "_owner", "_function", "_params", "_pack", "_limits_cache",
-                 "_checked", "_launchers", "_lock", "__weakref__")
+                 "_checked", "_launchers", "_lock", "_access", "_access_modes", "__weakref__")
 
     def __init__(self, owner: Library | Module, handle, name: str):
         self.name = name
@@ -76,6 +76,8 @@ class Kernel(Resource):
         self._checked: set = set()  # (Config, Device) pairs already validated
         self._launchers: dict = {}  # kernel[...] and launch() configurations -> Launcher
         self._lock = threading.Lock()
+        self._access: dict[int, str] | None = None  # set_access: parameter index -> mode
+        self._access_modes: tuple[str, ...] | None = None  # cuctx._access.modes, once
 
     @property
     def handle(self) -> int:
@@ -116,6 +118,23 @@ class Kernel(Resource):
                     types = _ptx.matching(self._owner._types.get(self.name), self.param_layout)
                     self._pack = Packer(self, self.param_layout, types)
         return self._pack
+
+    # -- how it uses its pointer parameters (for the race checker) --------------------------
+
+    def set_access(self, by_index: Mapping[int, str] | None = None, /, **by_name: str) -> None:
+        """Say how the kernel uses its pointer parameters: "r" (only reads), "w" (only
+        writes) or "rw", by name (``set_access(x="r", y="w")``, the names of the source cuctx
+        compiled) or by index (``set_access({0: "r", 1: "w"})``). Unnamed parameters keep
+        what ``const`` in the source says, else "rw". `cuctx.racecheck` reads it."""
+        given = _access.resolve(self, {**(by_index or {}), **by_name})
+        self._access = {**(self._access or {}), **given}
+        self._access_modes = None
+
+    @property
+    def access(self) -> tuple[str, ...]:
+        """The mode of each parameter as the race checker sees it: the annotation
+        (`set_access`), else ``const`` in the compiled source, else "rw"."""
+        return _access.modes(self)
 
     # -- launching ------------------------------------------------------------------------
 

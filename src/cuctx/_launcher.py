@@ -17,9 +17,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from . import _codegen, _lifetimes, _record, _trace
+from . import _access, _codegen, _lifetimes, _record, _trace
 from ._args import PACK_ERRORS
 from ._driver import in_host_function
 from ._launch_config import Config, driver_config, make_config, validate
@@ -128,7 +128,8 @@ class Launcher:
             if err:
                 self._fail(err)
             if _trace.sinks:
-                _trace.emit("launch", ctx, self.stream, plan.accesses(args, self.stream),
+                modes = _access.modes(self.kernel, getattr(_launch_access, "modes", None))
+                _trace.emit("launch", ctx, self.stream, plan.accesses(args, self.stream, modes),
                             kernel=self.kernel, config=self.config)
         if plan is not self._fast_plan and _codegen.ENABLED:
             self._misses += 1
@@ -150,7 +151,8 @@ class Launcher:
         if err:
             self._fail(err)
         if _trace.sinks:
-            _trace.emit("launch", ctx, self.stream, plan.accesses(args, self.stream),
+            _trace.emit("launch", ctx, self.stream,
+                        plan.accesses(args, self.stream, _access.modes(self.kernel)),
                         kernel=self.kernel, config=self.config)
 
     def _follow(self, plan: Plan) -> None:
@@ -228,11 +230,26 @@ def make_launcher(kernel: Kernel, grid: Any, block: Any, shared_mem: int = 0,
     return launcher
 
 
+# A launch's own access modes (``launch(..., access=...)``), read by the checked path while a
+# trace sink listens (the fast paths step aside then).
+_launch_access = threading.local()
+
+
 def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, shared_mem: int = 0,
-           stream: Any = None, cluster: Any = None, cooperative: bool = False) -> None:
+           stream: Any = None, cluster: Any = None, cooperative: bool = False,
+           access: Mapping[str | int, str] | None = None) -> None:
     """Launch ``kernel`` on a ``grid`` of ``block``-sized blocks (ints or 1-3 tuples) with
     ``args``, on ``stream`` (default: the current stream of the current context), with
     ``shared_mem`` bytes of dynamic shared memory per block, optionally as thread block
     ``cluster``s or as a ``cooperative`` launch. The configuration is checked against the
-    device first: a violation raises `LaunchConfigError` naming the limit."""
-    make_launcher(kernel, grid, block, shared_mem, stream, cluster, cooperative)(*args)
+    device first: a violation raises `LaunchConfigError` naming the limit. ``access``: how
+    this launch uses its pointer parameters, by name or index ("r", "w", "rw"), over the
+    kernel's own (`Kernel.set_access`); the race checker reads it."""
+    launcher = make_launcher(kernel, grid, block, shared_mem, stream, cluster, cooperative)
+    if access is None or not _trace.sinks:
+        return launcher(*args)
+    _launch_access.modes = _access.resolve(kernel, access)
+    try:
+        launcher(*args)
+    finally:
+        _launch_access.modes = None

@@ -64,12 +64,14 @@ class Plan:
                 args[index] = convert(args[index], stream)
         self.layout.pack_into(buffer, 0, *args)
 
-    def accesses(self, args: tuple, stream: Stream) -> tuple[_trace.Access, ...]:
-        """The device memory the launch may touch, for the trace: every array argument,
-        read and written (a kernel's use of it is unknown). Plain ints are addresses the
-        caller vouches for, with no known extent: none."""
-        return tuple(_trace.device_access(traced_array(arg, stream), _trace.READ_WRITE)
-                     for p, arg in zip(self.params, args) if p.kind in (ARRAY, POINTER))
+    def accesses(self, args: tuple, stream: Stream,
+                 modes: tuple[str, ...]) -> tuple[_trace.Access, ...]:
+        """The device memory the launch may touch, for the trace: every array argument in
+        its parameter's mode (`cuctx._access.modes`). Plain ints are addresses the caller
+        vouches for, with no known extent: none."""
+        return tuple(_trace.device_access(traced_array(arg, stream), mode)
+                     for p, arg, mode in zip(self.params, args, modes)
+                     if p.kind in (ARRAY, POINTER))
 
 
 class Packer:

@@ -32,6 +32,8 @@ KINDS = frozenset({
     "copy",         # accesses: source (r) and destination (w); host sides have device=None
     "memset",       # accesses: the range written (w)
     "launch",       # accesses: pointer arguments (mode from annotation, const, else rw)
+    "graph_launch",  # accesses: its kernel/copy/fill nodes'; fields: graph, exec, nodes
+    #                  ((GraphNode, accesses) each; graph.edges order them)
     "host_func",    # fields["fn"]: the callable
     "record",       # event: the event recorded on stream
     "wait_event",   # event: the event stream waits for

@@ -179,6 +179,21 @@ class BackendUnavailableError(RuntimeError):
     """The backend asked for (CUCTX_BACKEND or set_backend) cannot run on this machine."""
 
 
+class RaceError(RuntimeError):
+    """`cuctx.racecheck` found two operations on the same bytes that nothing orders (or a
+    use after free). ``findings`` lists them (`cuctx.tools.Finding`: kind, array, both
+    operations with their streams and lines, the missing edge, the fix); the message says
+    it all in words. The operation that raised it was enqueued."""
+
+    def __init__(self, findings: list) -> None:
+        self.findings = findings
+        super().__init__("\n\n".join(str(f) for f in findings))
+
+
+class RaceWarning(RuntimeWarning):
+    """What `cuctx.racecheck(mode="warn")` warns with: one finding, in words."""
+
+
 _CLASS_FOR_CODE: dict[int, type[CudaError]] = {
     INVALID_VALUE: InvalidValueError,
     OUT_OF_MEMORY: OutOfMemoryError,

@@ -101,7 +101,9 @@ class _Code(Resource):
         Template kernels: list them in ``name_expressions`` (``["axpy<float>"]``) and get
         them by that name. Raises `CompileError` with NVRTC's log when it does not compile."""
         image, lowered, ptx = _compile(src, options, name_expressions, headers, cache_dir)
-        return cls(image, names=lowered, sim_kernels=sim_kernels, _ptx=ptx)
+        code = cls(image, names=lowered, sim_kernels=sim_kernels, _ptx=ptx)
+        code._source = src  # `const` of pointer parameters, for the trace (cuctx._access)
+        return code
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, *,

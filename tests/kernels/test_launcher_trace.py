@@ -39,8 +39,9 @@ def test_launches_are_announced_with_their_arrays_also_once_a_fast_path_exists(l
     assert first.context is stream.context
     assert (first.config.grid, first.config.block, first.config.shared_mem) == \
         ((2, 1, 1), (4, 1, 1), 0)
+    # (out is `float*`: read and written; x is `const float*`: read)
     assert first.accesses == (_trace.Access(out.ptr, 32, _trace.READ_WRITE, out),
-                              _trace.Access(x.ptr, 32, _trace.READ_WRITE, x))
+                              _trace.Access(x.ptr, 32, _trace.READ, x))
     assert first.site[:2] == (__file__, line)
     assert second.accesses == (_trace.Access(out.ptr, 32, _trace.READ_WRITE, out),)
 
@@ -59,7 +60,7 @@ def test_foreign_arrays_are_announced_with_their_extent(lib):
     cuctx.current_stream().synchronize()
     [op] = seen
     foreign = op.accesses[1]
-    assert (foreign.ptr, foreign.nbytes, foreign.mode) == (x.ptr + 16, 16, _trace.READ_WRITE)
+    assert (foreign.ptr, foreign.nbytes, foreign.mode) == (x.ptr + 16, 16, _trace.READ)
     assert out.to_host().tolist() == [5.0, 6.0, 7.0, 8.0, 0.0, 0.0, 0.0, 0.0]
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from cuda.bindings.driver import CUgraphInstantiate_flags
 
-from .. import _lifetimes
+from .. import _lifetimes, _trace
 from .._driver import in_host_function
 from .._launch_config import make_config, validate
 from .._resource import Resource
@@ -31,6 +31,7 @@ from ..context import (ACTIVE, DESTROYED, Context, fail, in_context,
 from ..errors import CONTEXT_IS_DESTROYED, CudaError, GraphUpdateError
 from ..stream import Stream, resolve_stream
 from ._nodes import KernelParams, copy_params, fill_params
+from ._trace_launch import announce
 from ._update import TOPOLOGY, UPDATE_REASONS, refusal
 
 if TYPE_CHECKING:
@@ -148,6 +149,8 @@ class GraphExec(Resource):
         self._held.streams.add(stream)
         for event in self._events:
             event._recorded = True
+        if _trace.sinks:
+            announce(self, self.graph, stream)
 
     def upload(self, stream: Stream | Any | None = None) -> None:
         """Prepare the executable's device resources on ``stream`` now, so the first launch

@@ -1,0 +1,402 @@
+"""The race checker: a trace sink keeping happens-before between streams with vector clocks.
+
+Actors are streams, per (context, stream; the per-thread default stream per host thread
+too), and host threads. Each actor has a vector clock (actor id -> epoch); an operation on a
+stream takes the stream's epoch and then advances it, so an earlier operation (actor a, epoch
+e) happens before a later one on a stream whose clock says ``clock[a] > e``. The edges:
+
+- submission: a stream's work comes after what its submitting thread has seen finish;
+- an event record snapshots the recording stream's clock; a wait (event or stream) joins it;
+- stream, event and context synchronize, and a copy to pageable host memory (it returns once
+  complete: CUDA's "API synchronization behavior"), join the host thread's clock;
+- the legacy default stream and the blocking streams of its context join each other's clocks
+  at each operation (its implicit barrier, both ways);
+- a free is a write of the whole allocation on its stream; what frees release is remembered,
+  so a later access there is a use after free, until a new allocation takes the range (pool
+  reuse: a fresh history, ordered after the free).
+
+A host thread seen for the first time starts from what every host thread has seen (cuctx
+cannot see Python's locks and thread starts; this keeps "synchronize, then start workers"
+free of false reports). Work captured into a graph is skipped: it runs when the graph does.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import sys
+import threading
+import warnings
+from typing import Any
+
+from .. import _host, _lifetimes, _trace
+from ..errors import RaceError, RaceWarning
+from ..stream import LEGACY, PER_THREAD
+from ._racecheck_shadow import (FREE_IN_USE, USE_AFTER_FREE, Finding, OpInfo, Region, Stamp)
+from ._racecheck_words import explain
+
+MODES = ("raise", "warn", "collect")
+_ACCESSING = frozenset({"copy", "memset", "launch", "graph_launch"})
+
+
+class RaceCheck:
+    """``with cuctx.racecheck(mode) as rc:`` checks every operation in the block (on every
+    thread) for races between streams. ``mode``: "raise" (`RaceError` from the operation
+    that completes a race), "warn" (a `RaceWarning`), "collect" (only ``rc.findings``).
+    ``rc.findings`` lists every finding, each reported once per pair of lines."""
+
+    def __init__(self, mode: str = "raise") -> None:
+        if mode not in MODES:
+            raise ValueError(f"racecheck mode {mode!r}: use 'raise', 'warn' or 'collect'")
+        self.mode = mode
+        self.findings: list[Finding] = []
+        self._lock = threading.RLock()
+        self._seen: set = set()  # (kind, first site, second site): reported once
+        self._pending: dict[int, list[Finding]] = {}  # frees' findings, raised by the next op
+        self._actors: dict[tuple, int] = {}
+        self._clocks: list[dict[int, int]] = []
+        self._threads: dict[int, int] = {}
+        self._blocking: dict[int, list[int]] = {}  # context key -> its blocking stream actors
+        self._legacy: dict[int, int] = {}  # context key -> its legacy stream's actor
+        self._streams: dict[int, list[int]] = {}  # context key -> its stream actors
+        self._flags: dict[tuple, bool] = {}
+        self._events: dict[int, dict[int, int]] = {}  # event key -> snapshot
+        self._starts: list[int] = []  # live regions, sorted by start
+        self._regions: dict[int, Region] = {}
+        self._freed_starts: list[int] = []  # freed regions no allocation took again
+        self._freed: dict[int, tuple[int, int, OpInfo, Region]] = {}
+        self._graph_checked: dict[int, tuple] = {}
+
+    # -- the sink ---------------------------------------------------------------------------
+
+    def __enter__(self) -> RaceCheck:
+        _trace.add_sink(self._see)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _trace.remove_sink(self._see)
+        if exc[0] is None:
+            self._raise_pending(None)
+
+    def _see(self, op: _trace.Operation) -> None:
+        stream = op.stream
+        if stream is not None and _lifetimes.capturing and \
+                (op.context._key, stream._key) in _lifetimes.capturing:
+            return  # captured into a graph: it runs when the graph is launched
+        with self._lock:
+            found = getattr(self, "_" + op.kind)(op)
+        if found and self.mode == "raise" and op.kind == "free":
+            # A free runs from a finalizer, which cannot raise to anyone: the next
+            # operation of this thread (or the end of the block) raises it.
+            self._pending.setdefault(op.thread, []).extend(found)
+            return
+        self._raise_pending(op.thread)
+        if found and self.mode == "raise":
+            raise RaceError(found)
+        for f in found if self.mode == "warn" else ():
+            warnings.warn(str(f), RaceWarning, stacklevel=3)
+
+    def _raise_pending(self, thread: int | None) -> None:
+        pending = self._pending.pop(thread, None) if thread is not None else \
+            [f for fs in self._pending.values() for f in fs]
+        self._pending.clear() if thread is None else None
+        if pending:
+            raise RaceError(pending)
+
+    # -- clocks -----------------------------------------------------------------------------
+
+    def _actor(self, key: tuple) -> int:
+        actor = self._actors.get(key)
+        if actor is None:
+            actor = self._actors[key] = len(self._clocks)
+            self._clocks.append({actor: 1})
+        return actor
+
+    def _thread(self, ident: int) -> dict[int, int]:
+        actor = self._threads.get(ident)
+        if actor is None:
+            actor = self._threads[ident] = self._actor(("thread", ident))
+            clock = self._clocks[actor]
+            for other in self._threads.values():
+                _join(clock, self._clocks[other])
+        return self._clocks[actor]
+
+    def _stream(self, op: _trace.Operation, stream: Any = None) -> tuple[int, dict[int, int]]:
+        """The stream's actor and clock, after the edges into it: the submitting thread's
+        clock, and the legacy stream's barrier."""
+        stream = stream or op.stream
+        ctx_key, key = stream._ctx._key, stream._key
+        key = LEGACY if key == 0 else key
+        full = (ctx_key, key, op.thread if key == PER_THREAD else 0)
+        actor = self._actors.get(full)
+        if actor is None:
+            actor = self._actor(full)
+            self._streams.setdefault(ctx_key, []).append(actor)
+            if key == LEGACY:
+                self._legacy[ctx_key] = actor
+            if self._is_blocking(stream, key):
+                self._blocking.setdefault(ctx_key, []).append(actor)
+        clock = self._clocks[actor]
+        _join(clock, self._thread(op.thread))
+        legacy = self._legacy.get(ctx_key)
+        if legacy is not None and legacy != actor:
+            if actor in self._blocking.get(ctx_key, ()):
+                _join(clock, self._clocks[legacy])
+        elif legacy == actor:
+            for other in self._blocking.get(ctx_key, ()):
+                if other != actor:
+                    _join(clock, self._clocks[other])
+        return actor, clock
+
+    def _is_blocking(self, stream: Any, key: int) -> bool:
+        if key in (LEGACY, PER_THREAD):
+            return True
+        query = getattr(stream._backend.driver, "cuStreamGetFlags", None)
+        if query is None:  # (the sim does not answer it yet: cuctx's default)
+            return False
+        err, flags = query(stream._handle)
+        return not err and not int(flags) & 1  # CU_STREAM_NON_BLOCKING
+
+    # -- operations ---------------------------------------------------------------------------
+
+    def _alloc(self, op: _trace.Operation) -> list[Finding]:
+        self._stream(op)
+        acc = op.accesses[0]
+        lo, hi = acc.ptr, acc.ptr + acc.nbytes
+        for start in self._freed_in(lo, hi):  # the pool reused it: a fresh history
+            self._freed_starts.remove(start)
+            del self._freed[start]
+        self._forget(lo, hi)
+        self._add(Region(lo, hi, op.site))
+        return []
+
+    def _free(self, op: _trace.Operation) -> list[Finding]:
+        actor, clock = self._stream(op)
+        acc = op.accesses[0]
+        info = OpInfo("free", op.stream, op.site, op.thread)
+        stamp = Stamp(actor, clock[actor], info)
+        found = []
+        region = self._region(acc.ptr, acc.ptr + acc.nbytes, acc)
+        if region is not None:
+            for _, earlier in region.access(region.ptr, region.end, "w", stamp, clock):
+                found += self._report(FREE_IN_USE, region, earlier.op, info)
+            self._forget(region.ptr, region.end)
+            bisect.insort(self._freed_starts, region.ptr)
+            self._freed[region.ptr] = (region.ptr, region.end, info, region)
+        clock[actor] += 1
+        return found
+
+    def _copy(self, op: _trace.Operation) -> list[Finding]:
+        found = self._accesses(op)
+        dst = op.accesses[1] if len(op.accesses) == 2 else None
+        if dst is not None and dst.host and not _host.page_locked(dst.ptr, dst.nbytes):
+            # To pageable memory: the call returned once the copy was done.
+            _join(self._thread(op.thread), self._clocks[self._stream(op)[0]])
+        return found
+
+    _memset = _launch = _copy
+
+    def _graph_launch(self, op: _trace.Operation) -> list[Finding]:
+        return self._accesses(op) + self._inside_graph(op)
+
+    def _accesses(self, op: _trace.Operation) -> list[Finding]:
+        actor, clock = self._stream(op)
+        found: list[Finding] = []
+        what = _what(op)
+        nodes = op.fields.get("nodes")
+        whats = [w for node, acc in nodes for w in [_node_what(node)] * len(acc)] if nodes \
+            else None
+        for i, acc in enumerate(op.accesses):
+            if acc.host or not acc.nbytes:
+                continue  # host memory is the host's business
+            info = OpInfo(whats[i] if whats else what, op.stream, op.site, op.thread)
+            stamp = Stamp(actor, clock[actor], info)
+            region = self._region(acc.ptr, acc.ptr + acc.nbytes, acc)
+            if region is None:  # freed memory
+                freed = self._freed_at(acc.ptr, acc.ptr + acc.nbytes)
+                found += self._report(USE_AFTER_FREE, freed[3], freed[2], info)
+                continue
+            lo, hi = max(acc.ptr, region.ptr), min(acc.ptr + acc.nbytes, region.end)
+            for kind, earlier in region.access(lo, hi, acc.mode, stamp, clock):
+                found += self._report(kind, region, earlier.op, info)
+        clock[actor] += 1
+        return found
+
+    def _host_func(self, op: _trace.Operation) -> list[Finding]:
+        self._stream(op)
+        return []
+
+    def _record(self, op: _trace.Operation) -> list[Finding]:
+        _, clock = self._stream(op)
+        self._events[op.event._key] = dict(clock)
+        return []
+
+    def _wait_event(self, op: _trace.Operation) -> list[Finding]:
+        _, clock = self._stream(op)
+        _join(clock, self._events.get(op.event._key, {}))
+        return []
+
+    def _wait_stream(self, op: _trace.Operation) -> list[Finding]:
+        _, other = self._stream(op, op.other)
+        _, clock = self._stream(op)
+        _join(clock, other)
+        return []
+
+    def _sync_stream(self, op: _trace.Operation) -> list[Finding]:
+        _join(self._thread(op.thread), self._stream(op)[1])
+        return []
+
+    def _sync_event(self, op: _trace.Operation) -> list[Finding]:
+        _join(self._thread(op.thread), self._events.get(op.event._key, {}))
+        return []
+
+    def _sync_context(self, op: _trace.Operation) -> list[Finding]:
+        host = self._thread(op.thread)
+        for actor in self._streams.get(op.context._key, ()):
+            _join(host, self._clocks[actor])
+        return []
+
+    # -- memory -----------------------------------------------------------------------------
+
+    def _add(self, region: Region) -> None:
+        bisect.insort(self._starts, region.ptr)
+        self._regions[region.ptr] = region
+
+    def _forget(self, lo: int, hi: int) -> None:
+        i = bisect.bisect_left(self._starts, lo)
+        if i and self._regions[self._starts[i - 1]].end > lo:
+            i -= 1
+        while i < len(self._starts) and self._starts[i] < hi:
+            del self._regions[self._starts.pop(i)]
+
+    def _region(self, lo: int, hi: int, acc: _trace.Access) -> Region | None:
+        """The live region holding ``lo`` (made for memory first seen here); None when the
+        bytes were freed."""
+        i = bisect.bisect_right(self._starts, lo) - 1
+        region = self._regions[self._starts[i]] if i >= 0 else None
+        if region is None or region.end <= lo:
+            if self._freed_at(lo, hi) is not None:
+                return None
+            nxt = self._starts[i + 1] if i + 1 < len(self._starts) else hi
+            region = Region(lo, min(hi, nxt), None)
+            self._add(region)
+        if not region.label and acc.array is not None:
+            region.label = _label(acc.array)
+        return region
+
+    def _freed_in(self, lo: int, hi: int) -> list[int]:
+        """The starts of the freed regions overlapping ``[lo, hi)``."""
+        starts = self._freed_starts
+        i = bisect.bisect_right(starts, lo) - 1
+        if i < 0 or self._freed[starts[i]][1] <= lo:
+            i += 1
+        j = i
+        while j < len(starts) and starts[j] < hi:
+            j += 1
+        return starts[i:j]
+
+    def _freed_at(self, lo: int, hi: int) -> tuple | None:
+        found = self._freed_in(lo, hi)
+        return self._freed[found[0]] if found else None
+
+    # -- graphs -----------------------------------------------------------------------------
+
+    def _inside_graph(self, op: _trace.Operation) -> list[Finding]:
+        """Nodes of one launch that touch the same bytes, one writing, with no path between
+        them in the graph: checked once per executable and set of ranges."""
+        nodes = op.fields["nodes"]
+        key = tuple((a.ptr, a.nbytes, a.mode) for _, acc in nodes for a in acc)
+        exe = op.fields["exec"]
+        if self._graph_checked.get(id(exe)) == key:
+            return []
+        self._graph_checked[id(exe)] = key
+        graph = op.fields["graph"]
+        conflicts = [(a, b) for i, (a, acc_a) in enumerate(nodes) for b, acc_b in nodes[i + 1:]
+                     if _conflict(acc_a, acc_b)]
+        if not conflicts:
+            return []
+        after: dict[Any, set] = {}
+        for src, dst in graph.edges:
+            after.setdefault(src, set()).add(dst)
+        found: list[Finding] = []
+        for a, b in conflicts:
+            if not (_reaches(after, a, b) or _reaches(after, b, a)):
+                first = OpInfo(_node_what(a), op.stream, a.site, op.thread)
+                second = OpInfo(_node_what(b), op.stream, b.site, op.thread)
+                found += self._report("unordered nodes of one graph", None, first, second)
+        return found
+
+    # -- findings ---------------------------------------------------------------------------
+
+    def _report(self, kind: str, region: Region | None, first: OpInfo,
+                second: OpInfo) -> list[Finding]:
+        key = (kind, first.site, first.what, second.site, second.what)
+        if key in self._seen:
+            return []
+        self._seen.add(key)
+        array = region.describe() if region is not None else "memory two nodes share"
+        missing, fix = explain(kind, first, second, sys._getframe(3))
+        finding = Finding(kind, array, first, second, missing, fix)
+        self.findings.append(finding)
+        return [finding]
+
+
+def _join(into: dict[int, int], other: dict[int, int]) -> None:
+    for actor, epoch in other.items():
+        if into.get(actor, 0) < epoch:
+            into[actor] = epoch
+
+
+def _what(op: _trace.Operation) -> str:
+    if op.kind == "launch":
+        return f"launch of {op.kernel.name!r}"
+    return {"memset": "fill", "copy": "copy"}.get(op.kind, op.kind)
+
+
+def _node_what(node: Any) -> str:
+    return f"graph launch, node {node.description!r} added at {_line(node.site)}"
+
+
+def _line(site: Any) -> str:
+    return f"{site[0]}:{site[1]}" if site else "?"
+
+
+def _label(array: Any) -> str:
+    dtype, shape = getattr(array, "dtype", None), getattr(array, "shape", None)
+    return f"a {dtype} array of shape {tuple(shape)}" if dtype is not None and \
+        shape is not None else ""
+
+
+def _conflict(a: tuple, b: tuple) -> bool:
+    return any(x.ptr < y.ptr + y.nbytes and y.ptr < x.ptr + x.nbytes and
+               ("w" in x.mode or "w" in y.mode) for x in a for y in b if not x.host)
+
+
+def _reaches(after: dict, a: Any, b: Any) -> bool:
+    todo, seen = [a], set()
+    while todo:
+        n = todo.pop()
+        for m in after.get(n, ()):
+            if m is b:
+                return True
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return False
+
+
+def racecheck(mode: str = "raise") -> RaceCheck:
+    """``with cuctx.racecheck(mode="raise") as rc:``: check the stream ordering of every
+    operation in the block; see docs/checks.md."""
+    return RaceCheck(mode)
+
+
+def from_env() -> RaceCheck | None:
+    """``CUCTX_RACECHECK=raise|warn`` (read when cuctx is imported): a checker for the whole
+    run."""
+    mode = os.environ.get("CUCTX_RACECHECK", "").strip().lower()
+    if mode in ("", "0", "off"):
+        return None
+    if mode not in ("raise", "warn"):
+        raise ValueError(f"CUCTX_RACECHECK={mode!r}: use 'raise' or 'warn' (or unset it)")
+    return RaceCheck(mode).__enter__()

@@ -1,0 +1,62 @@
+"""A finding in words: the edge that is missing and the line that would add it, naming the
+streams as the user's code does (the variables that hold them at the racing line)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._racecheck_shadow import FREE_IN_USE, USE_AFTER_FREE, OpInfo, line
+
+
+def explain(kind: str, first: OpInfo, second: OpInfo, frame: Any) -> tuple[str, str]:
+    """(missing edge, fix) for a race of ``kind`` between ``first`` and ``second``;
+    ``frame`` is the checker's caller, below the user's frames it names streams from."""
+    scope = _user_scope(frame, second.site)
+    a, b = _name(first.stream, scope), _name(second.stream, scope)
+    at_a = f" at line {first.site[1]}" if first.site else ""
+    before_b = f" before line {second.site[1]}" if second.site else ""
+    if kind == USE_AFTER_FREE:
+        return (f"the memory was freed on {a}{at_a} (its last array went away) before this "
+                "use was queued",
+                f"keep a reference to the array until the work{before_b.replace('before', 'at')}"
+                " has run (synchronize its stream first)")
+    if kind == FREE_IN_USE:
+        return (f"the free on {b} is not ordered after the {first.what} on {a}{at_a}: the "
+                f"array's last reference went while {a} may still use it",
+                f"call array.record_stream({a}) after line {first.site[1] if first.site else '?'}"
+                f", or {b}.wait({a}) (or {a}.synchronize()) before its last reference goes")
+    if first.stream is second.stream:  # two nodes of one graph launch
+        return ("the graph has no path between the two nodes",
+                f"add the second node with after=[the first node] (line "
+                f"{second.site[1] if second.site else '?'})")
+    return (f"nothing orders the {second.what} on {b} after the {first.what} on {a}{at_a}: "
+            f"{b} did not wait for {a} (or for an event recorded on {a} after it), and the "
+            f"host did not synchronize {a} in between",
+            f"{b}.wait({a}){before_b}")
+
+
+def _user_scope(frame: Any, site: tuple[str, int, str] | None) -> dict[str, Any]:
+    """The variables of the user's frame at ``site`` (still running: the sink is called
+    from inside that line), locals over globals."""
+    while frame is not None and site is not None:
+        if frame.f_code.co_filename == site[0] and frame.f_lineno == site[1]:
+            return {**frame.f_globals, **frame.f_locals}
+        frame = frame.f_back
+    return {}
+
+
+def _name(stream: Any, scope: dict[str, Any]) -> str:
+    for name, value in scope.items():
+        if value is stream and not name.startswith("_"):
+            return name
+    if stream is None:
+        return "the host"
+    kind = getattr(stream, "kind", "")
+    if kind == "legacy":
+        return "cuctx.legacy_stream()"
+    if kind == "per_thread":
+        return "cuctx.per_thread_stream()"
+    return repr(stream)
+
+
+__all__ = ["explain", "line"]
