@@ -1,0 +1,184 @@
+"""Where a timeline's execution times come from: one `Source` per timeline.
+
+- `SimActivity`: the sim's activity feed (``backend.sim.subscribe_activity``), exact on the
+  virtual clock; the sim tags each queued operation with the external correlation id pushed
+  on the submitting thread (``push_correlation``/``pop_correlation``), as CUPTI does.
+- `CuptiSource` (tools/_cupti.py): CUPTI activity records on a GPU, same protocol.
+- `EventPairs`: a timing event recorded after each operation on its stream; an operation
+  runs from the later of its submission and the previous event of its stream to its own
+  event. Approximate (an idle stream reads as waiting from its submission, the driver's own
+  queueing is not seen), but it needs nothing but the driver: the fallback where CUPTI is
+  missing or taken by another tool, and on the sim to test that path.
+
+All times of one source are on one clock, the one its submissions are read from
+(`host_ns`): the sim's virtual clock, or the host's ``perf_counter_ns`` on a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import _lifetimes
+from ..context import in_context
+from ..event import Event
+
+if TYPE_CHECKING:
+    from .. import _driver, _trace
+
+
+# What runs on the device, and the lane (colour) it gets.
+WORK = {"launch": "kernel", "graph_launch": "kernel", "copy": "copy", "memset": "memset",
+        "host_func": "host"}
+# Points in a stream's order with no activity record: placed where the stream reached them.
+MARKERS = frozenset({"record", "wait_event", "wait_stream"})
+
+
+def stream_key(ctx: Any, stream: Any) -> tuple[int, int]:
+    """(context, stream) as ints; the legacy default stream is 1 whichever handle named it."""
+    s = 0 if stream is None else stream._key
+    return (0 if ctx is None else ctx._key), (1 if s == 0 and stream is not None else s)
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One piece of work the device ran: what a source reports, before matching."""
+
+    correlation: int | None
+    lane: str  # kernel, copy, memset, host, busy
+    name: str
+    device: int | None
+    context: int
+    stream: int
+    start_ns: int
+    end_ns: int
+    approximate: bool = False
+
+
+class Source:
+    approximate = False
+    describe = ""
+    clock = ""
+
+    def start(self, first_id: int) -> None:
+        """Begin collecting, with ``first_id`` pushed on the calling thread."""
+
+    def advance(self, next_id: int) -> None:
+        """The operation under the pushed id was submitted: push ``next_id`` instead."""
+
+    def host_ns(self, op: _trace.Operation) -> int:
+        return op.time_ns
+
+    def submitted(self, op: _trace.Operation, correlation: int | None) -> None:
+        """Called after each operation (on its thread), once the id moved on."""
+
+    def stop(self) -> list[Execution]:
+        """Stop collecting (the work is done: the timeline synchronized) and hand back what
+        ran; called on the thread that started."""
+        return []
+
+
+_SIM_LANES = {"kernel": "kernel", "memset": "memset", "host": "host", "busy": "busy"}
+
+
+class SimActivity(Source):
+    """The sim's activity feed: every executed operation with its virtual start and end."""
+
+    describe = "the sim's activity feed (exact, on the virtual clock)"
+    clock = "the sim's virtual clock (ns)"
+
+    def __init__(self, backend: _driver.Backend) -> None:
+        self._sim = backend.sim
+        self._activities: list[Any] = []
+
+    def start(self, first_id: int) -> None:
+        self._check(self._sim.subscribe_activity(self._activities.append), "subscribe")
+        self._check(self._sim.push_correlation(first_id), "push")
+
+    def advance(self, next_id: int) -> None:
+        self._sim.pop_correlation()
+        self._sim.push_correlation(next_id)
+
+    def host_ns(self, op: _trace.Operation) -> int:
+        return self._sim.clock()
+
+    def stop(self) -> list[Execution]:
+        self._sim.pop_correlation()
+        self._check(self._sim.unsubscribe_activity(self._activities.append), "unsubscribe")
+        return [Execution(a.correlation, _SIM_LANES.get(a.kind, "copy"),
+                          a.kind if a.kind.startswith("memcpy") else a.name,
+                          a.device, int(a.context), int(a.stream) or 1,
+                          a.start_ns, a.end_ns)
+                for a in self._activities]
+
+    @staticmethod
+    def _check(result: tuple, what: str) -> None:
+        if result[0]:
+            raise RuntimeError(f"the sim's activity feed refused to {what}: {result[0]!r}")
+
+
+class EventPairs(Source):
+    """A timing event after each operation on its stream, read when the block ends."""
+
+    approximate = True
+
+    def __init__(self, backend: _driver.Backend, reason: str) -> None:
+        self.describe = f"event pairs (approximate; {reason})"
+        self.clock = ("the sim's virtual clock (ns)" if backend.sim is not None
+                      else "the host's perf_counter_ns")
+        self._backend = backend
+        self._marks: list[tuple[int | None, Any, int, Event]] = []
+        self._refs: dict[int, tuple[Event, int]] = {}  # context key -> (event, host ns)
+
+    def host_ns(self, op: _trace.Operation) -> int:
+        sim = self._backend.sim
+        return sim.clock() if sim is not None else op.time_ns
+
+    def submitted(self, op: _trace.Operation, correlation: int | None) -> None:
+        # No events while a graph is captured: a record would become a node of the graph.
+        if (op.kind not in WORK and op.kind not in MARKERS) or op.stream is None \
+                or _lifetimes.capturing:
+            return
+        ctx = op.context
+        if ctx._key not in self._refs:
+            self._refs[ctx._key] = self._reference(ctx)
+        event = Event._create(ctx, True)
+        with in_context(ctx, "timeline"):
+            err, = self._backend.driver.cuEventRecord(event._handle, op.stream._handle)
+        if not err:
+            self._marks.append((correlation, op, self.host_ns(op), event))
+
+    def _reference(self, ctx: Any) -> tuple[Event, int]:
+        """An event the host saw complete, and the host's clock just after: device time of
+        any later event = that clock + the elapsed time between the two."""
+        drv = self._backend.driver
+        event = Event._create(ctx, True)
+        with in_context(ctx, "timeline"):
+            err, stream = drv.cuStreamCreate(1)  # non-blocking: waits for nobody's work
+            if err:
+                raise RuntimeError(f"timeline: cuStreamCreate failed with {err!r}")
+            drv.cuEventRecord(event._handle, stream)
+            drv.cuStreamSynchronize(stream)
+            now = self._backend.sim.clock() if self._backend.sim is not None \
+                else time.perf_counter_ns()
+            drv.cuStreamDestroy(stream)
+        return event, now
+
+    def stop(self) -> list[Execution]:
+        drv = self._backend.driver
+        out, last = [], {}
+        for correlation, op, submitted, event in self._marks:
+            ref, ref_ns = self._refs[op.context._key]
+            err, ms = drv.cuEventElapsedTime(ref._handle, event._handle)
+            if err:  # the context went away before the block ended: nothing to read
+                continue
+            key = stream_key(op.context, op.stream)
+            end = ref_ns + round(ms * 1e6)
+            start = min(end, max(submitted, last.get(key, submitted)))
+            last[key] = end
+            if op.kind in WORK:
+                out.append(Execution(correlation, WORK[op.kind], "", op.context.device.ordinal,
+                                     key[0], key[1], start, end, True))
+        self._marks.clear()
+        return out

@@ -1,0 +1,185 @@
+"""cuctx.timeline(): every operation's submission and execution, per device, context and
+stream; its Chrome trace, picture and summary. On the sim from its activity feed (exact), on
+a GPU from CUPTI where cupti-python is installed, and from event pairs (approximate) on both."""
+
+import importlib.util
+import json
+import sys
+
+import numpy as np
+import pytest
+
+import cuctx
+
+N = 1 << 18  # floats: 1 MiB, a copy long enough to see on either clock
+WORK_KINDS = {"copy", "memset", "launch"}
+
+
+def program():
+    """Two streams of one context: copy in on s1, fill on s2, an event recorded on s1 that s2
+    waits for, a copy out on s2. Returns the streams, the event and the host result."""
+    host = cuctx.pinned_empty(N, np.float32)
+    host[:] = 3.0
+    out = cuctx.pinned_empty(N, np.float32)
+    s1, s2 = cuctx.Stream(), cuctx.Stream()
+    a = cuctx.empty(N, np.float32, stream=s1)
+    b = cuctx.empty(N, np.float32, stream=s2)
+    return host, out, s1, s2, a, b
+
+
+def run(host, out, s1, s2, a, b):
+    cuctx.copy(a, host, stream=s1)
+    b.fill(1.0, stream=s2)
+    ready = s1.record()
+    s2.wait(ready)
+    cuctx.copy(out, a, stream=s2)
+    return ready
+
+
+def recorded(backend, source="auto"):
+    with cuctx.Device(0):
+        args = program()
+        with cuctx.timeline(source=source) as tl:
+            run(*args)
+        assert np.all(args[1] == 3.0)  # the block ended after the work: the result is there
+    return tl, args
+
+
+def test_records_match_operations_one_to_one(backend):
+    tl, (host, out, s1, s2, a, b) = recorded(backend)
+    work = [r for r in tl.records if r.kind in WORK_KINDS]
+    assert [(r.kind, r.stream) for r in sorted(work, key=lambda r: r.correlation)] == [
+        ("copy", s1.handle), ("memset", s2.handle), ("copy", s2.handle)]
+    assert len({r.correlation for r in work}) == 3  # one execution per operation
+    for r in work:
+        assert r.operation is not None and r.operation.stream in (s1, s2)
+        assert r.start_ns <= r.end_ns and r.device == 0
+        assert r.site is not None and r.site[0] == __file__  # the user's line, not cuctx's
+    assert {r.kind for r in tl.records if r.lane == "marker"} == {"record", "wait_event"}
+    if backend.sim is not None:
+        assert not tl.approximate and "activity feed" in tl.source
+        assert all(r.operation is not None for r in tl.records)  # nothing foreign
+        for r in work:
+            assert r.submit_ns <= r.start_ns  # nothing runs before it was submitted
+        copy_out = work[-1] if work[-1].correlation > work[0].correlation else work[0]
+        wait = next(r for r in tl.records if r.kind == "wait_event")
+        assert copy_out.start_ns >= wait.start_ns  # the copy out waited for the copy in
+
+
+def test_the_chrome_trace_has_a_track_per_stream_and_the_arrows(backend, tmp_path):
+    tl, (host, out, s1, s2, a, b) = recorded(backend)
+    path = tl.save(tmp_path / "trace.json")
+    trace = json.loads(open(path).read())
+    events = trace["traceEvents"]
+    names = {(e["name"], e["args"]["name"]) for e in events if e["ph"] == "M"
+             and e["name"] in ("process_name", "thread_name")}
+    assert ("process_name", "host") in names
+    ctx = s1.context
+    assert ("process_name", f"device 0 / context {ctx.handle:#x} ({ctx.kind})") in names
+    for s in (s1, s2):
+        assert ("thread_name", f"stream {s.handle:#x} (created)") in names
+    slices = [e for e in events if e["ph"] == "X"]
+    assert all(e["dur"] >= 0 and "pid" in e and "tid" in e for e in slices)
+    flows = {}
+    for e in events:
+        if e["ph"] in "sf":
+            flows.setdefault(e["id"], {})[e["ph"]] = e
+    assert all(set(f) == {"s", "f"} for f in flows.values())
+    kinds = [f["s"]["name"] for f in flows.values()]
+    executed = [r for r in tl.records if r.start_ns is not None and r.submit_ns is not None]
+    assert kinds.count("submission") == len(executed)
+    assert kinds.count("event record -> wait") == 1
+    record = next(f for f in flows.values() if f["s"]["name"] == "event record -> wait")
+    assert record["s"]["tid"] != record["f"]["tid"]  # from s1's track to s2's
+
+
+def test_summary_numbers_are_consistent(backend):
+    tl, _ = recorded(backend)
+    summary = tl.summary()
+    assert summary["span_ns"] > 0
+    assert len(summary["streams"]) == 2
+    for s in summary["streams"].values():
+        assert 0 < s["busy_fraction"] <= 1 and s["busy_ns"] <= summary["span_ns"]
+        assert s["gap_ns"] >= s["longest_gap_ns"] >= 0
+    assert sum(s["operations"] for s in summary["streams"].values()) == 3
+    device = summary["devices"][0]
+    assert device["copy_compute_overlap_ns"] <= min(device["copy_ns"], device["kernel_ns"])
+    assert device["contexts_overlap_ns"] == 0  # one context
+    text = str(summary)
+    assert "busy" in text and "copy/compute overlap" in text
+    for name in summary["streams"]:
+        assert name in text
+
+
+def test_event_pairs_work_on_either_backend(backend):
+    """The fallback where CUPTI is missing or taken: forced here, so it is tested on the sim."""
+    tl, (host, out, s1, s2, a, b) = recorded(backend, source="events")
+    assert tl.approximate and "event pairs" in tl.source
+    work = sorted((r for r in tl.records if r.kind in WORK_KINDS), key=lambda r: r.correlation)
+    assert [(r.kind, r.stream) for r in work] == [
+        ("copy", s1.handle), ("memset", s2.handle), ("copy", s2.handle)]
+    assert all(r.approximate and r.start_ns <= r.end_ns for r in work)
+    assert work[2].start_ns >= work[0].end_ns  # the copy out after the copy in it waited for
+
+
+def test_other_sinks_see_only_the_users_operations(backend):
+    """Leaving the block waits for the work through the driver: a race checker listening
+    beside the timeline sees no synchronization the user did not write."""
+    seen = []
+    with cuctx.Device(0):
+        args = program()
+        with cuctx._trace.sink(seen.append):
+            with cuctx.timeline(source="events"):
+                run(*args)
+    assert [op.kind for op in seen] == ["copy", "memset", "record", "wait_event", "copy"]
+
+
+def test_a_timeline_records_one_block(backend):
+    with cuctx.Device(0):
+        tl = cuctx.timeline()
+        with pytest.raises(RuntimeError, match="after|once its"):
+            _ = tl.records
+        with tl:
+            pass
+        assert tl.records == []
+        with pytest.raises(RuntimeError, match="one block"):
+            with tl:
+                pass
+    with pytest.raises(ValueError, match="'auto', 'activity' or 'events'"):
+        cuctx.timeline(source="nsys")
+
+
+def test_saving_as_another_format_says_which_exist(backend, tmp_path):
+    tl, _ = recorded(backend)
+    with pytest.raises(ValueError, match=r"\.json.*\.png"):
+        tl.save(tmp_path / "trace.svg")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
+                    reason="matplotlib is not installed (pip install 'cuctx[timeline]')")
+def test_the_picture_is_a_png(backend, tmp_path):
+    tl, _ = recorded(backend)
+    path = tl.save(tmp_path / "timeline.png")
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_without_matplotlib_the_error_names_the_extra(backend, tmp_path, monkeypatch):
+    tl, _ = recorded(backend)
+    for name in [m for m in sys.modules if m.split(".")[0] == "matplotlib"] + ["matplotlib"]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if it were not installed
+    with pytest.raises(ImportError, match=r"cuctx\[timeline\]"):
+        tl.save(tmp_path / "timeline.png")
+    assert not (tmp_path / "timeline.png").exists()
+    tl.save(tmp_path / "trace.json")  # needs nothing
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_source_is_cupti_or_says_why_not(backend):
+    if backend.sim is not None:
+        pytest.skip("the sim has its own feed")
+    tl, _ = recorded(backend)
+    if importlib.util.find_spec("cupti") is None:
+        assert tl.approximate and "cupti-python is not installed" in tl.source
+    else:  # CUPTI's records, matched by external correlation ids
+        assert not tl.approximate and tl.source == "CUPTI activity records"
+        assert all(r.operation is not None for r in tl.records if r.kind in WORK_KINDS)
