@@ -22,8 +22,14 @@ from .library import BlockSizeSuggestion, Kernel, KernelAttributes, Library, Mod
 from .memory import (DeviceArray, asarray, copy, defer_cleanup, empty, full, pinned_empty,
                      register_host, to_device, zeros)
 from .stream import HostFunctionError, Stream, current_stream, legacy_stream, per_thread_stream
+from .errors import RaceError, RaceWarning
+from .tools import racecheck
+from .tools._racecheck import from_env as _racecheck_from_env
 
 __version__ = "0.1.0"
+
+# CUCTX_RACECHECK=raise|warn: the race checker watches the whole run (docs/checks.md).
+_racecheck_from_env()
 
 
 def backend() -> _driver.Backend:
@@ -47,8 +53,10 @@ __all__ = [
     "InvalidContextError", "InvalidDeviceError", "InvalidValueError", "Kernel",
     "KernelArgumentError", "KernelAttributes", "LaunchConfigError", "Launcher", "Library",
     "MemInfo", "Module", "NotPermittedError", "NotSupportedError", "OutOfMemoryError",
+    "RaceError", "RaceWarning",
     "StickyFaultError", "Stream", "asarray", "autograph", "backend", "copy", "current_context",
     "current_device", "current_stream", "defer_cleanup", "devices", "empty",
     "ensure_context", "full", "launch", "legacy_stream", "per_thread_stream",
-    "pinned_empty", "register_host", "set_backend", "synchronize", "to_device", "zeros",
+    "pinned_empty", "racecheck", "register_host", "set_backend", "synchronize", "to_device",
+    "zeros",
 ]

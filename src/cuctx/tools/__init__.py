@@ -3,3 +3,8 @@
 Nothing below this package imports it: each tool is a trace sink (or reads the sim's
 activity feed), so it costs nothing while it is off.
 """
+
+from ._racecheck import RaceCheck, racecheck
+from ._racecheck_shadow import Finding
+
+__all__ = ["Finding", "RaceCheck", "racecheck"]
