@@ -23,7 +23,7 @@ from .memory import (DeviceArray, asarray, copy, defer_cleanup, empty, full, pin
                      register_host, to_device, zeros)
 from .stream import HostFunctionError, Stream, current_stream, legacy_stream, per_thread_stream
 from .errors import RaceError, RaceWarning
-from .tools import racecheck
+from .tools import racecheck, timeline
 from .tools._racecheck import from_env as _racecheck_from_env
 
 __version__ = "0.1.0"
@@ -57,6 +57,6 @@ __all__ = [
     "StickyFaultError", "Stream", "asarray", "autograph", "backend", "copy", "current_context",
     "current_device", "current_stream", "defer_cleanup", "devices", "empty",
     "ensure_context", "full", "launch", "legacy_stream", "per_thread_stream",
-    "pinned_empty", "racecheck", "register_host", "set_backend", "synchronize", "to_device",
-    "zeros",
+    "pinned_empty", "racecheck", "register_host", "set_backend", "synchronize", "timeline",
+    "to_device", "zeros",
 ]

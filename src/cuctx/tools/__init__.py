@@ -6,5 +6,6 @@ activity feed), so it costs nothing while it is off.
 
 from ._racecheck import RaceCheck, racecheck
 from ._racecheck_shadow import Finding
+from ._timeline import Record, Timeline, timeline
 
-__all__ = ["Finding", "RaceCheck", "racecheck"]
+__all__ = ["Finding", "RaceCheck", "Record", "Timeline", "racecheck", "timeline"]
