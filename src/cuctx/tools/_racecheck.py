@@ -36,6 +36,7 @@ from ._racecheck_shadow import (FREE_IN_USE, USE_AFTER_FREE, Finding, OpInfo, Re
 from ._racecheck_words import explain
 
 MODES = ("raise", "warn", "collect")
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _ACCESSING = frozenset({"copy", "memset", "launch", "graph_launch"})
 
 
@@ -151,9 +152,11 @@ class RaceCheck:
     def _is_blocking(self, stream: Any, key: int) -> bool:
         if key in (LEGACY, PER_THREAD):
             return True
-        query = getattr(stream._backend.driver, "cuStreamGetFlags", None)
-        if query is None:  # (the sim does not answer it yet: cuctx's default)
-            return False
+        drv = stream._backend.driver
+        query = getattr(drv, "cuStreamGetFlags", None)
+        if query is None:  # the sim does not answer it yet: its own stream table does
+            sim = getattr(drv, "_streams", {}).get(stream._key)
+            return sim is not None and not sim.flags & 1
         err, flags = query(stream._handle)
         return not err and not int(flags) & 1  # CU_STREAM_NON_BLOCKING
 
@@ -173,7 +176,7 @@ class RaceCheck:
     def _free(self, op: _trace.Operation) -> list[Finding]:
         actor, clock = self._stream(op)
         acc = op.accesses[0]
-        info = OpInfo("free", op.stream, op.site, op.thread)
+        info = OpInfo("free", op.stream, _free_site(op.site), op.thread)
         stamp = Stamp(actor, clock[actor], info)
         found = []
         region = self._region(acc.ptr, acc.ptr + acc.nbytes, acc)
@@ -339,6 +342,20 @@ class RaceCheck:
         finding = Finding(kind, array, first, second, missing, fix)
         self.findings.append(finding)
         return [finding]
+
+
+def _free_site(site: tuple[str, int, str] | None) -> tuple[str, int, str] | None:
+    """A free runs from the array's finalizer: its user's line is the first frame outside
+    cuctx and outside the weakref machinery that called it (``del x``, a rebinding)."""
+    if site is None or not site[0].endswith("weakref.py"):
+        return site
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith((_PACKAGE, _trace.GENERATED)) and not name.endswith("weakref.py"):
+            return name, frame.f_lineno, frame.f_code.co_name
+        frame = frame.f_back
+    return None
 
 
 def _join(into: dict[int, int], other: dict[int, int]) -> None:
