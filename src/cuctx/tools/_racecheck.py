@@ -205,15 +205,18 @@ class RaceCheck:
     def _accesses(self, op: _trace.Operation) -> list[Finding]:
         actor, clock = self._stream(op)
         found: list[Finding] = []
-        what = _what(op)
         nodes = op.fields.get("nodes")
-        whats = [w for node, acc in nodes for w in [_node_what(node)] * len(acc)] if nodes \
-            else None
-        for i, acc in enumerate(op.accesses):
+        if nodes:  # a graph launch: each access names its node
+            stamps = [Stamp(actor, clock[actor], OpInfo(_node_what(node), op.stream, op.site,
+                                                        op.thread))
+                      for node, acc in nodes for _ in acc]
+        else:
+            stamps = [Stamp(actor, clock[actor], OpInfo(_what(op), op.stream, op.site,
+                                                        op.thread))] * len(op.accesses)
+        for acc, stamp in zip(op.accesses, stamps):
             if acc.host or not acc.nbytes:
                 continue  # host memory is the host's business
-            info = OpInfo(whats[i] if whats else what, op.stream, op.site, op.thread)
-            stamp = Stamp(actor, clock[actor], info)
+            info = stamp.op
             region = self._region(acc.ptr, acc.ptr + acc.nbytes, acc)
             if region is None:  # freed memory
                 freed = self._freed_at(acc.ptr, acc.ptr + acc.nbytes)

@@ -85,6 +85,11 @@ class Region:
         against the history and record it; returns (kind, earlier stamp) per race."""
         races: list[tuple[str, Stamp]] = []
         reads, writes = "r" in mode, "w" in mode
+        segments = self.segments
+        if len(segments) == 1 and segments[0].lo == lo and segments[0].hi == hi:
+            self._check(segments[0], reads, writes, stamp, clock, races)  # the whole array
+            self._touch(segments[0], stamp, writes)
+            return races
         out: list[Segment] = []
         pos = lo
         for seg in self.segments:
@@ -96,13 +101,7 @@ class Region:
             if pos < seg.lo:  # bytes of the range no one touched yet
                 out.append(self._touch(Segment(pos, seg.lo, None, {}), stamp, writes))
             part = Segment(max(seg.lo, lo), min(seg.hi, hi), seg.writer, seg.readers)
-            w = part.writer
-            if w is not None and w.actor != stamp.actor and clock.get(w.actor, 0) <= w.epoch:
-                races.append((RAW if reads else WAW, w))
-            if writes:
-                for r in part.readers.values():
-                    if r.actor != stamp.actor and clock.get(r.actor, 0) <= r.epoch:
-                        races.append((WAR, r))
+            self._check(part, reads, writes, stamp, clock, races)
             out.append(self._touch(part, stamp, writes))
             pos = part.hi
             if seg.hi > hi:
@@ -114,10 +113,21 @@ class Region:
         return races
 
     @staticmethod
+    def _check(seg: Segment, reads: bool, writes: bool, stamp: Stamp, clock: dict[int, int],
+               races: list[tuple[str, Stamp]]) -> None:
+        w = seg.writer
+        if w is not None and w.actor != stamp.actor and clock.get(w.actor, 0) <= w.epoch:
+            races.append((RAW if reads else WAW, w))
+        if writes:
+            for r in seg.readers.values():
+                if r.actor != stamp.actor and clock.get(r.actor, 0) <= r.epoch:
+                    races.append((WAR, r))
+
+    @staticmethod
     def _touch(seg: Segment, stamp: Stamp, writes: bool) -> Segment:
         if writes:
             seg.writer, seg.readers = stamp, {}
-        else:
+        elif seg.readers.get(stamp.actor) is not stamp:  # (split parts share a dict)
             seg.readers = {**seg.readers, stamp.actor: stamp}
         return seg
 
