@@ -35,41 +35,41 @@ class Recorder(Protocol):
 # Ids of the threads that record now. Mutated in place (never replaced), so generated code can
 # bind the set itself and test it without an attribute lookup.
 threads: set[int] = set()
-_local = threading.local()
+local = threading.local()  # .recorder: the thread's (generated launch paths read it too)
 
 
 def current() -> Recorder | None:
     """The calling thread's recorder, if it records."""
-    return getattr(_local, "recorder", None)
+    return getattr(local, "recorder", None)
 
 
 def start(recorder: Recorder) -> None:
     """Make ``recorder`` the calling thread's (which must have none)."""
-    _local.recorder = recorder
+    local.recorder = recorder
     threads.add(threading.get_ident())
 
 
 def stop() -> None:
     """The calling thread records no more."""
-    _local.recorder = None
+    local.recorder = None
     threads.discard(threading.get_ident())
 
 
 def launch(launcher: Any, buffer: bytearray, args: tuple, plan: Any) -> bool:
     """A launch whose parameters ``buffer`` holds, packed from ``args`` by ``plan``."""
-    recorder = getattr(_local, "recorder", None)
+    recorder = getattr(local, "recorder", None)
     return recorder is not None and recorder.launch(launcher, buffer, args, plan)
 
 
 def enqueue(stream: Any, kind: str, *payload: Any) -> bool:
     """Any other operation on ``stream`` (see the kinds above)."""
-    recorder = getattr(_local, "recorder", None)
+    recorder = getattr(local, "recorder", None)
     return recorder is not None and recorder.enqueue(stream, kind, payload)
 
 
 def interrupt(operation: str) -> None:
     """``operation`` cannot be part of a graph: the thread's recorder (if any) enqueues what
     it holds and stops."""
-    recorder = getattr(_local, "recorder", None)
+    recorder = getattr(local, "recorder", None)
     if recorder is not None:
         recorder.interrupt(operation)
