@@ -37,7 +37,7 @@ STEP_ASIDE = (
     (vars(_record), "threads"),  # an autograph call records: the Python paths hand it over
 )
 
-# (class, method name) of every method with a compiled path (cuctx/_native.c, IMPLS).
+# (class, method name) of every method with a compiled path (cuctx/_native_methods.c, IMPLS).
 METHODS = (
     (Stream, "record"), (Stream, "wait"), (Event, "record"),
     (Context, "push"), (Context, "pop"), (Context, "__enter__"), (Context, "__exit__"),

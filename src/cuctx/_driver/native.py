@@ -1,6 +1,6 @@
 """The compiled fast path's side of the seam: what fills a backend's ``native`` slot.
 
-The extension ``cuctx._native`` (src/cuctx/_native.c) calls a few driver functions itself.
+The extension ``cuctx._native`` (src/cuctx/_native*.c) calls a few driver functions itself.
 On the cuda backend it gets their addresses from the driver (``cuGetProcAddress`` through
 cuda.bindings), so it builds without the CUDA toolkit; on the sim it gets the SimDriver's
 own functions, so the compiled guards and packing run in CI and only the final call differs.
@@ -18,7 +18,7 @@ from types import ModuleType
 # What the compiled paths call, by cuda.bindings' names.
 FUNCTIONS = ("cuLaunchKernel", "cuLaunchKernelEx", "cuEventRecord", "cuStreamWaitEvent",
              "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxGetCurrent")
-# The ABI of the function types _native.c declares: CUDA 12.0's (cuLaunchKernelEx is 12.0's).
+# The ABI of the function types _native.h declares: CUDA 12.0's (cuLaunchKernelEx is 12.0's).
 ABI_VERSION = 12000
 
 ENABLED: bool = os.environ.get("CUCTX_NATIVE", "1") != "0"

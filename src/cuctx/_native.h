@@ -1,0 +1,147 @@
+/* cuctx._native: the compiled fast path (docs/ARCHITECTURE.md, "The compiled fast path").
+ *
+ * The common case of a launch, an event record, a stream wait and a context push/pop, in C:
+ * the same guards as the checked Python paths (exact types, context states, a host function
+ * running, a trace sink listening), packing by the same launch plan (cuctx._plan.Plan), then
+ * the driver call. Every other case is handed to the checked Python path, which raises the
+ * same errors with the same messages: this module changes cost, never behaviour.
+ *
+ * No CUDA toolkit is needed to build it: the few driver function types are declared below,
+ * and their addresses come from the driver at run time (cuGetProcAddress, through
+ * cuda.bindings; cuctx/_driver/native.py). On the sim a Driver holds the SimDriver's Python
+ * functions instead: only the final calls (the drv_* functions) differ, so every guard and
+ * the packing run the same C code in CI.
+ *
+ * Objects are read through their __slots__, at offsets taken once from the classes' member
+ * descriptors (`setup`); an offset is used only on an object whose type was checked.
+ *
+ * One extension module from several sources, each sharing what this header declares:
+ *   _native.c           module init, setup(): the classes, the slot offsets, the guards
+ *   _native_driver.c    Driver: the driver functions, in C or (the sim) in Python
+ *   _native_launch.c    Launch: reading a plan, packing the arguments, the launch
+ *   _native_streams.c   Stream.record, Event.record, Stream.wait, Stream's hash
+ *   _native_contexts.c  context switches: push, pop, `with ctx:`, `with device:`
+ *   _native_methods.c   Method, and kernel[...], cuctx.launch, Launcher.__call__
+ */
+#ifndef CUCTX_NATIVE_H
+#define CUCTX_NATIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <string.h>
+
+#if PY_VERSION_HEX < 0x030B0000
+#define PyFloat_Pack2 _PyFloat_Pack2
+#define PyFloat_Pack4 _PyFloat_Pack4
+#define PyFloat_Pack8 _PyFloat_Pack8
+#endif
+
+/* The names shared between the sources are the extension's own: hidden, so they neither
+ * leave the shared library nor bind to a same-named symbol of the interpreter. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(hidden)
+#endif
+
+/* -- the driver functions, as cuda.h declares them (CUDA 12.0 ABI) -------------------- */
+
+typedef int CUresult;
+typedef CUresult (*launch_fn)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                              unsigned by, unsigned bz, unsigned shared, void *stream,
+                              void **params, void **extra);
+typedef CUresult (*launch_ex_fn)(const void *config, void *f, void **params, void **extra);
+typedef CUresult (*record_fn)(void *event, void *stream);
+typedef CUresult (*wait_fn)(void *stream, void *event, unsigned flags);
+typedef CUresult (*push_fn)(void *ctx);
+typedef CUresult (*pop_fn)(void **ctx);
+typedef CUresult (*current_fn)(void **ctx);
+
+enum { F_LAUNCH, F_LAUNCH_EX, F_RECORD, F_WAIT, F_PUSH, F_POP, F_CURRENT, F_COUNT };
+
+/* -- what setup() learnt about the classes (_native.c) -------------------------------- */
+
+struct native_setup {
+    int ready;
+    PyTypeObject *Context, *Stream, *Event, *DeviceArray, *ThreadState, *Device, *Kernel,
+        *Launcher;
+    PyObject *ACTIVE;      /* cuctx._resource.ACTIVE: a context state, compared by identity */
+    PyObject *CUresult;    /* makes the code of a failed call the enum fail() expects */
+    PyObject *CUcontext;   /* a popped context's handle, for object_for */
+    PyObject *fail;        /* cuctx.context.fail */
+    PyObject *object_for;  /* cuctx.context._object_for */
+    PyObject *driver_dict; /* cuctx._driver's namespace: `_active` */
+    PyObject *step_aside;  /* ((namespace, name), ...): step aside while any value is true */
+    /* slot offsets */
+    Py_ssize_t backend, ctx, handle, key;          /* Resource */
+    Py_ssize_t state, device;                      /* Context */
+    Py_ssize_t sync_event, recorded;               /* Stream, Event */
+    Py_ssize_t ptr, c_contiguous;                  /* DeviceArray */
+    Py_ssize_t stack, blocks;                      /* ThreadState */
+    Py_ssize_t primary, lock, device_backend;      /* Device */
+    Py_ssize_t launchers, fast;                    /* Kernel, Launcher */
+};
+extern struct native_setup L;
+
+extern PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
+    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *ZERO;
+
+#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+/* The sentinel an implementation returns to hand the call to the checked Python path. */
+extern PyObject python_path_marker;
+#define PYTHON_PATH (&python_path_marker)
+
+int step_aside(void);
+
+/* -- Driver: the driver functions, in C or (the sim) in Python (_native_driver.c) ----- */
+
+typedef struct {
+    PyObject_HEAD
+    int compiled;
+    void *c[F_COUNT];
+    PyObject *py[F_COUNT];
+} Driver;
+
+extern PyTypeObject DriverType;
+
+Driver *native_of(PyObject *backend);
+void *key_of(PyObject *resource);
+int py_result(PyObject *result, PyObject **second);
+int drv_push(Driver *d, PyObject *ctx);
+int drv_pop(Driver *d, void **ctx, PyObject **handle);
+int drv_record(Driver *d, PyObject *event, PyObject *stream);
+int drv_wait(Driver *d, PyObject *stream, PyObject *event);
+int enter_stream_context(Driver *d, PyObject *stream, PyObject *ctx, int *pushed);
+void leave_stream_context(Driver *d, int pushed);
+PyObject *fail(PyObject *backend, int err, const char *operation, PyObject *ctx);
+
+/* -- Launch: one launcher's compiled fast path for one plan (_native_launch.c) -------- */
+
+typedef struct Launch Launch;
+extern PyTypeObject LaunchType;
+
+PyObject *Driver_launcher(Driver *self, PyObject *args, PyObject *kwargs);
+PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *tuple);
+
+/* -- the compiled paths a Method runs (_native_streams.c, _native_contexts.c) --------- */
+
+PyObject *stream_record(PyObject *const *args, Py_ssize_t nargs);
+PyObject *event_record(PyObject *const *args, Py_ssize_t nargs);
+PyObject *stream_wait(PyObject *const *args, Py_ssize_t nargs);
+Py_hash_t stream_tp_hash(PyObject *stream);
+PyObject *context_push(PyObject *const *args, Py_ssize_t nargs);
+PyObject *context_enter(PyObject *const *args, Py_ssize_t nargs);
+PyObject *context_pop(PyObject *const *args, Py_ssize_t nargs);
+PyObject *context_exit(PyObject *const *args, Py_ssize_t nargs);
+PyObject *device_enter(PyObject *const *args, Py_ssize_t nargs);
+PyObject *device_exit(PyObject *const *args, Py_ssize_t nargs);
+
+/* -- Method: a compiled method standing in for a Python one (_native_methods.c) ------- */
+
+extern PyTypeObject MethodType;
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
+
+#endif /* CUCTX_NATIVE_H */

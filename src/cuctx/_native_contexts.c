@@ -1,0 +1,192 @@
+/* cuctx._native (see _native.h): the context switches: ctx.push(), Context.pop(),
+ * `with ctx:` and `with device:`, mirrored on the thread's shadow stack. */
+#include "_native.h"
+
+/* This thread's dict of the threading.local ``tls`` (a borrowed reference). Reading an
+ * attribute of a threading.local costs more than the rest of a push, so each thread keeps
+ * (tls, its dict) of the last one it read in its own thread-state dict, which the
+ * interpreter clears when the thread ends. The local's dict of a thread is one object for
+ * the thread's life, and the kept reference to ``tls`` keeps its address from being reused. */
+static PyObject *local_dict(PyObject *tls)
+{
+    PyObject *thread = PyThreadState_GetDict();
+    PyObject *kept = thread ? PyDict_GetItemWithError(thread, S_tls_cache) : NULL;
+    if (kept != NULL && PyTuple_GET_ITEM(kept, 0) == tls)
+        return PyTuple_GET_ITEM(kept, 1);
+    PyObject *dict = PyObject_GetAttr(tls, S_dict); /* threading.local: this thread's */
+    if (dict == NULL || !PyDict_Check(dict) || thread == NULL) {
+        Py_XDECREF(dict);
+        return NULL;
+    }
+    kept = PyTuple_Pack(2, tls, dict);
+    Py_DECREF(dict);
+    if (kept == NULL || PyDict_SetItem(thread, S_tls_cache, kept) < 0) {
+        Py_XDECREF(kept);
+        return NULL;
+    }
+    Py_DECREF(kept); /* the thread's dict holds it, and with it `dict` */
+    return dict;
+}
+
+/* backend.tls.state, when it is a ThreadState (a new reference); NULL otherwise (inside a
+ * host function it is the guard whose attributes raise: the checked path raises that). */
+static PyObject *thread_state(PyObject *backend)
+{
+    PyObject *tls = PyObject_GetAttr(backend, S_tls), *dict, *state = NULL;
+    if (tls != NULL && (dict = local_dict(tls)) != NULL)
+        state = PyDict_GetItemWithError(dict, S_state);
+    Py_XDECREF(tls); /* `dict` holds the state, and the thread's dict holds `dict` */
+    if (state == NULL || !Py_IS_TYPE(state, L.ThreadState)) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return Py_NewRef(state);
+}
+
+/* Push ``ctx`` and mirror it on the shadow stack; a `with` block also notes its depth. */
+static PyObject *push(PyObject *ctx, int block)
+{
+    if (!Py_IS_TYPE(ctx, L.Context) || SLOT(ctx, L.state) != L.ACTIVE)
+        return PYTHON_PATH;
+    PyObject *backend = SLOT(ctx, L.backend);
+    Driver *d = native_of(backend);
+    PyObject *state = d ? thread_state(backend) : NULL;
+    if (state == NULL)
+        return PYTHON_PATH;
+    PyObject *stack = SLOT(state, L.stack), *blocks = SLOT(state, L.blocks);
+    if (stack == NULL || !PyList_CheckExact(stack) || blocks == NULL
+            || !PyList_CheckExact(blocks)) {
+        Py_DECREF(state);
+        return PYTHON_PATH;
+    }
+    int err = drv_push(d, ctx);
+    PyObject *result = NULL;
+    if (err > 0) {
+        fail(backend, err, "cuCtxPushCurrent", ctx);
+    } else if (err == 0) {
+        PyObject *depth = block ? PyLong_FromSsize_t(PyList_GET_SIZE(stack)) : NULL;
+        if ((!block || (depth && PyList_Append(blocks, depth) == 0))
+                && PyList_Append(stack, ctx) == 0)
+            result = Py_NewRef(block ? ctx : Py_None);
+        Py_XDECREF(depth);
+    }
+    Py_DECREF(state);
+    return result;
+}
+
+PyObject *context_push(PyObject *const *args, Py_ssize_t nargs)
+{
+    return nargs == 1 ? push(args[0], 0) : PYTHON_PATH;
+}
+
+PyObject *context_enter(PyObject *const *args, Py_ssize_t nargs)
+{
+    return nargs == 1 ? push(args[0], 1) : PYTHON_PATH;
+}
+
+/* Pop the driver's current context and the shadow stack's top. A failed pop changed
+ * nothing: the checked path repeats it and raises with its hint. ``block``: leave the
+ * innermost `with` block, which pushed exactly one context that is still on top. */
+static PyObject *pop(PyObject *backend, int block)
+{
+    Driver *d = native_of(backend);
+    PyObject *state = d ? thread_state(backend) : NULL;
+    if (state == NULL)
+        return PYTHON_PATH;
+    PyObject *stack = SLOT(state, L.stack), *blocks = SLOT(state, L.blocks), *result = NULL;
+    if (stack == NULL || !PyList_CheckExact(stack) || blocks == NULL
+            || !PyList_CheckExact(blocks)) {
+        Py_DECREF(state);
+        return PYTHON_PATH;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(stack), nblocks = PyList_GET_SIZE(blocks);
+    if (block) { /* the shadow stack must be one deeper than at the block's entry */
+        Py_ssize_t depth = nblocks ? PyLong_AsSsize_t(PyList_GET_ITEM(blocks, nblocks - 1)) : -1;
+        if (depth == -1 && PyErr_Occurred())
+            PyErr_Clear();
+        if (depth < 0 || n != depth + 1) {
+            Py_DECREF(state);
+            return PYTHON_PATH;
+        }
+    }
+    void *popped = NULL;
+    PyObject *handle;
+    int err = drv_pop(d, &popped, &handle);
+    if (err) {
+        Py_XDECREF(handle);
+        Py_DECREF(state);
+        return err < 0 ? NULL : PYTHON_PATH;
+    }
+    if (block) {
+        if (PyList_SetSlice(blocks, nblocks - 1, nblocks, NULL) == 0
+                && PyList_SetSlice(stack, n - 1, n, NULL) == 0)
+            result = Py_NewRef(Py_None);
+    } else {
+        PyObject *top = n ? PyList_GET_ITEM(stack, n - 1) : NULL;
+        if (top && PyObject_TypeCheck(top, L.Context) && key_of(top) == popped) {
+            result = Py_NewRef(top);
+            if (PyList_SetSlice(stack, n - 1, n, NULL) < 0)
+                Py_CLEAR(result);
+        } else { /* pushed by other code than cuctx */
+            if (handle == NULL) {
+                PyObject *address = PyLong_FromVoidPtr(popped);
+                handle = address ? PyObject_CallOneArg(L.CUcontext, address) : NULL;
+                Py_XDECREF(address);
+            }
+            if (handle != NULL)
+                result = PyObject_CallFunctionObjArgs(L.object_for, backend, handle, NULL);
+        }
+    }
+    Py_XDECREF(handle);
+    Py_DECREF(state);
+    return result;
+}
+
+PyObject *context_pop(PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *backend = nargs == 0 ? PyDict_GetItemWithError(L.driver_dict, S_active) : NULL;
+    if (backend == NULL || backend == Py_None) {
+        PyErr_Clear();
+        return PYTHON_PATH;
+    }
+    return pop(backend, 0);
+}
+
+PyObject *context_exit(PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !Py_IS_TYPE(args[0], L.Context))
+        return PYTHON_PATH;
+    return pop(SLOT(args[0], L.backend), 1);
+}
+
+PyObject *device_enter(PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 || !Py_IS_TYPE(args[0], L.Device))
+        return PYTHON_PATH;
+    PyObject *ref = SLOT(args[0], L.primary), *lock = SLOT(args[0], L.lock);
+    if (ref == NULL || !PyWeakref_CheckRef(ref) || lock == NULL)
+        return PYTHON_PATH;
+    PyObject *ctx = PyWeakref_GetObject(ref);
+    if (!Py_IS_TYPE(ctx, L.Context) || SLOT(ctx, L.state) != L.ACTIVE)
+        return PYTHON_PATH; /* none yet, or one to retain again: primary_context does it */
+    /* primary_context reads it under the device's lock: while another thread holds that
+     * lock (a reset, a retain), the checked path waits for it */
+    PyObject *locked = PyObject_CallMethodNoArgs(lock, S_locked);
+    if (locked == NULL)
+        return NULL;
+    Py_DECREF(locked);
+    if (locked != Py_False)
+        return PYTHON_PATH;
+    Py_INCREF(ctx);
+    PyObject *result = push(ctx, 1);
+    Py_DECREF(ctx);
+    return result;
+}
+
+PyObject *device_exit(PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !Py_IS_TYPE(args[0], L.Device))
+        return PYTHON_PATH;
+    return pop(SLOT(args[0], L.device_backend), 1);
+}
+

@@ -1,0 +1,253 @@
+/* cuctx._native (see _native.h): Driver, the driver functions the compiled paths call, in C
+ * (a GPU) or the SimDriver's in Python (the sim); the drv_* calls are the only place the two
+ * differ. */
+#include "_native.h"
+
+static const char *const FUNCTION_NAMES[F_COUNT] = {
+    "cuLaunchKernel", "cuLaunchKernelEx", "cuEventRecord", "cuStreamWaitEvent",
+    "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxGetCurrent"};
+
+void *key_of(PyObject *resource)
+{
+    PyObject *key = SLOT(resource, L.key);
+    return key ? PyLong_AsVoidPtr(key) : NULL;
+}
+
+Driver *native_of(PyObject *backend)
+{
+    PyObject *native = PyObject_GetAttr(backend, S_native);
+    if (native == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_DECREF(native); /* the backend holds it */
+    return Py_IS_TYPE(native, &DriverType) ? (Driver *)native : NULL;
+}
+
+/* The CUresult of a Python driver function's (CUresult, ...) tuple; its second item in
+ * *second (a new reference) when asked for. -1: a Python exception is set. */
+int py_result(PyObject *result, PyObject **second)
+{
+    if (result == NULL)
+        return -1;
+    if (!PyTuple_Check(result) || PyTuple_GET_SIZE(result) < (second ? 2 : 1)) {
+        Py_DECREF(result);
+        PyErr_SetString(PyExc_TypeError, "a driver function returned no (CUresult, ...) tuple");
+        return -1;
+    }
+    long code = PyLong_AsLong(PyTuple_GET_ITEM(result, 0));
+    if (second)
+        *second = Py_NewRef(PyTuple_GET_ITEM(result, 1));
+    Py_DECREF(result);
+    if (code == -1 && PyErr_Occurred()) {
+        if (second)
+            Py_CLEAR(*second);
+        return -1;
+    }
+    return (int)code;
+}
+
+static int drv_current(Driver *d, void **ctx)
+{
+    if (d->compiled)
+        return ((current_fn)d->c[F_CURRENT])(ctx);
+    PyObject *handle;
+    int err = py_result(PyObject_CallNoArgs(d->py[F_CURRENT]), &handle);
+    if (err) { /* no handle to read */
+        Py_XDECREF(handle);
+        return err;
+    }
+    PyObject *value = PyNumber_Long(handle);
+    Py_DECREF(handle);
+    if (value == NULL)
+        return -1;
+    *ctx = PyLong_AsVoidPtr(value);
+    Py_DECREF(value);
+    return err;
+}
+
+int drv_push(Driver *d, PyObject *ctx)
+{
+    if (d->compiled)
+        return ((push_fn)d->c[F_PUSH])(key_of(ctx));
+    return py_result(PyObject_CallOneArg(d->py[F_PUSH], SLOT(ctx, L.handle)), NULL);
+}
+
+/* *handle: the popped context's handle object on the sim, NULL in C (a new reference). */
+int drv_pop(Driver *d, void **ctx, PyObject **handle)
+{
+    *handle = NULL;
+    if (d->compiled)
+        return ((pop_fn)d->c[F_POP])(ctx);
+    int err = py_result(PyObject_CallNoArgs(d->py[F_POP]), handle);
+    if (err)
+        return err; /* the caller drops *handle */
+    PyObject *value = PyNumber_Long(*handle);
+    if (value == NULL) {
+        Py_CLEAR(*handle);
+        return -1;
+    }
+    *ctx = PyLong_AsVoidPtr(value);
+    Py_DECREF(value);
+    return err;
+}
+
+int drv_record(Driver *d, PyObject *event, PyObject *stream)
+{
+    if (d->compiled) {
+        void *e = key_of(event), *s = key_of(stream);
+        CUresult err;
+        Py_BEGIN_ALLOW_THREADS /* it can wait for room in a full queue */
+        err = ((record_fn)d->c[F_RECORD])(e, s);
+        Py_END_ALLOW_THREADS
+        return err;
+    }
+    PyObject *args[2] = {SLOT(event, L.handle), SLOT(stream, L.handle)};
+    return py_result(PyObject_Vectorcall(d->py[F_RECORD], args, 2, NULL), NULL);
+}
+
+int drv_wait(Driver *d, PyObject *stream, PyObject *event)
+{
+    if (d->compiled) {
+        void *s = key_of(stream), *e = key_of(event);
+        CUresult err;
+        Py_BEGIN_ALLOW_THREADS
+        err = ((wait_fn)d->c[F_WAIT])(s, e, 0);
+        Py_END_ALLOW_THREADS
+        return err;
+    }
+    PyObject *args[3] = {SLOT(stream, L.handle), SLOT(event, L.handle), ZERO};
+    return py_result(PyObject_Vectorcall(d->py[F_WAIT], args, 3, NULL), NULL);
+}
+
+/* A default stream's handle means "the current context's", so work on one runs with the
+ * stream's context current (as Stream._bind does): push it unless it is current.
+ * Returns 0 (*pushed says whether it pushed), a CUresult of the push, or -1. */
+int enter_stream_context(Driver *d, PyObject *stream, PyObject *ctx, int *pushed)
+{
+    *pushed = 0;
+    if ((size_t)key_of(stream) > 2) /* a created or adopted stream: no context needed */
+        return 0;
+    void *current = NULL;
+    int err = drv_current(d, &current);
+    if (err < 0)
+        return -1;
+    if (err == 0 && current == key_of(ctx))
+        return 0;
+    err = drv_push(d, ctx);
+    *pushed = err == 0;
+    return err;
+}
+
+void leave_stream_context(Driver *d, int pushed)
+{
+    if (!pushed)
+        return;
+    void *ignored;
+    PyObject *handle;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb); /* a pending error of the call stays the error */
+    if (drv_pop(d, &ignored, &handle) < 0)
+        PyErr_Clear();
+    Py_XDECREF(handle);
+    PyErr_Restore(type, value, tb);
+}
+
+/* context.fail(backend, CUresult(err), operation, ctx): raises; returns NULL. */
+PyObject *fail(PyObject *backend, int err, const char *operation, PyObject *ctx)
+{
+    PyObject *code = PyObject_CallFunction(L.CUresult, "i", err);
+    if (code == NULL)
+        return NULL;
+    PyObject *result = PyObject_CallFunction(L.fail, "OOsO", backend, code, operation, ctx);
+    Py_DECREF(code);
+    Py_XDECREF(result);
+    if (!PyErr_Occurred())
+        PyErr_Format(PyExc_SystemError, "%s failed with %d", operation, err);
+    return NULL;
+}
+
+static PyObject *Driver_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *functions;
+    static char *names[] = {"functions", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!:Driver", names, &PyDict_Type,
+                                     &functions))
+        return NULL;
+    Driver *self = (Driver *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    int ints = 0;
+    for (int i = 0; i < F_COUNT; i++) {
+        PyObject *f = PyDict_GetItemString(functions, FUNCTION_NAMES[i]);
+        if (f == NULL) {
+            PyErr_Format(PyExc_KeyError, "Driver needs %s", FUNCTION_NAMES[i]);
+            goto error;
+        }
+        if (PyLong_Check(f)) {
+            ints++;
+            self->c[i] = PyLong_AsVoidPtr(f);
+            if (self->c[i] == NULL) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_ValueError, "no address for %s", FUNCTION_NAMES[i]);
+                goto error;
+            }
+        } else if (PyCallable_Check(f)) {
+            self->py[i] = Py_NewRef(f);
+        } else {
+            PyErr_Format(PyExc_TypeError, "%s must be an address or a callable",
+                         FUNCTION_NAMES[i]);
+            goto error;
+        }
+    }
+    if (ints != 0 && ints != F_COUNT) {
+        PyErr_SetString(PyExc_TypeError, "Driver takes all addresses or all callables");
+        goto error;
+    }
+    self->compiled = ints == F_COUNT;
+    return (PyObject *)self;
+error:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static void Driver_dealloc(Driver *self)
+{
+    for (int i = 0; i < F_COUNT; i++)
+        Py_XDECREF(self->py[i]);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Driver_repr(Driver *self)
+{
+    return PyUnicode_FromString(self->compiled
+        ? "<cuctx native fast path: the driver's functions, called from C>"
+        : "<cuctx native fast path: the sim's driver functions, called from C>");
+}
+
+static PyMethodDef Driver_methods[] = {
+    {"launcher", (PyCFunction)(void (*)(void))Driver_launcher, METH_VARARGS | METH_KEYWORDS,
+     "launcher(plan, ctx, owner, stream, function, grid, block, shared_mem, config, general, "
+     "fail, sim_args): the compiled fast path of one launcher and one plan, or None where "
+     "the plan is not one it packs (the generated Python path takes those)."},
+    {NULL}};
+
+static PyMemberDef Driver_members[] = {
+    {"compiled", T_BOOL, offsetof(Driver, compiled), READONLY,
+     "True: the driver's C functions; False: the sim's Python functions"},
+    {NULL}};
+
+PyTypeObject DriverType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cuctx._native.Driver",
+    .tp_doc = "The driver functions the compiled paths call: addresses from cuGetProcAddress "
+              "(a GPU) or the SimDriver's functions (the sim). A backend's `native` slot.",
+    .tp_basicsize = sizeof(Driver),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = Driver_new,
+    .tp_dealloc = (destructor)Driver_dealloc,
+    .tp_repr = (reprfunc)Driver_repr,
+    .tp_methods = Driver_methods,
+    .tp_members = Driver_members,
+};
+

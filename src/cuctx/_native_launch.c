@@ -1,0 +1,424 @@
+/* cuctx._native (see _native.h): Launch, one launcher's compiled fast path for one plan:
+ * reading the plan (Driver.launcher), packing the arguments by it, the launch. */
+#include "_native.h"
+
+/* The most parameter bytes and parameters a compiled launch packs on its stack; a kernel
+ * with more takes the generated Python fast path. */
+#define MAX_PARAM_BYTES 4096
+#define MAX_PARAMS 512
+
+enum { K_VALUE, K_ARRAY, K_CONVERT };
+
+typedef struct {
+    Py_ssize_t offset, size;
+    char code; /* b h i q e f d Q s */
+    int kind;
+    PyTypeObject *type; /* the guard: exactly this type */
+    PyObject *convert;  /* (arg, stream) -> value, or NULL */
+} Param;
+
+struct Launch {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    Driver *driver;
+    PyObject *ctx, *owner, *device, *stream, *backend, *general, *fail, *config, *sim_args;
+    void *function, *config_ptr;
+    unsigned grid[3], block[3], shared;
+    Py_ssize_t n, size;
+    Param *params;
+};
+
+static int pack(const Param *p, char *out, PyObject *value)
+{
+    switch (p->code) {
+    case 'b': case 'h': case 'i': case 'q': {
+        int overflow = 0;
+        long long x;
+        if (PyLong_Check(value)) {
+            x = PyLong_AsLongLongAndOverflow(value, &overflow);
+        } else {
+            PyObject *index = PyNumber_Index(value);
+            if (index == NULL)
+                return -1;
+            x = PyLong_AsLongLongAndOverflow(index, &overflow);
+            Py_DECREF(index);
+        }
+        if (overflow || (x == -1 && PyErr_Occurred()))
+            return -1;
+        /* the signed range of the code, as struct checks it (the checked path packs the
+         * rest: values up to the unsigned maximum, or the error naming the parameter) */
+        int bits = (int)p->size * 8;
+        if (bits < 64 && (x < -(1LL << (bits - 1)) || x >= (1LL << (bits - 1))))
+            return -1;
+        memcpy(out, &x, p->size); /* the low bytes: little-endian hosts only (setup checks) */
+        return 0;
+    }
+    case 'e': case 'f': case 'd': {
+        double x = PyFloat_AsDouble(value);
+        if (x == -1.0 && PyErr_Occurred())
+            return -1;
+        if (p->code == 'e')
+            return PyFloat_Pack2(x, out, 1);
+        return p->code == 'f' ? PyFloat_Pack4(x, out, 1) : PyFloat_Pack8(x, out, 1);
+    }
+    case 'Q': {
+        unsigned long long x;
+        if (PyLong_Check(value)) {
+            x = PyLong_AsUnsignedLongLong(value);
+        } else {
+            PyObject *index = PyNumber_Index(value);
+            if (index == NULL)
+                return -1;
+            x = PyLong_AsUnsignedLongLong(index);
+            Py_DECREF(index);
+        }
+        if (x == (unsigned long long)-1 && PyErr_Occurred())
+            return -1;
+        memcpy(out, &x, 8);
+        return 0;
+    }
+    case 's': {
+        char *data;
+        Py_ssize_t length;
+        if (PyBytes_Check(value)) {
+            data = PyBytes_AS_STRING(value);
+            length = PyBytes_GET_SIZE(value);
+        } else if (PyByteArray_Check(value)) {
+            data = PyByteArray_AS_STRING(value);
+            length = PyByteArray_GET_SIZE(value);
+        } else {
+            PyErr_SetString(PyExc_TypeError, "not bytes");
+            return -1;
+        }
+        memcpy(out, data, length < p->size ? length : p->size); /* the rest stays zero */
+        return 0;
+    }
+    }
+    PyErr_SetString(PyExc_SystemError, "unknown struct code");
+    return -1;
+}
+
+/* The launcher's checked path, general(args), with args as a tuple. */
+static PyObject *launch_general(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *tuple)
+{
+    if (tuple != NULL)
+        return PyObject_CallOneArg(l->general, tuple);
+    tuple = PyTuple_New(n);
+    if (tuple == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyTuple_SET_ITEM(tuple, i, Py_NewRef(argv[i]));
+    PyObject *result = PyObject_CallOneArg(l->general, tuple);
+    Py_DECREF(tuple);
+    return result;
+}
+
+PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *tuple)
+{
+    if (n != l->n)
+        goto general;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (Py_TYPE(argv[i]) != l->params[i].type)
+            goto general;
+    /* An unusable context, unloaded code, a host function running, a trace sink listening: */
+    if (SLOT(l->ctx, L.state) != L.ACTIVE || step_aside())
+        goto general;
+    PyObject *loaded = PyObject_GetAttr(l->owner, S_loaded);
+    if (loaded == NULL) {
+        PyErr_Clear();
+        goto general;
+    }
+    Py_DECREF(loaded);
+    if (loaded != Py_True)
+        goto general;
+
+    char buffer[MAX_PARAM_BYTES];
+    void *pointers[MAX_PARAMS];
+    memset(buffer, 0, l->size);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const Param *p = &l->params[i];
+        PyObject *arg = argv[i], *value = arg, *made = NULL;
+        if (p->kind == K_ARRAY) { /* the checks of cuctx._args._device_array_pointer */
+            PyObject *c = SLOT(arg, L.ctx), *contiguous = SLOT(arg, L.c_contiguous);
+            if (c == NULL || SLOT(c, L.state) != L.ACTIVE || SLOT(c, L.device) != l->device
+                    || contiguous != Py_True || (value = SLOT(arg, L.ptr)) == NULL)
+                goto general;
+        } else if (p->kind == K_CONVERT) {
+            PyObject *call[2] = {arg, l->stream};
+            value = made = PyObject_Vectorcall(p->convert, call, 2, NULL);
+            if (value == NULL)
+                return NULL; /* its error, as the checked path would raise it */
+        }
+        int packed = pack(p, buffer + p->offset, value);
+        Py_XDECREF(made);
+        if (packed < 0) { /* a value its code cannot hold: the checked path packs or names it */
+            PyErr_Clear();
+            goto general;
+        }
+        pointers[i] = buffer + p->offset;
+    }
+
+    Driver *d = l->driver;
+    int pushed, err = enter_stream_context(d, l->stream, l->ctx, &pushed);
+    if (err < 0)
+        return NULL;
+    if (err > 0)
+        return fail(l->backend, err, "cuCtxPushCurrent", l->ctx);
+    void **params = n ? pointers : NULL;
+    if (d->compiled) {
+        Py_BEGIN_ALLOW_THREADS /* a full launch queue waits for the GPU */
+        if (l->config_ptr)
+            err = ((launch_ex_fn)d->c[F_LAUNCH_EX])(l->config_ptr, l->function, params, NULL);
+        else
+            err = ((launch_fn)d->c[F_LAUNCH])(l->function, l->grid[0], l->grid[1], l->grid[2],
+                                              l->block[0], l->block[1], l->block[2], l->shared,
+                                              key_of(l->stream), params, NULL);
+        Py_END_ALLOW_THREADS
+    } else {
+        /* the sim: sim_args + (kernelParams as an int address, extra) */
+        Py_ssize_t k = PyTuple_GET_SIZE(l->sim_args);
+        PyObject *call[16];
+        for (Py_ssize_t i = 0; i < k; i++)
+            call[i] = PyTuple_GET_ITEM(l->sim_args, i);
+        PyObject *address = PyLong_FromVoidPtr(params);
+        if (address == NULL) {
+            leave_stream_context(d, pushed);
+            return NULL;
+        }
+        call[k] = address;
+        call[k + 1] = ZERO;
+        err = py_result(PyObject_Vectorcall(d->py[l->config_ptr ? F_LAUNCH_EX : F_LAUNCH],
+                                            call, k + 2, NULL), NULL);
+        Py_DECREF(address);
+    }
+    leave_stream_context(d, pushed);
+    if (err < 0)
+        return NULL;
+    if (err > 0) {
+        PyObject *code = PyObject_CallFunction(L.CUresult, "i", err);
+        if (code == NULL)
+            return NULL;
+        PyObject *result = PyObject_CallOneArg(l->fail, code);
+        Py_DECREF(code);
+        return result; /* NULL: fail raised */
+    }
+    Py_RETURN_NONE;
+general:
+    return launch_general(l, argv, n, tuple);
+}
+
+static PyObject *Launch_vectorcall(Launch *self, PyObject *const *args, size_t nargsf,
+                                   PyObject *kwnames)
+{
+    /* launch(args): how Launcher's Python __call__ calls a fast path */
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL || !PyTuple_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "a compiled launch takes one tuple of arguments");
+        return NULL;
+    }
+    PyObject *tuple = args[0];
+    return launch_run(self, &PyTuple_GET_ITEM(tuple, 0), PyTuple_GET_SIZE(tuple), tuple);
+}
+
+static int Launch_traverse(Launch *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->driver);
+    Py_VISIT(self->ctx);
+    Py_VISIT(self->owner);
+    Py_VISIT(self->device);
+    Py_VISIT(self->stream);
+    Py_VISIT(self->backend);
+    Py_VISIT(self->general);
+    Py_VISIT(self->fail);
+    Py_VISIT(self->config);
+    Py_VISIT(self->sim_args);
+    for (Py_ssize_t i = 0; self->params && i < self->n; i++) {
+        Py_VISIT(self->params[i].type);
+        Py_VISIT(self->params[i].convert);
+    }
+    return 0;
+}
+
+static int Launch_clear(Launch *self)
+{
+    Py_CLEAR(self->driver);
+    Py_CLEAR(self->ctx);
+    Py_CLEAR(self->owner);
+    Py_CLEAR(self->device);
+    Py_CLEAR(self->stream);
+    Py_CLEAR(self->backend);
+    Py_CLEAR(self->general);
+    Py_CLEAR(self->fail);
+    Py_CLEAR(self->config);
+    Py_CLEAR(self->sim_args);
+    for (Py_ssize_t i = 0; self->params && i < self->n; i++) {
+        Py_CLEAR(self->params[i].type);
+        Py_CLEAR(self->params[i].convert);
+    }
+    return 0;
+}
+
+static void Launch_dealloc(Launch *self)
+{
+    PyObject_GC_UnTrack(self);
+    Launch_clear(self);
+    PyMem_Free(self->params);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+PyTypeObject LaunchType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cuctx._native.Launch",
+    .tp_doc = "A launcher's compiled fast path for one plan: call it with the tuple of "
+              "arguments; anything it was not made for goes to the launcher's checked path.",
+    .tp_basicsize = sizeof(Launch),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(Launch, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_traverse = (traverseproc)Launch_traverse,
+    .tp_clear = (inquiry)Launch_clear,
+    .tp_dealloc = (destructor)Launch_dealloc,
+};
+
+static int unsigned_triple(PyObject *seq, unsigned out[3])
+{
+    PyObject *items = PySequence_Tuple(seq);
+    if (items == NULL)
+        return -1;
+    int ok = PyTuple_GET_SIZE(items) == 3;
+    for (int i = 0; ok && i < 3; i++) {
+        unsigned long v = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(items, i));
+        ok = !(v == (unsigned long)-1 && PyErr_Occurred()) && v <= 0xFFFFFFFFUL;
+        out[i] = (unsigned)v;
+    }
+    Py_DECREF(items);
+    if (!ok && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "a dimension is three unsigned ints");
+    return ok ? 0 : -1;
+}
+
+/* Param codes the compiled path packs; 0: one it leaves to the generated path. */
+static char param_code(PyObject *code, Py_ssize_t size)
+{
+    const char *text = PyUnicode_AsUTF8(code);
+    if (text == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    size_t length = strlen(text);
+    if (length == 1) {
+        const char *codes = "bhiqefdQ";
+        const int sizes[] = {1, 2, 4, 8, 2, 4, 8, 8};
+        const char *at = strchr(codes, text[0]);
+        return at && sizes[at - codes] == size ? text[0] : 0;
+    }
+    if (length > 1 && text[length - 1] == 's' && atol(text) == size)
+        return 's';
+    return 0;
+}
+
+PyObject *Driver_launcher(Driver *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *plan, *ctx, *owner, *stream, *function, *grid, *block, *shared, *config,
+        *general, *failer, *sim_args;
+    static char *names[] = {"plan", "ctx", "owner", "stream", "function", "grid", "block",
+                            "shared_mem", "config", "general", "fail", "sim_args", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOOO!:launcher", names, &plan,
+                                     &ctx, &owner, &stream, &function, &grid, &block, &shared,
+                                     &config, &general, &failer, &PyTuple_Type, &sim_args))
+        return NULL;
+    if (!L.ready || PyTuple_GET_SIZE(sim_args) > 14)
+        Py_RETURN_NONE;
+    PyObject *types = PyObject_GetAttrString(plan, "types");
+    PyObject *params = PyObject_GetAttrString(plan, "params");
+    Launch *l = NULL;
+    if (types == NULL || params == NULL || !PyTuple_Check(types) || !PyTuple_Check(params)
+            || PyTuple_GET_SIZE(types) != PyTuple_GET_SIZE(params))
+        goto error;
+    Py_ssize_t n = PyTuple_GET_SIZE(params);
+    if (n > MAX_PARAMS)
+        goto none;
+    l = PyObject_GC_New(Launch, &LaunchType);
+    if (l == NULL)
+        goto error;
+    l->vectorcall = (vectorcallfunc)Launch_vectorcall;
+    l->driver = (Driver *)Py_NewRef(self);
+    l->ctx = Py_NewRef(ctx);
+    l->owner = Py_NewRef(owner);
+    l->stream = Py_NewRef(stream);
+    l->device = Py_XNewRef(SLOT(ctx, L.device));
+    l->backend = Py_XNewRef(SLOT(ctx, L.backend));
+    l->general = Py_NewRef(general);
+    l->fail = Py_NewRef(failer);
+    l->config = Py_NewRef(config);
+    l->sim_args = Py_NewRef(sim_args);
+    l->n = n;
+    l->size = 0;
+    l->config_ptr = NULL;
+    l->params = PyMem_Calloc(n ? n : 1, sizeof(Param));
+    PyObject_GC_Track(l);
+    if (l->params == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Param *p = &l->params[i];
+        PyObject *param = PyTuple_GET_ITEM(params, i), *type = PyTuple_GET_ITEM(types, i);
+        PyObject *kind, *code, *convert;
+        if (!PyArg_ParseTuple(param, "nnOOO", &p->offset, &p->size, &code, &kind, &convert)
+                || !PyType_Check(type))
+            goto error;
+        p->type = (PyTypeObject *)Py_NewRef(type);
+        p->code = param_code(code, p->size);
+        if (!p->code || p->offset < 0 || p->offset + p->size > MAX_PARAM_BYTES)
+            goto none;
+        if (p->offset + p->size > l->size)
+            l->size = p->offset + p->size;
+        if (PyUnicode_CompareWithASCIIString(kind, "value") == 0) {
+            p->kind = K_VALUE;
+        } else if (PyUnicode_CompareWithASCIIString(kind, "array") == 0) {
+            p->kind = K_ARRAY;
+            if (!PyType_IsSubtype(p->type, L.DeviceArray) || p->code != 'Q')
+                goto none;
+        } else { /* "pointer" and "convert": the plan's conversion gives the value */
+            p->kind = K_CONVERT;
+            if (convert == Py_None)
+                goto none;
+            p->convert = Py_NewRef(convert);
+        }
+    }
+    if (unsigned_triple(grid, l->grid) < 0 || unsigned_triple(block, l->block) < 0)
+        goto error;
+    unsigned long s = PyLong_AsUnsignedLong(shared);
+    if (s == (unsigned long)-1 && PyErr_Occurred())
+        goto error;
+    l->shared = (unsigned)s;
+    PyObject *f = PyNumber_Long(function);
+    if (f == NULL)
+        goto error;
+    l->function = PyLong_AsVoidPtr(f);
+    Py_DECREF(f);
+    if (config != Py_None) { /* a cluster or cooperative launch: cuLaunchKernelEx */
+        PyObject *address = PyObject_CallMethodNoArgs(config, S_getPtr);
+        if (address == NULL)
+            goto error;
+        l->config_ptr = PyLong_AsVoidPtr(address);
+        Py_DECREF(address);
+        if (l->config_ptr == NULL)
+            goto error;
+    }
+    Py_DECREF(types);
+    Py_DECREF(params);
+    return (PyObject *)l;
+none:
+    Py_XDECREF(types);
+    Py_XDECREF(params);
+    Py_XDECREF(l);
+    Py_RETURN_NONE;
+error:
+    Py_XDECREF(types);
+    Py_XDECREF(params);
+    Py_XDECREF(l);
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "launcher(): not a launch plan");
+    return NULL;
+}

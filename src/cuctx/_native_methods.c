@@ -1,0 +1,236 @@
+/* cuctx._native (see _native.h): Method, the compiled path standing in for a Python method
+ * or function, and the launcher lookups it runs: kernel[...], cuctx.launch,
+ * Launcher.__call__. */
+#include "_native.h"
+
+/* -- kernel[...], cuctx.launch, Launcher.__call__ --------------------------------------- */
+
+/* The cached launcher of make_launcher's key (borrowed), NULL when there is none. */
+static PyObject *cached_launcher(PyObject *kernel, PyObject *grid, PyObject *block,
+                                 PyObject *shared, PyObject *stream)
+{
+    PyObject *cache = SLOT(kernel, L.launchers);
+    if (cache == NULL || !PyDict_CheckExact(cache) || native_of(SLOT(kernel, L.backend)) == NULL)
+        return NULL;
+    PyObject *key = PyTuple_Pack(9, grid, block, shared, stream, Py_None, Py_False,
+                                 (PyObject *)Py_TYPE(grid), (PyObject *)Py_TYPE(block),
+                                 (PyObject *)Py_TYPE(shared));
+    if (key == NULL)
+        return NULL;
+    PyObject *launcher = PyDict_GetItemWithError(cache, key);
+    Py_DECREF(key);
+    if (launcher == NULL)
+        PyErr_Clear(); /* an unhashable configuration: make_launcher does not cache it */
+    return launcher;
+}
+
+static PyObject *run_launcher(PyObject *launcher, PyObject *const *argv, Py_ssize_t n)
+{
+    PyObject *fast = Py_IS_TYPE(launcher, L.Launcher) ? SLOT(launcher, L.fast) : NULL;
+    if (fast == NULL || !Py_IS_TYPE(fast, &LaunchType))
+        return PyObject_Vectorcall(launcher, argv, n, NULL);
+    /* held while it runs: another thread may give the launcher another fast path meanwhile */
+    Py_INCREF(fast);
+    PyObject *result = launch_run((Launch *)fast, argv, n, NULL);
+    Py_DECREF(fast);
+    return result;
+}
+
+static PyObject *kernel_getitem(PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyObject_TypeCheck(args[0], L.Kernel) || !PyTuple_CheckExact(args[1])
+            || PyTuple_GET_SIZE(args[1]) != 4)
+        return PYTHON_PATH;
+    PyObject *config = args[1];
+    PyObject *stream = PyTuple_GET_ITEM(config, 3);
+    if (!Py_IS_TYPE(stream, L.Stream)) /* None and other streams: make_launcher resolves it */
+        return PYTHON_PATH;
+    PyObject *launcher = cached_launcher(args[0], PyTuple_GET_ITEM(config, 0),
+                                        PyTuple_GET_ITEM(config, 1),
+                                        PyTuple_GET_ITEM(config, 2), stream);
+    return launcher ? Py_NewRef(launcher) : PYTHON_PATH;
+}
+
+static int same_name(PyObject *name, PyObject *interned)
+{
+    return name == interned || PyUnicode_Compare(name, interned) == 0;
+}
+
+static PyObject *launch(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (nargs < 3 || !PyObject_TypeCheck(args[0], L.Kernel))
+        return PYTHON_PATH;
+    PyObject *shared = ZERO, *stream = NULL;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        if (same_name(name, S_shared_mem))
+            shared = args[nargs + i];
+        else if (same_name(name, S_stream))
+            stream = args[nargs + i];
+        else /* cluster, cooperative, or a mistake */
+            return PYTHON_PATH;
+    }
+    if (stream == NULL || !Py_IS_TYPE(stream, L.Stream))
+        return PYTHON_PATH;
+    PyObject *launcher = cached_launcher(args[0], args[1], args[2], shared, stream);
+    if (launcher == NULL)
+        return PYTHON_PATH;
+    Py_INCREF(launcher);
+    PyObject *result = run_launcher(launcher, args + 3, nargs - 3);
+    Py_DECREF(launcher);
+    return result;
+}
+
+static PyObject *launcher_call(PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || !Py_IS_TYPE(args[0], L.Launcher))
+        return PYTHON_PATH;
+    PyObject *fast = SLOT(args[0], L.fast);
+    if (fast == NULL || !Py_IS_TYPE(fast, &LaunchType))
+        return PYTHON_PATH;
+    Py_INCREF(fast); /* held while it runs, as in run_launcher */
+    PyObject *result = launch_run((Launch *)fast, args + 1, nargs - 1, NULL);
+    Py_DECREF(fast);
+    return result;
+}
+
+/* -- Method: a compiled method standing in for a Python one ---------------------------- */
+
+typedef PyObject *(*impl_fn)(PyObject *const *args, Py_ssize_t nargs);
+typedef PyObject *(*impl_kw_fn)(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+
+/* Each compiled path by the name of what it stands in for; only cuctx.launch takes
+ * keywords (a call with keywords to any other goes to the checked path). */
+static const struct {
+    const char *name;
+    impl_fn impl;
+    impl_kw_fn impl_kw;
+} IMPLS[] = {
+    {"Stream.record", stream_record}, {"Stream.wait", stream_wait},
+    {"Event.record", event_record},
+    {"Context.push", context_push}, {"Context.pop", context_pop},
+    {"Context.__enter__", context_enter}, {"Context.__exit__", context_exit},
+    {"Device.__enter__", device_enter}, {"Device.__exit__", device_exit},
+    {"Kernel.__getitem__", kernel_getitem}, {"Launcher.__call__", launcher_call},
+    {"launch", NULL, launch},
+    {NULL}};
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    impl_fn impl;
+    impl_kw_fn impl_kw;
+    PyObject *python; /* the checked path: the Python function it stands in for */
+} Method;
+
+static PyObject *Method_vectorcall(Method *self, PyObject *const *args, size_t nargsf,
+                                   PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *result = PYTHON_PATH;
+    if (L.ready) {
+        if (self->impl_kw != NULL)
+            result = self->impl_kw(args, nargs, kwnames);
+        else if (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0)
+            result = self->impl(args, nargs);
+    }
+    if (result != PYTHON_PATH)
+        return result;
+    return PyObject_Vectorcall(self->python, args, nargsf, kwnames);
+}
+
+static PyObject *Method_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    const char *name;
+    PyObject *python;
+    if (!PyArg_ParseTuple(args, "sO:Method", &name, &python))
+        return NULL;
+    int i = 0;
+    while (IMPLS[i].name && strcmp(IMPLS[i].name, name) != 0)
+        i++;
+    if (IMPLS[i].name == NULL)
+        return PyErr_Format(PyExc_ValueError, "no compiled path named %s", name);
+    if (!PyCallable_Check(python))
+        return PyErr_Format(PyExc_TypeError, "%s: the checked path must be callable", name);
+    Method *self = (Method *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->vectorcall = (vectorcallfunc)Method_vectorcall;
+    self->impl = IMPLS[i].impl;
+    self->impl_kw = IMPLS[i].impl_kw;
+    self->python = Py_NewRef(python);
+    return (PyObject *)self;
+}
+
+static PyObject *Method_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None)
+        return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+static int Method_traverse(Method *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->python);
+    return 0;
+}
+
+static int Method_clear(Method *self)
+{
+    Py_CLEAR(self->python);
+    return 0;
+}
+
+static void Method_dealloc(Method *self)
+{
+    PyObject_GC_UnTrack(self);
+    Method_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* help(), inspect.signature and inspect.getsource see the Python function: its names
+ * and docstring are this object's, and __wrapped__ leads to it. */
+static PyObject *Method_getattro(Method *self, PyObject *name)
+{
+    static const char *const delegated[] = {"__doc__", "__name__", "__qualname__",
+                                            "__module__", NULL};
+    for (int i = 0; delegated[i]; i++)
+        if (PyUnicode_CompareWithASCIIString(name, delegated[i]) == 0)
+            return PyObject_GetAttr(self->python, name);
+    PyObject *found = PyObject_GenericGetAttr((PyObject *)self, name);
+    if (found != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError))
+        return found;
+    PyErr_Clear();
+    return PyObject_GetAttr(self->python, name);
+}
+
+static PyObject *Method_repr(Method *self)
+{
+    return PyUnicode_FromFormat("<compiled fast path of %R>", self->python);
+}
+
+static PyMemberDef Method_members[] = {
+    {"__wrapped__", T_OBJECT, offsetof(Method, python), READONLY,
+     "the checked Python path this compiled path stands in for"},
+    {NULL}};
+
+PyTypeObject MethodType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cuctx._native.Method",
+    .tp_doc = "Method(name, python): the compiled path `name` of a cuctx method or function, "
+              "handing every case it was not made for to `python`, the checked path.",
+    .tp_basicsize = sizeof(Method),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_METHOD_DESCRIPTOR
+                | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = Method_new,
+    .tp_vectorcall_offset = offsetof(Method, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = Method_get,
+    .tp_getattro = (getattrofunc)Method_getattro,
+    .tp_repr = (reprfunc)Method_repr,
+    .tp_traverse = (traverseproc)Method_traverse,
+    .tp_clear = (inquiry)Method_clear,
+    .tp_dealloc = (destructor)Method_dealloc,
+    .tp_members = Method_members,
+};
