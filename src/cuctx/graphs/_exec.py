@@ -328,29 +328,18 @@ def _kernel_slot(exe: GraphExec, spec: GraphNode, handle) -> _Slot:
     return slot
 
 
-class _CopySlot(_Slot):
+class _MemorySlot(_Slot):
+    """A copy or fill node: its struct rebuilt from two arguments, with the eager checks."""
+
     __slots__ = ()
+    BUILD = {"copy": (copy_params, "(dst, src)"), "fill": (fill_params, "(array, value)")}
 
     def update(self, exe: GraphExec, args: tuple, grid, block, shared_mem):
+        build, takes = self.BUILD[self.kind]
         if len(args) != 2:
-            raise TypeError(f"GraphExec.update_node of a copy node takes (dst, src), got "
+            raise TypeError(f"GraphExec.update_node of a {self.kind} node takes {takes}, got "
                             f"{len(args)} argument(s)")
-        params, _ = copy_params(args[0], args[1], exe._ctx, "GraphExec.update_node")
-        err, = self.set(params, exe._ctx._handle)
-        if not err:
-            _retire(exe._held, self.keep)
-            self.keep = args
-        return err
-
-
-class _FillSlot(_Slot):
-    __slots__ = ()
-
-    def update(self, exe: GraphExec, args: tuple, grid, block, shared_mem):
-        if len(args) != 2:
-            raise TypeError(f"GraphExec.update_node of a fill node takes (array, value), got "
-                            f"{len(args)} argument(s)")
-        params, _ = fill_params(args[0], args[1], exe._ctx, "GraphExec.update_node")
+        params, _ = build(args[0], args[1], exe._ctx, "GraphExec.update_node")
         err, = self.set(params, exe._ctx._handle)
         if not err:
             _retire(exe._held, self.keep)
@@ -367,8 +356,8 @@ def _bound(cls, kind: str, name: str):
 
 _SLOTS = {
     "kernel": _kernel_slot,
-    "copy": _bound(_CopySlot, "copy", "cuGraphExecMemcpyNodeSetParams"),
-    "fill": _bound(_FillSlot, "fill", "cuGraphExecMemsetNodeSetParams"),
+    "copy": _bound(_MemorySlot, "copy", "cuGraphExecMemcpyNodeSetParams"),
+    "fill": _bound(_MemorySlot, "fill", "cuGraphExecMemsetNodeSetParams"),
 }
 
 
