@@ -92,7 +92,7 @@ def test_elapsed_time_is_exact_on_the_sims_virtual_clock(sim):
         start, end = Event(timing=True), Event(timing=True)
         start.record(stream)
         busy(stream, 1.5)
-        err = sim.driver._enqueue(stream._handle, lambda: None, nbytes=25_000_000)  # 1 ms
+        err = sim.driver._enqueue(stream._handle, lambda: None, cost_ns=1_000_000)  # 1 ms
         assert not err
         end.record(stream)
         assert end - start == 2.5

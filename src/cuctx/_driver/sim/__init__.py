@@ -10,6 +10,7 @@ virtual clock) are not driver functions: `SimControls` offers them, as ``backend
 """
 
 from ._controls import SimControls
+from ._timing import Activity
 from .driver import SimDriver, from_env
 
-__all__ = ["SimControls", "SimDriver", "from_env"]
+__all__ = ["Activity", "SimControls", "SimDriver", "from_env"]

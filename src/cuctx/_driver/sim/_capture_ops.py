@@ -50,14 +50,14 @@ class CaptureOps:
                 self._add_captured(capture, stream, work)
             return (err,)
 
-    def _enqueue(self, hStream, op, *, nbytes=0, cost_ns=None, label=""):
+    def _enqueue(self, hStream, op, **how):
         if self._captures:
             err, _, capture = self._capture_of(hStream)
             if err or capture is not None:
                 if capture is not None:
                     capture.invalid = True
                 return err or CAPTURE_UNSUPPORTED
-        return super()._enqueue(hStream, op, nbytes=nbytes, cost_ns=cost_ns, label=label)
+        return super()._enqueue(hStream, op, **how)
 
     # -- kernels, host functions, graphs ---------------------------------------------------
 

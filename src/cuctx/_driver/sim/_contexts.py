@@ -27,6 +27,7 @@ class SimContext:
         self.destroyed = False
         self.sticky = None  # the CUresult of a sticky fault, once one happened
         self.resources: dict = {}  # filled by the stream, memory and library models
+        self.sms: frozenset | None = None  # a green context's SM partition; None: all SMs
 
     def reset(self):
         """What cuDevicePrimaryCtxReset and the last release do: drop all state."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from cuda.bindings.driver import CUresult
 
 from ._common import INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, OK
+from ._timing import BUSY
 from ._twins import decoders
 
 if TYPE_CHECKING:
@@ -42,7 +43,47 @@ class SimControls:
         ``hstream`` (a stand-in for a long kernel, to test timing and races)."""
         if int(ns) < 0:
             return (INVALID_VALUE,)
-        return (self._driver._enqueue(hstream, None, cost_ns=int(ns), label="busy"),)
+        return (self._driver._enqueue(hstream, None, cost_ns=int(ns), label="busy",
+                                      kind=BUSY),)
+
+    def subscribe_activity(self, callback) -> tuple[CUresult]:
+        """Call ``callback(record)`` with an `Activity` for every operation the sim executes
+        from now on (kernels, copies, memsets, host functions, busy work; not event
+        records or waits), when it executes, with the sim's lock held: store the record,
+        call no driver function. Several callbacks may listen."""
+        if not callable(callback):
+            return (INVALID_VALUE,)
+        with self._driver._lock:
+            self._driver._activity += (callback,)
+        return (OK,)
+
+    def unsubscribe_activity(self, callback) -> tuple[CUresult]:
+        """Stop calling ``callback`` (INVALID_VALUE when it does not listen)."""
+        with self._driver._lock:
+            listening = self._driver._activity
+            if callback not in listening:
+                return (INVALID_VALUE,)
+            i = listening.index(callback)
+            self._driver._activity = listening[:i] + listening[i + 1:]
+        return (OK,)
+
+    def push_correlation(self, correlation: int) -> tuple[CUresult]:
+        """Give every operation this thread queues from now on the external correlation id
+        ``correlation`` (its `Activity.correlation`), until the matching pop: CUPTI's
+        cuptiActivityPushExternalCorrelationId. Pushes nest; the innermost id counts."""
+        tls = self._driver._tls
+        if not hasattr(tls, "correlation"):
+            tls.correlation = []
+        tls.correlation.append(int(correlation))
+        return (OK,)
+
+    def pop_correlation(self) -> tuple[CUresult, int | None]:
+        """(OK, the id pushed last on this thread), removing it; (INVALID_VALUE, None) when
+        none is pushed."""
+        stack = getattr(self._driver._tls, "correlation", None)
+        if not stack:
+            return (INVALID_VALUE, None)
+        return (OK, stack.pop())
 
     def clock(self) -> int:
         """The host's virtual clock in nanoseconds: where the host stands after the last

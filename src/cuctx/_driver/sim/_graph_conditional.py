@@ -33,7 +33,7 @@ from ._cargs import size_t, unsigned
 from ._common import INVALID_VALUE, NOT_INITIALIZED, NOT_SUPPORTED, OK
 from ._graph_nodes import ChildWork, EmptyWork
 from ._graphs import order
-from ._launches import LAUNCH_COST_NS
+from ._timing import LAUNCH_NS
 
 T = CUgraphNodeType
 C = CUgraphConditionalNodeType
@@ -195,7 +195,7 @@ class ConditionalModel:
                 err = self._run_inline(exe, work.graph, stream)
             elif isinstance(work, CondWork):
                 err = self._conditional_op(exe, work, stream)()
-                stream.running.cost += LAUNCH_COST_NS
+                stream.running.cost += LAUNCH_NS
             else:
                 fn = work.op(self)
                 err = fn() if fn is not None else None

@@ -27,8 +27,8 @@ from cuda.bindings.driver import (CUDA_HOST_NODE_PARAMS, CUgraphExec, CUgraphIns
 from ._cargs import unsigned
 from ._common import CONTEXT_IS_DESTROYED, INVALID_VALUE, NOT_INITIALIZED, NOT_SUPPORTED, OK
 from ._graph_nodes import ChildWork, copy_work, kernel_work, memset_work
-from ._launches import LAUNCH_COST_NS
 from ._graphs import MEMORY_NODES, SimGraph, SimNode, host_work, inner_graphs, order
+from ._timing import KERNEL, LAUNCH_NS
 
 T = CUgraphNodeType
 F = CUgraphInstantiate_flags
@@ -184,8 +184,8 @@ class GraphExecModel:
             elif isinstance(work, ChildWork):
                 self._emit(exe, work.graph, stream)
             elif work.type == T.CU_GRAPH_NODE_TYPE_CONDITIONAL:
-                self._push(stream, self._conditional_op(exe, work, stream), LAUNCH_COST_NS,
-                           work.label())
+                self._push(stream, self._conditional_op(exe, work, stream), LAUNCH_NS,
+                           work.label(), kind=KERNEL)  # its body runs inline, as one kernel
             elif work.type == T.CU_GRAPH_NODE_TYPE_EVENT_RECORD:
                 work.event.marker = self._push(stream, None, 0, "event record node")
             elif work.type == T.CU_GRAPH_NODE_TYPE_WAIT_EVENT:
@@ -193,7 +193,10 @@ class GraphExecModel:
                 self._push(stream, None, 0, "event wait node",
                            [marker] if marker is not None and not marker.done else [])
             else:
-                self._push(stream, work.op(self), work.cost(), work.label())
+                kind = getattr(work, "activity", None)
+                width = self._width(work.ctx, work.launch.grid) if kind == KERNEL else 1.0
+                self._push(stream, work.op(self), work.cost(), work.label(), kind=kind,
+                           nbytes=getattr(work, "nbytes", 0), width=width)
 
     # -- per node -------------------------------------------------------------------------
 

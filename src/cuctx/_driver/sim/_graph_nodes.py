@@ -20,11 +20,11 @@ from cuda.bindings.driver import (CUDA_KERNEL_NODE_PARAMS, CUDA_MEMCPY3D,
 
 from ._cargs import size_t, unsigned
 from ._common import ILLEGAL_ADDRESS, INVALID_VALUE, OK
-from ._launches import LAUNCH_COST_NS, Launch
+from ._launches import Launch
 from ._library import SimModule
+from ._timing import HOST, KERNEL, LAUNCH_NS, MEMSET, copy_kind, duration
 
 T = CUgraphNodeType
-BYTES_PER_NS = 25  # as the stream engine's copies
 _COPY_FIELDS = tuple(name for name in dir(CUDA_MEMCPY3D()) if not name.startswith("_")
                      and name != "getPtr")
 _ELEMENT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
@@ -34,6 +34,7 @@ class KernelWork:
     """A kernel node: a checked `Launch` (parameter bytes copied when it was made)."""
 
     type = T.CU_GRAPH_NODE_TYPE_KERNEL
+    activity = KERNEL  # its kind on the activity feed and in the timing model (`_timing`)
     __slots__ = ("launch", "_params")
 
     def __init__(self, launch: Launch):
@@ -45,7 +46,7 @@ class KernelWork:
         return self.launch.ctx
 
     def cost(self) -> int:
-        return LAUNCH_COST_NS
+        return LAUNCH_NS  # and its bytes, counted when it runs
 
     def op(self, driver):
         return self.launch.run(driver)
@@ -88,8 +89,12 @@ class CopyWork:
         self.kinds = kinds  # (source, destination) CUmemorytype as given
         self.devices = devices  # (source, destination) device ordinal, None for host memory
 
+    @property
+    def activity(self) -> str:
+        return copy_kind(self.devices[0] is None, self.devices[1] is None)
+
     def cost(self) -> int:
-        return -(-self.nbytes // BYTES_PER_NS)
+        return duration(self.activity, self.nbytes, 1.0)
 
     def op(self, driver):
         copy = self.copy
@@ -120,8 +125,14 @@ class MemsetWork:
     def extent(self) -> int:
         return (self.height - 1) * self.pitch + self.width * self.size
 
+    activity = MEMSET
+
+    @property
+    def nbytes(self) -> int:
+        return self.width * self.height * self.size
+
     def cost(self) -> int:
-        return -(-self.width * self.height * self.size // BYTES_PER_NS)
+        return duration(MEMSET, self.nbytes, 1.0)
 
     def op(self, driver):
         dst, extent, height, width = self.dst, self.extent, self.height, self.width
@@ -148,6 +159,7 @@ class HostWork:
     """A host node: a C function pointer and its argument."""
 
     type = T.CU_GRAPH_NODE_TYPE_HOST
+    activity = HOST
     ctx = None
     __slots__ = ("fn", "data")
 

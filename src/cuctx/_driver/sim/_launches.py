@@ -21,10 +21,10 @@ from ._common import (COOPERATIVE_TOO_LARGE, INVALID_HANDLE, INVALID_VALUE, NOT_
                       NOT_SUPPORTED, OK, OUT_OF_MEMORY, OUT_OF_RESOURCES)
 from ._library import SimKernel, SimLibrary, SimModule
 from ._occupancy import dynamic_limit, max_threads, occupancy
+from ._timing import KERNEL, LAUNCH_NS
 from ._twins import run_twin
 
 A = CUdevice_attribute
-LAUNCH_COST_NS = 2000  # what one launch costs on the virtual clock
 
 
 class LaunchModel:
@@ -66,8 +66,14 @@ class LaunchModel:
                                             extra, cluster, cooperative)
         if err:
             return err
-        return self._enqueue(hStream, launch.run(self), cost_ns=LAUNCH_COST_NS,
-                             label=f"kernel {kernel.name}")
+        return self._enqueue(hStream, launch.run(self), cost_ns=LAUNCH_NS, label=kernel.name,
+                             kind=KERNEL, width=self._width(ctx, grid))
+
+    def _width(self, ctx, grid) -> float:
+        """The share of ``ctx``'s SMs a grid fills (one block per SM: `_timing`)."""
+        sms = len(ctx.sms) if ctx.sms is not None else \
+            self._devices[ctx.device].attributes[A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT]
+        return min(1.0, grid[0] * grid[1] * grid[2] / sms)
 
     def _prepared_launch(self, kernel: SimKernel, ctx, grid, block, shared, kernelParams,
                          extra, cluster=None, cooperative=False):

@@ -43,6 +43,7 @@ from ._common import (CONTEXT_IS_DESTROYED, ILLEGAL_ADDRESS, INVALID_CONTEXT, IN
                       NOT_PERMITTED, NOT_SUPPORTED, OK, OUT_OF_MEMORY)
 from ._host import HostMemory, HostSide
 from ._pitched import PitchedCopies
+from ._timing import DTOD, DTOH, HTOD, MEMSET
 
 ADDRESS_BASE = 0x7000_0000_0000  # where the device address space starts (CUDA's is similar)
 ALIGNMENT = 512  # cuMemAlloc's alignment
@@ -316,12 +317,13 @@ class MemoryModel(PitchedCopies, HostMemory):
 
     # -- copies ---------------------------------------------------------------------------
 
-    def _copy(self, hStream, nbytes: int, run, host: HostSide | None, label: str):
+    def _copy(self, hStream, nbytes: int, run, host: HostSide | None, label: str, kind: str):
         """Queue ``run`` (which copies); drain the stream when the host side is pageable."""
         pageable = host is not None and not host.pinned
         if pageable and self._in_host_function():
             return (NOT_PERMITTED,)  # a synchronous copy would wait for this host function
-        err = self._enqueue(hStream, run, nbytes=nbytes, label=label)
+        err = self._enqueue(hStream, run, nbytes=nbytes, label=label, kind=kind,
+                            pageable=pageable)
         if err or not pageable:
             return (err,)
         return (self._drain(hStream),)
@@ -356,7 +358,8 @@ class MemoryModel(PitchedCopies, HostMemory):
                 view[:] = host_bytes
             else:
                 host_bytes[:] = view
-        return self._copy(hStream, n, run, side, "HtoD" if to_device else "DtoH")
+        return self._copy(hStream, n, run, side, "HtoD" if to_device else "DtoH",
+                          HTOD if to_device else DTOH)
 
     def cuMemcpyHtoDAsync(self, dstDevice, srcHost, ByteCount, hStream):
         return self._host_copy(hStream, int(dstDevice), int(srcHost), size_t(ByteCount), True)
@@ -377,7 +380,7 @@ class MemoryModel(PitchedCopies, HostMemory):
             if err:
                 return err
             dst_bytes[:] = src_bytes  # NumPy copies through a buffer when the ranges overlap
-        return self._copy(hStream, n, run, None, label)
+        return self._copy(hStream, n, run, None, label, DTOD)
 
     def cuMemcpyDtoDAsync(self, dstDevice, srcDevice, ByteCount, hStream):
         return self._device_copy(hStream, int(dstDevice), int(srcDevice), size_t(ByteCount),
@@ -426,7 +429,7 @@ class MemoryModel(PitchedCopies, HostMemory):
             if err:
                 return err
             write(view)
-        return (self._enqueue(hStream, run, nbytes=span, label=label),)
+        return (self._enqueue(hStream, run, nbytes=span, label=label, kind=MEMSET),)
 
     def cuMemsetD8Async(self, dstDevice, uc, N, hStream):
         value = unsigned(uc, 8, "unsigned char")

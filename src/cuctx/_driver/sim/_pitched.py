@@ -26,6 +26,7 @@ import numpy as np
 from cuda.bindings.driver import CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUmemorytype
 
 from ._common import INVALID_VALUE, NOT_SUPPORTED, OK
+from ._timing import copy_kind
 
 HOST, DEVICE = CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE
 ARRAY = CUmemorytype.CU_MEMORYTYPE_ARRAY
@@ -80,12 +81,13 @@ class PitchedCopies:
         err, plan = self._pitched_plan(copy, depth, three_d)
         if err or plan is None:
             return (err,)
-        nbytes, run, host = plan
-        return self._copy(hStream, nbytes, run, host, "copy3D" if three_d else "copy2D")
+        nbytes, run, host, kind = plan
+        return self._copy(hStream, nbytes, run, host, "copy3D" if three_d else "copy2D", kind)
 
     def _pitched_plan(self, copy, depth: int, three_d: bool):
-        """(CUresult, (bytes, operation, the pageable or else any host side or None)) for
-        ``copy`` checked now; (OK, None) for an empty copy. Graph copy nodes share it."""
+        """(CUresult, (bytes, operation, the pageable or else any host side or None, the
+        activity kind)) for ``copy`` checked now; (OK, None) for an empty copy. Graph copy
+        nodes share it."""
         width, height = copy.WidthInBytes, copy.Height
         sides = []
         for prefix in ("src", "dst"):
@@ -109,7 +111,7 @@ class PitchedCopies:
             dst[...] = src  # NumPy copies through a buffer when the two overlap
         hosts = [s.bytes for s in sides if s.host]  # pageable if either side is
         host = next((h for h in hosts if not h.pinned), hosts[0] if hosts else None)
-        return OK, (width * height * depth, run, host)
+        return OK, (width * height * depth, run, host, copy_kind(source.host, target.host))
 
     def _pitched_side(self, copy, prefix: str, width: int, height: int, depth: int,
                       three_d: bool):

@@ -15,8 +15,9 @@ and they wait for it; streams created with CU_STREAM_NON_BLOCKING do neither; th
 default stream (CU_STREAM_PER_THREAD) is a blocking stream of its own per thread.
 
 The virtual clock: each stream has a clock (when its last operation finished, in ns). An
-operation starts at the latest of its stream's clock, the host's clock when it was enqueued
-and the end of everything it waits on, and lasts ``cost_ns``. The host's clock moves to a
+operation is ready at the latest of its stream's clock, the host's clock when it was enqueued
+and the end of everything it waits on, starts when its engine has room (`_timing`) and lasts
+what the timing model gives it. The host's clock moves to a
 stream's (or event's) time when the host synchronizes with it. Events record the time at
 which their marker ran, so `cuEventElapsedTime` is exact and deterministic.
 
@@ -30,15 +31,20 @@ tells the other models; no work blocked by the running op ever runs before it re
 
 Engine contract (used by the memory, launch and graph models):
 
-- ``SimDriver._enqueue(hStream, op, *, nbytes=0, cost_ns=None, label="") -> CUresult``:
+- ``SimDriver._enqueue(hStream, op, *, nbytes=0, cost_ns=None, label="", kind=None,
+  pageable=False, width=1.0) -> CUresult``:
   validate the stream (unknown/destroyed handle -> CUDA_ERROR_INVALID_HANDLE; stream of a
   destroyed or reset context -> CUDA_ERROR_CONTEXT_IS_DESTROYED; poisoned context -> its
   sticky code), and append ``op`` (a zero-argument callable returning None or a CUresult)
   to that stream's queue. Nothing runs at enqueue time. When an op returns a sticky
   CUresult, the stream's context becomes poisoned (`SimContext.sticky`) and the rest of its
   queued work is dropped; another non-success CUresult is reported by the next synchronize
-  of that stream or context. ``cost_ns`` defaults to a model of ``nbytes``: ``nbytes /
-  BYTES_PER_NS`` rounded up (a 25 GB/s copy engine; pass ``cost_ns`` for anything else).
+  of that stream or context. ``kind`` is the activity kind (`_timing`: "kernel", "memcpy
+  HtoD", ...; None for markers, which the activity feed leaves out); ``cost_ns`` defaults
+  to what the timing model gives ``kind`` and ``nbytes`` (`_timing.duration`). When it
+  runs, an op is placed on its device's engines (`_timing.Engines`: copy engines per
+  direction, the SMs shared within a context and taken in turns between contexts), so
+  its start may be later than its stream's clock.
 - ``SimDriver._drain(hStream) -> CUresult`` runs everything queued on that stream (and
   whatever it waits on); the memory model calls it for pageable copies, which are
   synchronous in CUDA. It returns what a synchronize of the stream would.
@@ -67,9 +73,8 @@ from ...errors import STICKY_CODES
 from ._common import (CONTEXT_IS_DESTROYED, INVALID_HANDLE, INVALID_VALUE, NOT_PERMITTED,
                       NOT_READY, OK)
 from ._events import EventModel
+from ._timing import HOST, KERNEL, Activity, Engines, duration, kernel_time
 
-
-BYTES_PER_NS = 25  # the default cost model of a transfer: 25 GB/s
 LEGACY, PER_THREAD = int(CU_STREAM_LEGACY), int(CU_STREAM_PER_THREAD)  # handles, not flags
 NON_BLOCKING = int(CUstream_flags.CU_STREAM_NON_BLOCKING)
 PRIORITY_LEAST, PRIORITY_GREATEST = 0, -5  # cuCtxGetStreamPriorityRange on an H100
@@ -80,17 +85,22 @@ _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 class Op:
     """One queued operation."""
 
-    __slots__ = ("stream", "fn", "cost", "label", "deps", "submit", "done", "end")
+    __slots__ = ("stream", "fn", "cost", "label", "deps", "submit", "done", "end", "kind",
+                 "nbytes", "width", "correlation")
 
-    def __init__(self, stream, fn, cost, label, deps, submit):
+    def __init__(self, stream, fn, cost, label, deps, submit, kind, nbytes, width, correlation):
         self.stream = stream
         self.fn = fn
-        self.cost = cost
+        self.cost = cost  # fixed ns, on top of what the timing model gives its kind
         self.label = label
         self.deps = deps
         self.submit = submit
         self.done = False
         self.end = 0
+        self.kind = kind  # an activity kind (`_timing`), or None for markers and waits
+        self.nbytes = nbytes
+        self.width = width  # the share of its context's SMs a kernel's grid can fill
+        self.correlation = correlation
 
 
 class SimStream:
@@ -122,6 +132,9 @@ class StreamModel(EventModel):
         self._streams: dict[int, SimStream] = {}
         self._init_events()
         self._now = 0  # the host's virtual clock, ns
+        self._engines = [Engines() for _ in self._devices]
+        self._activity: tuple = ()  # subscribers to executed operations (`SimControls`)
+        self._touched, self._declared = 0, None  # the running kernel's bytes, declared cost
         text = os.environ.get("CUCTX_SIM_SEED", "0")
         try:
             self._rng = random.Random(int(text))
@@ -167,16 +180,18 @@ class StreamModel(EventModel):
 
     # -- the engine -----------------------------------------------------------------------
 
-    def _enqueue(self, hStream, op, *, nbytes=0, cost_ns=None, label=""):
+    def _enqueue(self, hStream, op, *, nbytes=0, cost_ns=None, label="", kind=None,
+                 pageable=False, width=1.0):
         with self._lock:
             err, stream = self._stream(hStream)
             if err:
                 return err
-            self._push(stream, op, -(-nbytes // BYTES_PER_NS) if cost_ns is None else cost_ns,
-                       label)
+            cost = duration(kind, nbytes, width, pageable) if cost_ns is None else cost_ns
+            self._push(stream, op, cost, label, kind=kind, nbytes=nbytes, width=width)
             return OK
 
-    def _push(self, stream: SimStream, fn, cost: int, label: str, deps=()) -> Op:
+    def _push(self, stream: SimStream, fn, cost: int, label: str, deps=(), *, kind=None,
+              nbytes=0, width=1.0) -> Op:
         deps = [d for d in deps if not d.done]
         if stream.kind == "legacy":  # waits for the blocking streams' earlier work
             deps += [s.last for s in self._ctx_streams(stream.ctx).values()
@@ -185,7 +200,9 @@ class StreamModel(EventModel):
             legacy = self._ctx_streams(stream.ctx).get("legacy")
             if legacy is not None and legacy.last is not None and not legacy.last.done:
                 deps.append(legacy.last)
-        op = Op(stream, fn, int(cost), label, deps, self._now)
+        stack = getattr(self._tls, "correlation", None)
+        op = Op(stream, fn, int(cost), label, deps, self._now, kind, nbytes, width,
+                stack[-1] if stack else None)
         stream.queue.append(op)
         stream.last = op
         return op
@@ -197,12 +214,27 @@ class StreamModel(EventModel):
             else max(stream.clock, op.submit)
         fn, op.fn, op.deps = op.fn, None, ()  # drop references as soon as the op ran
         stream.running = op
+        kernel = op.kind == KERNEL
+        if kernel:
+            self._touched, self._declared = 0, None  # what the twin views, or declares
         try:
             result = fn() if fn is not None and stream.ctx.sticky is None else None
         finally:
             stream.running = None
+            if kernel:
+                op.nbytes = self._touched
+                op.cost += kernel_time(self._touched, op.width) if self._declared is None \
+                    else self._declared
+            ctx = stream.ctx
+            start = self._engines[ctx.device].place(op.kind, start, op.cost, ctx.handle,
+                                                    ctx.sms, op.width)
             op.end = stream.clock = start + op.cost
             op.done = True
+        if op.kind is not None and self._activity:
+            record = Activity(op.kind, op.label, ctx.device, ctx.handle, stream.handle,
+                              op.submit, start, op.end, op.correlation, op.nbytes)
+            for callback in self._activity:
+                callback(record)
         if result is not None and result != OK:
             if int(result) in STICKY_CODES:
                 stream.ctx.sticky = CUresult(result)
@@ -397,7 +429,8 @@ class StreamModel(EventModel):
     def cuLaunchHostFunc(self, hStream, fn, userData):
         if not int(fn or 0):
             return (INVALID_VALUE,)  # calling it would crash the interpreter
-        return (self._enqueue(hStream, self._host_call(fn, userData), label="host function"),)
+        return (self._enqueue(hStream, self._host_call(fn, userData), label="host function",
+                              kind=HOST),)
 
     def _host_call(self, fn, userData):
         """The operation that calls the C function pointer ``fn`` (non-null) with

@@ -61,6 +61,7 @@ class SimPointer(int):
         err, raw = self._driver._kernel_view(int(self), int(count) * dtype.itemsize)
         if err:
             raise _Fault(err)
+        self._driver._touched += raw.nbytes  # the kernel's cost (`_timing`)
         return raw.view(dtype)
 
     def __repr__(self) -> str:
@@ -118,7 +119,12 @@ def decode_args(driver, kinds: list[str], raw: list[bytes]) -> list:
 def run_twin(driver, ctx, name: str, twin, grid, block, kinds, raw):
     """Run one launch's twin; None, or the sticky CUresult its failure gives."""
     try:
-        twin(grid, block, *decode_args(driver, kinds, raw))
+        args = decode_args(driver, kinds, raw)
+        twin(grid, block, *args)
+        declared = getattr(twin, "cost_ns", None)  # the twin's own time (`_timing`)
+        if declared is not None:
+            driver._declared = int(declared(grid, block, *args) if callable(declared)
+                                   else declared)
     except _Fault as fault:
         _remember(ctx, None, f"the sim twin of kernel {name!r} ({where(twin)}) accessed "
                   f"memory it may not at {_line_of(fault, twin)}")

@@ -22,6 +22,7 @@ from ._graph_exec import GraphExecModel
 from ._graph_memory import GraphMemoryModel
 from ._graph_update import GraphUpdateModel
 from ._graphs import GraphModel
+from ._green import GreenModel
 from ._launches import LaunchModel
 from ._library import LibraryModel
 from ._memory import MemoryModel
@@ -40,6 +41,7 @@ class SimDriver(
     GraphUpdateModel,
     GraphExecModel,
     GraphModel,
+    GreenModel,
     StreamModel,
     LaunchModel,
     OccupancyModel,
@@ -65,6 +67,7 @@ class SimDriver(
         self._init_graph_execs()
         self._init_capture()
         self._init_conditionals()
+        self._init_green()
 
 
 def from_env() -> SimDriver:

@@ -1,0 +1,156 @@
+"""The sim's timing model: every constant with its source, the engines work books, and the
+activity records the timeline reads.
+
+What an operation costs on the virtual clock (``duration``):
+
+- host<->device copies: ``COPY_LATENCY_NS`` + bytes at ``PINNED_BYTES_PER_NS`` (page-locked
+  host memory) or ``PAGEABLE_BYTES_PER_NS`` (pageable, which is also synchronous);
+- kernels: ``LAUNCH_NS`` + the bytes their twin touched (every ``SimPointer.view``) at
+  ``HBM_BYTES_PER_NS`` times the share of the SMs their grid fills (one block per SM: a grid
+  of 66 blocks on 132 SMs reaches half the bandwidth); a twin may declare its own time
+  instead: ``twin.cost_ns``, an int or ``cost_ns(grid, block, *args) -> int``;
+- device-to-device copies and memsets: ``LAUNCH_NS`` + bytes read and written at HBM
+  bandwidth (they run as kernels on a GPU, on all SMs);
+- host functions, ``sim.stream_busy``, event records and waits: their fixed cost only.
+
+Where an operation runs (``Engines.place``): each device has one copy engine per direction
+(HtoD, DtoH; the H100 has more engines, but one direction's copies share the PCIe link, so
+two HtoD copies never go faster than one) and the SMs. Copies of one direction never
+overlap. On the SMs, kernels (and DtoD copies, memsets) of one context run side by side as
+long as their shares add up to at most the whole; kernels of *different* contexts never
+overlap: the GPU runs one context at a time and switches between them (time slicing);
+green contexts on disjoint SM partitions run side by side. An operation starts at the
+earliest time, at or after it is ready, when its engine has room for all of it (a later
+booking may fill an earlier gap).
+
+Not modelled: preemption of a kernel longer than the time slice by another context's work
+(the sim runs the kernel to its end, then switches), compute-bound kernels (only bytes
+count), caches, PCIe contention between the two directions.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# -- constants (one place; each with where it comes from) ---------------------------------
+
+# Page-locked copies over PCIe Gen5 x16 on the H100 80GB HBM3 the project measures on:
+# about 55 GB/s each direction (issue 10, measured with benchmarks/bandwidth.py).
+PINNED_BYTES_PER_NS = 55.0
+# Pageable copies are staged by the driver through its own pinned buffers: an estimate of
+# half the pinned rate (not measured; they are synchronous, so overlap never depends on it).
+PAGEABLE_BYTES_PER_NS = 27.0
+# The H100 SXM5 80GB's HBM3 bandwidth from NVIDIA's datasheet: 3.35 TB/s. A kernel reads
+# and writes; the bytes its twin views count once each.
+HBM_BYTES_PER_NS = 3350.0
+# What a kernel costs beyond its bytes: launch and drain on the GPU, about 2 us back to back
+# (the sim's earlier flat kernel cost; cuctx's launch benchmark measures the host side).
+LAUNCH_NS = 2000
+# What a copy costs beyond its bytes: the copy engine's setup, about 2 us for a small pinned
+# copy on an H100.
+COPY_LATENCY_NS = 2000
+# The time slice between contexts: `nvidia-smi compute-policy --set-timeslice` names
+# default/short/medium/long; SHORT is 2 ms. Documented here because the model does not
+# preempt (see above); the timeline example uses kernels shorter than it.
+TIMESLICE_NS = 2_000_000
+# How many bookings each engine keeps to find gaps in (older ones are over for good).
+_KEEP = 64
+
+KERNEL, HTOD, DTOH, DTOD, HTOH = "kernel", "memcpy HtoD", "memcpy DtoH", "memcpy DtoD", \
+    "memcpy HtoH"
+MEMSET, HOST, BUSY = "memset", "host", "busy"
+ON_SMS = (KERNEL, DTOD, MEMSET)  # kinds that run on the SMs
+
+
+class Activity(NamedTuple):
+    """One executed operation, as the sim's activity feed hands it to subscribers
+    (``backend.sim.subscribe_activity``); times are on the virtual clock, in ns."""
+
+    kind: str
+    name: str
+    device: int
+    context: int
+    stream: int
+    queued_ns: int
+    start_ns: int
+    end_ns: int
+    correlation: int | None
+    bytes: int
+
+
+def duration(kind: str | None, nbytes: int, width: float, pageable: bool = False) -> int:
+    """What the timing model gives an operation of ``kind`` moving ``nbytes`` (see the
+    module docstring); ``width``: the share of the SMs a kernel's grid fills."""
+    if kind in (HTOD, DTOH):
+        rate = PAGEABLE_BYTES_PER_NS if pageable else PINNED_BYTES_PER_NS
+        return COPY_LATENCY_NS + int(-(-nbytes // rate))
+    if kind == HTOH:
+        return COPY_LATENCY_NS + int(-(-nbytes // PAGEABLE_BYTES_PER_NS))
+    if kind == KERNEL:
+        return LAUNCH_NS + kernel_time(nbytes, width)
+    if kind in (DTOD, MEMSET):
+        return LAUNCH_NS + int(-(-(2 * nbytes if kind == DTOD else nbytes) // HBM_BYTES_PER_NS))
+    return 0
+
+
+def copy_kind(source_host: bool, target_host: bool) -> str:
+    """The activity kind of a copy between host (True) or device memory."""
+    return ((HTOH, DTOH), (HTOD, DTOD))[not source_host][not target_host]
+
+
+def kernel_time(nbytes: int, width: float) -> int:
+    """A kernel's time on the SMs beyond its launch: ``nbytes`` at the HBM bandwidth its
+    share ``width`` of the SMs reaches."""
+    return int(-(-nbytes // (HBM_BYTES_PER_NS * max(width, 1e-3))))
+
+
+class _Booking:
+    __slots__ = ("start", "end", "owner", "sms", "width")
+
+    def __init__(self, start: int, end: int, owner: int, sms: frozenset | None, width: float):
+        self.start, self.end, self.owner, self.sms, self.width = start, end, owner, sms, width
+
+
+class Engines:
+    """The engines of one device and what is booked on them."""
+
+    def __init__(self) -> None:
+        self._booked: dict[str, list[_Booking]] = {"HtoD": [], "DtoH": [], "sms": []}
+
+    def place(self, kind: str, ready: int, length: int, owner: int, sms: frozenset | None,
+              width: float) -> int:
+        """Book ``length`` ns for an operation of ``kind`` ready at ``ready`` and return its
+        start. ``owner``: its context's handle; ``sms``: its green context's SM partition
+        (None: all SMs); ``width``: its share of them."""
+        engine = "HtoD" if kind == HTOD else "DtoH" if kind == DTOH else \
+            "sms" if kind in ON_SMS else None
+        if engine is None or length <= 0:
+            return ready
+        booked = self._booked[engine]
+        start = ready
+        for candidate in sorted({ready, *(b.end for b in booked if b.end > ready)}):
+            if self._fits(engine, booked, candidate, candidate + length, owner, sms, width):
+                start = candidate
+                break
+        booked.append(_Booking(start, start + length, owner, sms, width))
+        if len(booked) > _KEEP:
+            booked.sort(key=lambda b: b.end)
+            del booked[:len(booked) - _KEEP]
+        return start
+
+    @staticmethod
+    def _fits(engine, booked, start, end, owner, sms, width) -> bool:
+        used = width
+        for b in booked:
+            if b.start >= end or b.end <= start:
+                continue
+            if engine != "sms":
+                return False  # a copy engine does one copy at a time
+            if sms is not None and b.sms is not None and not sms & b.sms:
+                continue  # green contexts on disjoint SMs
+            if b.owner != owner:
+                return False  # another context: they take turns
+            used += b.width
+            if used > 1.0 + 1e-9:
+                return False
+        return True
