@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from cuda.bindings.driver import (CUdevice_attribute, CUmemAccess_flags, CUmemAccessDesc,
                                   CUmemLocationType)
 
 from . import _driver
+from ._green import Partition, partition
 from ._resource import upper
 from .context import (ACTIVE, DESTROYED, Context, call, context_for, exit_block, fail,
                       in_context, refuse_in_host_function)
@@ -335,6 +337,14 @@ class Device:
         ctx = self._runtime_primary = self.primary_context
         ctx.set_current()
         return ctx
+
+    def partition(self, sm_counts: Sequence[int]) -> Partition:
+        """Split the device's SMs into green contexts (cuGreenCtxCreate), one per count in
+        ``sm_counts``: their kernels run side by side on separate SMs, where kernels of
+        ordinary contexts take turns. Each is a `Context` (kind ``"green"``); the driver
+        rounds counts up to its granularity (the result's ``sm_counts`` says what it gave).
+        ``with device.partition([64, 64]) as (a, b):`` destroys them after the block."""
+        return partition(self, sm_counts)
 
     def reset(self) -> None:
         """Reset the primary context (cuDevicePrimaryCtxReset): all its memory and work are

@@ -1,0 +1,122 @@
+"""Green contexts: a device's SMs split into partitions, each a context whose kernels run on
+its own SMs, side by side with the other partitions' (`Device.partition`).
+
+Driver calls, in order: cuDeviceGetDevResource (the device's SMs), cuDevSmResourceSplitByCount
+(equal counts: one split into that many groups; different counts: one group at a time from
+what the previous split left), cuDevResourceGenerateDesc and cuGreenCtxCreate per group,
+cuCtxFromGreenCtx for the CUcontext every other cuctx call takes, cuGreenCtxDestroy when
+the partition is closed (or its contexts are unreferenced). The driver rounds each count up
+to its granularity (``minSmPartitionSize``/``smCoscheduledAlignment`` of the resource).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from cuda.bindings.driver import CUdevResourceType
+
+from .context import DESTROYED, Context, fail
+
+if TYPE_CHECKING:
+    from .device import Device
+
+_SM = CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM
+
+
+class Partition(Sequence):
+    """Green contexts on disjoint SMs of one device: ``partition[i]`` is a `Context` (kind
+    ``"green"``) with ``sm_counts[i]`` SMs. ``with device.partition([66, 66]) as (a, b):``
+    destroys them at the end of the block; `close` does it explicitly."""
+
+    def __init__(self, device: Device, contexts: list[Context], greens: list,
+                 sm_counts: list[int]) -> None:
+        self.device = device
+        self.sm_counts = sm_counts  # as the driver gave them (rounded to its granularity)
+        self._contexts = contexts
+        self._greens = greens
+
+    def __getitem__(self, i):
+        return self._contexts[i]
+
+    def __len__(self) -> int:
+        return len(self._contexts)
+
+    def close(self) -> None:
+        """Destroy the green contexts (cuGreenCtxDestroy): work queued in them runs first;
+        objects made in them raise `ContextDestroyedError` from now on."""
+        drv = self.device._backend.driver
+        for ctx, green in zip(self._contexts, self._greens):
+            if ctx._state == DESTROYED:
+                continue
+            ctx.synchronize()
+            ctx._tear_down_first()
+            err, = drv.cuGreenCtxDestroy(green)
+            if err:
+                fail(ctx._backend, err, "cuGreenCtxDestroy", ctx)
+            ctx._finalizer.detach()
+            ctx._mark_destroyed("by Partition.close")
+
+    def __enter__(self) -> Partition:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Partition of device {self.device.ordinal}: {self.sm_counts} SMs>"
+
+
+def partition(device: Device, sm_counts: Sequence[int]) -> Partition:
+    """What `Device.partition` does (see there)."""
+    counts = [int(c) for c in sm_counts]
+    if not counts or any(c <= 0 for c in counts):
+        raise ValueError(f"sm_counts must be one or more positive SM counts, got {sm_counts!r}")
+    backend = device._backend
+    drv = backend.driver
+    operation = f"Device({device.ordinal}).partition({counts})"
+    err, whole = drv.cuDeviceGetDevResource(device._handle, _SM)
+    if err:
+        fail(backend, err, "cuDeviceGetDevResource", hint=f"{operation}: green contexts need "
+             "CUDA 12.4 or later and a device of compute capability 8.0 or later")
+    if sum(counts) > whole.sm.smCount:
+        raise ValueError(f"{operation}: the device has {whole.sm.smCount} SMs, the partitions "
+                         f"ask for {sum(counts)}")
+    groups = _split(drv, backend, whole, counts, operation)
+    contexts, greens = [], []
+    for group in groups:
+        err, desc = drv.cuDevResourceGenerateDesc([group], 1)
+        if err:
+            fail(backend, err, "cuDevResourceGenerateDesc", hint=operation)
+        err, green = drv.cuGreenCtxCreate(desc, device._handle, 0)
+        if err:
+            fail(backend, err, "cuGreenCtxCreate", hint=operation)
+        err, handle = drv.cuCtxFromGreenCtx(green)
+        if err:
+            drv.cuGreenCtxDestroy(green)
+            fail(backend, err, "cuCtxFromGreenCtx", hint=operation)
+        contexts.append(Context._wrap(backend, handle, device, "green",
+                                      (drv.cuGreenCtxDestroy, green)))
+        greens.append(green)
+    return Partition(device, contexts, greens, [g.sm.smCount for g in groups])
+
+
+def _split(drv, backend, whole, counts: list[int], operation: str) -> list:
+    """The SM groups: one split when the counts are equal, else one group per split."""
+    if len(set(counts)) == 1:
+        err, groups, n, _ = drv.cuDevSmResourceSplitByCount(len(counts), whole, 0, counts[0])
+        if err:
+            fail(backend, err, "cuDevSmResourceSplitByCount", hint=operation)
+        if n < len(counts):
+            raise ValueError(f"{operation}: the device's SMs make only {n} groups of "
+                             f"{counts[0]} (rounded to its granularity)")
+        return list(groups)[:n]
+    groups, rest = [], whole
+    for count in counts:
+        err, group, n, rest = drv.cuDevSmResourceSplitByCount(1, rest, 0, count)
+        if err or n < 1:
+            if err:
+                fail(backend, err, "cuDevSmResourceSplitByCount", hint=operation)
+            raise ValueError(f"{operation}: no room left for a group of {count} SMs")
+        groups.append(list(group)[0])
+    return groups

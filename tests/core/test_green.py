@@ -1,0 +1,65 @@
+"""Green contexts (`Device.partition`): contexts on disjoint SMs of one device. On the GPU
+(the `backend` fixture's cuda run) this needs driver support (CUDA 12.4+, sm_80+)."""
+
+import numpy as np
+import pytest
+
+import cuctx
+from cuctx._driver.sim import Activity
+
+SOURCE = r"""
+extern "C" __global__ void scale(float* out, const float* in, float factor, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i] * factor;
+}
+"""
+N = 1 << 16
+
+
+def scale_twin(grid, block, out, data, factor: float, n):
+    out.view(np.float32, n)[:] = data.view(np.float32, n) * np.float32(factor)
+
+
+def test_a_partition_gives_green_contexts_that_run_work(backend):
+    library = cuctx.Library.from_source(SOURCE, sim_kernels={"scale": scale_twin})
+    device = cuctx.Device(0)
+    with device.partition([16, 16]) as parts:
+        assert len(parts) == 2 and parts.sm_counts == [16, 16]
+        assert all(ctx.kind == "green" for ctx in parts)
+        for ctx in parts:
+            with ctx:
+                x = cuctx.to_device(np.ones(N, np.float32))
+                library["scale"][N // 256, 256](x, x, 3.0, N)
+                assert float(x.to_host().sum()) == 3.0 * N
+                del x
+    assert all(ctx.state == "destroyed" for ctx in parts)
+
+
+def test_a_partition_larger_than_the_device_is_refused(backend):
+    device = cuctx.Device(0)
+    with pytest.raises(ValueError, match="SMs"):
+        device.partition([4096])
+    with pytest.raises(ValueError, match="positive"):
+        device.partition([])
+
+
+def test_kernels_of_two_partitions_overlap_on_the_sim(sim):
+    records: list[Activity] = []
+    sim.sim.subscribe_activity(records.append)
+    try:
+        library = cuctx.Library.from_source(SOURCE, sim_kernels={"scale": scale_twin})
+        with cuctx.Device(0).partition([64, 64]) as parts:
+            arrays = []
+            for ctx in parts:
+                with ctx:
+                    x = cuctx.zeros(N, np.float32)
+                    ctx.synchronize()
+                    library["scale"][N // 256, 256](x, x, 2.0, N)
+                    arrays.append(x)
+            for ctx in parts:
+                ctx.synchronize()
+            del arrays, x
+    finally:
+        sim.sim.unsubscribe_activity(records.append)
+    a, b = [r for r in records if r.kind == "kernel"]
+    assert a.context != b.context and a.start_ns < b.end_ns and b.start_ns < a.end_ns
