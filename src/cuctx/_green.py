@@ -108,8 +108,11 @@ def _split(drv, backend, whole, counts: list[int], operation: str) -> list:
         if err:
             fail(backend, err, "cuDevSmResourceSplitByCount", hint=operation)
         if n < len(counts):
-            raise ValueError(f"{operation}: the device's SMs make only {n} groups of "
-                             f"{counts[0]} (rounded to its granularity)")
+            step = max(whole.sm.minSmPartitionSize, whole.sm.smCoscheduledAlignment, 1)
+            most = whole.sm.smCount // len(counts) // step * step
+            raise ValueError(f"{operation}: the driver rounds SM counts up to a multiple of "
+                             f"{step}, so the device's {whole.sm.smCount} SMs make only {n} "
+                             f"group(s) of {counts[0]}; ask for at most {most} each")
         return list(groups)[:n]
     groups, rest = [], whole
     for count in counts:
