@@ -43,6 +43,8 @@ _live: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _free_live(ctx) -> None:
+    if ctx._state is not ACTIVE:
+        return  # a poisoned context runs nothing: `_orphan_live` hands them on afterwards
     for alloc in list(_live.pop(ctx, ())):
         pending = alloc._finalizer.detach()  # (None when it ran meanwhile)
         if pending is not None:

@@ -52,12 +52,14 @@ class SimPointer(int):
     def view(self, dtype, count: int | None = None) -> np.ndarray:
         """A NumPy view of ``count`` elements of ``dtype`` at this address (default: up to
         the end of its allocation). Outside every live allocation: an illegal-address
-        fault; an address not aligned to the element size: a misaligned-address fault."""
+        fault (no elements: an empty array, whatever the address); an address not aligned to the element size: a misaligned-address fault."""
         dtype = np.dtype(dtype)
         if int(self) % dtype.alignment:
             raise _Fault(MISALIGNED_ADDRESS)
         if count is None:
             count = self._driver._extent(int(self)) // dtype.itemsize
+        if not count:  # no element: no access, wherever it points (as on a GPU)
+            return np.empty(0, dtype)
         err, raw = self._driver._kernel_view(int(self), int(count) * dtype.itemsize)
         if err:
             raise _Fault(err)
