@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from cuda.bindings.driver import CUdevResourceType
+from cuda.bindings.driver import CUdevResourceType, CUgreenCtxCreate_flags
 
 from .context import DESTROYED, Context, fail
 
@@ -22,11 +22,12 @@ if TYPE_CHECKING:
     from .device import Device
 
 _SM = CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM
+_DEFAULT_STREAM = int(CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM)
 
 
 class Partition(Sequence):
     """Green contexts on disjoint SMs of one device: ``partition[i]`` is a `Context` (kind
-    ``"green"``) with ``sm_counts[i]`` SMs. ``with device.partition([66, 66]) as (a, b):``
+    ``"green"``) with ``sm_counts[i]`` SMs. ``with device.partition([64, 64]) as (a, b):``
     destroys them at the end of the block; `close` does it explicitly."""
 
     def __init__(self, device: Device, contexts: list[Context], greens: list,
@@ -88,7 +89,8 @@ def partition(device: Device, sm_counts: Sequence[int]) -> Partition:
         err, desc = drv.cuDevResourceGenerateDesc([group], 1)
         if err:
             fail(backend, err, "cuDevResourceGenerateDesc", hint=operation)
-        err, green = drv.cuGreenCtxCreate(desc, device._handle, 0)
+        # CU_GREEN_CTX_DEFAULT_STREAM: the driver (580, H100) refuses anything else.
+        err, green = drv.cuGreenCtxCreate(desc, device._handle, _DEFAULT_STREAM)
         if err:
             fail(backend, err, "cuGreenCtxCreate", hint=operation)
         err, handle = drv.cuCtxFromGreenCtx(green)

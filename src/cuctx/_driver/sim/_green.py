@@ -76,7 +76,8 @@ class GreenModel:
         found = self._descs.get(int(desc or 0))
         if not self._initialized:
             return (NOT_INITIALIZED, None)
-        if found is None or found[0] != int(dev) or int(flags) not in (0, 1):
+        # The H100's driver 580 refuses flags 0: CU_GREEN_CTX_DEFAULT_STREAM (1) is required.
+        if found is None or found[0] != int(dev) or int(flags) != 1:
             return (INVALID_VALUE, None)
         with self._lock:
             ctx = self._new_context(int(dev), 0, primary=False)
