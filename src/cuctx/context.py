@@ -1,15 +1,11 @@
 """Contexts: primary and created ones, the per-thread context stack, lazy initialisation.
 
 The driver keeps the real stack; cuctx mirrors what it pushes in a per-thread *shadow* stack
-of `Context` objects. It keeps every context cuctx made current alive while it is on a stack
-(garbage collection never destroys a current context), and lets ``with ctx:`` restore the
-exact previous stack on exit even when the block pushed more and did not pop.
-
-A `Context` is in one of three states. ``active``; ``destroyed`` (by `destroy`, by
-`Device.reset` for a primary context, or seen destroyed by the driver); ``poisoned`` (a
-sticky fault happened in it). Every operation checks the state first, because handing the
-driver a destroyed context can abort the process (pushing one corrupts the heap on driver
-580) and a poisoned one only answers with the old fault.
+of `Context` objects, which keeps every context cuctx made current alive while it is on a
+stack and lets ``with ctx:`` restore the exact previous stack. A `Context` is ``active``,
+``destroyed`` (by `destroy`, `Device.reset`, or the driver's word) or ``poisoned`` (a sticky
+fault). Every operation checks the state first: pushing a destroyed context corrupts the
+heap on driver 580, and a poisoned one only answers with the old fault.
 """
 
 from __future__ import annotations
@@ -49,9 +45,8 @@ def refuse_in_host_function(operation: str) -> None:
 
 def fail(backend: _driver.Backend, err, operation: str, ctx: Context | None = None,
          hint: str = "") -> NoReturn:
-    """Raise the exception for a failed driver call, poisoning the context on a sticky fault.
-    ``ctx`` is the context the call worked in; without one the thread's current context is
-    taken, which is where the driver reports sticky faults."""
+    """Raise the exception for a failed driver call, poisoning the context (``ctx``, else the
+    thread's current one, where the driver reports them) on a sticky fault."""
     code = int(err)
     if code == NOT_PERMITTED:  # the driver refuses CUDA calls from host functions (when it notices)
         refuse_in_host_function(operation)
@@ -372,6 +367,8 @@ class Context(Resource):
             _record.interrupt("Context.synchronize")
         if _lifetimes.capturing:
             _lifetimes.refuse_in_capture("Context.synchronize", ctx=self)
+        if _lifetimes.orphans:  # freed first, so this synchronize gives their memory back
+            _lifetimes.free_orphans(self)
         with _InContext(self, "Context.synchronize"):
             err, = self._drv.cuCtxSynchronize()
         if err:
@@ -468,8 +465,7 @@ def live_current(backend: _driver.Backend) -> Context | None:
 
 
 def current_context() -> Context | None:
-    """The calling thread's current context, or None when its stack is empty. Never a
-    destroyed context: one found current (destroyed by another thread) is popped first."""
+    """The calling thread's current context, or None; never a destroyed one (`live_current`)."""
     return live_current(_driver.active())
 
 
@@ -496,8 +492,7 @@ def context_for(device: Device | int | None = None, *, primary: bool = False) ->
 
 
 def ensure_context() -> Context:
-    """The current context, initialising lazily as the runtime API does: with none
-    current, the primary context of device 0 becomes current and stays retained."""
+    """The current context; with none, device 0's primary context (`context_for`)."""
     return context_for()
 
 

@@ -188,10 +188,6 @@ class ContextModel:
         """Run all work queued in ``ctx``; the stream model overrides this."""
         return OK
 
-    def _stream_synchronized(self, stream) -> None:
-        """A stream was synchronized (a synchronization point: the memory model releases
-        its pool's freed blocks, as the driver does with a release threshold of 0)."""
-
     # -- primary contexts -----------------------------------------------------------------
 
     def _primary_of(self, dev):

@@ -22,8 +22,8 @@ same stream* may reuse it straight away (stream order makes that safe: the work 
 the old allocation runs first); allocations on other streams may reuse it only after the
 free has run. The memory stays valid for the work queued before the free; after the free has
 run, an access is an illegal address (a use after free that a GPU would let slip). Pool
-blocks whose free has run are released back to the device when a context or a stream
-synchronizes or an allocation would not fit otherwise (the pool's release threshold is 0, the driver's
+blocks whose free has run are released back to the device when a context synchronizes or
+an allocation would not fit otherwise (the pool's release threshold is 0, the driver's
 default).
 
 Arguments: sizes and memset values are converted as cuda.bindings converts C arguments
@@ -225,10 +225,6 @@ class MemoryModel(PitchedCopies, HostMemory):
         with self._lock:
             self._trim_pool(ctx.device)
         return err
-
-    def _stream_synchronized(self, stream) -> None:
-        super()._stream_synchronized(stream)
-        self._trim_pool(stream.ctx.device)
 
     def _release_context_resources(self, ctx):
         super()._release_context_resources(ctx)  # runs the queued work first

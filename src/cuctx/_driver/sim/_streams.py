@@ -401,11 +401,7 @@ class StreamModel(EventModel):
         return self._stream_query(hStream, lambda s: CUdevice(s.ctx.device))
 
     def cuStreamSynchronize(self, hStream):
-        err = self._drain(hStream)
-        if not err:
-            with self._lock:
-                self._stream_synchronized(self._stream(hStream)[1])
-        return (err,)
+        return (self._drain(hStream),)
 
     def cuStreamQuery(self, hStream):
         with self._lock:

@@ -52,7 +52,8 @@ class SimPointer(int):
     def view(self, dtype, count: int | None = None) -> np.ndarray:
         """A NumPy view of ``count`` elements of ``dtype`` at this address (default: up to
         the end of its allocation). Outside every live allocation: an illegal-address
-        fault (no elements: an empty array, whatever the address); an address not aligned to the element size: a misaligned-address fault."""
+        fault (no elements: an empty array, whatever the address); an address not aligned
+        to the element size: a misaligned-address fault."""
         dtype = np.dtype(dtype)
         if int(self) % dtype.alignment:
             raise _Fault(MISALIGNED_ADDRESS)
