@@ -418,7 +418,10 @@ class ArrayMachine(StreamMachine):
 
                 def __dlpack_device__(self):
                     return dev.__dlpack_device__()
-        view = self.call(f"asarray({protocol})", None, cuctx.asarray, Producer())
+        # The current stream waits for the producer's: a faulted current context may refuse.
+        view = self.call(f"asarray({protocol})", usable(self.top()), cuctx.asarray, Producer())
+        if not ok(view):
+            return multiple()
         assert view.context is arr.ctx.ctx, (view.context, arr.ctx)
         return self.track(Arr(arr.base, view, arr.offset))
 
