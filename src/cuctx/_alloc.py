@@ -9,8 +9,9 @@ import weakref
 from . import _record, _trace
 from . import _lifetimes
 from ._lifetimes import free_or_defer
+from ._resource import POISONED
 from .context import ACTIVE, fail, in_context
-from .errors import OUT_OF_MEMORY
+from .errors import OUT_OF_MEMORY, CudaError
 from .stream import Stream
 
 
@@ -47,9 +48,15 @@ def _free_live(ctx) -> None:
         return  # a poisoned context runs nothing: `_orphan_live` hands them on afterwards
     for alloc in list(_live.pop(ctx, ())):
         pending = alloc._finalizer.detach()  # (None when it ran meanwhile)
-        if pending is not None:
-            _, _, (release, *args), _ = pending
-            release(*args)  # now, not deferred: after the teardown nothing could free it
+        if pending is None:
+            continue
+        _, _, (release, *args), _ = pending
+        try:  # now, not deferred: after the teardown nothing could free it
+            freed = release(*args)
+        except CudaError:  # a fault the context had not reported yet (a wait refused)
+            freed = False
+        if not freed:  # the pool outlives the context: a usable one frees it later
+            _lifetimes.orphans.setdefault(ctx._device, []).append(alloc.ptr)
 
 
 def _orphan_live(ctx) -> None:
@@ -60,20 +67,24 @@ def _orphan_live(ctx) -> None:
             _lifetimes.orphans.setdefault(ctx._device, []).append(alloc.ptr)
 
 
-def _release(ptr: int, nbytes: int, stream: Stream, recorded: list[Stream]) -> None:
+def _release(ptr: int, nbytes: int, stream: Stream, recorded: list[Stream]) -> bool:
+    """Free on ``stream`` (after the recorded streams); False when the driver refused it."""
     if stream._ctx._state is not ACTIVE:
-        return  # the driver freed it with the context (or will, when it is destroyed)
+        if stream._ctx._state is POISONED:  # the pool outlives it: a usable context frees it
+            _lifetimes.orphans.setdefault(stream._ctx._device, []).append(ptr)
+        return True
     if _lifetimes.capturing and _lifetimes.held_by_capture(
             stream, ptr, functools.partial(_release, ptr, nbytes, stream, recorded)):
-        return  # memory from before the capture: freed when it ends, not in the graph
+        return True  # memory from before the capture: freed when it ends, not in the graph
     for other in recorded:
         if other._ctx._state is ACTIVE:
             stream.wait(other)  # the free is queued after that stream's work so far
-    # At garbage collection there is no caller to raise to; a failure here means the
-    # context was lost meanwhile, and the driver frees the memory with it.
+    # At garbage collection there is no caller to raise to: a refusal (the context faulted
+    # unnoticed) is for the teardown to handle (`_free_live`).
     err, = stream._call(stream._backend.driver.cuMemFreeAsync, ptr, stream._handle)
     if not err and _trace.sinks:
         _trace.emit("free", stream._ctx, stream, (_trace.Access(ptr, nbytes, _trace.WRITE),))
+    return not err
 
 
 def allocate(nbytes: int, stream: Stream) -> Allocation:
