@@ -419,7 +419,8 @@ class ArrayMachine(StreamMachine):
                 def __dlpack_device__(self):
                     return dev.__dlpack_device__()
         # The current stream waits for the producer's: a faulted current context may refuse.
-        view = self.call(f"asarray({protocol})", usable(self.top()), cuctx.asarray, Producer())
+        view = self.call(f"asarray({protocol})", combine(usable(self.top())), cuctx.asarray,
+                         Producer())
         if not ok(view):
             return multiple()
         assert view.context is arr.ctx.ctx, (view.context, arr.ctx)
