@@ -440,9 +440,8 @@ def _registered_current(backend: _driver.Backend) -> Context | None:
 
 
 def live_current(backend: _driver.Backend) -> Context | None:
-    """The calling thread's current context, or None; never a destroyed one. A created
-    context destroyed while current here (by another thread, or below the top of this
-    stack) is popped first, from the driver's stack and the shadow, as often as needed."""
+    """The calling thread's current context, or None; never a destroyed one: a created one
+    destroyed while current here is popped first (driver stack and shadow), as needed."""
     stack = backend.tls.state.stack  # (read first: inside a host function it raises)
     drv = backend.driver
     while True:
@@ -470,8 +469,7 @@ def current_context() -> Context | None:
 
 
 def current_device() -> Device:
-    """The device of the current context; device 0 when no context is current. (A query:
-    it makes no context current; the next call that needs a context will, on this device.)"""
+    """The device of the current context; device 0 when none is (a query: it makes none)."""
     ctx = current_context()
     return ctx.device if ctx is not None else upper.device(0)
 
