@@ -136,26 +136,21 @@ class GraphExecModel:
 
     def cuGraphUpload(self, hGraphExec, hStream):
         with self._lock:
-            exe = self._graph_exec(hGraphExec)
-            if exe is None:
-                return (INVALID_VALUE,)
-            err, stream = self._stream(hStream)
-            if err:
-                return (err,)
-            return (self._launchable(exe, stream),)
+            return (self._exec_on(hGraphExec, hStream)[0],)
 
     def cuGraphLaunch(self, hGraphExec, hStream):
         with self._lock:
-            exe = self._graph_exec(hGraphExec)
-            if exe is None:
-                return (INVALID_VALUE,)
-            err, stream = self._stream(hStream)
-            if err:
-                return (err,)
-            err = self._launchable(exe, stream)
-            if err:
-                return (err,)
-            return (self._launch_graph(exe, stream),)
+            err, exe, stream = self._exec_on(hGraphExec, hStream)
+            return (err or self._launch_graph(exe, stream),)
+
+    def _exec_on(self, hGraphExec, hStream):
+        """(CUresult, executable, stream) for an upload or launch: the handles looked up and
+        the executable checked launchable on that stream."""
+        exe = self._graph_exec(hGraphExec)
+        if exe is None:
+            return INVALID_VALUE, None, None
+        err, stream = self._stream(hStream)
+        return (err or self._launchable(exe, stream)), exe, stream
 
     def _launchable(self, exe: SimGraphExec, stream) -> object:
         """The checks of a launch or an upload on ``stream``: every node's context alive and
