@@ -153,6 +153,27 @@ def test_memory_released_with_its_block_faults_queued_work(sim):
         assert drv.cuStreamSynchronize(s) == (ILLEGAL_ADDRESS,)
 
 
+def test_a_free_dropped_with_a_faulted_context_gives_its_memory_back_at_the_reset(sim):
+    """The free is queued, then the context faults: its queued work never runs, yet the
+    device's memory is back once the context is reset (no block left in the pool forever)."""
+    from cuctx.sim import inject_fault
+    drv = sim.driver
+    device = Device(0)
+    with device:
+        before = device.mem_info().free
+        stream = Stream(device)
+        err, ptr = drv.cuMemAllocAsync(4096, stream._handle)
+        assert not err
+        assert drv.cuStreamSynchronize(stream._handle) == (OK,)
+        assert drv.cuMemFreeAsync(ptr, stream._handle) == (OK,)
+        inject_fault(device.primary_context)
+        with pytest.raises(cuctx.CudaError):
+            stream.synchronize()
+    device.reset()
+    with device:
+        assert device.mem_info().free == before
+
+
 # -- host addresses -------------------------------------------------------------------------
 
 def test_host_addresses_numpy_cannot_touch_are_refused_not_a_crash(sim):

@@ -229,6 +229,12 @@ class MemoryModel(PitchedCopies, HostMemory):
     def _release_context_resources(self, ctx):
         super()._release_context_resources(ctx)  # runs the queued work first
         with self._lock:
+            for block in self._pools[ctx.device]:
+                if not block.released and block.free_stream.ctx is ctx:
+                    # A poisoned context's queued work never runs, frees included; its
+                    # streams are gone, so nothing orders a reuse after them: the pool has
+                    # the block back (the driver cannot free it twice either).
+                    block.end(block.current)
             for block in [b for b in self._blocks.values() if b.ctx is ctx]:
                 if block.ordered and block.live:
                     # The device's pool owns it: destroying or resetting the context does not
