@@ -67,6 +67,11 @@ class RaceCheck:
         self._freed_starts: list[int] = []  # freed regions no allocation took again
         self._freed: dict[int, tuple[int, int, OpInfo, Region]] = {}
         self._graph_checked: dict[int, tuple] = {}
+        # Host threads' clocks change only at synchronizations: each stream remembers the
+        # version of its submitting thread's clock it joined last, and skips joining it again.
+        self._thread_versions: dict[int, int] = {}  # thread actor -> version of its clock
+        self._joined: dict[int, tuple[int, int]] = {}  # stream actor -> (thread actor, version)
+        self._handlers = {kind: getattr(self, "_" + kind) for kind in _trace.KINDS}
 
     # -- the sink ---------------------------------------------------------------------------
 
@@ -85,14 +90,17 @@ class RaceCheck:
                 (op.context._key, stream._key) in _lifetimes.capturing:
             return  # captured into a graph: it runs when the graph is launched
         with self._lock:
-            found = getattr(self, "_" + op.kind)(op)
+            found = self._handlers[op.kind](op)
         if found and self.mode == "raise" and op.kind == "free":
             # A free runs from a finalizer, which cannot raise to anyone: the next
             # operation of this thread (or the end of the block) raises it.
             self._pending.setdefault(op.thread, []).extend(found)
             return
-        self._raise_pending(op.thread)
-        if found and self.mode == "raise":
+        if self._pending:
+            self._raise_pending(op.thread)
+        if not found:
+            return
+        if self.mode == "raise":
             raise RaceError(found)
         for f in found if self.mode == "warn" else ():
             warnings.warn(str(f), RaceWarning, stacklevel=3)
@@ -113,14 +121,23 @@ class RaceCheck:
             self._clocks.append({actor: 1})
         return actor
 
-    def _thread(self, ident: int) -> dict[int, int]:
+    def _thread_actor(self, ident: int) -> int:
         actor = self._threads.get(ident)
         if actor is None:
             actor = self._threads[ident] = self._actor(("thread", ident))
+            self._thread_versions[actor] = 0
             clock = self._clocks[actor]
             for other in self._threads.values():
                 _join(clock, self._clocks[other])
-        return self._clocks[actor]
+        return actor
+
+    def _host_joins(self, ident: int, *clocks: dict[int, int]) -> None:
+        """The host thread ``ident`` has seen what ``clocks`` say (it synchronized)."""
+        actor = self._thread_actor(ident)
+        host = self._clocks[actor]
+        for clock in clocks:
+            _join(host, clock)
+        self._thread_versions[actor] += 1
 
     def _stream(self, op: _trace.Operation, stream: Any = None) -> tuple[int, dict[int, int]]:
         """The stream's actor and clock, after the edges into it: the submitting thread's
@@ -138,7 +155,11 @@ class RaceCheck:
             if self._is_blocking(stream, key):
                 self._blocking.setdefault(ctx_key, []).append(actor)
         clock = self._clocks[actor]
-        _join(clock, self._thread(op.thread))
+        thread = self._thread_actor(op.thread)
+        seen = (thread, self._thread_versions[thread])
+        if self._joined.get(actor) != seen:
+            _join(clock, self._clocks[thread])
+            self._joined[actor] = seen
         legacy = self._legacy.get(ctx_key)
         if legacy is not None and legacy != actor:
             if actor in self._blocking.get(ctx_key, ()):
@@ -194,10 +215,13 @@ class RaceCheck:
         dst = op.accesses[1] if len(op.accesses) == 2 else None
         if dst is not None and dst.host and not _host.page_locked(dst.ptr, dst.nbytes):
             # To pageable memory: the call returned once the copy was done.
-            _join(self._thread(op.thread), self._clocks[self._stream(op)[0]])
+            self._host_joins(op.thread, self._clocks[self._stream(op)[0]])
         return found
 
-    _memset = _launch = _copy
+    def _launch(self, op: _trace.Operation) -> list[Finding]:
+        return self._accesses(op)
+
+    _memset = _launch
 
     def _graph_launch(self, op: _trace.Operation) -> list[Finding]:
         return self._accesses(op) + self._inside_graph(op)
@@ -205,14 +229,14 @@ class RaceCheck:
     def _accesses(self, op: _trace.Operation) -> list[Finding]:
         actor, clock = self._stream(op)
         found: list[Finding] = []
-        nodes = op.fields.get("nodes")
-        if nodes:  # a graph launch: each access names its node
-            stamps = [Stamp(actor, clock[actor], OpInfo(_node_what(node), op.stream, op.site,
-                                                        op.thread))
-                      for node, acc in nodes for _ in acc]
+        epoch = clock[actor]
+        if op.kind == "graph_launch":  # each access names its node
+            stamps = [Stamp(actor, epoch, OpInfo(_node_what(node), op.stream, op.site,
+                                                 op.thread))
+                      for node, acc in op.fields["nodes"] for _ in acc]
         else:
-            stamps = [Stamp(actor, clock[actor], OpInfo(_what(op), op.stream, op.site,
-                                                        op.thread))] * len(op.accesses)
+            stamps = [Stamp(actor, epoch, OpInfo(_what(op), op.stream, op.site,
+                                                 op.thread))] * len(op.accesses)
         for acc, stamp in zip(op.accesses, stamps):
             if acc.host or not acc.nbytes:
                 continue  # host memory is the host's business
@@ -249,17 +273,16 @@ class RaceCheck:
         return []
 
     def _sync_stream(self, op: _trace.Operation) -> list[Finding]:
-        _join(self._thread(op.thread), self._stream(op)[1])
+        self._host_joins(op.thread, self._stream(op)[1])
         return []
 
     def _sync_event(self, op: _trace.Operation) -> list[Finding]:
-        _join(self._thread(op.thread), self._events.get(op.event._key, {}))
+        self._host_joins(op.thread, self._events.get(op.event._key, {}))
         return []
 
     def _sync_context(self, op: _trace.Operation) -> list[Finding]:
-        host = self._thread(op.thread)
-        for actor in self._streams.get(op.context._key, ()):
-            _join(host, self._clocks[actor])
+        self._host_joins(op.thread, *(self._clocks[actor]
+                                      for actor in self._streams.get(op.context._key, ())))
         return []
 
     # -- memory -----------------------------------------------------------------------------
