@@ -3,6 +3,10 @@ src/cuctx/examples/stream_overlap.py writes it): how close the pipeline comes to
 the longest phase's total (all host-to-device copies, or all kernels, or all device-to-host
 copies, each measured alone). Goal on the GPU: achieved/ideal >= 0.90 at 4 and 8 streams.
 Times are GPU times from events; also the wall time of the whole pipeline, synchronized.
+Then each N once more inside ``cuctx.timeline()``: the span of the work it recorded (first
+start to last end on the device) beside the events' time and the wall time, and the
+copy/compute overlap it saw. The timeline's source is named: CUPTI activity records on a GPU
+where cupti-python is installed, else event pairs (approximate).
 
 On the sim the times come from its timing model (src/cuctx/_driver/sim/_timing.py): a smoke
 test of the script, and what benchmarks/sim_calibration.py compares with the H100.
@@ -96,6 +100,26 @@ def main() -> None:
             gpu, wall = best(lambda n=n: pipeline.run(n))
             print(f"  {n} stream(s): {gpu:.3f} ms GPU time, {wall:.3f} ms wall; "
                   f"achieved/ideal = {ideal / gpu:.2f}")
+        compare_with_timeline(pipeline)
+
+
+def compare_with_timeline(pipeline: Pipeline) -> None:
+    """Each N once inside a timeline: does what it shows agree with the events and the
+    wall clock?"""
+    print("\n== the same pipeline inside cuctx.timeline()")
+    source = None
+    for n in STREAMS:
+        pipeline.run(n)  # warm: the first launch under a trace sink takes the checked path
+        with cuctx.timeline() as tl:
+            gpu, wall = pipeline.run(n)
+        summary, source = tl.summary(), tl.source
+        span = summary["span_ns"] / 1e6
+        overlap = max((d["copy_compute_overlap"] for d in summary["devices"].values()),
+                      default=0.0)
+        print(f"  {n} stream(s): timeline span {span:.3f} ms, events {gpu:.3f} ms "
+              f"(timeline/events {span / gpu:.2f}), wall {wall:.3f} ms; copy/compute "
+              f"overlap {overlap:.0%}")
+    print(f"  timeline source: {source}")
 
 
 if __name__ == "__main__":
