@@ -167,9 +167,10 @@ class Launcher:
 
     def _fast_path(self, plan: Plan) -> tuple[Callable, str | None]:
         """(fast path, its generated source or None) for ``plan``: the compiled one where
-        the backend has it and it packs this plan, else the generated one. The compiled one
-        hands what it steps aside from to the generated one, which records packed bytes for
-        an autograph call (and goes on to the checked path for everything else)."""
+        the backend has it and it packs this plan, else the generated one. Both hand the
+        packed bytes to a recording thread's recorder (an autograph call); the compiled one
+        hands what it steps aside from to the generated one (which goes on to the checked
+        path)."""
         generated = _codegen.fast_launch(plan, ctx=self._ctx, owner=self._owner,
                                          local=self._local, general=self._general,
                                          fail=self._fail, stream=self.stream)
@@ -178,7 +179,8 @@ class Launcher:
             c = self.config
             fast = native.launcher(plan, self._ctx, self._owner, self.stream,
                                    self.kernel._function, c.grid, c.block, c.shared_mem,
-                                   self._ex_config, generated[0], self._fail, self._sim_args)
+                                   self._ex_config, generated[0], self._fail, self._sim_args,
+                                   self)
             if fast is not None:
                 return fast, None
         return generated

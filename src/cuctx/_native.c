@@ -7,7 +7,7 @@
 struct native_setup L;
 
 PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
-    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *ZERO;
+    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_recorder, *S_launch, *ZERO;
 
 /* The sentinel an implementation returns to hand the call to the checked Python path. */
 PyObject python_path_marker;
@@ -28,8 +28,9 @@ static Py_ssize_t slot_offset(PyTypeObject *type, const char *name)
 }
 
 /* True while a trace sink listens, a host function runs, ...: the checked paths announce
- * or refuse what these paths would do silently. */
-int step_aside(void)
+ * or refuse what these paths would do silently. A thread recording an autograph call is
+ * not among them: a compiled launch hands its packed bytes to the recorder itself. */
+int step_aside_unless_recording(void)
 {
     Py_ssize_t n = PyTuple_GET_SIZE(L.step_aside);
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -48,6 +49,19 @@ int step_aside(void)
         }
     }
     return 0;
+}
+
+/* Some thread records an autograph call (the set is mutated in place, never replaced). */
+int recording(void)
+{
+    return PySet_GET_SIZE(L.recording) > 0;
+}
+
+/* ... and the compiled record and wait step aside for a recording thread too: the Python
+ * paths hand the operation to its recorder. */
+int step_aside(void)
+{
+    return step_aside_unless_recording() || recording();
 }
 
 /* -- setup ------------------------------------------------------------------------------ */
@@ -91,10 +105,13 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
             || take(kwargs, "CUcontext", &L.CUcontext) || take(kwargs, "fail", &L.fail)
             || take(kwargs, "object_for", &L.object_for)
             || take(kwargs, "driver_namespace", &L.driver_dict)
-            || take(kwargs, "step_aside", &L.step_aside))
+            || take(kwargs, "step_aside", &L.step_aside)
+            || take(kwargs, "recording", &L.recording) || take(kwargs, "records", &L.records))
         return NULL;
-    if (!PyDict_Check(L.driver_dict) || !PyTuple_Check(L.step_aside))
-        return PyErr_Format(PyExc_TypeError, "driver_namespace: a dict; step_aside: a tuple");
+    if (!PyDict_Check(L.driver_dict) || !PyTuple_Check(L.step_aside)
+            || !PySet_Check(L.recording))
+        return PyErr_Format(PyExc_TypeError,
+                            "driver_namespace: a dict; step_aside: a tuple; recording: a set");
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(L.step_aside); i++) {
         PyObject *pair = PyTuple_GET_ITEM(L.step_aside, i);
         if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2
@@ -156,7 +173,8 @@ PyMODINIT_FUNC PyInit__native(void)
         {&S_native, "native"}, {&S_tls, "tls"}, {&S_tls_cache, "cuctx._native thread state"},
         {&S_dict, "__dict__"}, {&S_state, "state"}, {&S_loaded, "_loaded"},
         {&S_locked, "locked"}, {&S_getPtr, "getPtr"}, {&S_active, "_active"},
-        {&S_shared_mem, "shared_mem"}, {&S_stream, "stream"}};
+        {&S_shared_mem, "shared_mem"}, {&S_stream, "stream"}, {&S_recorder, "recorder"},
+        {&S_launch, "launch"}};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].s = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;

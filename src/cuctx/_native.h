@@ -71,6 +71,8 @@ struct native_setup {
     PyObject *object_for;  /* cuctx.context._object_for */
     PyObject *driver_dict; /* cuctx._driver's namespace: `_active` */
     PyObject *step_aside;  /* ((namespace, name), ...): step aside while any value is true */
+    PyObject *recording;   /* cuctx._record.threads: the ids of the threads recording now */
+    PyObject *records;     /* cuctx._record.local: a recording thread's `.recorder` */
     /* slot offsets */
     Py_ssize_t backend, ctx, handle, key;          /* Resource */
     Py_ssize_t state, device;                      /* Context */
@@ -83,7 +85,7 @@ struct native_setup {
 extern struct native_setup L;
 
 extern PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
-    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *ZERO;
+    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_recorder, *S_launch, *ZERO;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
@@ -92,6 +94,8 @@ extern PyObject python_path_marker;
 #define PYTHON_PATH (&python_path_marker)
 
 int step_aside(void);
+int step_aside_unless_recording(void);
+int recording(void);
 
 /* -- Driver: the driver functions, in C or (the sim) in Python (_native_driver.c) ----- */
 

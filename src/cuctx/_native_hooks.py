@@ -10,7 +10,10 @@ cache lookup).
 
 While any value in `STEP_ASIDE` is true, the compiled launch, record and wait step aside to
 the checked paths, which announce the operation (a trace sink) or refuse it (inside a host
-function). A new reason to step aside is one more (namespace, name) pair there.
+function). A new reason to step aside is one more (namespace, name) pair there. While some
+thread records an `@autograph` call (`_record.threads`), the compiled record and wait step
+aside too (their Python paths hand the operation to the recorder); a compiled launch hands
+its packed bytes to the calling thread's recorder itself.
 
 Without the extension (no C compiler at install time) or with ``CUCTX_NATIVE=0`` nothing is
 replaced and `launch` is the Python function.
@@ -34,7 +37,6 @@ from .stream import Stream
 STEP_ASIDE = (
     (vars(_trace), "sinks"),  # a trace sink listens: the checked paths announce operations
     (vars(_driver), "in_host_function"),  # a host function runs: the checked paths refuse
-    (vars(_record), "threads"),  # an autograph call records: the Python paths hand it over
 )
 
 # (class, method name) of every method with a compiled path (cuctx/_native_methods.c, IMPLS).
@@ -55,7 +57,7 @@ def _install():
                  ThreadState=ThreadState, Device=Device, Kernel=Kernel, Launcher=Launcher,
                  ACTIVE=ACTIVE, CUresult=CUresult, CUcontext=CUcontext, fail=fail,
                  object_for=_object_for, driver_namespace=vars(_driver),
-                 step_aside=STEP_ASIDE)
+                 step_aside=STEP_ASIDE, recording=_record.threads, records=_record.local)
     for cls, name in METHODS:
         python = vars(cls)[name]
         if isinstance(python, staticmethod):

@@ -22,6 +22,7 @@ struct Launch {
     vectorcallfunc vectorcall;
     Driver *driver;
     PyObject *ctx, *owner, *device, *stream, *backend, *general, *fail, *config, *sim_args;
+    PyObject *launcher, *plan; /* what a recorder takes with the packed bytes */
     void *function, *config_ptr;
     unsigned grid[3], block[3], shared;
     Py_ssize_t n, size;
@@ -113,6 +114,44 @@ static PyObject *launch_general(Launch *l, PyObject *const *argv, Py_ssize_t n, 
     return result;
 }
 
+/* While some thread records an autograph call: hand the launch to this thread's recorder,
+ * as the generated path does (`Recorder.launch(launcher, buffer, args, plan)`). 1: it took
+ * the launch; 0: this thread does not record, or its recorder does not follow the stream. */
+static int hand_to_recorder(Launch *l, const char *buffer, PyObject *const *argv,
+                            Py_ssize_t n, PyObject *tuple)
+{
+    PyObject *recorder = PyObject_GetAttr(L.records, S_recorder);
+    if (recorder == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear(); /* this thread never recorded */
+        return 0;
+    }
+    if (recorder == Py_None) {
+        Py_DECREF(recorder);
+        return 0;
+    }
+    PyObject *bytes = PyBytes_FromStringAndSize(buffer, l->size);
+    PyObject *args = tuple ? Py_NewRef(tuple) : PyTuple_New(n);
+    PyObject *took = NULL;
+    if (bytes != NULL && args != NULL) {
+        if (tuple == NULL)
+            for (Py_ssize_t i = 0; i < n; i++)
+                PyTuple_SET_ITEM(args, i, Py_NewRef(argv[i]));
+        PyObject *call[] = {recorder, l->launcher, bytes, args, l->plan};
+        took = PyObject_VectorcallMethod(S_launch, call, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                         NULL);
+    }
+    Py_DECREF(recorder);
+    Py_XDECREF(bytes);
+    Py_XDECREF(args);
+    if (took == NULL)
+        return -1;
+    int truth = PyObject_IsTrue(took);
+    Py_DECREF(took);
+    return truth;
+}
+
 PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *tuple)
 {
     if (n != l->n)
@@ -121,7 +160,7 @@ PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *t
         if (Py_TYPE(argv[i]) != l->params[i].type)
             goto general;
     /* An unusable context, unloaded code, a host function running, a trace sink listening: */
-    if (SLOT(l->ctx, L.state) != L.ACTIVE || step_aside())
+    if (SLOT(l->ctx, L.state) != L.ACTIVE || step_aside_unless_recording())
         goto general;
     PyObject *loaded = PyObject_GetAttr(l->owner, S_loaded);
     if (loaded == NULL) {
@@ -156,6 +195,13 @@ PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *t
             goto general;
         }
         pointers[i] = buffer + p->offset;
+    }
+    if (recording()) {
+        int took = hand_to_recorder(l, buffer, argv, n, tuple);
+        if (took < 0)
+            return NULL;
+        if (took)
+            Py_RETURN_NONE;
     }
 
     Driver *d = l->driver;
@@ -231,6 +277,8 @@ static int Launch_traverse(Launch *self, visitproc visit, void *arg)
     Py_VISIT(self->fail);
     Py_VISIT(self->config);
     Py_VISIT(self->sim_args);
+    Py_VISIT(self->launcher);
+    Py_VISIT(self->plan);
     for (Py_ssize_t i = 0; self->params && i < self->n; i++) {
         Py_VISIT(self->params[i].type);
         Py_VISIT(self->params[i].convert);
@@ -250,6 +298,8 @@ static int Launch_clear(Launch *self)
     Py_CLEAR(self->fail);
     Py_CLEAR(self->config);
     Py_CLEAR(self->sim_args);
+    Py_CLEAR(self->launcher);
+    Py_CLEAR(self->plan);
     for (Py_ssize_t i = 0; self->params && i < self->n; i++) {
         Py_CLEAR(self->params[i].type);
         Py_CLEAR(self->params[i].convert);
@@ -319,12 +369,14 @@ static char param_code(PyObject *code, Py_ssize_t size)
 PyObject *Driver_launcher(Driver *self, PyObject *args, PyObject *kwargs)
 {
     PyObject *plan, *ctx, *owner, *stream, *function, *grid, *block, *shared, *config,
-        *general, *failer, *sim_args;
+        *general, *failer, *sim_args, *launcher;
     static char *names[] = {"plan", "ctx", "owner", "stream", "function", "grid", "block",
-                            "shared_mem", "config", "general", "fail", "sim_args", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOOO!:launcher", names, &plan,
+                            "shared_mem", "config", "general", "fail", "sim_args", "launcher",
+                            NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOOO!O:launcher", names, &plan,
                                      &ctx, &owner, &stream, &function, &grid, &block, &shared,
-                                     &config, &general, &failer, &PyTuple_Type, &sim_args))
+                                     &config, &general, &failer, &PyTuple_Type, &sim_args,
+                                     &launcher))
         return NULL;
     if (!L.ready || PyTuple_GET_SIZE(sim_args) > 14)
         Py_RETURN_NONE;
@@ -351,6 +403,8 @@ PyObject *Driver_launcher(Driver *self, PyObject *args, PyObject *kwargs)
     l->fail = Py_NewRef(failer);
     l->config = Py_NewRef(config);
     l->sim_args = Py_NewRef(sim_args);
+    l->launcher = Py_NewRef(launcher);
+    l->plan = Py_NewRef(plan);
     l->n = n;
     l->size = 0;
     l->config_ptr = NULL;

@@ -16,7 +16,8 @@ from cuctx.graphs import _autograph
 
 from scenarios import ADD_SOURCE, add, library_fixture
 
-pytestmark = pytest.mark.usefixtures("nvrtc_cache", "graphs_pay")
+pytestmark = [pytest.mark.usefixtures("nvrtc_cache", "graphs_pay"),
+              pytest.mark.paths("python", "native")]
 
 lib = library_fixture(ADD_SOURCE, add=add)
 N = 8

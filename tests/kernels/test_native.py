@@ -59,6 +59,42 @@ def test_the_compiled_path_launches(lib, native):
     assert out.to_host().tolist() == [k + 2.0 for k in range(8)]
 
 
+def test_a_recording_thread_gets_the_launch_with_the_bytes_the_python_path_packs(lib, native):
+    """An autograph call records launches: the compiled path hands the recorder the packed
+    parameter bytes itself, equal to what the generated path hands it (so calls recorded
+    on either path find the same executable), and launches nothing."""
+    from cuctx import _record
+    from cuctx.graphs._autograph_record import Recording
+    out, x = add_arrays()
+    backend = cuctx.backend()
+
+    def record(launcher) -> Recording:
+        launcher(out, x, 0.0, 8)  # the checked path, which makes the fast path
+        recording = Recording()
+        _record.start(recording)
+        try:
+            launcher(out, x, 3.5, 8)
+        finally:
+            _record.stop()
+        return recording
+
+    compiled_launcher = lib["add"][1, 8, 0, cuctx.Stream()]
+    compiled = record(compiled_launcher)
+    assert type(compiled_launcher._fast).__name__ == "Launch"
+    backend.native = None
+    try:
+        python_launcher = lib["add"][1, 8, 0, cuctx.Stream()]
+        python = record(python_launcher)
+    finally:
+        backend.native = native
+    assert compiled.keys == [compiled_launcher] and python.keys == [python_launcher]
+    assert compiled.values == python.values and isinstance(compiled.values[0], bytes)
+    (args, plan), = compiled.items
+    assert args == (out, x, 3.5, 8) and plan is python.items[0][1]
+    cuctx.synchronize()
+    assert out.to_host().tolist() == [k + 0.0 for k in range(8)]  # nothing more ran
+
+
 def test_launch_errors_are_the_same_on_both_paths(lib, native):
     out, x = add_arrays()
 
