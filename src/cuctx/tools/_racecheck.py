@@ -64,6 +64,9 @@ class RaceCheck:
         self._events: dict[int, dict[int, int]] = {}  # event key -> snapshot
         self._starts: list[int] = []  # live regions, sorted by start
         self._regions: dict[int, Region] = {}
+        # (start, end) -> the live region of exactly those bytes (whole arrays: most
+        # accesses); emptied whenever the regions change.
+        self._exact: dict[tuple[int, int], Region] = {}
         self._freed_starts: list[int] = []  # freed regions no allocation took again
         self._freed: dict[int, tuple[int, int, OpInfo, Region]] = {}
         self._graph_checked: dict[int, tuple] = {}
@@ -238,17 +241,21 @@ class RaceCheck:
             stamps = [Stamp(actor, epoch, OpInfo(_what(op), op.stream, op.site,
                                                  op.thread))] * len(op.accesses)
         for acc, stamp in zip(op.accesses, stamps):
-            if acc.host or not acc.nbytes:
+            nbytes = acc.nbytes
+            if acc.host or not nbytes:
                 continue  # host memory is the host's business
-            info = stamp.op
-            region = self._region(acc.ptr, acc.ptr + acc.nbytes, acc)
+            lo = acc.ptr
+            hi = lo + nbytes
+            region = self._exact.get((lo, hi)) or self._region(lo, hi, acc)
             if region is None:  # freed memory
-                freed = self._freed_at(acc.ptr, acc.ptr + acc.nbytes)
-                found += self._report(USE_AFTER_FREE, freed[3], freed[2], info)
+                freed = self._freed_at(lo, hi)
+                found += self._report(USE_AFTER_FREE, freed[3], freed[2], stamp.op)
                 continue
-            lo, hi = max(acc.ptr, region.ptr), min(acc.ptr + acc.nbytes, region.end)
-            for kind, earlier in region.access(lo, hi, acc.mode, stamp, clock):
-                found += self._report(kind, region, earlier.op, info)
+            if lo < region.ptr or hi > region.end:
+                lo, hi = max(lo, region.ptr), min(hi, region.end)
+            races = region.access(lo, hi, acc.mode, stamp, clock)
+            for kind, earlier in races:
+                found += self._report(kind, region, earlier.op, stamp.op)
         clock[actor] += 1
         return found
 
@@ -290,6 +297,7 @@ class RaceCheck:
     def _add(self, region: Region) -> None:
         bisect.insort(self._starts, region.ptr)
         self._regions[region.ptr] = region
+        self._exact.clear()
 
     def _forget(self, lo: int, hi: int) -> None:
         i = bisect.bisect_left(self._starts, lo)
@@ -297,6 +305,7 @@ class RaceCheck:
             i -= 1
         while i < len(self._starts) and self._starts[i] < hi:
             del self._regions[self._starts.pop(i)]
+        self._exact.clear()
 
     def _region(self, lo: int, hi: int, acc: _trace.Access) -> Region | None:
         """The live region holding ``lo`` (made for memory first seen here); None when the
@@ -311,6 +320,8 @@ class RaceCheck:
             self._add(region)
         if not region.label and acc.array is not None:
             region.label = _label(acc.array)
+        if region.ptr == lo and region.end == hi and region.label:
+            self._exact[lo, hi] = region
         return region
 
     def _freed_in(self, lo: int, hi: int) -> list[int]:

@@ -86,10 +86,14 @@ class Region:
         races: list[tuple[str, Stamp]] = []
         reads, writes = "r" in mode, "w" in mode
         segments = self.segments
-        if len(segments) == 1 and segments[0].lo == lo and segments[0].hi == hi:
-            self._check(segments[0], reads, writes, stamp, clock, races)  # the whole array
-            self._touch(segments[0], stamp, writes)
-            return races
+        if len(segments) == 1:
+            whole = segments[0]
+            if whole.lo == lo and whole.hi == hi:  # the whole array, touched alike so far
+                w = whole.writer
+                if (w is not None and w.actor != stamp.actor) or (writes and whole.readers):
+                    self._check(whole, reads, writes, stamp, clock, races)
+                self._touch(whole, stamp, writes)
+                return races
         out: list[Segment] = []
         pos = lo
         for seg in self.segments:
