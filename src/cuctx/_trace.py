@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 READ, WRITE, READ_WRITE = "r", "w", "rw"
 
@@ -51,8 +51,7 @@ _EXAMPLES = _PACKAGE + "examples" + os.sep
 GENERATED = "<cuctx "
 
 
-@dataclass(frozen=True, slots=True)
-class Access:
+class Access(NamedTuple):  # (a tuple: one is made per array of every traced operation)
     """A byte range an operation touches: ``[ptr, ptr + nbytes)`` in ``mode`` (READ, WRITE or
     READ_WRITE). ``array`` is the cuctx array (or other library's object) it came from, when
     there is one; ``host`` is True for host memory."""
@@ -144,6 +143,8 @@ def emit(kind: str, context: Any, stream: Any, accesses: tuple[Access, ...] = ()
 def device_access(array: Any, mode: str) -> Access:
     """The bytes a device array (``ptr``, ``shape``, ``strides``, ``dtype``) spans, from
     its lowest to its highest address, for any strides (negative ones too)."""
+    if getattr(array, "_c", False):  # a C-contiguous cuctx array: its own bytes
+        return Access(array.ptr, array.nbytes, mode, array)
     start, nbytes = extent(array.ptr, array.shape, array.strides, array.dtype.itemsize)
     return Access(start, nbytes, mode, array)
 
