@@ -228,8 +228,8 @@ static PyObject *Driver_repr(Driver *self)
 static PyMethodDef Driver_methods[] = {
     {"launcher", (PyCFunction)(void (*)(void))Driver_launcher, METH_VARARGS | METH_KEYWORDS,
      "launcher(plan, ctx, owner, stream, function, grid, block, shared_mem, config, general, "
-     "fail, sim_args): the compiled fast path of one launcher and one plan, or None where "
-     "the plan is not one it packs (the generated Python path takes those)."},
+     "fail, sim_args, launcher): the compiled fast path of one launcher and one plan, or None "
+     "where the plan is not one it packs (the generated Python path takes those)."},
     {NULL}};
 
 static PyMemberDef Driver_members[] = {
