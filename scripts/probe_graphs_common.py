@@ -55,14 +55,62 @@ class Setup:
         self.seen: list = []  # what host nodes and host functions were called with
 
 
-class Recorder:
+class NodeParams:
+    """Node parameter structs, with the ctypes arrays and callbacks they point into, kept
+    while the driver may read them. The probe's `Recorder` and the sim's graph tests
+    (tests/driver/test_sim_graphs.py) build their nodes with it."""
+
+    def __init__(self):
+        self.keep: list = []
+
+    def kernel(self, fn, ptr: int, value: int) -> d.CUDA_KERNEL_NODE_PARAMS:
+        values = (ctypes.c_uint64 * 1)(ptr), (ctypes.c_uint32 * 1)(value)
+        array = (ctypes.c_void_p * 2)(*[ctypes.addressof(v) for v in values])
+        self.keep.append((values, array))
+        params = d.CUDA_KERNEL_NODE_PARAMS()
+        params.func = fn
+        params.gridDimX = params.gridDimY = params.gridDimZ = 1
+        params.blockDimX = params.blockDimY = params.blockDimZ = 1
+        params.kernelParams = ctypes.addressof(array)
+        return params
+
+    @staticmethod
+    def memset(ptr: int, value: int, width: int, size: int = 4, height: int = 1,
+               pitch: int = 0) -> d.CUDA_MEMSET_NODE_PARAMS:
+        params = d.CUDA_MEMSET_NODE_PARAMS()
+        params.dst, params.value, params.elementSize = ptr, value, size
+        params.width, params.height, params.pitch = width, height, pitch
+        return params
+
+    @staticmethod
+    def copy(dst: int, src: int, nbytes: int, dst_kind=DEVICE, src_kind=DEVICE,
+             height: int = 1) -> d.CUDA_MEMCPY3D:
+        params = d.CUDA_MEMCPY3D()
+        params.srcMemoryType, params.dstMemoryType = src_kind, dst_kind
+        for prefix, kind, address in (("src", src_kind, src), ("dst", dst_kind, dst)):
+            setattr(params, prefix + ("Host" if kind == HOST else "Device"), address)
+            setattr(params, prefix + "Pitch", nbytes)
+            setattr(params, prefix + "Height", height)
+        params.WidthInBytes, params.Height, params.Depth = nbytes, height, 1
+        return params
+
+    def host(self, seen: list, tag: int) -> d.CUDA_HOST_NODE_PARAMS:
+        callback = _HOST_FN(lambda data: seen.append(data))
+        self.keep.append(callback)
+        params = d.CUDA_HOST_NODE_PARAMS()
+        params.fn = ctypes.cast(callback, ctypes.c_void_p).value
+        params.userData = tag
+        return params
+
+
+class Recorder(NodeParams):
     """Runs steps and writes what they return with the script's names for handles."""
 
     def __init__(self, drv):
+        super().__init__()
         self.drv = drv
         self.names: dict[tuple[str, int], str] = {}
         self.steps: list[list] = []
-        self.keep: list = []  # parameter arrays and callbacks the driver may still read
 
     def name(self, handle, label: str):
         self.names[(type(handle).__name__, int(handle))] = label
@@ -126,47 +174,6 @@ class Recorder:
     def forget(self, handle) -> None:
         """``handle`` was destroyed: the driver may hand its value out again."""
         self.names.pop((type(handle).__name__, int(handle)), None)
-
-    # -- builders ---------------------------------------------------------------------------
-
-    def kernel(self, fn, ptr: int, value: int) -> d.CUDA_KERNEL_NODE_PARAMS:
-        values = (ctypes.c_uint64 * 1)(ptr), (ctypes.c_uint32 * 1)(value)
-        array = (ctypes.c_void_p * 2)(*[ctypes.addressof(v) for v in values])
-        self.keep.append((values, array))
-        params = d.CUDA_KERNEL_NODE_PARAMS()
-        params.func = fn
-        params.gridDimX = params.gridDimY = params.gridDimZ = 1
-        params.blockDimX = params.blockDimY = params.blockDimZ = 1
-        params.kernelParams = ctypes.addressof(array)
-        return params
-
-    @staticmethod
-    def memset(ptr: int, value: int, width: int, size: int = 4, height: int = 1,
-               pitch: int = 0) -> d.CUDA_MEMSET_NODE_PARAMS:
-        params = d.CUDA_MEMSET_NODE_PARAMS()
-        params.dst, params.value, params.elementSize = ptr, value, size
-        params.width, params.height, params.pitch = width, height, pitch
-        return params
-
-    @staticmethod
-    def copy(dst: int, src: int, nbytes: int, dst_kind=DEVICE, src_kind=DEVICE,
-             height: int = 1) -> d.CUDA_MEMCPY3D:
-        params = d.CUDA_MEMCPY3D()
-        params.srcMemoryType, params.dstMemoryType = src_kind, dst_kind
-        for prefix, kind, address in (("src", src_kind, src), ("dst", dst_kind, dst)):
-            setattr(params, prefix + ("Host" if kind == HOST else "Device"), address)
-            setattr(params, prefix + "Pitch", nbytes)
-            setattr(params, prefix + "Height", height)
-        params.WidthInBytes, params.Height, params.Depth = nbytes, height, 1
-        return params
-
-    def host(self, seen: list, tag: int) -> d.CUDA_HOST_NODE_PARAMS:
-        callback = _HOST_FN(lambda data: seen.append(data))
-        self.keep.append(callback)
-        params = d.CUDA_HOST_NODE_PARAMS()
-        params.fn = ctypes.cast(callback, ctypes.c_void_p).value
-        params.userData = tag
-        return params
 
 
 def types(drv, graph) -> list:

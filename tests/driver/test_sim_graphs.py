@@ -10,6 +10,7 @@ import ctypes
 import numpy as np
 import pytest
 from cuda.bindings import driver as d
+from probe_graphs_common import NodeParams, put_twin  # (scripts/: the GPU probe's builders)
 
 T = d.CUgraphNodeType
 OK = d.CUresult.CUDA_SUCCESS
@@ -28,10 +29,6 @@ PTX = b"""
 """
 
 
-def put(grid, block, p, v):
-    p.view(np.uint32, 1)[0] = v
-
-
 class Rig:
     """A context, a kernel ``put(p, v)`` (``*p = v``), a stream and helpers, on the sim."""
 
@@ -43,9 +40,9 @@ class Rig:
         assert drv.cuCtxPushCurrent(self.ctx) == (OK,)
         _, mod = drv.cuModuleLoadData(PTX)
         _, self.fn = drv.cuModuleGetFunction(mod, b"put")
-        backend.sim.set_kernel_twin(self.fn, put)
+        backend.sim.set_kernel_twin(self.fn, put_twin)
         _, self.stream = drv.cuStreamCreate(1)
-        self._keep = []
+        self.nodes = NodeParams()
 
     def close(self):
         self.drv.cuCtxSynchronize()
@@ -65,32 +62,10 @@ class Rig:
         return out.tolist()
 
     def kernel(self, ptr: int, value: int) -> d.CUDA_KERNEL_NODE_PARAMS:
-        values = (ctypes.c_uint64 * 1)(ptr), (ctypes.c_uint32 * 1)(value)
-        array = (ctypes.c_void_p * 2)(*[ctypes.addressof(v) for v in values])
-        self._keep.append((values, array))
-        params = d.CUDA_KERNEL_NODE_PARAMS()
-        params.func = self.fn
-        params.gridDimX = params.gridDimY = params.gridDimZ = 1
-        params.blockDimX = params.blockDimY = params.blockDimZ = 1
-        params.kernelParams = ctypes.addressof(array)
-        return params
+        return self.nodes.kernel(self.fn, ptr, value)
 
-    @staticmethod
-    def memset(ptr: int, value: int, width: int, size: int = 4, height: int = 1,
-               pitch: int = 0) -> d.CUDA_MEMSET_NODE_PARAMS:
-        params = d.CUDA_MEMSET_NODE_PARAMS()
-        params.dst, params.value, params.elementSize = ptr, value, size
-        params.width, params.height, params.pitch = width, height, pitch
-        return params
-
-    @staticmethod
-    def copy(dst: int, src: int, nbytes: int) -> d.CUDA_MEMCPY3D:
-        params = d.CUDA_MEMCPY3D()
-        params.srcMemoryType = params.dstMemoryType = d.CUmemorytype.CU_MEMORYTYPE_DEVICE
-        params.srcDevice, params.dstDevice = src, dst
-        params.srcPitch = params.dstPitch = nbytes
-        params.WidthInBytes, params.Height, params.Depth = nbytes, 1, 1
-        return params
+    memset = staticmethod(NodeParams.memset)
+    copy = staticmethod(NodeParams.copy)
 
     def graph(self):
         err, graph = self.drv.cuGraphCreate(0)

@@ -12,16 +12,14 @@ from pathlib import Path
 import pytest
 
 TRANSCRIPT = Path(__file__).with_name("graphs_transcript.json")
-SCRIPTS = Path(__file__).parents[2] / "scripts"
 RECORD = ("record it on a GPU: CUCTX_BACKEND=cuda PYTHONPATH=src python "
           "scripts/probe_graphs.py tests/driver/graphs_transcript.json")
 
 
 @pytest.fixture
-def probe(monkeypatch):
-    """scripts/probe_graphs.py, whose `transcript` both the GPU recording and these tests
-    run (its parts import each other by name, as when it runs as a script)."""
-    monkeypatch.syspath_prepend(str(SCRIPTS))
+def probe():
+    """scripts/probe_graphs.py (importable through pytest's `pythonpath`), whose
+    `transcript` both the GPU recording and these tests run."""
     return importlib.import_module("probe_graphs")
 
 
