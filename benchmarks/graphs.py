@@ -38,7 +38,7 @@ from cuda.bindings.driver import CUstream_flags, CUstreamCaptureMode
 
 import cuctx
 from _bench import compare, start
-from cuctx.compiler import compile_source
+from cuctx.kernels._compiler import compile_source
 from cuctx.examples import decoding_loop as dl
 
 STEP_SOURCE = r"""

@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import cuctx  # noqa: E402
-from cuctx.compiler import compile_source  # noqa: E402
+from cuctx.kernels._compiler import compile_source  # noqa: E402
 
 SOURCE = 'extern "C" __global__ void empty(float* p, int n) {}'
 BATCH, BATCHES = 128, 200

@@ -7,7 +7,7 @@ import numpy as np
 from cuda.bindings import driver as drv
 
 import cuctx
-from cuctx.compiler import compile_source
+from cuctx.kernels._compiler import compile_source
 
 SRC = 'extern "C" __global__ void empty(float* p, int n) {}'
 N = 128

@@ -25,7 +25,7 @@ import cuctx.sim
 from cuctx import _driver
 from cuctx._driver import ThreadState
 from cuctx._driver.cuda import probe
-from cuctx.compiler import nvrtc_version
+from cuctx.kernels._compiler import nvrtc_version
 
 _cuda_driver, CUDA_REASON = probe()
 HAVE_GPU = _cuda_driver is not None

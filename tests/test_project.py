@@ -74,3 +74,17 @@ def test_the_code_passes_the_one_lint_configuration():
     run = subprocess.run([sys.executable, "-m", "ruff", "check", "src", "tests", "benchmarks",
                           "scripts"], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_families_live_in_their_subpackages_and_modules_stay_small():
+    """docs/ARCHITECTURE.md's map is the folder tree: the package root keeps the core concepts
+    (at most 16 source files), families are subpackages, and no module passes 500 lines (the
+    examples are programs to read whole, not modules)."""
+    package = ROOT / "src" / "cuctx"
+    root_sources = [p.name for p in package.iterdir() if p.suffix in (".py", ".c", ".h")]
+    assert len(root_sources) <= 16, sorted(root_sources)
+    for family in ("kernels", "memory", "graphs", "tools", "csrc", "_driver"):
+        assert (package / family).is_dir(), family
+    too_long = {str(p.relative_to(package)): n for p in package.rglob("*.py")
+                if "examples" not in p.parts and (n := len(p.read_text().splitlines())) > 500}
+    assert not too_long, too_long

@@ -4,7 +4,6 @@ on the real driver or on a simulated GPU."""
 from __future__ import annotations
 
 from . import _driver
-from .compiler import CompileError
 from .context import (Context, ContextFlags, current_context, current_device, ensure_context,
                       synchronize)
 from .device import ComputeCapability, Device, DeviceProperties, MemInfo, devices
@@ -14,11 +13,9 @@ from .errors import (BackendUnavailableError, ContextDestroyedError, ContextPois
                      OutOfMemoryError, StickyFaultError)
 from .event import Event
 from .graphs import Graph, GraphExec, GraphNode, autograph
-from ._args import KernelArgumentError
-from ._launch_config import LaunchConfigError
-from ._launcher import Launcher
+from .kernels import (BlockSizeSuggestion, CompileError, Kernel, KernelArgumentError,
+                      KernelAttributes, LaunchConfigError, Launcher, Library, Module)
 from ._native_hooks import launch  # the compiled path's, where it is built
-from .library import BlockSizeSuggestion, Kernel, KernelAttributes, Library, Module
 from .memory import (DeviceArray, asarray, copy, defer_cleanup, empty, full, pinned_empty,
                      register_host, to_device, zeros)
 from .stream import HostFunctionError, Stream, current_stream, legacy_stream, per_thread_stream

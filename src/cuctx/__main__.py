@@ -19,7 +19,7 @@ import textwrap
 import numpy as np
 
 import cuctx
-from cuctx.compiler import cache_directory, nvrtc_version
+from cuctx.kernels._compiler import cache_directory, nvrtc_version
 from cuctx.examples import EXAMPLES
 
 _KEY_PROPERTIES = ("multiprocessor_count", "max_threads_per_block",

@@ -23,15 +23,16 @@ from __future__ import annotations
 
 from cuda.bindings.driver import CUcontext, CUresult
 
-from . import _driver, _launcher, _record, _trace
+from . import _driver, _record, _trace
+from .kernels import _launcher
 from ._driver import ThreadState, native
-from ._kernel import Kernel
-from ._launcher import Launcher
+from .kernels._kernel import Kernel
+from .kernels._launcher import Launcher
 from ._resource import ACTIVE
 from .context import Context, _object_for, fail
 from .device import Device
 from .event import Event
-from .memory import DeviceArray
+from .memory._array import DeviceArray
 from .stream import Stream
 
 STEP_ASIDE = (
@@ -39,7 +40,7 @@ STEP_ASIDE = (
     (vars(_driver), "in_host_function"),  # a host function runs: the checked paths refuse
 )
 
-# (class, method name) of every method with a compiled path (cuctx/_native_methods.c, IMPLS).
+# (class, method name) of every method with a compiled path (cuctx/csrc/methods.c, IMPLS).
 METHODS = (
     (Stream, "record"), (Stream, "wait"), (Event, "record"),
     (Context, "push"), (Context, "pop"), (Context, "__enter__"), (Context, "__exit__"),

@@ -496,7 +496,8 @@ class ContextMachine(RuleBasedStateMachine):
 def _still_held() -> str:
     """What cuctx itself still holds, for a leak report: allocations not freed (and the
     contexts they belong to), pointers waiting for a usable context, live contexts."""
-    from cuctx import _alloc, _lifetimes
+    from cuctx import _lifetimes
+    from cuctx.memory import _alloc
     held = [(ctx, alloc._finalizer.peek()) for ctx, allocs in list(_alloc._live.items())
             for alloc in list(allocs)]
     sizes = [args[2] for _, (_, _, args, _) in held if args]

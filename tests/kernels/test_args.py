@@ -15,7 +15,7 @@ import pytest
 import cuctx
 from conftest import requires_nvrtc
 from cuctx import KernelArgumentError
-from cuctx.compiler import compile_source
+from cuctx.kernels._compiler import compile_source
 
 from scenarios import ADD_SOURCE, add, library_fixture
 

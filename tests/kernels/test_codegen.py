@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import cuctx
-from cuctx import _codegen, _launcher, _plan
+from cuctx.kernels import _codegen, _launcher, _plan
 
 from scenarios import ADD_SOURCE, add, add_arrays, library_fixture, run_python
 
@@ -73,7 +73,7 @@ def test_fast_paths_can_be_turned_off(lib, monkeypatch, packs):
 
 
 def test_cuctx_fastpath_0_in_the_environment_turns_them_off():
-    code = "import cuctx._codegen as c; print(c.ENABLED)"
+    code = "import cuctx.kernels._codegen as c; print(c.ENABLED)"
     for value, expected in (("0", "False"), ("1", "True")):
         proc = run_python("-c", code, CUCTX_FASTPATH=value)
         assert proc.returncode == 0, proc.stderr

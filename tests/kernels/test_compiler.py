@@ -16,12 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import cuctx._compile_cache as cache_format
-import cuctx.compiler as compiler
+import cuctx.kernels._compile_cache as cache_format
+import cuctx.kernels._compiler as compiler
 from conftest import requires_nvrtc
 from scenarios import child_env
-from cuctx._cubin import is_cubin, is_ptx, read_kernels
-from cuctx.compiler import (
+from cuctx.kernels._cubin import is_cubin, is_ptx, read_kernels
+from cuctx.kernels._compiler import (
     CacheWarning,
     CompileError,
     CompileResult,
@@ -478,7 +478,7 @@ def test_concurrent_writers_never_expose_a_partial_entry(tmp_path):
 
 _CHILD = """
 import hashlib, sys
-from cuctx.compiler import compile_source
+from cuctx.kernels._compiler import compile_source
 result = compile_source(sys.argv[1], arch="sm_90", cache_dir=sys.argv[2])
 print(hashlib.sha256(result.image).hexdigest(), result.from_cache)
 """

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import NVRTC_MISSING, requires_nvrtc
-from cuctx._cubin import (
+from cuctx.kernels._cubin import (
     KernelInfo,
     Param,
     is_cubin,
@@ -26,7 +26,7 @@ from cuctx._cubin import (
     ptx_layouts,
     read_kernels,
 )
-from cuctx.compiler import compile_source
+from cuctx.kernels._compiler import compile_source
 
 
 

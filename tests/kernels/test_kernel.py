@@ -108,8 +108,8 @@ def test_a_cubin_whose_variable_lies_outside_its_section_is_an_invalid_image(sim
     """The sim's image reader must not trust a symbol's size (it allocated what it said)."""
     import struct
 
-    from cuctx import _cubin
-    from cuctx.compiler import compile_source
+    from cuctx.kernels import _cubin
+    from cuctx.kernels._compiler import compile_source
     image = bytearray(compile_source(SOURCE, arch="sm_90", cache_dir=False).image)
     ehdr = _cubin._EHDR.unpack_from(image, 0)
     shoff, shnum = ehdr[6], ehdr[12]

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import cuctx
-from cuctx import _plan, _trace
+from cuctx import _trace
+from cuctx.kernels import _plan
 
 from scenarios import ADD_SOURCE, add, library_fixture
 

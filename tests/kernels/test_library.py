@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import cuctx
-from cuctx import compiler
-from cuctx.compiler import compile_source
+from cuctx.kernels import _compiler as compiler
+from cuctx.kernels._compiler import compile_source
 
 SOURCE = r"""
 __device__ float gain = 2.5f;

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import cuctx
-from cuctx import _launcher
+from cuctx.kernels import _launcher
 
 from scenarios import ADD_SOURCE, add, add_arrays, library_fixture, run_python
 
@@ -204,7 +204,7 @@ def test_the_compiled_methods_show_the_python_ones(native):
 
 
 def test_cuctx_native_0_turns_the_compiled_path_off():
-    code = ("import cuctx, cuctx._launcher as l; b = cuctx.backend(); "
+    code = ("import cuctx, cuctx.kernels._launcher as l; b = cuctx.backend(); "
             "print(b.native, b.native_reason, cuctx.launch is l.launch, "
             "type(cuctx.Stream.__dict__['record']).__name__)")
     proc = run_python("-c", code, CUCTX_NATIVE="0", CUCTX_BACKEND="sim")

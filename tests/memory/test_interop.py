@@ -13,7 +13,7 @@ from scenarios import run_python
 
 import cuctx
 from cuctx import Device, DeviceArray, Stream
-from cuctx._interop import export
+from cuctx.memory._interop import export
 
 
 class CAIProducer:

@@ -18,7 +18,7 @@ from types import ModuleType
 # What the compiled paths call, by cuda.bindings' names.
 FUNCTIONS = ("cuLaunchKernel", "cuLaunchKernelEx", "cuEventRecord", "cuStreamWaitEvent",
              "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxGetCurrent")
-# The ABI of the function types _native.h declares: CUDA 12.0's (cuLaunchKernelEx is 12.0's).
+# The ABI of the function types csrc/native.h declares: CUDA 12.0's (cuLaunchKernelEx is 12.0's).
 ABI_VERSION = 12000
 
 ENABLED: bool = os.environ.get("CUCTX_NATIVE", "1") != "0"

@@ -33,7 +33,7 @@ from time import perf_counter
 from typing import Any, Callable
 
 from .. import _record, _trace
-from .._launcher import Launcher
+from ..kernels._launcher import Launcher
 from .._lifetimes import defer_cleanup
 from ..errors import CudaError
 from ._autograph_build import construct, patch, patchable, unbuildable

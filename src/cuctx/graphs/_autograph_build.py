@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._launcher import Launcher
+from ..kernels._launcher import Launcher
 from ._autograph_record import COPY, FILL, HOST, RECORD, Recording
 from ._graph import Graph, GraphNode
 

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _layout, _record, _trace
-from .._copy import _address, issue, memset
-from .._host import page_locked
-from .._launcher import Launcher
+from ..memory import _layout
+from .. import _record, _trace
+from ..memory._copy import _address, issue, memset
+from ..memory._host import page_locked
+from ..kernels._launcher import Launcher
 from ..event import Event
 from ..stream import Stream
 

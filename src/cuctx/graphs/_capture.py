@@ -33,7 +33,7 @@ from cuda.bindings.driver import (CUresult, CUstreamCaptureMode, CUstreamCapture
                                   CUstreamUpdateCaptureDependencies_flags)
 
 from .. import _lifetimes, _trace
-from .._alloc import _live
+from ..memory._alloc import _live
 from .._resource import upper
 from ..context import fail, refuse_in_host_function
 from ..errors import CAPTURE_UNSUPPORTED, GraphCaptureError

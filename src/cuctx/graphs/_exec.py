@@ -24,7 +24,7 @@ from cuda.bindings.driver import CUgraphInstantiate_flags
 
 from .. import _lifetimes, _trace
 from .._driver import in_host_function
-from .._launch_config import make_config, validate
+from ..kernels._launch_config import make_config, validate
 from .._resource import Resource
 from ..context import (ACTIVE, DESTROYED, Context, fail, in_context,
                        refuse_in_host_function)

@@ -17,8 +17,8 @@ from cuda.bindings.driver import (CU_GRAPH_COND_ASSIGN_DEFAULT, CUgraphCondition
                                   CUgraphDebugDot_flags, CUgraphNodeParams, CUgraphNodeType)
 
 from .. import _trace
-from .._kernel import Kernel
-from .._launch_config import make_config, validate
+from ..kernels._kernel import Kernel
+from ..kernels._launch_config import make_config, validate
 from .._lifetimes import drop_host_function, finalize
 from .._resource import Resource
 from ..context import ACTIVE, DESTROYED, Context, context_for, fail, in_context

@@ -25,17 +25,17 @@ from cuda.bindings.driver import (CUDA_HOST_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS
                                   CUDA_MEMSET_NODE_PARAMS, CUgraphNodeType, CUkernel,
                                   CUmemorytype)
 
-from .. import _layout
-from .._args import PACK_ERRORS
-from .._copy import _address, _matching, fill_pattern
-from .._host import page_locked
-from .._launch_config import Config
+from ..memory import _layout
+from ..kernels._args import PACK_ERRORS
+from ..memory._copy import _address, _matching, fill_pattern
+from ..memory._host import page_locked
+from ..kernels._launch_config import Config
 from .._lifetimes import TRAMPOLINE_FN, GraphOwner
-from .._plan import pack_slowly
-from ..memory import DeviceArray
+from ..kernels._plan import pack_slowly
+from ..memory._array import DeviceArray
 
 if TYPE_CHECKING:
-    from .._kernel import Kernel
+    from ..kernels._kernel import Kernel
     from ..context import Context
     from ..stream import Stream
 

@@ -2,7 +2,7 @@
 touch, node by node, so a race checker sees a graph's work as it sees eager work.
 
 Only built while a trace sink listens (`GraphExec.launch` tests ``_trace.sinks``). Explicit
-nodes know their arguments (a kernel's modes come from `cuctx._access`, copies read the
+nodes know their arguments (a kernel's modes come from `cuctx.kernels._access`, copies read the
 source and write the destination, fills write); a captured kernel node knows only the arrays
 it uses, which count as read and written. What `GraphExec.update_node` changed later is not
 seen: the nodes' arguments are those of the graph the executable last took.
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import _access, _trace
-from ..memory import DeviceArray
+from ..kernels import _access
+from .. import _trace
+from ..memory._array import DeviceArray
 
 if TYPE_CHECKING:
     from ..stream import Stream

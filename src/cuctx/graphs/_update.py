@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from cuda.bindings.driver import CUgraphExecUpdateResult
 
-from ..memory import DeviceArray
+from ..memory._array import DeviceArray
 
 if TYPE_CHECKING:
     from ._graph import Graph, GraphNode

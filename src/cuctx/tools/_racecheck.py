@@ -29,7 +29,8 @@ import threading
 import warnings
 from typing import Any
 
-from .. import _host, _lifetimes, _trace
+from ..memory import _host
+from .. import _lifetimes, _trace
 from ..errors import RaceError, RaceWarning
 from ..stream import LEGACY, PER_THREAD
 from ._racecheck_shadow import (FREE_IN_USE, USE_AFTER_FREE, Finding, OpInfo, Region, Stamp)

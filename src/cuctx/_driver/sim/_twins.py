@@ -22,8 +22,8 @@ import warnings
 import numpy as np
 from cuda.bindings.driver import CUresult
 
-from ... import _cubin
-from ..._twin_check import where
+from ...kernels import _cubin
+from ...kernels._twin_check import where
 from ._common import LAUNCH_FAILED, MISALIGNED_ADDRESS
 
 _FLOAT = {2: "<e", 4: "<f", 8: "<d"}

@@ -1,6 +1,6 @@
-/* cuctx._native (see _native.h): module init, and setup(), which takes the classes and
+/* cuctx._native (see native.h): module init, and setup(), which takes the classes and
  * helpers the compiled paths read, the slot offsets, and the guards (step_aside). */
-#include "_native.h"
+#include "native.h"
 
 /* -- what setup() learnt about the classes -------------------------------------------- */
 

@@ -1,7 +1,7 @@
 """Kernel arguments: how one Python value becomes the bytes of one kernel parameter.
 
 The layout (offset and size of each parameter) comes from the driver. The types come from
-the PTX of the same program where there is one (`cuctx._ptx`: code compiled from source, or
+the PTX of the same program where there is one (`cuctx.kernels._ptx`: code compiled from source, or
 loaded as PTX), and numbers are converted to them: an int to a ``float`` parameter becomes
 a float, a float to an ``int`` parameter is an error. A foreign cubin has no PTX: there,
 a Python number packs by its own type and the size is all that is checked. docs/kernels.md
@@ -9,7 +9,7 @@ has the table.
 
 `slot` answers, for one argument type in one parameter, how it is packed: a struct code, a
 kind (`VALUE`, `ARRAY`, `POINTER`, `CONVERT`) and the conversion that gives the value to
-pack. `cuctx._plan` puts the slots of a whole signature together into a plan.
+pack. `cuctx.kernels._plan` puts the slots of a whole signature together into a plan.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ._ptx import ParamType
-from .context import ACTIVE
-from .device import Device
-from .memory import DeviceArray, asarray
+from ..context import ACTIVE
+from ..device import Device
+from ..memory._array import DeviceArray, asarray
 
 if TYPE_CHECKING:
     from ._plan import Packer
-    from .stream import Stream
+    from ..stream import Stream
 
 INT_CODES = {1: "b", 2: "h", 4: "i", 8: "q"}
 _FLOAT_CODES = {2: "e", 4: "f", 8: "d"}

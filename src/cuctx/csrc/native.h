@@ -2,7 +2,7 @@
  *
  * The common case of a launch, an event record, a stream wait and a context push/pop, in C:
  * the same guards as the checked Python paths (exact types, context states, a host function
- * running, a trace sink listening), packing by the same launch plan (cuctx._plan.Plan), then
+ * running, a trace sink listening), packing by the same launch plan (cuctx.kernels._plan.Plan), then
  * the driver call. Every other case is handed to the checked Python path, which raises the
  * same errors with the same messages: this module changes cost, never behaviour.
  *
@@ -16,12 +16,12 @@
  * descriptors (`setup`); an offset is used only on an object whose type was checked.
  *
  * One extension module from several sources, each sharing what this header declares:
- *   _native.c           module init, setup(): the classes, the slot offsets, the guards
- *   _native_driver.c    Driver: the driver functions, in C or (the sim) in Python
- *   _native_launch.c    Launch: reading a plan, packing the arguments, the launch
- *   _native_streams.c   Stream.record, Event.record, Stream.wait, Stream's hash
- *   _native_contexts.c  context switches: push, pop, `with ctx:`, `with device:`
- *   _native_methods.c   Method, and kernel[...], cuctx.launch, Launcher.__call__
+ *   native.c    module init, setup(): the classes, the slot offsets, the guards
+ *   driver.c    Driver: the driver functions, in C or (the sim) in Python
+ *   launch.c    Launch: reading a plan, packing the arguments, the launch
+ *   streams.c   Stream.record, Event.record, Stream.wait, Stream's hash
+ *   contexts.c  context switches: push, pop, `with ctx:`, `with device:`
+ *   methods.c   Method, and kernel[...], cuctx.launch, Launcher.__call__
  */
 #ifndef CUCTX_NATIVE_H
 #define CUCTX_NATIVE_H
@@ -58,7 +58,7 @@ typedef CUresult (*current_fn)(void **ctx);
 
 enum { F_LAUNCH, F_LAUNCH_EX, F_RECORD, F_WAIT, F_PUSH, F_POP, F_CURRENT, F_COUNT };
 
-/* -- what setup() learnt about the classes (_native.c) -------------------------------- */
+/* -- what setup() learnt about the classes (native.c) -------------------------------- */
 
 struct native_setup {
     int ready;
@@ -97,7 +97,7 @@ int step_aside(void);
 int step_aside_unless_recording(void);
 int recording(void);
 
-/* -- Driver: the driver functions, in C or (the sim) in Python (_native_driver.c) ----- */
+/* -- Driver: the driver functions, in C or (the sim) in Python (driver.c) ----- */
 
 typedef struct {
     PyObject_HEAD
@@ -119,7 +119,7 @@ int enter_stream_context(Driver *d, PyObject *stream, PyObject *ctx, int *pushed
 void leave_stream_context(Driver *d, int pushed);
 PyObject *fail(PyObject *backend, int err, const char *operation, PyObject *ctx);
 
-/* -- Launch: one launcher's compiled fast path for one plan (_native_launch.c) -------- */
+/* -- Launch: one launcher's compiled fast path for one plan (launch.c) -------- */
 
 typedef struct Launch Launch;
 extern PyTypeObject LaunchType;
@@ -127,7 +127,7 @@ extern PyTypeObject LaunchType;
 PyObject *Driver_launcher(Driver *self, PyObject *args, PyObject *kwargs);
 PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *tuple);
 
-/* -- the compiled paths a Method runs (_native_streams.c, _native_contexts.c) --------- */
+/* -- the compiled paths a Method runs (streams.c, contexts.c) --------- */
 
 PyObject *stream_record(PyObject *const *args, Py_ssize_t nargs);
 PyObject *event_record(PyObject *const *args, Py_ssize_t nargs);
@@ -140,7 +140,7 @@ PyObject *context_exit(PyObject *const *args, Py_ssize_t nargs);
 PyObject *device_enter(PyObject *const *args, Py_ssize_t nargs);
 PyObject *device_exit(PyObject *const *args, Py_ssize_t nargs);
 
-/* -- Method: a compiled method standing in for a Python one (_native_methods.c) ------- */
+/* -- Method: a compiled method standing in for a Python one (methods.c) ------- */
 
 extern PyTypeObject MethodType;
 

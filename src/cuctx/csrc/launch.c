@@ -1,6 +1,6 @@
-/* cuctx._native (see _native.h): Launch, one launcher's compiled fast path for one plan:
+/* cuctx._native (see native.h): Launch, one launcher's compiled fast path for one plan:
  * reading the plan (Driver.launcher), packing the arguments by it, the launch. */
-#include "_native.h"
+#include "native.h"
 
 /* The most parameter bytes and parameters a compiled launch packs on its stack; a kernel
  * with more takes the generated Python fast path. */
@@ -177,7 +177,7 @@ PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *t
     for (Py_ssize_t i = 0; i < n; i++) {
         const Param *p = &l->params[i];
         PyObject *arg = argv[i], *value = arg, *made = NULL;
-        if (p->kind == K_ARRAY) { /* the checks of cuctx._args._device_array_pointer */
+        if (p->kind == K_ARRAY) { /* the checks of cuctx.kernels._args._device_array_pointer */
             PyObject *c = SLOT(arg, L.ctx), *contiguous = SLOT(arg, L.c_contiguous);
             if (c == NULL || SLOT(c, L.state) != L.ACTIVE || SLOT(c, L.device) != l->device
                     || contiguous != Py_True || (value = SLOT(arg, L.ptr)) == NULL)

@@ -1,7 +1,7 @@
-/* cuctx._native (see _native.h): Driver, the driver functions the compiled paths call, in C
+/* cuctx._native (see native.h): Driver, the driver functions the compiled paths call, in C
  * (a GPU) or the SimDriver's in Python (the sim); the drv_* calls are the only place the two
  * differ. */
-#include "_native.h"
+#include "native.h"
 
 static const char *const FUNCTION_NAMES[F_COUNT] = {
     "cuLaunchKernel", "cuLaunchKernelEx", "cuEventRecord", "cuStreamWaitEvent",

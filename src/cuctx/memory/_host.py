@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 from cuda.bindings.driver import CU_MEMHOSTALLOC_PORTABLE
 
-from ._lifetimes import finalize
+from .._lifetimes import finalize
 from ._layout import shape_of
-from .context import ACTIVE, Context, context_for, fail, in_context
-from .device import Device
-from .errors import HOST_MEMORY_ALREADY_REGISTERED
+from ..context import ACTIVE, Context, context_for, fail, in_context
+from ..device import Device
+from ..errors import HOST_MEMORY_ALREADY_REGISTERED
 
 # Pinned for all contexts; the same value as CU_MEMHOSTREGISTER_PORTABLE, for cuMemHostRegister.
 _HOST_PORTABLE = CU_MEMHOSTALLOC_PORTABLE

@@ -22,11 +22,11 @@ import os
 import threading
 from typing import Any, Callable
 
-from . import _record, _trace
+from .. import _record, _trace
 from ._args import ARRAY, PACK_ERRORS, VALUE
-from ._driver import in_host_function
+from .._driver import in_host_function
 from ._plan import Plan
-from .context import ACTIVE
+from ..context import ACTIVE
 
 ENABLED: bool = os.environ.get("CUCTX_FASTPATH", "1") != "0"
 

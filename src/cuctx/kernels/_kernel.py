@@ -1,4 +1,4 @@
-"""Kernels: a `Kernel` of a `Library` or `Module` (cuctx.library), its parameter layout and
+"""Kernels: a `Kernel` of a `Library` or `Module` (cuctx.kernels._library), its parameter layout and
 types, launch configurations (``kernel[grid, block]``), attributes and occupancy."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from . import _access, _ptx
 from ._launch_config import LaunchConfigError
 from ._launcher import Launcher, make_launcher
 from ._plan import Packer
-from ._resource import Resource
-from .context import Context, context_for, fail, in_context
-from .device import Device
-from .errors import INVALID_VALUE, NOT_SUPPORTED, NotSupportedError
+from .._resource import Resource
+from ..context import Context, context_for, fail, in_context
+from ..device import Device
+from ..errors import INVALID_VALUE, NOT_SUPPORTED, NotSupportedError
 
 if TYPE_CHECKING:
-    from .library import Library, Module
+    from ._library import Library, Module
 
 _F = CUfunction_attribute
 
@@ -77,7 +77,7 @@ class Kernel(Resource):
         self._launchers: dict = {}  # kernel[...] and launch() configurations -> Launcher
         self._lock = threading.Lock()
         self._access: dict[int, str] | None = None  # set_access: parameter index -> mode
-        self._access_modes: tuple[str, ...] | None = None  # cuctx._access.modes, once
+        self._access_modes: tuple[str, ...] | None = None  # cuctx.kernels._access.modes, once
 
     @property
     def handle(self) -> int:

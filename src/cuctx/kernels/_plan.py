@@ -3,9 +3,9 @@
 A `Packer` (one per kernel) holds the parameter layout (offsets and sizes from the driver,
 types from the PTX when known) and makes one `Plan` per signature of argument types. A plan
 is immutable data: the exact types it was made for (the guard), and per parameter its
-offset, size, struct code, kind and conversion (`cuctx._args.slot`), with the one
+offset, size, struct code, kind and conversion (`cuctx.kernels._args.slot`), with the one
 `struct.Struct` that packs them all. Everything that launches reads the same plan: the
-checked path packs from it with `Plan.pack`; `cuctx._codegen` turns it into the source of a
+checked path packs from it with `Plan.pack`; `cuctx.kernels._codegen` turns it into the source of a
 launcher's fast path; a compiled fast path will read the same fields.
 """
 
@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from . import _trace
+from .. import _trace
 from ._args import (
     ARRAY,
     INT_CODES,
@@ -32,7 +32,7 @@ from ._ptx import ParamType
 
 if TYPE_CHECKING:
     from ._kernel import Kernel
-    from .stream import Stream
+    from ..stream import Stream
 
 
 class Param(NamedTuple):
@@ -41,7 +41,7 @@ class Param(NamedTuple):
     offset: int
     size: int
     code: str  # struct code: "i", "f", "Q", "8s", ...
-    kind: str  # cuctx._args: VALUE, ARRAY, POINTER or CONVERT
+    kind: str  # cuctx.kernels._args: VALUE, ARRAY, POINTER or CONVERT
     convert: Convert | None
 
 
@@ -67,7 +67,7 @@ class Plan:
     def accesses(self, args: tuple, stream: Stream,
                  modes: tuple[str, ...]) -> tuple[_trace.Access, ...]:
         """The device memory the launch may touch, for the trace: every array argument in
-        its parameter's mode (`cuctx._access.modes`). Plain ints are addresses the caller
+        its parameter's mode (`cuctx.kernels._access.modes`). Plain ints are addresses the caller
         vouches for, with no known extent: none."""
         return tuple(_trace.device_access(traced_array(arg, stream), mode)
                      for p, arg, mode in zip(self.params, args, modes)

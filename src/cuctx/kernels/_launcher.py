@@ -6,10 +6,10 @@ A launcher binds the driver call with everything but the parameter bytes fixed. 
 gets its own parameter buffer and a ``void*`` array pointing into it, whose address the
 driver call receives (cuda.bindings passes an int ``kernelParams`` straight through as
 ``void**``); the driver copies the parameters during the call. The checked general path
-packs from the kernel's plan for the argument types (`cuctx._plan`) and announces the
+packs from the kernel's plan for the argument types (`cuctx.kernels._plan`) and announces the
 launch to trace sinks; it makes the fast path for that plan, which every thread then uses:
 the compiled one (`cuctx._native`, when the backend's ``native`` slot is filled), else the
-generated Python one (`cuctx._codegen`).
+generated Python one (`cuctx.kernels._codegen`).
 """
 
 from __future__ import annotations
@@ -19,17 +19,18 @@ import functools
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from . import _access, _codegen, _lifetimes, _record, _trace
+from . import _access, _codegen
+from .. import _lifetimes, _record, _trace
 from ._args import PACK_ERRORS
-from ._driver import in_host_function
+from .._driver import in_host_function
 from ._launch_config import Config, driver_config, make_config, validate
 from ._plan import Plan, pack_slowly
-from .context import ACTIVE, context_for, fail, refuse_in_host_function
-from .stream import refuse_legacy_in_global_capture, resolve_stream
+from ..context import ACTIVE, context_for, fail, refuse_in_host_function
+from ..stream import refuse_legacy_in_global_capture, resolve_stream
 
 if TYPE_CHECKING:
     from ._kernel import Kernel
-    from .stream import Stream
+    from ..stream import Stream
 
 
 class Launcher:

@@ -1,7 +1,7 @@
-/* cuctx._native (see _native.h): Method, the compiled path standing in for a Python method
+/* cuctx._native (see native.h): Method, the compiled path standing in for a Python method
  * or function, and the launcher lookups it runs: kernel[...], cuctx.launch,
  * Launcher.__call__. */
-#include "_native.h"
+#include "native.h"
 
 /* -- kernel[...], cuctx.launch, Launcher.__call__ --------------------------------------- */
 

@@ -12,8 +12,8 @@ from cuda.bindings.driver import CUlaunchAttribute, CUlaunchAttributeID, CUlaunc
 
 if TYPE_CHECKING:
     from ._kernel import Kernel, _Limits
-    from .device import Device
-    from .stream import Stream
+    from ..device import Device
+    from ..stream import Stream
 
 _PORTABLE_CLUSTER = 8  # blocks per cluster every cluster-capable GPU runs
 

@@ -23,17 +23,18 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
-from . import _cubin, _driver, _ptx
+from . import _cubin, _ptx
+from .. import _driver
 from ._kernel import BlockSizeSuggestion, Kernel, KernelAttributes
-from ._layout import dtype_of, shape_of
-from ._lifetimes import finalize
-from ._resource import Resource
+from ..memory._layout import dtype_of, shape_of
+from .._lifetimes import finalize
+from .._resource import Resource
 from ._twin_check import check_twin
-from .compiler import CompileError, compile_source, pick_arch
-from .context import ACTIVE, Context, context_for, fail, in_context
-from .device import Device, devices
-from .errors import NOT_FOUND, NOT_SUPPORTED, NotSupportedError
-from .memory import DeviceArray
+from ._compiler import CompileError, compile_source, pick_arch
+from ..context import ACTIVE, Context, context_for, fail, in_context
+from ..device import Device, devices
+from ..errors import NOT_FOUND, NOT_SUPPORTED, NotSupportedError
+from ..memory._array import DeviceArray
 
 if TYPE_CHECKING:
     from typing import Self
@@ -102,7 +103,7 @@ class _Code(Resource):
         them by that name. Raises `CompileError` with NVRTC's log when it does not compile."""
         image, lowered, ptx = _compile(src, options, name_expressions, headers, cache_dir)
         code = cls(image, names=lowered, sim_kernels=sim_kernels, _ptx=ptx)
-        code._source = src  # `const` of pointer parameters, for the trace (cuctx._access)
+        code._source = src  # `const` of pointer parameters, for the trace (cuctx.kernels._access)
         return code
 
     @classmethod

@@ -1,6 +1,6 @@
-/* cuctx._native (see _native.h): the context switches: ctx.push(), Context.pop(),
+/* cuctx._native (see native.h): the context switches: ctx.push(), Context.pop(),
  * `with ctx:` and `with device:`, mirrored on the thread's shadow stack. */
-#include "_native.h"
+#include "native.h"
 
 /* This thread's dict of the threading.local ``tls`` (a borrowed reference). Reading an
  * attribute of a threading.local costs more than the rest of a push, so each thread keeps

@@ -1,6 +1,6 @@
-/* cuctx._native (see _native.h): Stream.record, Event.record and Stream.wait, and Stream's
+/* cuctx._native (see native.h): Stream.record, Event.record and Stream.wait, and Stream's
  * hash slot. */
-#include "_native.h"
+#include "native.h"
 
 /* Record ``event`` on ``stream`` (of ``ctx``), with the stream's context current where it
  * needs it; the caller holds ``d`` while the call runs without the GIL. */

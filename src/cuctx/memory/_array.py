@@ -24,15 +24,16 @@ from typing import Any, Iterator
 import numpy as np
 from cuda.bindings.driver import CUpointer_attribute
 
-from . import _driver, _interop, _layout, _record
+from .. import _driver, _record
+from . import _interop, _layout
 from ._alloc import Allocation, allocate
 from ._copy import copy_device, copy_host, fill_pattern, memset
 from ._host import pinned_empty, register_host
-from ._lifetimes import defer_cleanup
-from ._resource import Resource
-from .context import ACTIVE, Context, context_for, fail
-from .device import Device
-from .stream import LEGACY, Stream, current_stream, resolve_stream
+from .._lifetimes import defer_cleanup
+from .._resource import Resource
+from ..context import ACTIVE, Context, context_for, fail
+from ..device import Device
+from ..stream import LEGACY, Stream, current_stream, resolve_stream
 
 __all__ = ["DeviceArray", "asarray", "copy", "defer_cleanup", "empty", "full", "pinned_empty",
            "register_host", "to_device", "zeros"]

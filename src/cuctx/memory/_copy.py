@@ -21,12 +21,13 @@ from typing import Any
 import numpy as np
 from cuda.bindings.driver import CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUmemorytype
 
-from . import _layout, _lifetimes, _record, _trace
+from . import _layout
+from .. import _lifetimes, _record, _trace
 from ._alloc import allocate
 from ._host import page_locked
 from ._layout import Plan
-from .context import fail
-from .stream import Stream, refuse_legacy_in_global_capture, resolve_stream
+from ..context import fail
+from ..stream import Stream, refuse_legacy_in_global_capture, resolve_stream
 
 _HOST, _DEVICE = CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE
 _LINEAR = {(True, False): "cuMemcpyHtoDAsync", (False, True): "cuMemcpyDtoHAsync",

@@ -6,13 +6,13 @@ from __future__ import annotations
 import functools
 import weakref
 
-from . import _record, _trace
-from . import _lifetimes
-from ._lifetimes import free_or_defer
-from ._resource import POISONED
-from .context import ACTIVE, fail, in_context
-from .errors import OUT_OF_MEMORY, CudaError
-from .stream import Stream
+from .. import _record, _trace
+from .. import _lifetimes
+from .._lifetimes import free_or_defer
+from .._resource import POISONED
+from ..context import ACTIVE, fail, in_context
+from ..errors import OUT_OF_MEMORY, CudaError
+from ..stream import Stream
 
 
 class Allocation:

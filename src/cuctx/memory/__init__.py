@@ -1,0 +1,11 @@
+"""Device memory and what moves it: arrays (`DeviceArray`) allocated stream-ordered, page-
+locked host memory, layouts (indexing, views, copy planning), copies and fills of any
+layout, and interop with other libraries (CUDA Array Interface, DLPack). See docs/memory.md."""
+
+from __future__ import annotations
+
+from ._array import (DeviceArray, asarray, copy, defer_cleanup, empty, full, pinned_empty,
+                     register_host, to_device, zeros)
+
+__all__ = ["DeviceArray", "asarray", "copy", "defer_cleanup", "empty", "full", "pinned_empty",
+           "register_host", "to_device", "zeros"]
