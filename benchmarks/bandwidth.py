@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 import cuctx
-from _bench import compare, start
+from _bench import compare, run, start
 
 NBYTES = 64 << 20
 REPEAT = 10  # copies per measurement, then one synchronize
@@ -80,4 +80,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

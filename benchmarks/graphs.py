@@ -37,7 +37,7 @@ import numpy as np
 from cuda.bindings.driver import CUstream_flags, CUstreamCaptureMode
 
 import cuctx
-from _bench import compare, start
+from _bench import compare, run, start
 from cuctx.kernels._compiler import compile_source
 from cuctx.examples import decoding_loop as dl
 
@@ -493,4 +493,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)
