@@ -12,9 +12,10 @@ names some of them. Others run on what the backend loaded (the compiled path whe
 built, unless ``CUCTX_NATIVE=0``).
 
 On the sim the race checker watches every test, as it watches every run by default
-(docs/checks.md): pyproject's ``filterwarnings`` makes a `cuctx.RaceWarning` fail the test
-that caused it. Only the "native" and "python" variants step it aside, since under a trace
-sink every call takes the checked path and they would not reach the path they name.
+(docs/checks.md; run the suite with ``CUCTX_RACECHECK`` unset): pyproject's
+``filterwarnings`` makes a `cuctx.RaceWarning` fail the test that caused it. Only the
+"native" and "python" variants step it aside, since under a trace sink every call takes the
+checked path and they would not reach the path they name.
 """
 
 from __future__ import annotations
