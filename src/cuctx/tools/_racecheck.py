@@ -42,7 +42,6 @@ from ._racecheck_shadow import (FREE_IN_USE, USE_AFTER_FREE, Finding, OpInfo, Re
 from ._racecheck_words import explain, label, node_what, what
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_ACCESSING = frozenset({"copy", "memset", "launch", "graph_launch"})
 
 
 class Watch:
