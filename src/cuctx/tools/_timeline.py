@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from .. import _driver, _trace
@@ -22,36 +21,9 @@ from .._resource import ACTIVE
 from ..context import in_context
 from ._timeline_export import chrome_trace, save_png, summarize
 from . import _cupti
-from ._timeline_sources import MARKERS, WORK, EventPairs, Execution, SimActivity, Source
+from ._timeline_sources import (MARKERS, WORK, EventPairs, Execution, Record, SimActivity,
+                                Source)
 from ._timeline_sources import stream_key as _key
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One row of the timeline. An operation with its execution has both times; a
-    synchronize or an allocation has only its submission; work the driver reported but
-    cuctx did not submit (another thread, another library) has no operation.
-
-    Times are nanoseconds on the timeline's clock (`Timeline.clock`): the sim's virtual
-    clock, or the host's ``perf_counter_ns`` on a GPU."""
-
-    kind: str  # the operation's kind (cuctx._trace.KINDS); for foreign work: "kernel", ...
-    lane: str  # what the lane colour means: kernel, copy, memset, host, marker, busy, host-only
-    name: str  # the kernel's name, the copy's direction, the event ...
-    device: int | None
-    context: int  # the CUcontext as an int (0 when the operation has none)
-    stream: int  # the CUstream as an int (1: the legacy default stream); 0: no stream
-    submit_ns: int | None
-    start_ns: int | None
-    end_ns: int | None
-    correlation: int | None
-    site: tuple[str, int, str] | None  # the user's (file, line, function)
-    approximate: bool  # times from event pairs, not from the device's activity records
-    operation: _trace.Operation | None = None
-
-    @property
-    def duration_ns(self) -> int:
-        return 0 if self.start_ns is None else self.end_ns - self.start_ns
 
 
 class Timeline:

@@ -9,12 +9,9 @@ work a `Stream.wait(other)` waited for to the wait.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
-from ._timeline_sources import stream_key
-
-if TYPE_CHECKING:
-    from ._timeline import Record
+from ._timeline_sources import Record, stream_key
 
 HOST_PID = 0
 COLOURS = {"kernel": "#4c72b0", "copy": "#dd8452", "memset": "#8172b3", "host": "#55a868",

@@ -56,6 +56,34 @@ class Execution:
     approximate: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One row of the timeline. An operation with its execution has both times; a
+    synchronize or an allocation has only its submission; work the driver reported but
+    cuctx did not submit (another thread, another library) has no operation.
+
+    Times are nanoseconds on the timeline's clock (`Timeline.clock`): the sim's virtual
+    clock, or the host's ``perf_counter_ns`` on a GPU."""
+
+    kind: str  # the operation's kind (cuctx._trace.KINDS); for foreign work: "kernel", ...
+    lane: str  # what the lane colour means: kernel, copy, memset, host, marker, busy, host-only
+    name: str  # the kernel's name, the copy's direction, the event ...
+    device: int | None
+    context: int  # the CUcontext as an int (0 when the operation has none)
+    stream: int  # the CUstream as an int (1: the legacy default stream); 0: no stream
+    submit_ns: int | None
+    start_ns: int | None
+    end_ns: int | None
+    correlation: int | None
+    site: tuple[str, int, str] | None  # the user's (file, line, function)
+    approximate: bool  # times from event pairs, not from the device's activity records
+    operation: _trace.Operation | None = None
+
+    @property
+    def duration_ns(self) -> int:
+        return 0 if self.start_ns is None else self.end_ns - self.start_ns
+
+
 class Source:
     approximate = False
     describe = ""
