@@ -53,6 +53,7 @@ def surface(lib: cuctx.Library) -> dict[str, object]:
         "Graph": graph, "GraphNode": node, "GraphExec": graph.instantiate(),
         "Capture": s.capture(), "AutoGraph": step, "RaceCheck": rc, "Finding": rc.findings[0],
         "Timeline": tl, "Record": tl.records[0], "Summary": tl.summary(),
+        "Operation": tl.records[0].operation, "Access": tl.records[0].operation.accesses[0],
         "Backend": cuctx.backend(),
     }
 
@@ -101,6 +102,8 @@ def test_reprs_name_kind_state_context_and_hex_handles(lib):
         "Timeline": [f"{len(tl.records)} records", "1 context", tl.source],
         "Record": ["memset", on, f"stream {s.handle:#x}", __file__],
         "Summary": ["'s'", f"'context': {ctx.handle:#x}", f"'stream': {s.handle:#x}"],
+        "Operation": ["memset", f"{s.handle:#x}", __file__],
+        "Access": [f"ptr={made['DeviceArray'].ptr:#x}", "nbytes=32", "mode='w'"],
     }
     for name, parts in expect.items():
         text = repr(made[name])
