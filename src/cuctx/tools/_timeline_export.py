@@ -60,8 +60,10 @@ class Tracks:
                 handle = f"stream {r.stream:#x}" + (f" ({op.stream.kind})" if op else "")
             name = user.get(key[1:])
             self.labels[key] = name or f"ctx {pid} / {ordinal}"
-            self.thread_names[(pid, tid)] = handle if name is None and r.stream in \
-                DEFAULT_STREAMS else f"{name or ordinal}: {handle}"
+            if name is None and r.stream in DEFAULT_STREAMS:  # its handle says it already
+                self.thread_names[(pid, tid)] = handle
+            else:
+                self.thread_names[(pid, tid)] = f"{name or ordinal}: {handle}"
 
     def of(self, r: Record) -> tuple[int, int]:
         key = (r.device, r.context, r.stream)
