@@ -65,7 +65,11 @@ class Partition(Sequence):
         self.close()
 
     def __repr__(self) -> str:
-        return f"<Partition of device {self.device.ordinal}: {self.sm_counts} SMs>"
+        states = {ctx._state for ctx in self._contexts}
+        state = "closed" if states == {DESTROYED} else "/".join(sorted(states))
+        handles = ", ".join(f"{ctx._key:#x}" for ctx in self._contexts)
+        return (f"<Partition of device {self.device.ordinal}: {len(self)} green contexts "
+                f"({handles}) of {self.sm_counts} SMs, {state}>")
 
 
 def partition(device: Device, sm_counts: Sequence[int]) -> Partition:

@@ -62,6 +62,10 @@ class Access(NamedTuple):  # (a tuple: one is made per array of every traced ope
     array: Any = None
     host: bool = False
 
+    def __repr__(self) -> str:  # the address in hex, as DeviceArray prints it
+        return (f"Access(ptr={self.ptr:#x}, nbytes={self.nbytes}, mode={self.mode!r}, "
+                f"array={self.array!r}, host={self.host})")
+
 
 @dataclass(slots=True)
 class Operation:

@@ -117,7 +117,14 @@ class DeviceProperties:
         return values
 
     def __repr__(self) -> str:
-        return f"<DeviceProperties of {self._device!r}>"
+        try:
+            what = (f": compute capability {self.compute_capability_major}."
+                    f"{self.compute_capability_minor}, {self.multiprocessor_count} SMs, "
+                    f"{len(ATTRIBUTE_NAMES)} attributes (as_dict() lists them)")
+        except Exception:  # noqa: BLE001 - a repr never raises; the driver's error shows on use
+            what = ""
+        return f"<DeviceProperties of device {self._device.ordinal} " \
+               f"({self._device._backend.name}){what}>"
 
 
 # __members__, not iteration: iterating an enum skips the aliases (a second name for a value).

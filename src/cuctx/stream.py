@@ -351,8 +351,10 @@ class Stream(Resource):
         return hash((self._ctx._key, self._key))
 
     def __repr__(self) -> str:
-        where = f"device {self._ctx._device.ordinal}" if self._ctx._device is not None else ""
-        return f"<Stream {self.kind} {self._key:#x} {where} ctx {self._ctx._key:#x}>"
+        ctx = self._ctx
+        where = f"device {ctx._device.ordinal} " if ctx._device is not None else ""
+        state = "" if ctx._state is ACTIVE else f" context {ctx._state}"
+        return f"<Stream {self.kind} {self._key:#x} {where}ctx {ctx._key:#x}{state}>"
 
 
 def refuse_legacy_in_global_capture(stream: Stream, operation: str) -> None:

@@ -81,6 +81,17 @@ class Capture:
         self._count = 0  # the graph's node count after the last operation seen
         self._lock = threading.Lock()  # "relaxed" captures may be fed by several threads
 
+    def __repr__(self) -> str:
+        if self.broken is not None:
+            state = f"broken ({self.broken.name}; .broken says by what), no graph"
+        elif _lifetimes.capturing.get((self.ctx._key, self.stream._key)) is self:
+            state = f"capturing since {_where(self.site)}"
+        elif self.graph is None:
+            state = "not begun"
+        else:
+            state = f"ended: {self.graph!r}"
+        return f"<Capture {self.mode} of {self.stream!r}, {state}>"
+
     # -- the block ------------------------------------------------------------------------
 
     def __enter__(self) -> Graph:

@@ -277,8 +277,8 @@ class GraphExec(Resource):
         self.destroy()
 
     def __repr__(self) -> str:
-        state = "" if self._handle is not None else " destroyed"
-        return f"<GraphExec{state} of {self.graph!r}>"
+        state = f"{self._key:#x}" if self._handle is not None else "destroyed"
+        return f"<GraphExec {state} of {self.graph!r}>"
 
 
 # -- per-node updates: what each kind precomputes ---------------------------------------------

@@ -431,9 +431,15 @@ class Graph(Resource):
         return len(self._nodes)
 
     def __repr__(self) -> str:
-        edges = f", {len(self.edges)} edges" if self._ctx._state is ACTIVE else ""
+        if not hasattr(self, "_nodes"):  # handed out by `with stream.capture() as graph:`
+            return ("<Graph of a capture, not made yet: the capture makes it when its block "
+                    "ends without an error>")
+        active = self._ctx._state is ACTIVE
+        edges = f", {len(self.edges)} edges" if active else ""
         body = " (conditional body)" if self._parent is not None else ""
-        return f"<Graph{body} {self._summary()}{edges} ctx {self._ctx._key:#x}>"
+        state = "" if active else f" context {self._ctx._state}"
+        return (f"<Graph{body} {self._key:#x} {self._summary()}{edges} ctx "
+                f"{self._ctx._key:#x}{state}>")
 
 
 def _driver_nodes(ctx: Context, handle) -> list:

@@ -246,7 +246,7 @@ class Kernel(Resource):
         return BlockSizeSuggestion(int(min_grid), int(block))
 
     def __repr__(self) -> str:
-        return f"<Kernel {self.name!r} of {self._owner!r}>"
+        return f"<Kernel {self.name!r} {int(self._handle):#x} of {self._owner!r}>"
 
 
 def _count(value: Any, what: str) -> int:

@@ -13,6 +13,7 @@ block waits for the work recorded, then matches executions to operations by id.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any
 
@@ -21,6 +22,7 @@ from .._resource import ACTIVE
 from ..context import in_context
 from ._timeline_export import chrome_trace, save_png, summarize
 from . import _cupti
+from ._names import names_of, user_scope
 from ._timeline_sources import (MARKERS, WORK, EventPairs, Execution, Record, SimActivity,
                                 Source)
 from ._timeline_sources import stream_key as _key
@@ -39,6 +41,10 @@ class Timeline:
         self._source: Source | None = None
         self._ops: list[tuple[int | None, _trace.Operation, int]] = []
         self._records: list[Record] | None = None
+        # What the user's code calls each stream, per (context, stream) key: the names found
+        # at each line that submitted work to it (looked up once per stream and line).
+        self._names: dict[tuple[int, int], list[str]] = {}
+        self._looked: set[tuple[tuple[int, int], tuple[str, int, str]]] = set()
         self._thread = 0
         self._next = 1
         self._lock = threading.Lock()
@@ -75,6 +81,24 @@ class Timeline:
         submitted = source.host_ns(op)
         self._ops.append((corr, op, submitted))
         source.submitted(op, corr)
+        if op.site is not None:
+            self._learn_names(op)
+
+    def _learn_names(self, op: _trace.Operation) -> None:
+        """Note the names the user's frame at the operation's line has for its streams (the
+        sink runs inside that line); each stream is looked up once per line."""
+        scope = None
+        for stream in (op.stream, op.other):
+            if stream is None:
+                continue
+            key = _key(stream.context, stream)
+            if (key, op.site) in self._looked:
+                continue
+            self._looked.add((key, op.site))
+            if scope is None:
+                scope = user_scope(sys._getframe(2), op.site)
+            names = self._names.setdefault(key, [])
+            names += [n for n in names_of(stream, scope) if n not in names]
 
     def _wait_for_work(self) -> None:
         """Every context the block used, synchronized through the driver (not through cuctx,
@@ -115,7 +139,8 @@ class Timeline:
     def summary(self) -> dict[str, Any]:
         """Busy time per stream, copy/compute overlap and gaps, as a dict; ``print()`` it for
         a table. See docs/timeline.md for each field."""
-        return summarize(self.records, self._source.describe, self._source.approximate)
+        return summarize(self.records, self._source.describe, self._source.approximate,
+                         self._names)
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write ``.json`` (Chrome trace event format: open it in https://ui.perfetto.dev or
@@ -126,13 +151,28 @@ class Timeline:
         if ext == ".json":
             import json
             with open(path, "w") as f:
-                json.dump(chrome_trace(self.records, self.source), f)
+                json.dump(chrome_trace(self.records, self.source, self._names), f)
         elif ext == ".png":
-            save_png(self.records, path, self.source)
+            save_png(self.records, path, self.source, self._names)
         else:
             raise ValueError(f"cannot save a timeline as {path!r}: name a .json file (Chrome "
                              "trace, for Perfetto) or a .png file (a picture)")
         return path
+
+    def __repr__(self) -> str:
+        if self._source is None:
+            return f"<Timeline source={self._want!r}, not started>"
+        if self._records is None:
+            return (f"<Timeline recording: {len(self._ops)} operations so far, times from "
+                    f"{self._source.describe}>")
+        ran = [r for r in self._records if r.start_ns is not None]
+        span = max((r.end_ns for r in ran), default=0) - min((r.start_ns for r in ran),
+                                                             default=0)
+        streams = len({(r.context, r.stream) for r in ran})
+        contexts = len({r.context for r in ran})
+        return (f"<Timeline of {len(self._records)} records: {streams} stream"
+                f"{'s' * (streams != 1)} in {contexts} context{'s' * (contexts != 1)} over "
+                f"{span / 1e3:.1f} us, times from {self._source.describe}>")
 
 
 def choose_source(backend: _driver.Backend, want: str) -> Source:
