@@ -12,8 +12,9 @@ to its granularity (``minSmPartitionSize``/``smCoscheduledAlignment`` of the res
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from cuda.bindings.driver import CUdevResourceType, CUgreenCtxCreate_flags
 
 from .context import DESTROYED, Context, fail
@@ -70,9 +71,7 @@ class Partition(Sequence):
 
 def partition(device: Device, sm_counts: Sequence[int]) -> Partition:
     """What `Device.partition` does (see there)."""
-    counts = [int(c) for c in sm_counts]
-    if not counts or any(c <= 0 for c in counts):
-        raise ValueError(f"sm_counts must be one or more positive SM counts, got {sm_counts!r}")
+    counts = _counts(device, sm_counts)
     backend = device._backend
     drv = backend.driver
     operation = f"Device({device.ordinal}).partition({counts})"
@@ -101,6 +100,31 @@ def partition(device: Device, sm_counts: Sequence[int]) -> Partition:
                                       (drv.cuGreenCtxDestroy, green)))
         greens.append(green)
     return Partition(device, contexts, greens, [g.sm.smCount for g in groups])
+
+
+def _counts(device: Device, sm_counts: Any) -> list[int]:
+    """The SM counts as ints: a list (or other sequence) of positive ints, one per
+    partition. Floats are refused, not rounded (the driver rounds to its granularity, and
+    the result's ``sm_counts`` says what it gave); bools and strings are refused too."""
+    operation = f"Device({device.ordinal}).partition"
+    if isinstance(sm_counts, np.ndarray):
+        sm_counts = sm_counts.tolist()  # (a 0-d array gives its number: refused below)
+    if not isinstance(sm_counts, Sequence) or isinstance(sm_counts, (str, bytes)):
+        one = (f"; for one partition of {sm_counts} SMs, pass [{sm_counts}]"
+               if isinstance(sm_counts, (int, np.integer)) and not isinstance(sm_counts, bool)
+               else "")
+        raise TypeError(f"{operation} takes a list of SM counts, one int per partition "
+                        f"(e.g. [64, 64]), not {type(sm_counts).__name__} {sm_counts!r}{one}")
+    counts = []
+    for c in sm_counts:
+        if isinstance(c, bool) or not isinstance(c, (int, np.integer)):
+            raise TypeError(f"{operation}: SM counts are ints, one per partition (e.g. [64, "
+                            f"64]); {sm_counts!r} holds {type(c).__name__} {c!r}")
+        counts.append(int(c))
+    if not counts or any(c <= 0 for c in counts):
+        raise ValueError(f"{operation}: SM counts must be one or more positive ints, one per "
+                         f"partition (e.g. [64, 64]), got {sm_counts!r}")
+    return counts
 
 
 def _split(drv, backend, whole, counts: list[int], operation: str) -> list:

@@ -43,6 +43,25 @@ def test_a_partition_larger_than_the_device_is_refused(backend):
         device.partition([])
 
 
+def test_sm_counts_must_be_a_list_of_positive_ints(backend):
+    device = cuctx.Device(0)
+    with pytest.raises(TypeError, match=r"SM counts are ints.*\[64\.9\] holds float 64\.9"):
+        device.partition([64.9])  # not rounded down to 64
+    with pytest.raises(TypeError, match=r"list of SM counts.*not int 64; for one partition "
+                       r"of 64 SMs, pass \[64\]"):
+        device.partition(64)
+    with pytest.raises(TypeError, match="not str '64'"):
+        device.partition("64")  # not the counts 6 and 4
+    with pytest.raises(TypeError, match="holds bool True"):
+        device.partition([True])
+    with pytest.raises(TypeError, match="not NoneType None"):
+        device.partition(None)
+    with pytest.raises(ValueError, match=r"positive ints.*got \[16, -4\]"):
+        device.partition([16, -4])
+    with device.partition(np.array([16, 16])) as parts:  # NumPy's ints are ints
+        assert parts.sm_counts == [16, 16]
+
+
 def test_kernels_of_two_partitions_overlap_on_the_sim(sim):
     records: list[Activity] = []
     sim.sim.subscribe_activity(records.append)
