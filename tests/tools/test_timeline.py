@@ -4,6 +4,7 @@ a GPU from CUPTI where cupti-python is installed, and from event pairs (approxim
 
 import importlib.util
 import json
+import re
 import sys
 
 import numpy as np
@@ -153,6 +154,19 @@ def test_saving_as_another_format_says_which_exist(backend, tmp_path):
     tl, _ = recorded(backend)
     with pytest.raises(ValueError, match=r"\.json.*\.png"):
         tl.save(tmp_path / "trace.svg")
+
+
+def test_a_path_it_cannot_write_raises_the_oserror_open_raises(backend, tmp_path):
+    # As Graph.to_dot does: cuctx's file outputs raise what Python's own file functions do.
+    tl, _ = recorded(backend)
+    missing = tmp_path / "missing"
+    names = ["trace.json"] + ["timeline.png"] * (importlib.util.find_spec("matplotlib") is not None)
+    for name in names:
+        with pytest.raises(FileNotFoundError, match=re.escape(str(missing / name))):
+            tl.save(missing / name)
+    (tmp_path / "folder.json").mkdir()
+    with pytest.raises(IsADirectoryError):
+        tl.save(tmp_path / "folder.json")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
