@@ -85,7 +85,7 @@ def partition(device: Device, sm_counts: Sequence[int]) -> Partition:
     groups = _split(drv, backend, whole, counts, operation)
     contexts, greens = [], []
     for group in groups:
-        err, desc = drv.cuDevResourceGenerateDesc([group], 1)
+        err, desc = drv.cuDevResourceGenerateDesc(group, len(group))
         if err:
             fail(backend, err, "cuDevResourceGenerateDesc", hint=operation)
         # CU_GREEN_CTX_DEFAULT_STREAM: the driver (580, H100) refuses anything else.
@@ -99,7 +99,8 @@ def partition(device: Device, sm_counts: Sequence[int]) -> Partition:
         contexts.append(Context._wrap(backend, handle, device, "green",
                                       (drv.cuGreenCtxDestroy, green)))
         greens.append(green)
-    return Partition(device, contexts, greens, [g.sm.smCount for g in groups])
+    return Partition(device, contexts, greens,
+                     [sum(g.sm.smCount for g in group) for group in groups])
 
 
 def _counts(device: Device, sm_counts: Any) -> list[int]:
@@ -127,25 +128,26 @@ def _counts(device: Device, sm_counts: Any) -> list[int]:
     return counts
 
 
-def _split(drv, backend, whole, counts: list[int], operation: str) -> list:
-    """The SM groups: one split when the counts are equal, else one group per split."""
-    if len(set(counts)) == 1:
-        err, groups, n, _ = drv.cuDevSmResourceSplitByCount(len(counts), whole, 0, counts[0])
-        if err:
-            fail(backend, err, "cuDevSmResourceSplitByCount", hint=operation)
-        if n < len(counts):
-            step = max(whole.sm.minSmPartitionSize, whole.sm.smCoscheduledAlignment, 1)
-            most = whole.sm.smCount // len(counts) // step * step
-            raise ValueError(f"{operation}: the driver rounds SM counts up to a multiple of "
-                             f"{step}, so the device's {whole.sm.smCount} SMs make only {n} "
-                             f"group(s) of {counts[0]}; ask for at most {most} each")
-        return list(groups)[:n]
-    groups, rest = [], whole
-    for count in counts:
-        err, group, n, rest = drv.cuDevSmResourceSplitByCount(1, rest, 0, count)
-        if err or n < 1:
-            if err:
-                fail(backend, err, "cuDevSmResourceSplitByCount", hint=operation)
-            raise ValueError(f"{operation}: no room left for a group of {count} SMs")
-        groups.append(list(group)[0])
-    return groups
+def _split(drv, backend, whole, counts: list[int], operation: str) -> list[list]:
+    """The SM groups of each partition, from one split of the device's SMs. Equal counts:
+    that many groups of the count. Different counts: groups of the driver's granularity,
+    each partition taking as many as its count needs, for the driver does not split a
+    split's groups or remainder again (CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION, H100 with
+    driver 580, as its documentation says)."""
+    step = max(whole.sm.minSmPartitionSize, whole.sm.smCoscheduledAlignment, 1)
+    equal = len(set(counts)) == 1
+    sizes = [1] * len(counts) if equal else [-(-c // step) for c in counts]
+    wanted, size = sum(sizes), counts[0] if equal else step
+    err, groups, n, _ = drv.cuDevSmResourceSplitByCount(wanted, whole, 0, size)
+    if err:
+        fail(backend, err, "cuDevSmResourceSplitByCount", hint=operation)
+    if n < wanted:
+        raise ValueError(f"{operation}: the driver rounds SM counts up to a multiple of "
+                         f"{step}, and makes only {n} group(s) of {size} from the device's "
+                         f"{whole.sm.smCount} SMs where {wanted} are needed; ask for fewer "
+                         "or smaller partitions")
+    groups, out, start = list(groups)[:n], [], 0
+    for k in sizes:
+        out.append(groups[start:start + k])
+        start += k
+    return out
