@@ -347,9 +347,10 @@ class Device:
 
     def partition(self, sm_counts: Sequence[int]) -> Partition:
         """Split the device's SMs into green contexts (cuGreenCtxCreate), one per count in
-        ``sm_counts``: their kernels run side by side on separate SMs, where kernels of
-        ordinary contexts take turns. Each is a `Context` (kind ``"green"``); the driver
-        rounds counts up to its granularity (the result's ``sm_counts`` says what it gave).
+        the list ``sm_counts`` (positive ints): their kernels run side by side on separate
+        SMs, where kernels of ordinary contexts take turns. Each is a `Context` (kind
+        ``"green"``); the driver rounds counts up to its granularity (the result's
+        ``sm_counts`` says what it gave).
         ``with device.partition([64, 64]) as (a, b):`` destroys them after the block."""
         return partition(self, sm_counts)
 

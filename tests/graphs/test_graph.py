@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import linecache
 import pathlib
+import re
 import shutil
 import subprocess
 
@@ -96,6 +97,32 @@ def test_after_takes_only_nodes_of_the_same_graph(lib):
         g.launch(lib["add"], 1, N, out, x, 1.0, N, after=foreign)
     with pytest.raises(TypeError, match="GraphNode"):
         g.empty(after=[1])
+
+
+def test_after_says_what_it_takes_and_what_it_got(lib):
+    x, out = arange(), cuctx.zeros(N, np.float32)
+    g, child, event = cuctx.Graph(), cuctx.Graph(), cuctx.Event()
+    first = g.empty()
+    expected = r"after= takes a GraphNode or an iterable of GraphNodes \(what this graph's"
+    for bad, got in ((0, "not int 0"), (1.5, "not float 1.5"), ("a", "not str 'a'"),
+                     (None, "not NoneType None; leave after= out"), (g, "not Graph <Graph"),
+                     ([first, 2], "; it holds int 2")):
+        with pytest.raises(TypeError, match=f"Graph.fill: {expected}.*{got}"):
+            g.fill(out, 0.0, after=bad)
+    # Every method that adds a node checks after= the same way, before it changes anything:
+    # the graph holds only `first` and still instantiates (no conditional handle left unused).
+    adders = [lambda a: g.launch(lib["add"], 1, N, out, x, 1.0, N, after=a),
+              lambda a: g.copy(out, x, after=a), lambda a: g.host(print, after=a),
+              lambda a: g.record(event, after=a), lambda a: g.wait(event, after=a),
+              lambda a: g.child(child, after=a), lambda a: g.empty(after=a),
+              lambda a: g.conditional("if", default=0, after=a)]
+    for adder in adders:
+        with pytest.raises(TypeError, match=expected):
+            adder(0)
+    assert g.nodes == (first,)
+    run(g)
+    second = g.fill(out, 1.0, after=(n for n in [first]))  # any iterable, a generator too
+    assert g.edges == ((first, second),)
 
 
 # -- copies and fills ---------------------------------------------------------------------
@@ -265,6 +292,21 @@ def test_to_dot_writes_the_graph(lib, backend, tmp_path):
     path = g.to_dot(tmp_path / "graph.dot")
     text = (tmp_path / "graph.dot").read_text()
     assert path.endswith("graph.dot") and "digraph" in text
+
+
+def test_to_dot_raises_the_oserror_open_raises(lib, backend, tmp_path):
+    if not hasattr(backend.driver, "cuGraphDebugDotPrint"):
+        pytest.skip("this backend writes no DOT files")
+    g = cuctx.Graph()
+    g.empty()
+    missing = tmp_path / "missing" / "graph.dot"
+    with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):
+        g.to_dot(missing)
+    with pytest.raises(IsADirectoryError, match=re.escape(str(tmp_path))):
+        g.to_dot(tmp_path)
+    with pytest.raises(TypeError, match="os.PathLike"):
+        g.to_dot(3)  # a path, not a file descriptor
+    assert "digraph" in pathlib.Path(g.to_dot(str(tmp_path / "g.dot"))).read_text()
 
 
 # -- conditional nodes ----------------------------------------------------------------------

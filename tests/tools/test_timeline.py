@@ -263,6 +263,19 @@ def figures(monkeypatch) -> list:
     return saved
 
 
+def test_a_path_it_cannot_write_raises_the_oserror_open_raises(backend, tmp_path):
+    # As Graph.to_dot does: cuctx's file outputs raise what Python's own file functions do.
+    tl, _ = recorded(backend)
+    missing = tmp_path / "missing"
+    names = ["trace.json"] + ["timeline.png"] * (importlib.util.find_spec("matplotlib") is not None)
+    for name in names:
+        with pytest.raises(FileNotFoundError, match=re.escape(str(missing / name))):
+            tl.save(missing / name)
+    (tmp_path / "folder.json").mkdir()
+    with pytest.raises(IsADirectoryError):
+        tl.save(tmp_path / "folder.json")
+
+
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
                     reason="matplotlib is not installed (pip install 'cuctx[timeline]')")
 def test_the_picture_is_a_png_with_short_lane_labels(backend, tmp_path, monkeypatch):

@@ -154,26 +154,32 @@ class Graph(Resource):
 
     # -- adding nodes ---------------------------------------------------------------------
 
-    def _deps(self, after: GraphNode | Iterable[GraphNode], operation: str) -> list:
+    def _after(self, after: GraphNode | Iterable[GraphNode],
+               operation: str) -> tuple[GraphNode, ...]:
+        """The nodes of ``after=`` (every node-adding method's), checked: a GraphNode of
+        this graph or an iterable of them."""
         nodes = (after,) if isinstance(after, GraphNode) else after
-        handles, seen = [], set()
+        expected = (f"{operation}: after= takes a GraphNode or an iterable of GraphNodes (what "
+                    "this graph's methods return)")
+        if not isinstance(nodes, Iterable) or isinstance(nodes, (str, bytes)):
+            none = "; leave after= out for a node that waits for none" if after is None else ""
+            raise TypeError(f"{expected}, not {type(after).__name__} {after!r}{none}")
+        checked: dict[int, GraphNode] = {}
         for node in nodes:
             if not isinstance(node, GraphNode):
-                raise TypeError(f"{operation}: after= takes GraphNodes (what the graph's "
-                                f"methods return), not {type(node).__name__}")
+                raise TypeError(f"{expected}; it holds {type(node).__name__} {node!r}")
             if node.graph is not self:
-                raise ValueError(f"{operation}: after= names {node!r} of another graph; a "
-                                 "node can only follow nodes of its own graph")
-            if id(node) not in seen:
-                seen.add(id(node))
-                handles.append(node._handle)
-        return handles
+                raise ValueError(f"{operation}: after= names {node!r}, a node of another graph; "
+                                 "a node can only follow nodes of its own graph (to run "
+                                 "another graph inside this one, add it with Graph.child)")
+            checked.setdefault(id(node), node)
+        return tuple(checked.values())
 
     def _add(self, operation: str, kind: str, add: Callable, args: tuple, after,
              info: NodeInfo, extra: Any = None) -> GraphNode:
         """Add one node through ``add(graph, deps, count, *args)`` with the graph's context
         current; the node records the user's line."""
-        deps = self._deps(after, operation)
+        deps = [node._handle for node in self._after(after, operation)]
         ctx = self._ctx
         with in_context(ctx, operation):
             err, handle = add(self._handle, deps, len(deps), *args)
@@ -313,6 +319,7 @@ class Graph(Resource):
                             f"{default!r}")
         operation = f"Graph.conditional({kind!r})"
         self._check(operation)
+        after = self._after(after, operation)  # before the handle: a refusal leaves none behind
         ctx, drv = self._ctx, self._backend.driver
         flags = CU_GRAPH_COND_ASSIGN_DEFAULT if default is not None else 0
         with in_context(ctx, operation):
@@ -378,12 +385,17 @@ class Graph(Resource):
         """Write the graph as Graphviz DOT to ``path`` (cuGraphDebugDotPrint; ``verbose``:
         every node's parameters too); returns the path."""
         self._check("Graph.to_dot")
+        # The driver answers every file problem with CUDA_ERROR_OPERATING_SYSTEM: opening the
+        # file here first raises what Python's open does (FileNotFoundError,
+        # PermissionError, IsADirectoryError, ...), naming the path.
+        # (os.fspath first: open() would take an int for a file descriptor.)
+        path = os.fspath(path)
+        open(path, "w").close()
         flags = int(CUgraphDebugDot_flags.CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE) if verbose else 0
         err, = self._backend.driver.cuGraphDebugDotPrint(self._handle, os.fsencode(path), flags)
         if err:
-            fail(self._backend, err, "cuGraphDebugDotPrint", self._ctx,
-                 hint=f"writing {os.fspath(path)!r}")
-        return os.fspath(path)
+            fail(self._backend, err, "cuGraphDebugDotPrint", self._ctx, hint=f"writing {path!r}")
+        return path
 
     def _node(self, handle) -> GraphNode | None:
         """The node of a driver handle, in this graph or the graphs inside it."""

@@ -157,6 +157,25 @@ def _normalize_name_expressions(exprs: Iterable[str]) -> tuple[str, ...]:
     return out
 
 
+_NAME_LENGTH = re.compile(r"[1-9][0-9]*")  # of a name in a mangled name
+
+
+def declared_name(mangled: str) -> tuple[str, bool] | None:
+    """The name a mangled C++ kernel was declared with, and whether it is a template
+    instance: ``_Z8cpp_namePf`` -> ("cpp_name", False), ``_ZN2ns4tmplIfEEvPT_`` ->
+    ("ns::tmpl", True). None for other names (extern "C" ones)."""
+    if not mangled.startswith("_Z"):
+        return None
+    nested = mangled.startswith("_ZN")
+    parts, i = [], 3 if nested else 2
+    while (length := _NAME_LENGTH.match(mangled, i)) is not None:
+        i = length.end() + int(length.group())
+        parts.append(mangled[length.end():i])
+        if not nested:
+            break
+    return ("::".join(parts), mangled[i:i + 1] == "I") if parts else None
+
+
 def _normalize_headers(headers: Mapping[str, str | bytes] | None) -> tuple[tuple[str, bytes], ...]:
     if headers is None:
         return ()
