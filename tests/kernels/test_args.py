@@ -453,3 +453,29 @@ def test_a_gpu_kernel_refuses_an_array_of_another_dtype(gpu):
                 launcher(out, ints(), 0.0, 8)
         launcher(out, ints().view(np.float32), 0.0, 8)
         assert out.to_host().view(np.int32).tolist() == list(range(8))
+
+
+def test_torch_tensors_are_checked_by_their_dtype(gpu):
+    """torch's dtypes by name, bfloat16 included (NumPy has none)."""
+    torch = pytest.importorskip("torch")
+    source = ADD_SOURCE + r"""
+struct __nv_bfloat16 { unsigned short bits; };
+extern "C" __global__ void halve(__nv_bfloat16* p) {}
+"""
+    lib = cuctx.Library.from_source(source)
+    with cuctx.Device(0):
+        out = torch.zeros(8, device="cuda")
+        x = torch.arange(8, dtype=torch.int32, device="cuda")
+        torch.cuda.synchronize()
+        with pytest.raises(KernelArgumentError,
+                           match=r"parameter 1 \(const float\* x\) .* not a Tensor of int32: .*"
+                                 r"tensor\.view\(torch\.float32\) for this launch"):
+            lib["add"][1, 8](out, x, 0.0, 8)
+        lib["add"][1, 8](out, x.view(torch.float32), 0.0, 8)
+        cuctx.synchronize()
+        assert out.view(torch.int32).tolist() == list(range(8))
+        lib["halve"][1, 1](torch.zeros(4, dtype=torch.bfloat16, device="cuda"))
+        with pytest.raises(KernelArgumentError,
+                           match=r"takes uint16 or bfloat16 arrays, not a Tensor of float16: .* "
+                                 r"Pass bfloat16 data, .* tensor\.view\(torch\.bfloat16\)"):
+            lib["halve"][1, 1](torch.zeros(4, dtype=torch.float16, device="cuda"))

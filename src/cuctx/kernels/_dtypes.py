@@ -157,10 +157,11 @@ def mismatch(kernel: str, expect: Expect, arg: Any, got: str) -> str:
     what = f"parameter {e.index}{f' ({declared})' if declared else ''} of kernel {kernel!r}"
     said = "" if e.element else " (kernel.set_dtypes)"
     reads = f": the kernel would read its bytes as {e.element}" if e.element else ""
-    as_view = (f"tensor.view(torch.{e.accepts[0]})" if type(arg).__module__.startswith("torch")
-               else f"arr.view(np.{e.accepts[0]})")
+    torch = type(arg).__module__.startswith("torch")
+    first = "bfloat16" if torch and "bfloat16" in e.accepts else e.accepts[0]
+    as_view = f"tensor.view(torch.{first})" if torch else f"arr.view(np.{first})"
     as_dtype = f"np.{got}" if got in _OBJECTS else repr(got)
     key = f"{e.name}={as_dtype}" if e.name else f"{{{e.index}: {as_dtype}}}"
     return (f"{what} takes {' or '.join(e.accepts)} arrays{said}, not a {type(arg).__name__} "
-            f"of {got}{reads}. Pass {e.accepts[0]} data, or let it through knowingly: "
+            f"of {got}{reads}. Pass {first} data, or let it through knowingly: "
             f"{as_view} for this launch, or kernel.set_dtypes({key}) for every launch")
