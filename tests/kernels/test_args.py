@@ -373,6 +373,11 @@ namespace cuda { namespace std { template <class T> struct complex { T re, im; }
 struct Particle { float x, y, z, m; };
 typedef float real;
 using index_t = unsigned long long;
+#ifdef USE_DOUBLE
+typedef double maybe_real;
+#else
+typedef float maybe_real;
+#endif
 
 extern "C" __global__ void spellings(%s) {}
 
@@ -381,7 +386,8 @@ __global__ void __launch_bounds__(256) scale(T* out, const T* in, T a) {}
 """
 F32, I64, U64, C64, C128 = ("float32",), ("int64",), ("uint64",), ("float32", "complex64"), \
     ("float64", "complex128")
-# Each C spelling docs/kernels.md lists, with what it takes (None: any array).
+# Each C spelling docs/kernels.md lists, with what it takes (None: any array; an alias with
+# two meanings, one per #if branch, is unknown).
 SPELLINGS = [
     ("float* {}", F32), ("const float* {}", F32), ("float* __restrict__ {}", F32),
     ("const float* __restrict__ {}", F32), ("float const* {}", F32), ("float* const {}", F32),
@@ -399,8 +405,8 @@ SPELLINGS = [
     ("uint2* {}", ("uint32",)), ("longlong2* {}", I64), ("float** {}", ("uint64", "int64")),
     ("void* {}", None), ("char* {}", None), ("unsigned char* {}", None),
     ("signed char* {}", None), ("uint8_t* {}", None), ("int8_t* {}", None),
-    ("std::byte* {}", None), ("uchar4* {}", None), ("Particle* {}", None), ("float {}", None),
-    ("int {}", None),
+    ("std::byte* {}", None), ("uchar4* {}", None), ("Particle* {}", None),
+    ("maybe_real* {}", None), ("float {}", None), ("int {}", None),
 ]
 
 

@@ -152,11 +152,12 @@ def parse(source: str) -> Parsed:
         params = tuple(_param(p) for p in _split(text[paren + 1:end - 1]))
         found.setdefault(name[1], []).append(
             Definition(_template(text, match.start()), _arguments(name[2]), params))
-    aliases = {}
+    aliases: dict[str, str | None] = {}
     for m in _ALIAS.finditer(text):
         alias, of = (m[2], m[1]) if m[1] else (m[3], m[4])
-        aliases[alias] = _type(of)
-    return Parsed(found, aliases)
+        # Two meanings (one per #if branch, say): which one was compiled is unknown.
+        aliases[alias] = _type(of) if aliases.get(alias, _type(of)) == _type(of) else None
+    return Parsed(found, {a: of for a, of in aliases.items() if of is not None})
 
 
 def base_name(kernel_name: str, user_name: str) -> str:
