@@ -124,6 +124,7 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
         {&L.state, &L.Context, "_state"}, {&L.device, &L.Context, "_device"},
         {&L.sync_event, &L.Stream, "_sync_event"}, {&L.recorded, &L.Event, "_recorded"},
         {&L.ptr, &L.DeviceArray, "ptr"}, {&L.c_contiguous, &L.DeviceArray, "_c"},
+        {&L.dtype, &L.DeviceArray, "dtype"},
         {&L.stack, &L.ThreadState, "stack"}, {&L.blocks, &L.ThreadState, "blocks"},
         {&L.primary, &L.Device, "_primary"}, {&L.lock, &L.Device, "_lock"},
         {&L.device_backend, &L.Device, "_backend"}, {&L.launchers, &L.Kernel, "_launchers"},

@@ -77,7 +77,7 @@ struct native_setup {
     Py_ssize_t backend, ctx, handle, key;          /* Resource */
     Py_ssize_t state, device;                      /* Context */
     Py_ssize_t sync_event, recorded;               /* Stream, Event */
-    Py_ssize_t ptr, c_contiguous;                  /* DeviceArray */
+    Py_ssize_t ptr, c_contiguous, dtype;           /* DeviceArray */
     Py_ssize_t stack, blocks;                      /* ThreadState */
     Py_ssize_t primary, lock, device_backend;      /* Device */
     Py_ssize_t launchers, fast;                    /* Kernel, Launcher */

@@ -4,11 +4,12 @@ its lines and `inspect.getsource` finds it.
 
 A fast path is made for one launcher and one plan (the argument types of its first launch).
 It does only what that case needs: the context, library, host-function and trace guards,
-the thread's parameter buffer, a type guard, the conversions the plan names, one
-``struct.pack_into`` and the bound driver call (or, while an `@autograph` call records on
-the thread, handing the packed bytes to its recorder: `cuctx._record`). Anything else
-returns ``general(args)``, the launcher's checked path, which raises the right error or
-packs what the fast path's codes cannot (so a fast path changes cost, never behaviour).
+the thread's parameter buffer, a type guard (and a dtype guard for arrays), the conversions
+the plan names, one ``struct.pack_into`` and the bound driver call (or, while an
+`@autograph` call records on the thread, handing the packed bytes to its recorder:
+`cuctx._record`). Anything else returns ``general(args)``, the launcher's checked path,
+which raises the right error or packs what the fast path's codes cannot (so a fast path
+changes cost, never behaviour).
 
 ``CUCTX_FASTPATH=0`` in the environment turns fast paths off (everything takes the checked
 path); `ENABLED` holds the setting, read when a launcher would generate its fast path, so
@@ -49,7 +50,9 @@ def fast_launch(plan: Plan, *, ctx: Any, owner: Any, local: threading.local,
              "recording": _record.threads, "records": _record.local,
              "launcher": general.__self__, "plan": plan,
              **{f"T{i}": t for i, t in enumerate(plan.types)},
-             **{f"G{i}": p.convert for i, p in enumerate(plan.params) if p.convert}}
+             **{f"G{i}": p.convert for i, p in enumerate(plan.params) if p.convert},
+             **{f"D{i}": p.dtypes[0] if len(p.dtypes) == 1 else p.dtypes
+                for i, p in enumerate(plan.params) if p.dtypes}}
     exec(compile(source, name, "exec"), scope)  # noqa: S102 - our own source, from a plan
     return scope["launch"], source
 
@@ -76,8 +79,12 @@ def launch_source(plan: Plan) -> str:
     values = []
     for i, p in enumerate(plan.params):
         if p.kind == ARRAY:  # a DeviceArray: the checks of _args._device_array_pointer
+            # (and of _args._typed where the parameter says its dtypes)
+            test = "is not" if p.dtypes and len(p.dtypes) == 1 else "not in"
+            dtype = f" or a{i}.dtype {test} D{i}" if p.dtypes else ""
             lines += [f"    c = a{i}._ctx",
-                      f"    if c._state is not ACTIVE or c._device is not device or not a{i}._c:",
+                      f"    if c._state is not ACTIVE or c._device is not device or not a{i}._c"
+                      f"{dtype}:",
                       "        return general(args)"]
             values.append(f"a{i}.ptr")
         else:

@@ -65,6 +65,7 @@ class Launcher:
         self._fast_plan: Plan | None = None
         self._made: dict[Plan, tuple[Callable, str]] = {}
         self._misses = 0  # checked launches with other types since the fast path was chosen
+        kernel._launched.add(self)
         self._owner._used_in(ctx)
         drv = ctx._backend.driver
         function, handle = kernel._function, stream._handle
@@ -185,6 +186,13 @@ class Launcher:
             if fast is not None:
                 return fast, None
         return generated
+
+    def _retyped(self) -> None:
+        """The kernel's parameters take other dtypes now (`Kernel.set_dtypes`): the fast
+        paths made for its old plans are dropped; the next launch makes one anew."""
+        self._fast = self._fast_source = self._fast_plan = None
+        self._made = {}
+        self._misses = 0
 
     def _fail(self, err) -> None:
         c = self.config
