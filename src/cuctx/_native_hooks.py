@@ -12,10 +12,10 @@ While any value in `STEP_ASIDE` is true, the compiled record and wait step aside
 checked paths, which announce the operation (a trace sink) or refuse it (inside a host
 function); the compiled launch steps aside for `LAUNCH_STEP_ASIDE` (a host function, a
 capture) and announces itself while a trace sink listens. A new reason to step aside is
-one more (namespace, name) pair there. While some
-thread records an `@autograph` call (`_record.threads`), the compiled record and wait step
-aside too (their Python paths hand the operation to the recorder); a compiled launch hands
-its packed bytes to the calling thread's recorder itself.
+one more (namespace, name) pair there. While some thread records an `@autograph` call
+(`_record.threads`), the compiled record and wait step aside too (their Python paths hand
+the operation to the recorder); a compiled launch hands its packed bytes to the calling
+thread's recorder itself.
 
 Without the extension (no C compiler at install time) or with ``CUCTX_NATIVE=0`` nothing is
 replaced and `launch` is the Python function.
