@@ -155,15 +155,14 @@ def sink(fn: Sink, kinds: Iterable[str] | None = None) -> Iterator[Sink]:
         remove_sink(fn)
 
 
-# Whether a code object is cuctx's own (its frames are not the user's), decided once per code
-# object: walking to the user's frame is then one dict lookup per frame.
-_ours: dict[Any, bool] = {}
+# Whether a file's code is cuctx's own (its frames are not the user's), decided once per file
+# name: walking to the user's frame is then one dict lookup per frame (a str's hash is kept).
+_ours: dict[str, bool] = {}
 
 
-def _is_ours(code: Any) -> bool:
-    filename = code.co_filename
+def _is_ours(filename: str) -> bool:
     ours = filename.startswith((_PACKAGE, GENERATED)) and not filename.startswith(_EXAMPLES)
-    _ours[code] = ours
+    _ours[filename] = ours
     return ours
 
 
@@ -173,9 +172,10 @@ def user_site(depth: int = 2) -> tuple[str, int, str] | None:
     ours = _ours.get
     while frame is not None:
         code = frame.f_code
-        known = ours(code)
-        if not (_is_ours(code) if known is None else known):
-            return code.co_filename, frame.f_lineno, code.co_name
+        filename = code.co_filename
+        known = ours(filename)
+        if not (_is_ours(filename) if known is None else known):
+            return filename, frame.f_lineno, code.co_name
         frame = frame.f_back
     return None
 
@@ -191,6 +191,19 @@ def emit(kind: str, context: Any, stream: Any, accesses: tuple[Access, ...] = ()
                    fields.pop("kernel", None), fields.pop("config", None),
                    fields.pop("event", None), fields.pop("other", None),
                    user_site(), get_ident(), perf_counter_ns(), fields)
+    for fn in wanted:
+        fn(op)
+
+
+def emit_lazily(kind: str, context: Any, stream: Any, accesses_of: tuple) -> None:
+    """`emit` for an operation whose accesses cost something to work out: ``accesses_of`` is
+    ``(function, *arguments)``, called the first time a sink reads ``op.accesses``."""
+    wanted = _by_kind[kind]
+    if not wanted:
+        return
+    op = Operation(kind, context, stream, (), None, None, None, None, user_site(),
+                   get_ident(), perf_counter_ns())
+    op._accesses_of = accesses_of
     for fn in wanted:
         fn(op)
 
