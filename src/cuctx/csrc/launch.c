@@ -126,6 +126,22 @@ static PyObject *launch_general(Launch *l, PyObject *const *argv, Py_ssize_t n, 
     return result;
 }
 
+/* `_trace.emit_launch(launcher, args, plan)` for a launch that ran. */
+static PyObject *announce_launch(Launch *l, PyObject *const *argv, Py_ssize_t n,
+                                 PyObject *tuple)
+{
+    PyObject *args = tuple ? Py_NewRef(tuple) : PyTuple_New(n);
+    if (args == NULL)
+        return NULL;
+    if (tuple == NULL)
+        for (Py_ssize_t i = 0; i < n; i++)
+            PyTuple_SET_ITEM(args, i, Py_NewRef(argv[i]));
+    PyObject *call[] = {l->launcher, args, l->plan};
+    PyObject *result = PyObject_Vectorcall(L.emit_launch, call, 3, NULL);
+    Py_DECREF(args);
+    return result;
+}
+
 /* While some thread records an autograph call: hand the launch to this thread's recorder,
  * as the generated path does (`Recorder.launch(launcher, buffer, args, plan)`). 1: it took
  * the launch; 0: this thread does not record, or its recorder does not follow the stream. */
@@ -171,8 +187,8 @@ PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *t
     for (Py_ssize_t i = 0; i < n; i++)
         if (Py_TYPE(argv[i]) != l->params[i].type)
             goto general;
-    /* An unusable context, unloaded code, a host function running, a trace sink listening: */
-    if (SLOT(l->ctx, L.state) != L.ACTIVE || step_aside_unless_recording())
+    /* An unusable context, unloaded code, a host function running, a graph being captured: */
+    if (SLOT(l->ctx, L.state) != L.ACTIVE || any_true(L.launch_step_aside))
         goto general;
     PyObject *loaded = PyObject_GetAttr(l->owner, S_loaded);
     if (loaded == NULL) {
@@ -263,6 +279,8 @@ PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *t
         Py_DECREF(code);
         return result; /* NULL: fail raised */
     }
+    if (any_true(L.announce))  /* a trace sink listens: announced as the checked path does */
+        return announce_launch(l, argv, n, tuple);
     Py_RETURN_NONE;
 general:
     return launch_general(l, argv, n, tuple);

@@ -47,7 +47,6 @@ class Timeline:
         self._looked: set[tuple[tuple[int, int], tuple[str, int, str]]] = set()
         self._thread = 0
         self._next = 1
-        self._lock = threading.Lock()
 
     # -- the block ------------------------------------------------------------------------
 
@@ -69,15 +68,14 @@ class Timeline:
 
     def _sink(self, op: _trace.Operation) -> None:
         source = self._source
-        if threading.get_ident() != self._thread:
+        if op.thread != self._thread:
             # The id stack is per thread and only the entering thread's is cuctx's: work from
             # other threads shows on its stream, without a submission arrow.
             corr = None
-        else:
-            with self._lock:
-                corr = self._next
-                self._next += 1
-            source.advance(self._next)
+        else:  # (only the entering thread moves the ids on: no lock)
+            corr = self._next
+            self._next = corr + 1
+            source.advance(corr + 1)
         submitted = source.host_ns(op)
         self._ops.append((corr, op, submitted))
         source.submitted(op, corr)
