@@ -144,6 +144,7 @@ class Graph(Resource):
         executable of it lives. ``into``: the (uninitialised) Graph to fill, handed out by
         ``with stream.capture() as graph:`` before the capture made one."""
         graph = object.__new__(cls) if into is None else into
+        graph.__class__ = cls  # the capture's placeholder (graphs/_capture.py) becomes a Graph
         graph._setup(ctx, handle, None)
         drv = ctx._backend.driver
         graph._finalizer = finalize(graph, _destroy_graph, drv, handle, ctx)
@@ -480,9 +481,6 @@ class Graph(Resource):
         return len(self._nodes)
 
     def __repr__(self) -> str:
-        if not hasattr(self, "_nodes"):  # handed out by `with stream.capture() as graph:`
-            return ("<Graph of a capture, not made yet: the capture makes it when its block "
-                    "ends without an error>")
         active = self._ctx._state is ACTIVE
         edges = f", {len(self.edges)} edges" if active else ""
         body = " (conditional body)" if self._parent is not None else ""
