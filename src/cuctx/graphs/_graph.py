@@ -13,7 +13,7 @@ import os
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from cuda.bindings.driver import CU_GRAPH_COND_ASSIGN_DEFAULT, CUgraphDebugDot_flags
+from cuda.bindings.driver import CUgraphDebugDot_flags
 
 from .. import _trace
 from ..kernels._kernel import Kernel
@@ -26,7 +26,7 @@ from ..stream import resolve_stream
 from ._exec import GraphExec
 from ._nodes import (Condition, HostFunctions, KernelParams, NodeInfo, check_condition,
                      condition_default, conditional_params, conditional_size, copy_params,
-                     describe_kernel, fill_params, kind_of)
+                     describe_kernel, fill_params, kind_of, make_condition)
 
 if TYPE_CHECKING:
     from ..stream import Stream
@@ -100,9 +100,10 @@ class GraphNode:
 class Graph(Resource):
     """An explicit CUDA graph in the current context (see `context_for`). Add work with
     `launch`, `copy`, `fill`, `host`, `record`, `wait`, `child`, `empty` and `conditional`
-    (its condition made first with `condition`, where a kernel must set it); each returns a `GraphNode` that later nodes can list in ``after=`` (a node or an
-    iterable of nodes of this graph; nodes without ``after`` may run in any order). Make an
-    executable with `instantiate`."""
+    (its condition made first with `condition`, where a kernel must set it); each returns a
+    `GraphNode` that later nodes can list in ``after=`` (a node or an iterable of nodes of
+    this graph; nodes without ``after`` may run in any order). Make an executable with
+    `instantiate`."""
 
     __slots__ = ("_nodes", "_by_handle", "_parts", "_host", "_own_host", "_stream", "_parent",
                  "_conditions", "_finalizer", "__weakref__")
@@ -324,20 +325,7 @@ class Graph(Resource):
         instantiated (a CUDA rule)."""
         value = condition_default(default, "Graph.condition")
         self._check("Graph.condition")
-        return self._condition(value, "Graph.condition")
-
-    def _condition(self, value: int | None, operation: str) -> Condition:
-        ctx, drv = self._ctx, self._backend.driver
-        flags = CU_GRAPH_COND_ASSIGN_DEFAULT if value is not None else 0
-        with in_context(ctx, operation):
-            err, handle = drv.cuGraphConditionalHandleCreate(self._handle, ctx._handle,
-                                                             value or 0, flags)
-        if err:
-            fail(self._backend, err, "cuGraphConditionalHandleCreate", ctx,
-                 hint="conditional nodes need a driver of CUDA 12.4 or newer")
-        condition = Condition(int(handle), self, value, _trace.user_site())
-        self._conditions.append(condition)
-        return condition
+        return make_condition(self, value, "Graph.condition")
 
     def conditional(self, kind: str = "if", condition: Condition | None = None,
                     default: bool | int | None = None, cases: int | None = None,
@@ -360,7 +348,7 @@ class Graph(Resource):
         self._check(operation)
         after = self._after(after, operation)  # before the handle: a refusal leaves none behind
         if condition is None:
-            condition = self._condition(value, operation)
+            condition = make_condition(self, value, operation)
         ctx, drv = self._ctx, self._backend.driver
         params, words, hint = conditional_params(kind, condition, size, ctx)
 

@@ -24,10 +24,13 @@ import weakref
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-from cuda.bindings.driver import (CUDA_HOST_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS, CUDA_MEMCPY3D,
+from cuda.bindings.driver import (CU_GRAPH_COND_ASSIGN_DEFAULT, CUDA_HOST_NODE_PARAMS,
+                                  CUDA_KERNEL_NODE_PARAMS, CUDA_MEMCPY3D,
                                   CUDA_MEMSET_NODE_PARAMS, CUgraphConditionalNodeType,
                                   CUgraphNodeParams, CUgraphNodeType, CUkernel, CUmemorytype)
 
+from .. import _trace
+from ..context import fail, in_context
 from ..memory import _layout
 from ..kernels._args import PACK_ERRORS
 from ..memory._copy import _address, _matching, fill_pattern
@@ -143,6 +146,22 @@ def conditional_size(kind: Any, cases: Any, operation: str) -> int:
         raise ValueError(f"{operation}: cases= is for 'switch' nodes; an {kind!r} node has "
                          f"{size} {'body' if size == 1 else 'bodies'}")
     return size
+
+
+def make_condition(graph: Any, value: int | None, operation: str) -> Condition:
+    """A new condition of ``graph`` (cuGraphConditionalHandleCreate), with ``value`` as its
+    default (None: none), filed with the graph for the check at instantiation."""
+    ctx, drv = graph._ctx, graph._backend.driver
+    flags = CU_GRAPH_COND_ASSIGN_DEFAULT if value is not None else 0
+    with in_context(ctx, operation):
+        err, handle = drv.cuGraphConditionalHandleCreate(graph._handle, ctx._handle,
+                                                         value or 0, flags)
+    if err:
+        fail(ctx._backend, err, "cuGraphConditionalHandleCreate", ctx,
+             hint="conditional nodes need a driver of CUDA 12.4 or newer")
+    condition = Condition(int(handle), graph, value, _trace.user_site())
+    graph._conditions.append(condition)
+    return condition
 
 
 def check_condition(condition: Any, default: Any, graph: Any, operation: str) -> None:

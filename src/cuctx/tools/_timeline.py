@@ -122,14 +122,15 @@ class Timeline:
                     ctx._backend.driver.cuCtxSynchronize()
 
     def _wait_beside_captures(self, contexts) -> None:
+        contexts = [ctx for ctx in contexts if ctx._state is ACTIVE]
+        if not contexts:
+            return
         streams = {(op.context._key, op.stream._key): op.stream for _, op, _ in self._ops
                    if op.stream is not None}
-        drv = _driver.active().driver
+        drv = contexts[0]._backend.driver
         _, mode = drv.cuThreadExchangeStreamCaptureMode(_RELAXED)
         try:
             for ctx in contexts:
-                if ctx._state is not ACTIVE:
-                    continue
                 with in_context(ctx, "timeline"):
                     if not any(key[0] == ctx._key for key in _lifetimes.capturing):
                         drv.cuCtxSynchronize()
