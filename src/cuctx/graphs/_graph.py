@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from ..stream import Stream
 
 
-
 class GraphNode:
     """One node of a `Graph`. ``graph``; ``kind``: "kernel", "copy", "fill", "host",
     "record", "wait", "child", "empty", "conditional" (captured graphs also hold "alloc"
