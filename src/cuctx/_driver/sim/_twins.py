@@ -4,7 +4,8 @@ A launch copies the parameter bytes and queues `run_twin` on the stream, which c
 ``twin(grid, block, *args)`` with each argument decoded from its bytes (`decoders`): by the
 parameter's type where cuctx knows it from the PTX (``simSetKernelTwin``'s ``kinds``), by
 the twin's annotation, and else by the parameter's size. Twins reach memory only through
-`SimPointer`, whose views are checked against the live allocations.
+`SimPointer`, whose views are checked against the live allocations and, for another
+device's memory, against the peer access of the context the twin runs in.
 
 A twin that faults (`_Fault`: an illegal or misaligned address) or raises fails the launch
 with the sticky code, as a GPU kernel does. The first such failure of a context is kept
@@ -121,6 +122,7 @@ def decode_args(driver, kinds: list[str], raw: list[bytes]) -> list:
 
 def run_twin(driver, ctx, name: str, twin, grid, block, kinds, raw):
     """Run one launch's twin; None, or the sticky CUresult its failure gives."""
+    driver._twin_ctx = ctx  # what its views may reach depends on it (`_kernel_view`)
     try:
         args = decode_args(driver, kinds, raw)
         twin(grid, block, *args)
@@ -139,6 +141,8 @@ def run_twin(driver, ctx, name: str, twin, grid, block, kinds, raw):
                       f"fails with CUDA_ERROR_LAUNCH_FAILED\n{traceback.format_exc()}",
                       SimTwinWarning, stacklevel=2)
         return LAUNCH_FAILED
+    finally:
+        driver._twin_ctx = None
     return None
 
 
