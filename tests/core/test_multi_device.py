@@ -54,12 +54,21 @@ def load() -> cuctx.Library:
     return library
 
 
-@pytest.fixture
-def pair(backend) -> tuple[Device, Device]:
+def two_devices(backend) -> tuple[Device, Device]:
     devices = cuctx.devices()
     if len(devices) < 2:
         pytest.skip(f"needs two devices; the {backend.name} backend has {len(devices)}")
     return devices[0], devices[1]
+
+
+@pytest.fixture
+def pair(backend) -> tuple[Device, Device]:
+    return two_devices(backend)
+
+
+@pytest.fixture
+def sim_pair(sim) -> tuple[Device, Device]:
+    return two_devices(sim)
 
 
 @pytest.fixture
@@ -210,8 +219,8 @@ def test_a_stream_of_device_1_waits_for_an_event_recorded_on_device_0(pair):
     assert (out == 7.0).all()
 
 
-def test_without_the_wait_device_1_reads_what_was_there_on_the_sim(sim):
-    d0, d1 = cuctx.devices()
+def test_without_the_wait_device_1_reads_what_was_there_on_the_sim(sim_pair):
+    d0, d1 = sim_pair
     s0, s1 = Stream(d0), Stream(d1)
     a = cuctx.zeros(1 << 16, np.float32, stream=s0)
     s0.synchronize()
@@ -250,10 +259,10 @@ def test_kernels_use_the_other_devices_memory_after_enable_peer_access(pair):
         d1.disable_peer_access(d0)
 
 
-def test_on_the_sim_a_kernel_faults_on_another_devices_memory_without_access(sim):
+def test_on_the_sim_a_kernel_faults_on_another_devices_memory_without_access(sim_pair):
     """A GPU maps another device's memory for a kernel only with peer access: without it, an
     address given as an int (which cuctx cannot check) is an illegal address."""
-    d0, d1 = cuctx.devices()
+    d0, d1 = sim_pair
     lib = load()
     with d1:
         x1 = arange()
