@@ -275,7 +275,9 @@ def test_on_the_sim_a_kernel_faults_on_another_devices_memory_without_access(sim
         assert out0.to_host().tolist() == [2.0] + [i + 1.0 for i in range(1, N)]
         d0.disable_peer_access(d1)
         lib["add"][1, N](out0, x1.ptr, 1.0, N)
-        with pytest.raises(cuctx.StickyFaultError, match="ILLEGAL_ADDRESS.*twin of kernel"):
+        with pytest.raises(cuctx.StickyFaultError, match=r"ILLEGAL_ADDRESS.*twin of kernel "
+                           r"'add' .* accessed memory of device 1 from device 0 without peer "
+                           r"access \(cuctx\.Device\(0\)\.enable_peer_access"):
             cuctx.synchronize()
     assert x1.to_host().tolist() == list(range(N))  # device 1 goes on
 

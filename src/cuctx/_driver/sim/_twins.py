@@ -37,8 +37,9 @@ class SimTwinWarning(RuntimeWarning):
 
 
 class _Fault(Exception):
-    def __init__(self, code: CUresult):
+    def __init__(self, code: CUresult, why: str | None = None):
         self.code = code
+        self.why = why  # what made the access illegal, where more than "no allocation there"
 
 
 class SimPointer(int):
@@ -64,7 +65,7 @@ class SimPointer(int):
             return np.empty(0, dtype)
         err, raw = self._driver._kernel_view(int(self), int(count) * dtype.itemsize)
         if err:
-            raise _Fault(err)
+            raise _Fault(err, raw)  # raw: None, or why in words
         self._driver._touched += raw.nbytes  # the kernel's cost (`_timing`)
         return raw.view(dtype)
 
@@ -131,8 +132,9 @@ def run_twin(driver, ctx, name: str, twin, grid, block, kinds, raw):
             driver._declared = int(declared(grid, block, *args) if callable(declared)
                                    else declared)
     except _Fault as fault:
+        what = fault.why or "memory it may not"
         _remember(ctx, None, f"the sim twin of kernel {name!r} ({where(twin)}) accessed "
-                  f"memory it may not at {_line_of(fault, twin)}")
+                  f"{what} at {_line_of(fault, twin)}")
         return fault.code
     except Exception as exc:  # noqa: BLE001 - a twin's bug fails the launch, as a trap
         at = _line_of(exc, twin)
