@@ -1,9 +1,9 @@
 """A timeline's records as a Chrome trace (Perfetto), a picture (matplotlib) and a summary.
 
-Tracks: one per stream (a Chrome "thread"), grouped in a "process" per device and context;
-one more process holds the host's submissions, a thread per host thread. Flow arrows go from
-each submission to its execution, from an event's record to each wait for it, and from the
-work a `Stream.wait(other)` waited for to the wait.
+Tracks: one per stream (a Chrome "thread"), grouped in a "process" per device and context,
+sorted by device; one more process holds the host's submissions, a thread per host thread.
+Flow arrows go from each submission to its execution, from an event's record to each wait
+for it, and from the work a `Stream.wait(other)` waited for to the wait.
 """
 
 from __future__ import annotations
@@ -93,10 +93,16 @@ def chrome_trace(records: list[Record], source: str, names: Names | None = None
     events: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": HOST_PID, "args": {"name": "host"}},
         {"ph": "M", "name": "process_sort_index", "pid": HOST_PID, "args": {"sort_index": 0}}]
-    for pid, name in tracks.process_names.items():
-        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}})
+    # The groups in device order, whichever device's work ran first; a device's contexts
+    # in order of appearance.
+    device_of = {pid: key[0] for key, pid in tracks.pids.items()}
+    ranked = sorted(tracks.process_names,
+                    key=lambda pid: (device_of[pid] is None, device_of[pid] or 0, pid))
+    for rank, pid in enumerate(ranked, 1):
+        events.append({"ph": "M", "name": "process_name", "pid": pid,
+                       "args": {"name": tracks.process_names[pid]}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": pid,
-                       "args": {"sort_index": pid}})
+                       "args": {"sort_index": rank}})
     for (pid, tid), name in tracks.thread_names.items():
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                        "args": {"name": name}})
