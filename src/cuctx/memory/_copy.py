@@ -93,8 +93,9 @@ def _issue(stream: Stream, plan: Plan, dst_obj, src_obj, dst_on_device: bool,
             fail(stream._backend, err, name, stream._ctx)
     else:
         _issue_calls(stream, drv, plan, dst, src, dst_on_device, src_on_device)
-    if _trace.sinks:
-        announce_copy(stream, dst_obj, src_obj, dst_on_device, src_on_device)
+    if _trace.sinks:  # (announce_copy inline: the trace walks every frame to the user's)
+        _trace.emit_lazily("copy", stream._ctx, stream,
+                           (_copy_accesses, dst_obj, src_obj, dst_on_device, src_on_device))
 
 
 def _issue_calls(stream: Stream, drv, plan: Plan, dst: int, src: int, dst_on_device: bool,
@@ -295,8 +296,11 @@ def copy_host(arr, host: Any, stream, to_device: bool) -> None:
         if not host.flags.writeable:
             raise ValueError("cuctx.copy: the destination host array is read-only")
     if layouts.size:
-        _host_copy(arr, host, resolve_stream(stream, arr._ctx, "cuctx.copy"), to_device,
-                   layouts)
+        stream = resolve_stream(stream, arr._ctx, "cuctx.copy")
+        if layouts.staged:
+            _host_copy(arr, host, stream, to_device, layouts)
+        else:  # (directly: the trace walks every frame to the user's)
+            _transfer(arr, host, stream, to_device, layouts)
 
 
 def _host_copy(arr, host: np.ndarray, stream: Stream, to_device: bool,
