@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _lifetimes
 from .._resource import ACTIVE, Handle
-from ..context import fail, in_context
+from ..context import fail, in_context, live_current
 
 if TYPE_CHECKING:
     from .. import _driver, _trace
@@ -175,6 +175,13 @@ class EventPairs(Source):
         self._backend = backend
         self._marks: list[tuple[int | None, Any, int, Any]] = []  # (id, op, submitted, CUevent)
         self._refs: dict[Any, tuple[Any, int]] = {}  # context -> (CUevent, host ns)
+
+    def start(self, first_id: int) -> None:
+        # The current context's reference now, not at the block's first operation: taking it
+        # synchronizes a stream of its own, a stall the work should not see.
+        ctx = live_current(self._backend)
+        if ctx is not None and not _lifetimes.capturing:
+            self._refs[ctx] = self._reference(ctx)
 
     def host_ns(self, op: _trace.Operation) -> int:
         sim = self._backend.sim
