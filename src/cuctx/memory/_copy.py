@@ -264,11 +264,10 @@ def _checked(dst, src, dst_on_device: bool, src_on_device: bool) -> Layouts:
 
 
 def _matching(dst, src) -> int:
-    """Check that dst and src can be copied; return the element count."""
-    _alike(dst, src)
-    if _layout.self_overlapping(dst.shape, dst.strides, dst.dtype.itemsize):
-        raise _overlapping(dst)
-    return prod(dst.shape)
+    """Check that dst and src (device or NumPy arrays) can be copied; return the element
+    count."""
+    return _checked(dst, src, not isinstance(dst, np.ndarray),
+                    not isinstance(src, np.ndarray)).size
 
 
 def _own_plan(shape, strides, itemsize: int) -> Plan:
@@ -329,7 +328,7 @@ def _host_layouts(arr, host: np.ndarray, to_device: bool) -> Layouts:
 
 def _transfer(arr, host: np.ndarray, stream: Stream, to_device: bool,
               layouts: Layouts) -> None:
-    """The direct copy between ``arr`` and ``host``, whatever it takes."""
+    """The direct copy between ``arr`` and ``host`` (as many driver calls as its plan has)."""
     lo, hi = layouts.src_span if to_device else layouts.dst_span
     address = host_address(host)
     locked = page_locked(address + lo, hi - lo)
