@@ -17,7 +17,9 @@ import sys
 import threading
 from typing import Any
 
-from .. import _driver, _trace
+from cuda.bindings.driver import CUstreamCaptureMode, CUstreamCaptureStatus
+
+from .. import _driver, _lifetimes, _trace
 from .._resource import ACTIVE
 from ..context import in_context
 from ._timeline_export import chrome_trace, save_png, summarize
@@ -26,6 +28,9 @@ from ._names import names_of, user_scope
 from ._timeline_sources import (MARKERS, WORK, EventPairs, Execution, Record, SimActivity,
                                 Source)
 from ._timeline_sources import stream_key as _key
+
+_RELAXED = CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+_NONE = CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
 class Timeline:
@@ -88,8 +93,10 @@ class Timeline:
             # next one's work carries the id it was pushed under.
             corr = None
         self._ops.append((corr, op, self._host_ns(op)))
-        if self._submitted is not None:
-            self._submitted(op, corr)
+        if self._submitted is not None and not (
+                _lifetimes.capturing and op.stream is not None
+                and (op.context._key, op.stream._key) in _lifetimes.capturing):
+            self._submitted(op, corr)  # work captured into a graph runs at its launches
         site = op.site
         if site is not None:
             looked = self._looked
@@ -115,12 +122,43 @@ class Timeline:
     def _wait_for_work(self) -> None:
         """Every context the block used, synchronized through the driver (not through cuctx,
         so that other sinks, a race checker, see no synchronization the user did not write);
-        a context that fails is left for the user's next call to report."""
+        a context that fails is left for the user's next call to report. While a capture is
+        active, CUDA refuses to synchronize a context with a capturing stream (and the
+        capture would end without a graph): the block's streams that are not captured are
+        synchronized instead, one by one, with this thread's capture mode relaxed so that
+        the driver allows it."""
         seen = {id(op.context): op.context for _, op, _ in self._ops if op.context is not None}
+        if _lifetimes.capturing:
+            return self._wait_beside_captures(seen.values())
         for ctx in seen.values():
             if ctx._state is ACTIVE:
                 with in_context(ctx, "timeline"):
                     ctx._backend.driver.cuCtxSynchronize()
+
+    def _wait_beside_captures(self, contexts) -> None:
+        contexts = [ctx for ctx in contexts if ctx._state is ACTIVE]
+        if not contexts:
+            return
+        streams = {(op.context._key, op.stream._key): op.stream for _, op, _ in self._ops
+                   if op.stream is not None}
+        drv = contexts[0]._backend.driver
+        _, mode = drv.cuThreadExchangeStreamCaptureMode(_RELAXED)
+        try:
+            for ctx in contexts:
+                with in_context(ctx, "timeline"):
+                    if not any(key[0] == ctx._key for key in _lifetimes.capturing):
+                        drv.cuCtxSynchronize()
+                        continue
+                    for stream in streams.values():
+                        if stream._ctx is not ctx:
+                            continue
+                        # Neither a captured stream nor the legacy one beside a blocking
+                        # stream's capture (the driver answers "implicit" for it, harmlessly).
+                        err, status = stream._call(drv.cuStreamIsCapturing, stream._handle)
+                        if not err and status == _NONE:
+                            stream._call(drv.cuStreamSynchronize, stream._handle)
+        finally:
+            drv.cuThreadExchangeStreamCaptureMode(mode)
 
     # -- results --------------------------------------------------------------------------
 
