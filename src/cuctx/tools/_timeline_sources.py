@@ -275,8 +275,8 @@ def _give_back(ctx: Any, events: list[Any]) -> None:
         return  # destroyed with their context
     spare = _spare.get(ctx)
     if spare is None:
-        spare = _spare[ctx] = []
-        ctx._on_teardown(_forget_spare)
+        spare = _spare.setdefault(ctx, [])  # (two threads' timelines may end at once)
+        ctx._on_teardown(_forget_spare)  # (once per context: it keeps no duplicates)
     keep = max(0, SPARE_KEPT - len(spare))
     spare += events[:keep]
     if events[keep:]:
