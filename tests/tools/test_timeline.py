@@ -138,6 +138,46 @@ def test_other_sinks_see_only_the_users_operations(backend):
     assert [op.kind for op in seen] == ["copy", "memset", "record", "wait_event", "copy"]
 
 
+
+@pytest.mark.parametrize("source", ["auto", "events"])
+def test_allocations_and_synchronizes_between_the_work_leave_it_matched(backend, source):
+    """Operations that run nothing on the device (an allocation, a synchronize) are
+    recorded at their submission and take no correlation id: the work around them still
+    gets its own execution."""
+    with cuctx.Device(0):
+        host, out, s1, s2, a, b = program()
+        with cuctx.timeline(source) as tl:
+            cuctx.copy(a, host, stream=s1)
+            temp = cuctx.empty(N, np.float32, stream=s1)
+            s1.synchronize()
+            cuctx.copy(temp, a, stream=s1)
+            cuctx.copy(out, a, stream=s2)
+    host_only = [r for r in tl.records if r.kind in ("alloc", "sync_stream")]
+    assert sorted(r.kind for r in host_only) == ["alloc", "sync_stream"]
+    assert all(r.lane == "host-only" and r.start_ns is None and r.correlation is None
+               for r in host_only)
+    work = sorted((r for r in tl.records if r.kind == "copy"), key=lambda r: r.correlation)
+    assert [r.stream for r in work] == [s1.handle, s1.handle, s2.handle]
+    if not tl.approximate:  # the device's own records name the directions
+        assert [r.name for r in work] == ["memcpy HtoD", "memcpy DtoD", "memcpy DtoH"]
+    assert all(r.start_ns is not None and r.start_ns <= r.end_ns for r in work)
+    np.testing.assert_array_equal(out, host)
+
+
+def test_event_pairs_after_a_device_reset_use_events_of_the_new_context(backend):
+    """Event pairs keep the timing events a timeline read for the next one, per context: a
+    reset destroys them with the context, and the next timeline makes new ones (the new
+    primary context has the old one's handle: events kept by handle would be dead ones)."""
+    for _ in range(2):
+        with cuctx.Device(0):
+            args = program()
+            with cuctx.timeline(source="events") as tl:
+                run(*args)
+        work = [r for r in tl.records if r.kind in WORK_KINDS]
+        assert len(work) == 3 and all(r.start_ns is not None for r in work)
+        del args
+        cuctx.Device(0).reset()
+
 def test_a_timeline_records_one_block(backend):
     with cuctx.Device(0):
         tl = cuctx.timeline()

@@ -7,7 +7,8 @@
 struct native_setup L;
 
 PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
-    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_recorder, *S_launch, *ZERO;
+    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_recorder, *S_launch, *S_array_struct,
+    *ZERO;
 
 /* The sentinel an implementation returns to hand the call to the checked Python path. */
 PyObject python_path_marker;
@@ -174,6 +175,8 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
 static PyMethodDef module_methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
      "setup(**classes and helpers): what the compiled paths read (see cuctx._native_hooks)"},
+    {"host_address", host_address, METH_O,
+     "host_address(ndarray): the address of its first element (__array_interface__'s data)"},
     {NULL}};
 
 static struct PyModuleDef module_def = {
@@ -191,7 +194,7 @@ PyMODINIT_FUNC PyInit__native(void)
         {&S_dict, "__dict__"}, {&S_state, "state"}, {&S_loaded, "_loaded"},
         {&S_locked, "locked"}, {&S_getPtr, "getPtr"}, {&S_active, "_active"},
         {&S_shared_mem, "shared_mem"}, {&S_stream, "stream"}, {&S_recorder, "recorder"},
-        {&S_launch, "launch"}};
+        {&S_launch, "launch"}, {&S_array_struct, "__array_struct__"}};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].s = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;

@@ -22,6 +22,7 @@
  *   streams.c   Stream.record, Event.record, Stream.wait, Stream's hash
  *   contexts.c  context switches: push, pop, `with ctx:`, `with device:`
  *   methods.c   Method, and kernel[...], cuctx.launch, Launcher.__call__
+ *   copies.c    host_address: a NumPy array's data address, for copies
  */
 #ifndef CUCTX_NATIVE_H
 #define CUCTX_NATIVE_H
@@ -88,7 +89,8 @@ struct native_setup {
 extern struct native_setup L;
 
 extern PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
-    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_recorder, *S_launch, *ZERO;
+    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_recorder, *S_launch, *S_array_struct,
+    *ZERO;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
@@ -143,6 +145,10 @@ PyObject *context_pop(PyObject *const *args, Py_ssize_t nargs);
 PyObject *context_exit(PyObject *const *args, Py_ssize_t nargs);
 PyObject *device_enter(PyObject *const *args, Py_ssize_t nargs);
 PyObject *device_exit(PyObject *const *args, Py_ssize_t nargs);
+
+/* -- a host array's address, for copies (copies.c) ------------------------------- */
+
+PyObject *host_address(PyObject *module, PyObject *array);
 
 /* -- Method: a compiled method standing in for a Python one (methods.c) ------- */
 

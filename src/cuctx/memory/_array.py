@@ -58,7 +58,9 @@ class DeviceArray(Resource):
 
     @classmethod
     def _make(cls, ctx: Context, ptr: int, shape: tuple[int, ...], dtype: np.dtype,
-              strides: tuple[int, ...] | None, alloc: Allocation | None, owner: Any = None):
+              strides: tuple[int, ...] | None, alloc: Allocation | None, owner: Any = None,
+              contiguity: tuple[bool, bool] | None = None):
+        """``contiguity``: (C, Fortran) where the caller knows it, else worked out."""
         arr = object.__new__(cls)
         arr.shape = shape
         arr.dtype = dtype
@@ -69,7 +71,8 @@ class DeviceArray(Resource):
         arr._backend = ctx._backend
         arr._alloc = alloc  # keeps cuctx's memory allocated while any view lives
         arr._owner = owner  # keeps another library's memory alive (asarray)
-        arr._c, arr._f = _layout.contiguity(shape, arr.strides, dtype.itemsize)
+        arr._c, arr._f = _layout.contiguity(shape, arr.strides, dtype.itemsize) \
+            if contiguity is None else contiguity
         return arr
 
     def _view(self, offset: int, shape, strides, dtype: np.dtype | None = None) -> DeviceArray:
@@ -132,6 +135,20 @@ class DeviceArray(Resource):
     # -- views --------------------------------------------------------------------------
 
     def __getitem__(self, key) -> DeviceArray:
+        if key.__class__ is slice and key.step is None and self._c and self.shape:
+            # arr[a:b] of a C-contiguous array (every pipeline's chunks): a C-contiguous
+            # view, without the general indexing's arithmetic
+            try:
+                start, stop, _ = key.indices(self.shape[0])
+            except (TypeError, ValueError):
+                pass  # the general path says what is wrong with it
+            else:
+                rest = self.shape[1:]
+                n = stop - start if stop > start else 0
+                ptr = self.ptr + start * self.strides[0] if n and 0 not in rest else self.ptr
+                return DeviceArray._make(self._ctx, ptr, (n, *rest), self.dtype, self.strides,
+                                         self._alloc, self._owner,
+                                         None if rest else (True, True))
         offset, shape, strides = _layout.index(self.shape, self.strides, key)
         return self._view(offset, shape, strides)
 

@@ -81,6 +81,7 @@ class CuptiSource(Source):
         self._records: list[Any] = []
         self._streams: dict[tuple[int, int], tuple[int, int]] = {}  # CUPTI ids -> handles
         self._learned: set[tuple[int, int]] = set()
+        self._seen: set[Any] = set()  # the Stream objects of the operations so far
         self._offset = 0
 
     def start(self, first_id: int) -> None:
@@ -108,10 +109,12 @@ class CuptiSource(Source):
 
     def submitted(self, op: _trace.Operation, correlation: int | None) -> None:
         """Learn CUPTI's ids of each stream once, to place work cuctx did not submit."""
-        if op.stream is None:
+        stream = op.stream
+        if stream is None or stream in self._seen:  # (one hash: the common case)
             return
-        key = stream_key(op.context, op.stream)
-        if key in self._learned:
+        self._seen.add(stream)
+        key = stream_key(op.context, stream)
+        if key in self._learned:  # another object for a stream already learned
             return
         self._learned.add(key)
         try:

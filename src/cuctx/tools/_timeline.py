@@ -49,9 +49,13 @@ class Timeline:
         # What the user's code calls each stream, per (context, stream) key: the names found
         # at each line that submitted work to it (looked up once per stream and line).
         self._names: dict[tuple[int, int], list[str]] = {}
-        self._looked: set[tuple[tuple[int, int], tuple[str, int, str]]] = set()
+        self._looked: set[tuple[int, tuple[str, int, str]]] = set()  # (id(stream), site)
         self._thread = 0
         self._next = 1
+        # the source's methods the sink calls, bound once (see __enter__)
+        self._advance: Any = None
+        self._host_ns: Any = None
+        self._submitted: Any = None
 
     # -- the block ------------------------------------------------------------------------
 
@@ -61,7 +65,12 @@ class Timeline:
         backend = _driver.active()
         self._source = choose_source(backend, self._want)
         self._thread = threading.get_ident()
-        self._source.start(self._next)
+        source = self._source
+        self._advance, self._host_ns = source.advance, source.host_ns
+        # a source that learns nothing from submissions is not called for them
+        self._submitted = None if type(source).submitted is Source.submitted \
+            else source.submitted
+        source.start(self._next)
         _trace.add_sink(self._sink)
         return self
 
@@ -72,37 +81,42 @@ class Timeline:
         self._records = _assemble(self._ops, executions, self._source.approximate)
 
     def _sink(self, op: _trace.Operation) -> None:
-        source = self._source
-        if op.thread != self._thread:
-            # The id stack is per thread and only the entering thread's is cuctx's: work from
-            # other threads shows on its stream, without a submission arrow.
-            corr = None
-        else:  # (only the entering thread moves the ids on: no lock)
+        if op.thread == self._thread and op.kind in _CORRELATED:
+            # (only the entering thread moves the ids on: no lock)
             corr = self._next
             self._next = corr + 1
-            source.advance(corr + 1)
-        submitted = source.host_ns(op)
-        self._ops.append((corr, op, submitted))
-        if not (_lifetimes.capturing and op.stream is not None
+            self._advance(corr + 1)
+        else:
+            # The id stack is per thread and only the entering thread's is cuctx's: work from
+            # other threads shows on its stream, without a submission arrow. An operation
+            # that runs nothing on the device (an allocation, a synchronize) takes no id: the
+            # next one's work carries the id it was pushed under.
+            corr = None
+        self._ops.append((corr, op, self._host_ns(op)))
+        if self._submitted is not None and not (
+                _lifetimes.capturing and op.stream is not None
                 and (op.context._key, op.stream._key) in _lifetimes.capturing):
-            source.submitted(op, corr)  # work captured into a graph runs at its launches
-        if op.site is not None:
-            self._learn_names(op)
+            self._submitted(op, corr)  # work captured into a graph runs at its launches
+        site = op.site
+        if site is not None:
+            looked = self._looked
+            stream, other = op.stream, op.other
+            if (stream is not None and (id(stream), site) not in looked) \
+                    or (other is not None and (id(other), site) not in looked):
+                self._learn_names(op)
 
     def _learn_names(self, op: _trace.Operation) -> None:
         """Note the names the user's frame at the operation's line has for its streams (the
-        sink runs inside that line); each stream is looked up once per line."""
+        sink runs inside that line); each stream is looked up once per line (by identity:
+        the operations the timeline keeps keep their streams alive)."""
         scope = None
         for stream in (op.stream, op.other):
-            if stream is None:
+            if stream is None or (id(stream), op.site) in self._looked:
                 continue
-            key = _key(stream.context, stream)
-            if (key, op.site) in self._looked:
-                continue
-            self._looked.add((key, op.site))
+            self._looked.add((id(stream), op.site))
             if scope is None:
                 scope = user_scope(sys._getframe(2), op.site)
-            names = self._names.setdefault(key, [])
+            names = self._names.setdefault(_key(stream.context, stream), [])
             names += [n for n in names_of(stream, scope) if n not in names]
 
     def _wait_for_work(self) -> None:
@@ -209,6 +223,11 @@ class Timeline:
         return (f"<Timeline of {len(self._records)} records: {streams} stream"
                 f"{'s' * (streams != 1)} in {contexts} context{'s' * (contexts != 1)} over "
                 f"{span / 1e3:.1f} us, times from {self._source.describe}>")
+
+
+# The operations that take a correlation id: what runs on the device, and the markers placed
+# in their streams' order by it.
+_CORRELATED = frozenset(WORK) | MARKERS
 
 
 def choose_source(backend: _driver.Backend, want: str) -> Source:
