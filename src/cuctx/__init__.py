@@ -10,7 +10,8 @@ from .device import ComputeCapability, Device, DeviceProperties, MemInfo, device
 from .errors import (BackendUnavailableError, ContextDestroyedError, ContextPoisonedError,
                      CudaError, GraphCaptureError, GraphUpdateError, InvalidContextError,
                      InvalidDeviceError, InvalidValueError, NotPermittedError, NotSupportedError,
-                     OutOfMemoryError, StickyFaultError)
+                     OutOfMemoryError, StickyFaultError, WorkerDiedError, WorkerFaultError,
+                     WorkerTimeoutError)
 from .event import Event
 from .graphs import Graph, GraphExec, GraphNode, autograph
 from .kernels import (BlockSizeSuggestion, CompileError, Kernel, KernelArgumentError,
@@ -21,6 +22,7 @@ from .memory import (DeviceArray, asarray, copy, defer_cleanup, empty, full, pin
 from .stream import HostFunctionError, Stream, current_stream, legacy_stream, per_thread_stream
 from .errors import RaceError, RaceWarning
 from .tools import racecheck, timeline
+from .isolated import IsolatedExecutor
 from .tools._racecheck import from_env as _racecheck_from_env
 
 __version__ = "0.1.0"
@@ -47,7 +49,8 @@ __all__ = [
     "GraphCaptureError", "GraphUpdateError",
     "Device", "DeviceArray", "DeviceProperties", "Event", "Graph", "GraphExec", "GraphNode",
     "HostFunctionError",
-    "InvalidContextError", "InvalidDeviceError", "InvalidValueError", "Kernel",
+    "InvalidContextError", "InvalidDeviceError", "InvalidValueError", "IsolatedExecutor",
+    "Kernel",
     "KernelArgumentError", "KernelAttributes", "LaunchConfigError", "Launcher", "Library",
     "MemInfo", "Module", "NotPermittedError", "NotSupportedError", "OutOfMemoryError",
     "RaceError", "RaceWarning",
@@ -55,5 +58,5 @@ __all__ = [
     "current_device", "current_stream", "defer_cleanup", "devices", "empty",
     "ensure_context", "full", "launch", "legacy_stream", "per_thread_stream",
     "pinned_empty", "racecheck", "register_host", "set_backend", "synchronize", "timeline",
-    "to_device", "zeros",
+    "to_device", "WorkerDiedError", "WorkerFaultError", "WorkerTimeoutError", "zeros",
 ]
