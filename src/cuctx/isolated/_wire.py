@@ -20,6 +20,7 @@ import traceback
 import types
 import weakref
 from collections import ChainMap, OrderedDict
+from collections.abc import Mapping
 from typing import Any, Callable
 
 # Tags: caller -> worker
@@ -101,8 +102,9 @@ def _dump(pickler_class: type, obj: Any, reductions: dict | None) -> bytes:
     buf = io.BytesIO()
     pickler = pickler_class(buf, pickle.HIGHEST_PROTOCOL)
     if reductions:  # on top of the pickler's own table (copyreg's, or cloudpickle's)
+        own = getattr(pickler_class, "dispatch_table", None)
         pickler.dispatch_table = ChainMap(
-            reductions, getattr(pickler_class, "dispatch_table", copyreg.dispatch_table))
+            reductions, own if isinstance(own, Mapping) else copyreg.dispatch_table)
     pickler.dump(obj)
     return buf.getvalue()
 

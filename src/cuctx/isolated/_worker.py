@@ -45,18 +45,19 @@ class Runner:
     def run(self, message: memoryview) -> tuple[bytes, bytes]:
         """Run the call in ``message``; (RESULT, outcome) or (FAULT, report)."""
         fn_bytes, args_bytes = _wire.split_call(message)
-        try:
-            fn = self.functions.get(fn_bytes)
-            args, kwargs = pickle.loads(args_bytes)
-        except Exception as exc:  # noqa: BLE001 - the call's error, the worker is fine
-            return _wire.RESULT, _wire.raised(exc)
-        name = getattr(fn, "__qualname__", type(fn).__qualname__)
-        value = error = None
-        with self.context:
+        with self.context:  # arguments are rebuilt here: shared arrays are imported into it
+            try:
+                fn = self.functions.get(fn_bytes)
+                args, kwargs = pickle.loads(args_bytes)
+            except Exception as exc:  # noqa: BLE001 - the call's error, the worker is fine
+                return _wire.RESULT, _wire.raised(exc)
+            name = getattr(fn, "__qualname__", type(fn).__qualname__)
+            value = error = None
             try:
                 value = fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - sent to the caller
                 error = exc
+            del args, kwargs
             try:  # asynchronous faults surface here
                 self._synchronize()
             except Exception as exc:  # noqa: BLE001 - sent to the caller
@@ -67,10 +68,13 @@ class Runner:
             fault = self._poisoned()
         if fault is not None:
             return _wire.FAULT, fault_report(fault, error)
-        if error is not None:
-            return _wire.RESULT, _wire.raised(error)
-        return _wire.RESULT, _wire.returned(value, name)
-
+        try:
+            return _wire.RESULT, (_wire.returned(value, name) if error is None
+                                  else _wire.raised(error))
+        finally:
+            # Before the answer goes: the call's views of shared arrays die here, not at a
+            # later garbage collection (an exception's traceback holds this frame).
+            value = error = None
 
     def _synchronize(self) -> None:
         if len(self._contexts) == 1:  # the usual case: only the primary context is alive
