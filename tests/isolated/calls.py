@@ -131,3 +131,7 @@ def started_at(pid: int) -> int:
     """When process ``pid`` started, in clock ticks since boot (Linux /proc)."""
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[19])
+
+
+def fill(array: cuctx.DeviceArray, value: float) -> None:
+    array.fill(value)

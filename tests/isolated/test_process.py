@@ -6,6 +6,7 @@ tests share one executor (each leaves it with every worker ready)."""
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -164,3 +165,10 @@ def test_options_are_checked_and_chain(ex):
     view = ex.options(device=cuctx.Device(1)).options(timeout=30)
     assert (view._device, view._timeout) == (1, 30.0)
     assert list(view.map(calls.square, [2, 3])) == [4, 9]
+
+
+def test_the_ray_engine_without_ray_names_the_extra(monkeypatch):
+    cuctx.set_backend("sim")
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if it were not installed
+    with pytest.raises(ImportError, match=r"pip install 'cuctx\[ray\]'"):
+        cuctx.IsolatedExecutor(engine="ray")
