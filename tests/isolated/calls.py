@@ -135,3 +135,16 @@ def started_at(pid: int) -> int:
 
 def fill(array: cuctx.DeviceArray, value: float) -> None:
     array.fill(value)
+
+
+def add_one(array: cuctx.DeviceArray) -> tuple[int, ...]:
+    """Add 1 to a caller's array in place (through the host: no compiler needed)."""
+    array.copy_from(array.to_host() + 1)
+    return array.shape
+
+
+def write_then_fault(array: cuctx.DeviceArray, value: float) -> None:
+    """Write ``value`` into the caller's array (completed), then fault."""
+    array.fill(value)
+    cuctx.synchronize()
+    cuctx.sim.inject_fault(cuctx.current_context())

@@ -172,3 +172,29 @@ def test_the_ray_engine_without_ray_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if it were not installed
     with pytest.raises(ImportError, match=r"pip install 'cuctx\[ray\]'"):
         cuctx.IsolatedExecutor(engine="ray")
+
+
+def test_arrays_of_an_ipc_pool_are_the_same_memory_in_the_worker(ex, sim):
+    pool = cuctx.MemoryPool(0, ipc=True)
+    array = cuctx.to_device(np.arange(6.0), pool=pool)
+    assert ex.options(device=0).submit(calls.add_one, array).result() == (6,)
+    assert array.to_host().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    # a view is its part of the same memory; another device's worker reaches it too
+    assert ex.options(device=1).submit(calls.add_one, array[2:4]).result() == (2,)
+    assert array.to_host().tolist() == [1.0, 2.0, 4.0, 5.0, 5.0, 6.0]
+
+
+def test_a_fault_leaves_the_shared_array_usable_with_what_was_written(ex, sim):
+    pool = cuctx.MemoryPool(0, ipc=True)
+    array = cuctx.zeros(4, pool=pool)
+    with pytest.raises(cuctx.WorkerFaultError):
+        ex.options(device=0).submit(calls.write_then_fault, array, 9.0).result()
+    assert array.to_host().tolist() == [9.0] * 4  # written before the fault: it stays
+    array.fill(1.0)
+    assert array.to_host().tolist() == [1.0] * 4
+    del array
+    # The executor holds the array until the faulted worker is reaped (importers free
+    # first); a call served by the replacement comes after that.
+    ex.options(device=0).submit(calls.square, 1).result()
+    cuctx.synchronize()  # the free is stream-ordered
+    assert pool.used == 0

@@ -80,6 +80,9 @@ class IsolatedExecutor(Executor):
         except (TypeError, AttributeError, ValueError) as exc:
             raise TypeError(f"cannot send {name} and its arguments to a worker process: "
                             f"{exc}") from exc
+        # The worker sees shared arrays as the caller left them: its queued work first.
+        for ctx in {id(a.context): a.context for a, _ in arrays}.values():
+            ctx.synchronize()
         call = Call(Future(), name, fn_bytes, args_bytes, arrays, device, timeout)
         slot = self._core.submit(call)
         if slot is not None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from .. import _driver
 from ..errors import WorkerDiedError, WorkerFaultError, WorkerTimeoutError
 from ..memory import DeviceArray
-from . import _wire
+from . import _wire, _worker
 from ._core import Call, Core, Slot, Watchdog, resolve
 
 # The cuctx the caller runs is the one its workers import.
@@ -38,7 +38,7 @@ class _StartFailed(Exception):
 class ProcessWorker:
     """One worker process: its Popen and the caller's end of its socket."""
 
-    __slots__ = ("device", "proc", "channel")
+    __slots__ = ("device", "proc", "channel", "pools")
 
     def __init__(self, device: int, lifeline: int, env: dict[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -53,6 +53,7 @@ class ProcessWorker:
         finally:
             theirs.close()
         self.device = device
+        self.pools: set[str] = set()  # keys of the ipc pools the worker has
         self.channel = _wire.Channel(ours)
         # Sent at once: the worker reads it once its imports are done.
         self.channel.send(_wire.SETUP, pickle.dumps({"path": sys.path, "device": device}))
@@ -74,6 +75,14 @@ class ProcessWorker:
         socket and says why)."""
         try:
             self.channel.send(tag, *parts)
+        except OSError:
+            pass
+
+    def send_pool(self, key: str, device: int, fd: int) -> None:
+        """An ipc pool for the worker to import: its key, then its descriptor beside."""
+        try:
+            self.channel.send(_wire.POOL, pickle.dumps((key, device)))
+            self.channel.send_fd(fd)
         except OSError:
             pass
 
@@ -132,12 +141,28 @@ class ProcessEngine:
     # -- handing out calls ------------------------------------------------------------------
 
     def reductions(self, arrays: list) -> dict:
-        """How a call's arguments pickle DeviceArrays (``arrays`` collects the shared ones)."""
-        return {DeviceArray: _refuse_device_array}
+        """How a call's arguments pickle DeviceArrays: arrays of an ``ipc=True`` pool as their
+        IPC descriptors (collected in ``arrays``); any other is refused."""
+        def share(array: DeviceArray) -> tuple:
+            try:
+                desc = array._ipc_descriptor()
+            except TypeError as exc:
+                raise TypeError(f"{exc}; or pass array.to_host() to send its contents by "
+                                "value") from None
+            arrays.append((array, desc.key))
+            return _worker.shared_array, (desc,)
+        return {DeviceArray: share}
 
     def dispatch(self, slot: Slot, call: Call) -> None:
-        """Send ``call`` to ``slot``'s worker (the core marked it busy with it)."""
-        slot.worker.send(_wire.CALL, *_wire.call_message(call.fn_bytes, call.args_bytes))
+        """Send ``call`` to ``slot``'s worker (the core marked it busy with it), after the
+        pools of its shared arrays that the worker does not have yet."""
+        worker = slot.worker
+        for array, key in call.arrays:
+            if key not in worker.pools:
+                worker.pools.add(key)
+                with array.pool._share() as shared:
+                    worker.send_pool(shared.key, shared.device, shared.fd)
+        worker.send(_wire.CALL, *_wire.call_message(call.fn_bytes, call.args_bytes))
         deadline = slot.deadline
         if deadline is not None:
             self.watchdog.watch(deadline)
@@ -203,6 +228,9 @@ class ProcessEngine:
                     continue  # it timed out: the watchdog is killing the worker
                 self._next(slot, worker, following)
                 resolve(call, *_wire.outcome(message))
+                # Not kept while waiting for the next message: a finished call's arrays
+                # are the caller's to free.
+                call = following = message = None
                 continue
             call = core.lost(slot)
             if tag == _wire.FAULT:
@@ -253,8 +281,3 @@ def _death_error(call: Call, slot: Slot, worker: ProcessWorker, how: str) -> Bas
         return WorkerTimeoutError(call.name, slot.device, worker.pid, call.timeout)
     return WorkerDiedError(call.name, slot.device, worker.pid, how)
 
-
-def _refuse_device_array(array: DeviceArray):
-    raise TypeError(
-        "a DeviceArray reaches a worker only from MemoryPool(device, ipc=True), as the same "
-        "memory; pass array.to_host() to send its contents by value")

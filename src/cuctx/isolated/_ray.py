@@ -191,6 +191,7 @@ class RayEngine:
                 return True
             done, call = core.finished(slot)
             resolve(done, *_wire.outcome(memoryview(message)))
+            done = message = ref = None  # the caller's arrays are the caller's to free
 
     # -- shutdown ---------------------------------------------------------------------------
 

@@ -20,13 +20,17 @@ import socket
 import sys
 import threading
 import traceback
+from typing import TYPE_CHECKING
 
 from .._resource import POISONED
 from ..context import Context
 from ..device import Device
 from ..errors import ContextPoisonedError, CudaError, StickyFaultError
-from ..memory import empty
+from ..memory import DeviceArray, MemoryPool, empty
 from . import _wire
+
+if TYPE_CHECKING:
+    from ..memory._pool import IpcDescriptor
 
 
 class Runner:
@@ -115,6 +119,30 @@ def fault_report(fault: CudaError, error: BaseException | None) -> bytes:
                          "message": fault.message, "hint": fault.hint, "traceback": text})
 
 
+# The caller's ipc pools, by key, imported once and kept for the worker's life (an import
+# that failed is kept as its exception, raised by the calls that use the pool).
+_pools: dict[str, MemoryPool | Exception] = {}
+
+
+def _import_pool(key: str, device: int, fd: int) -> None:
+    try:
+        _pools[key] = MemoryPool._import(device, fd, key)
+    except Exception as exc:  # noqa: BLE001 - the calls that use it say so
+        _pools[key] = exc
+    finally:
+        os.close(fd)  # the pool keeps what it needs
+
+
+def shared_array(desc: IpcDescriptor) -> DeviceArray:
+    """A caller's array of an ipc pool, in this worker: the same memory, mapped for the
+    call (freed when the call's last view of it goes, before its answer is sent)."""
+    pool = _pools.get(desc.key)
+    if isinstance(pool, Exception):
+        raise RuntimeError(f"the worker could not import the caller's pool {desc.key}: "
+                           f"{pool}") from pool
+    return pool._import_array(desc)
+
+
 def _watch_lifeline(fd: int) -> None:
     # Reads return only at EOF: the caller closed its end, or died. A hung call cannot
     # keep the worker alive after that.
@@ -146,6 +174,9 @@ def main(fd: int, lifeline: int) -> None:
             return
         if tag == _wire.EXIT:
             return
+        if tag == _wire.POOL:
+            _import_pool(*pickle.loads(message), channel.recv_fd())
+            continue
         tag, outcome = runner.run(message)
         channel.send(tag, outcome)
         if tag == _wire.FAULT:
