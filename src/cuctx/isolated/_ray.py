@@ -96,6 +96,12 @@ class RayEngine:
         ordinal = 0 if self._gpu else device  # Ray's CUDA_VISIBLE_DEVICES: its one GPU
         return self._actor_class.options(**options).remote(ordinal, self._env, sys.path)
 
+    def _kill(self, actor, restart: bool = False) -> None:
+        try:
+            self._ray.kill(actor, no_restart=not restart)
+        except Exception:  # noqa: BLE001 - Ray already shut down (at exit): nothing to end
+            pass
+
     def reductions(self, arrays: list) -> dict:
         return {DeviceArray: _by_value}
 
@@ -113,10 +119,10 @@ class RayEngine:
                     return
                 pid, token = ready
                 if not self._run(slot, actor, self.core.ready(slot, actor, pid)):
-                    self._ray.kill(actor, no_restart=True)
+                    self._kill(actor)
                     return
                 if self._standby:  # the spare takes over; this actor ends
-                    self._ray.kill(actor, no_restart=True)
+                    self._kill(actor)
                     actor, token = self._start(slot), None
         finally:
             self.core.closed(slot)
@@ -148,7 +154,7 @@ class RayEngine:
             time.sleep(0.01)
 
     def _break(self, slot: Slot, actor, exc: BaseException) -> None:
-        self._ray.kill(actor, no_restart=True)
+        self._kill(actor)
         for idle in self.core.break_(f"device {slot.device}: {exc}", slot.device, None):
             self._queues[id(idle)].put(None)
 
@@ -169,7 +175,7 @@ class RayEngine:
             try:
                 tag, message = ray.get(ref, timeout=remaining)
             except ray.exceptions.GetTimeoutError:
-                ray.kill(actor, no_restart=False)  # Ray brings it back
+                self._kill(actor, restart=True)  # Ray brings it back
                 core.lost(slot)
                 resolve(call, error=WorkerTimeoutError(call.name, slot.device, pid,
                                                        call.timeout))
@@ -180,7 +186,7 @@ class RayEngine:
                                                     f"Ray: {type(exc).__name__}"))
                 return True
             if tag == _wire.FAULT:
-                ray.kill(actor, no_restart=False)
+                self._kill(actor, restart=True)
                 core.lost(slot)
                 report = pickle.loads(message)
                 error = WorkerFaultError(report["code"], report["operation"],
@@ -200,7 +206,7 @@ class RayEngine:
             self._closing = True
             standbys, self._standbys = list(self._standbys.values()), {}
         for actor in standbys:
-            self._ray.kill(actor, no_restart=True)
+            self._kill(actor)
         for slot in self.core.shutdown(cancel_futures):
             self._queues[id(slot)].put(None)
         if wait:
