@@ -121,12 +121,14 @@ def faults(samples: int, standby_wait: float) -> None:
          "s", 0.3, f"worst {max(s for _, s in warm):.3f} s")
 
 
-def round_trips(inner: int) -> None:
+def round_trips(inner: int, with_ray: bool) -> None:
     print("\n== a no-op submit(...).result() round trip (best round)")
     with cuctx.IsolatedExecutor(devices=[0]) as ex:
         ex.submit(noop).result()
         us = best_time(lambda: ex.submit(noop).result(), inner=inner) * 1e6
         line("worker processes", us, "us", 60)
+    if not with_ray:
+        return
     try:
         import ray
     except ImportError:
@@ -154,8 +156,8 @@ def shared_arrays(samples: int) -> None:
         return time.perf_counter() - begin
 
     with cuctx.IsolatedExecutor(devices=[0]) as ex:
-        ex.submit(noop).result()
-        baseline = min(call(noop) for _ in range(20))
+        small = np.zeros(1, np.uint8)  # the same call without a shared array
+        baseline = min(call(touch, small) for _ in range(20))
         first = call(touch, arrays[0]) - baseline  # the pool's import, then the array's
         later = [call(touch, a) - baseline for a in arrays[1:]]
     line("first use (pool and array imported)", first * 1e3, "ms", 1)
@@ -191,12 +193,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: few samples and cycles (CI, on the sim)")
-    quick = parser.parse_args().quick
+    parser.add_argument("--no-ray", action="store_true", help="leave Ray out")
+    parser.add_argument("--cycles", type=int, default=None,
+                        help="how many fault cycles (default: 100, 3 with --quick)")
+    options = parser.parse_args()
+    quick = options.quick
     start("workers run the sim: the numbers are cuctx's own costs, not a GPU's")
-    round_trips(inner=200 if quick else 2000)
+    round_trips(inner=200 if quick else 2000, with_ray=not options.no_ray)
     shared_arrays(samples=2 if quick else 5)
     faults(samples=1 if quick else 5, standby_wait=0.0 if quick else 3.0)
-    cycles(3 if quick else 100)
+    cycles(options.cycles if options.cycles is not None else 3 if quick else 100)
 
 
 if __name__ == "__main__":

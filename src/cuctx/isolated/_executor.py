@@ -76,7 +76,8 @@ class IsolatedExecutor(Executor):
         arrays: list[DeviceArray] = []
         try:
             fn_bytes = _wire.function_bytes(fn)
-            args_bytes = _wire.dumps((args, kwargs), self._engine.reductions(arrays))
+            args_bytes = _wire.arguments(args, kwargs,
+                                         lambda: self._engine.reductions(arrays))
         except (TypeError, AttributeError, ValueError) as exc:
             raise TypeError(f"cannot send {name} and its arguments to a worker process: "
                             f"{exc}") from exc

@@ -25,10 +25,25 @@ from ..memory import DeviceArray
 from . import _wire, _worker
 from ._core import Call, Core, Slot, Watchdog, resolve
 
-# The cuctx the caller runs is the one its workers import.
+# The cuctx the caller runs is the one its workers import. On a GPU the worker starts
+# making its device's primary context in a thread (cuda.bindings releases the GIL in driver
+# calls) while the main thread imports cuctx: a start costs the longer of the two, not
+# their sum. That retain is never released: it lasts as long as the worker.
 _SOURCE = str(Path(__file__).resolve().parents[2])
-_BOOT = (f"import sys; sys.path.insert(0, {_SOURCE!r}); "
-         "from cuctx.isolated._worker import main; main(int(sys.argv[1]), int(sys.argv[2]))")
+_BOOT = f"""
+import os, sys, threading
+def warm(ordinal):
+    from cuda.bindings import driver
+    if not driver.cuInit(0)[0]:
+        err, device = driver.cuDeviceGet(ordinal)
+        if not err:
+            driver.cuDevicePrimaryCtxRetain(device)
+if os.environ.get("CUCTX_BACKEND") == "cuda":
+    threading.Thread(target=warm, args=(int(sys.argv[3]),), daemon=True).start()
+sys.path.insert(0, {_SOURCE!r})
+from cuctx.isolated._worker import main
+main(int(sys.argv[1]), int(sys.argv[2]))
+"""
 
 
 class _StartFailed(Exception):
@@ -45,7 +60,8 @@ class ProcessWorker:
         try:
             fds = (theirs.fileno(), lifeline)
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, *map(str, fds)], pass_fds=fds, env=env,
+                [sys.executable, "-c", _BOOT, *map(str, fds), str(device)], pass_fds=fds,
+                env=env,
                 stdin=subprocess.DEVNULL)
         except BaseException:
             ours.close()

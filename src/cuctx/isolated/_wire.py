@@ -121,6 +121,19 @@ def _code(code: types.CodeType) -> tuple:
     return marshal.loads, (marshal.dumps(code),)
 
 
+# Argument types that pickle by value with the standard library, whatever the worker has.
+_PLAIN = frozenset({int, float, complex, str, bytes, bool, type(None)})
+
+
+def arguments(args: tuple, kwargs: dict, reductions: Callable[[], dict]) -> bytes:
+    """A call's arguments pickled: at once when each is a plain value (the usual small
+    call), else by `dumps` with ``reductions()`` (DeviceArrays, values of ``__main__``)."""
+    if all(type(a) in _PLAIN for a in args) and \
+            all(type(v) in _PLAIN for v in kwargs.values()):
+        return pickle.dumps((args, kwargs), pickle.HIGHEST_PROTOCOL)
+    return dumps((args, kwargs), reductions())
+
+
 _functions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
