@@ -175,9 +175,13 @@ class ProcessEngine:
         worker = slot.worker
         for array, key in call.arrays:
             if key not in worker.pools:
-                worker.pools.add(key)
-                with array.pool._share() as shared:
+                try:
+                    shared = array.pool._share()
+                except Exception:  # noqa: BLE001 - the worker's import says it has no pool
+                    continue
+                with shared:
                     worker.send_pool(shared.key, shared.device, shared.fd)
+                worker.pools.add(key)
         worker.send(_wire.CALL, *_wire.call_message(call.fn_bytes, call.args_bytes))
         deadline = slot.deadline
         if deadline is not None:
@@ -204,7 +208,10 @@ class ProcessEngine:
         with self._lock:
             worker = self._standbys.pop(slot.device, None)
             if worker is not None and not self._closing:
-                self._standbys[slot.device] = self._spawn(slot.device)
+                try:
+                    self._standbys[slot.device] = self._spawn(slot.device)
+                except OSError:  # no standby for now; the next loss starts one cold
+                    pass
         if worker is not None:
             try:
                 worker.wait_ready()
@@ -213,16 +220,21 @@ class ProcessEngine:
                 worker.retire()  # a standby that died waiting: start one cold instead
         if self.core.broken:
             return None
-        worker = self._spawn(slot.device)
+        try:
+            worker = self._spawn(slot.device)
+        except OSError as exc:  # too many processes or descriptors, say
+            return self._break(slot, f"device {slot.device}: {exc}", None)
         try:
             worker.wait_ready()
             return worker
         except _StartFailed as exc:
             pid = worker.pid
             worker.retire()
-            for idle in self.core.break_(f"device {slot.device}: {exc}", slot.device, pid):
-                idle.worker.send(_wire.EXIT)
-            return None
+            return self._break(slot, f"device {slot.device}: {exc}", pid)
+
+    def _break(self, slot: Slot, why: str, pid: int | None) -> None:
+        for idle in self.core.break_(why, slot.device, pid):
+            idle.worker.send(_wire.EXIT)
 
     def _next(self, slot: Slot, worker: ProcessWorker, call: Call | None) -> None:
         if call is not None:

@@ -137,6 +137,8 @@ def shared_array(desc: IpcDescriptor) -> DeviceArray:
     """A caller's array of an ipc pool, in this worker: the same memory, mapped for the
     call (freed when the call's last view of it goes, before its answer is sent)."""
     pool = _pools.get(desc.key)
+    if pool is None:
+        raise RuntimeError(f"the caller could not send its pool {desc.key} to this worker")
     if isinstance(pool, Exception):
         raise RuntimeError(f"the worker could not import the caller's pool {desc.key}: "
                            f"{pool}") from pool
