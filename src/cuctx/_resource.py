@@ -54,12 +54,13 @@ class Resource:
 class _Upper:
     """Constructors of the upper layers, installed by their modules at import."""
 
-    __slots__ = ("device", "stream", "resolve_stream", "capture")
+    __slots__ = ("device", "stream", "resolve_stream", "capture", "memory_pool")
 
     device: type  # device.py: Device (Device(ordinal), Device._for_backend(backend, ordinal))
     stream: type  # stream.py: Stream
     resolve_stream: Callable[..., Any]  # stream.py: the one stream rule
     capture: Callable[..., Any]  # graphs/_capture.py: Stream.capture
+    memory_pool: type  # memory/_pool.py: MemoryPool (MemoryPool._default_of(device))
 
 
 upper = _Upper()

@@ -313,6 +313,13 @@ class Device:
                 errors[0].add_note(f"also: {type(other).__name__}: {other}")
             raise errors[0]
 
+    @property
+    def memory_pool(self):
+        """The device's default memory pool as a `cuctx.MemoryPool` (where ``cuctx.empty``
+        allocates unless given ``pool=``): its ``used``, ``reserved``, ``high_water``,
+        ``release_threshold`` and ``trim()``."""
+        return upper.memory_pool._default_of(self)
+
     def mem_info(self) -> MemInfo:
         """Free and total memory of the device, as seen from its primary context (or the
         current context when that is on this device and usable)."""

@@ -53,4 +53,13 @@ EXAMPLES: dict[str, Example] = {e.name: e for e in (
         "the copy/compute overlap of the two streams is above zero, two contexts run kernels "
         "at once for 0.000 ms (they take turns) while green contexts do (side by side); open "
         "the .json files named at the end in https://ui.perfetto.dev."),
+    Example(
+        "isolated_kernel_evaluation", "a faulting or hanging kernel costs a worker, not the "
+        "program",
+        "Six candidate kernels evaluated in a cuctx.IsolatedExecutor worker with a warm "
+        "standby, writing into the caller's arrays of an IPC memory pool: two write out of "
+        "bounds, one never finishes, one computes the wrong thing.",
+        "the table: each fault is a WorkerFaultError and the hang a WorkerTimeoutError, "
+        "the next call is served by a new worker a moment later (its time in the last "
+        "column), and the program and its own arrays carry on."),
 )}
