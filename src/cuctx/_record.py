@@ -2,6 +2,10 @@
 goes to the thread's recorder (cuctx.graphs._autograph) instead of the driver. It sits at
 the bottom of the package and imports nothing of cuctx, like `_trace`.
 
+Allocations are not recorded (an address is a value like any other), but a recording thread's
+`memory._alloc.allocate` asks its recorder first: ``allocate(nbytes, stream)`` may lend memory
+an earlier call of the same function used and dropped (an `Allocation`), or answer None.
+
 `threads` holds the ids of the threads recording now. The paths that enqueue (launches,
 copies, fills, host functions, event records, waits) test its truth, one test that is false
 unless some thread records, and then hand the operation to `launch` or `enqueue`: True means
@@ -28,6 +32,7 @@ WAIT = "wait"  # (event or stream,): `Stream.wait`
 
 class Recorder(Protocol):
     def launch(self, launcher: Any, buffer: bytearray, args: tuple, plan: Any) -> bool: ...
+    def allocate(self, nbytes: int, stream: Any) -> Any: ...
     def enqueue(self, stream: Any, kind: str, payload: tuple) -> bool: ...
     def interrupt(self, operation: str) -> None: ...
 

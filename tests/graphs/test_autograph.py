@@ -347,3 +347,138 @@ def test_handing_an_array_to_another_library_runs_the_call_eagerly(lib):
     assert counts(step)["eager"] == 2
     assert "another library" in step.stats()["reasons"][-1]["reason"]
     np.testing.assert_array_equal(out.to_host(), np.arange(N) + 1.0)
+
+
+# -- temporaries: the memory a call allocates and drops keeps its address ------------------
+
+def test_a_temporary_keeps_its_address_on_every_call(lib):
+    k = lib["add"]
+    addresses = []
+
+    @cuctx.autograph
+    def step(out, x):
+        tmp = cuctx.empty(N, np.float32)
+        addresses.append(tmp.ptr)
+        k[1, 32](tmp, x, np.float32(1), N)
+        k[1, 32](out, tmp, np.float32(1), N)
+
+    outs = [cuctx.zeros(N, np.float32) for _ in range(5)]
+    for i, out in enumerate(outs):
+        step(out, arange(10 * i))
+    assert len(set(addresses)) == 1
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out.to_host(), np.arange(10 * i, 10 * i + N) + 2.0)
+    assert step.stats()["temp_bytes"] == N * 4
+
+
+def test_a_step_with_a_new_input_output_and_temporary_patches_only_their_nodes(lib):
+    """The issue's 50-kernel step: a new input and a new output array each call and one
+    temporary inside: the graph calls patch the first and the last node, never the 48
+    between them that touch only the temporary."""
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(out, x):
+        tmp = cuctx.empty(N, np.float32)
+        k[1, 32](tmp, x, np.float32(1), N)
+        for _ in range(48):
+            k[1, 32](tmp, tmp, np.float32(1), N)
+        k[1, 32](out, tmp, np.float32(1), N)
+
+    kept = []  # every call's input and output stay alive: each has a new address
+    for i in range(8):
+        out, x = cuctx.empty(N, np.float32), arange(i)
+        step(out, x)
+        kept.append((out, x))
+    s = step.stats()
+    assert s["builds"] == 1 and s["updates"] >= 4
+    assert s["patched_nodes"] == 2 * s["updates"]
+    for i, (out, _) in enumerate(kept):
+        np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 50.0)
+
+
+def test_memory_that_outlives_the_call_is_new_each_call(lib):
+    k = lib["add"]
+    stored = []
+
+    @cuctx.autograph
+    def step(x, a):
+        result = cuctx.empty(N, np.float32)  # returned: the caller keeps it
+        k[1, 32](result, x, np.float32(a), N)
+        scratch = cuctx.empty(N, np.float32)  # stored: outlives the call too
+        k[1, 32](scratch, result, np.float32(a), N)
+        stored.append(scratch)
+        return result
+
+    x = arange()
+    results = [step(x, float(a)) for a in range(6)]
+    assert len({r.ptr for r in results} | {s.ptr for s in stored}) == 12
+    for a, (result, scratch) in enumerate(zip(results, stored)):
+        np.testing.assert_array_equal(result.to_host(), np.arange(N) + a)
+        np.testing.assert_array_equal(scratch.to_host(), np.arange(N) + 2 * a)
+
+
+def test_a_returned_array_dropped_by_the_caller_is_lent_again(lib):
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(x):
+        result = cuctx.empty(N, np.float32)
+        k[1, 32](result, x, np.float32(1), N)
+        return result
+
+    x = arange()
+    first = step(x)
+    ptr = first.ptr
+    second = step(x)  # `first` is alive: new memory
+    assert second.ptr != ptr
+    np.testing.assert_array_equal(first.to_host(), np.arange(N) + 1.0)
+    del first
+    third = step(x)  # its memory came back to the function when the caller dropped it
+    assert third.ptr == ptr
+    np.testing.assert_array_equal(third.to_host(), np.arange(N) + 1.0)
+    np.testing.assert_array_equal(second.to_host(), np.arange(N) + 1.0)
+
+
+def test_clear_gives_the_memory_of_temporaries_back(lib):
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(out, x):
+        tmp = cuctx.empty(1024, np.float32)
+        k[1, 32](tmp, x, np.float32(1), N)
+        k[1, 32](out, tmp, np.float32(1), N)
+
+    out, x = cuctx.zeros(N, np.float32), arange()
+    for _ in range(3):
+        step(out, x)
+    assert step.stats()["temp_bytes"] == 4096
+    step.clear()
+    assert step.stats()["temp_bytes"] == 0
+    step(out, x)  # and a call after it works
+    np.testing.assert_array_equal(out.to_host(), np.arange(N) + 2.0)
+
+
+def test_a_temporary_used_on_a_second_stream_is_right_under_the_race_checker(lib):
+    k = lib["add"]
+    side = cuctx.Stream()
+
+    @cuctx.autograph
+    def step(out, x):
+        tmp = cuctx.empty(N, np.float32)
+        k[1, 32](tmp, x, np.float32(1), N)
+        side.wait(cuctx.current_stream())
+        k[1, 32, 0, side](out, tmp, np.float32(1), N)
+        tmp.record_stream(side)  # its memory is not lent again before side's work ran
+        cuctx.current_stream().wait(side)
+
+    outs = []
+    with cuctx.racecheck("raise"):
+        for i in range(6):
+            out = cuctx.zeros(N, np.float32)
+            step(out, arange(i))
+            outs.append(out)
+        cuctx.synchronize()
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 2.0)
+    assert counts(step)["builds"] == 1

@@ -36,6 +36,7 @@ from .. import _record, _trace
 from ..kernels._launcher import Launcher
 from .._lifetimes import defer_cleanup
 from ..errors import CudaError
+from ._autograph_arena import Arena
 from ._autograph_build import construct, patch, patchable, unbuildable
 from ._autograph_record import WAIT, Recording
 
@@ -54,7 +55,7 @@ def _mean(old: float | None, new: float) -> float:
 class _Entry:
     """One structure: its executable (once built), the values it holds, measured costs."""
 
-    __slots__ = ("key", "keys", "size", "seen", "exe", "nodes", "values", "items", "bytes", "mode",
+    __slots__ = ("key", "keys", "size", "seen", "exe", "nodes", "values", "bytes", "mode",
                  "strikes", "eager_s", "replay_s", "construct_s", "whole_s", "blocked",
                  "outside", "__weakref__")
 
@@ -66,7 +67,6 @@ class _Entry:
         self.exe: Any = None
         self.nodes: list = []
         self.values: list = []
-        self.items: list = []  # keep what the executable's values point at
         self.bytes = 0
         self.mode = GRAPH
         self.strikes = 0
@@ -100,6 +100,8 @@ class AutoGraph:
         self._counts = dict.fromkeys(("calls", "replays", "updates", "builds", "eager"), 0)
         self._times = dict.fromkeys(("recording", "replay", "update", "build", "eager"), 0.0)
         self._saved = 0.0
+        self._patched = 0  # nodes patched so far (a whole update counts every node)
+        self._arena = Arena()  # the memory of the calls' temporaries
         self._reasons: deque[dict] = deque(maxlen=REASONS_KEPT)
         # Costs measured across structures: seconds per patched node, per node of a whole
         # update, of a build, of a replay.
@@ -116,7 +118,7 @@ class AutoGraph:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _record.current() is not None:  # inside another autograph call: that one records
             return self._fn(*args, **kwargs)
-        recording = Recording()
+        recording = Recording(self._arena)
         start = perf_counter()
         # Frees of memory the call drops wait until its work is enqueued (it may use it).
         with defer_cleanup():
@@ -135,6 +137,7 @@ class AutoGraph:
                 self._counts["calls"] += 1
                 self._times["recording"] += recorded - start
                 self._run(recording)
+                self._arena.trim(self.max_bytes)
         return result
 
     def _failed(self, recording: Recording, start: float, exc: BaseException) -> None:
@@ -244,7 +247,7 @@ class AutoGraph:
         if entry.exe is not None:
             entry.exe.destroy()
         entry.exe, entry.nodes, entry.bytes = exe, nodes, size
-        entry.values, entry.items = recording.values, recording.items
+        entry.values = recording.values
         entry.mode, entry.strikes = GRAPH, 0
         entry.construct_s = t1 - t0
         self._build_node_s = _mean(self._build_node_s, (built - t0) / max(entry.size, 1))
@@ -275,7 +278,7 @@ class AutoGraph:
             self._times["replay"] += cost
         entry.replay_s = _mean(entry.replay_s, t2 - t1)
         self._replay_node_s = _mean(self._replay_node_s, (t2 - t1) / max(entry.size, 1))
-        entry.values, entry.items = recording.values, recording.items
+        entry.values = recording.values
         eager = entry.eager_s or 0.0
         self._saved += eager - cost
         entry.strikes = entry.strikes + 1 if cost > eager else 0
@@ -316,9 +319,11 @@ class AutoGraph:
             patched = patch(entry.exe, entry.nodes, recording, changed)
             if patched:
                 self._patch_s = _mean(self._patch_s, (perf_counter() - t0) / patched)
+                self._patched += patched
             return
         graph, _, _ = construct(recording)
         entry.exe.update(graph)
+        self._patched += len(graph.nodes)
         self._whole_node_s = _mean(self._whole_node_s,
                                    (perf_counter() - t0) / max(entry.size, 1))
 
@@ -370,15 +375,18 @@ class AutoGraph:
         """Counts (``calls`` = ``replays`` + ``updates`` + ``builds`` + ``eager``), seconds
         spent in each (``recording_s``, ``replay_s``, ``update_s``, ``build_s``,
         ``eager_s``), ``saved_s`` (estimated: eager time of the calls graphs served minus
-        what they cost), the cache (``graphs``, ``bytes``, ``structures``) and ``reasons``:
+        what they cost), ``patched_nodes`` (graph nodes patched so far: a whole update
+        counts every node), the cache (``graphs``, ``bytes``, ``structures``), ``temp_bytes``
+        (device memory kept for the calls' temporaries) and ``reasons``:
         the latest eager calls, builds and switches, each with the call's number, its
         ``action``, the ``reason`` and the user's ``site`` ("file:line")."""
         with self._lock:
             built = [e for e in self._cache.values() if e.exe is not None]
             return {**self._counts,
                     **{f"{name}_s": value for name, value in self._times.items()},
-                    "saved_s": self._saved, "graphs": len(built),
-                    "bytes": sum(e.bytes for e in built), "structures": len(self._cache),
+                    "saved_s": self._saved, "patched_nodes": self._patched,
+                    "graphs": len(built), "bytes": sum(e.bytes for e in built),
+                    "temp_bytes": self._arena.bytes, "structures": len(self._cache),
                     "reasons": list(self._reasons)}
 
     def explain(self) -> str:
@@ -390,9 +398,11 @@ class AutoGraph:
                  f"  {s['replays']:>8} {s['updates']:>8} {s['builds']:>8} {s['eager']:>8}",
                  "  time (ms): " + ", ".join(f"{k} {s[k + '_s'] * 1e3:.3f}" for k in (
                      "recording", "replay", "update", "build", "eager")),
-                 f"  saved (estimated): {s['saved_s'] * 1e3:.3f} ms",
+                 f"  saved (estimated): {s['saved_s'] * 1e3:.3f} ms; nodes patched: "
+                 f"{s['patched_nodes']}",
                  f"  cache: {s['graphs']} of {self.max_graphs} graphs, ~{s['bytes']} of "
-                 f"{self.max_bytes} bytes; {s['structures']} structures known"]
+                 f"{self.max_bytes} bytes; {s['structures']} structures known; "
+                 f"{s['temp_bytes']} bytes kept for temporaries"]
         if s["reasons"]:
             lines.append("  why:")
             lines += [f"    call {r['call']:>5}  {r['action']:<6} {r['reason']}"
@@ -402,10 +412,12 @@ class AutoGraph:
         return text
 
     def clear(self) -> None:
-        """Destroy the cached executables and forget the structures (the counts stay)."""
+        """Destroy the cached executables, forget the structures and give back the memory
+        kept for temporaries (the counts stay)."""
         with self._lock:
             for key in list(self._cache):
                 self._evict(key)
+            self._arena.clear()
 
     def __repr__(self) -> str:
         return f"<autograph {getattr(self._fn, '__qualname__', self._fn)!r}>"

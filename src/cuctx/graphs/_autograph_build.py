@@ -6,7 +6,8 @@ operation comes after. A node on a role follows that role's tail and becomes it;
 one followed stream for another adds the other's tail to the waiter's; a wait for an event
 recorded in the call adds the tail the record had. Records become record nodes (the event
 is recorded for whoever uses it after the call); waits for outside work have no node (the
-executable's launch waits for it, see `_autograph.AutoGraph._launch`).
+executable's launch waits for it, see `_autograph.AutoGraph._launch`). Nodes keep the memory
+of the call's temporaries through its block, not its lease (`_autograph_arena.anchor`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..kernels._launcher import Launcher
+from ._autograph_arena import anchor
 from ._autograph_record import COPY, FILL, HOST, RECORD, Recording
 from ._graph import Graph, GraphNode
 
@@ -56,8 +58,8 @@ def construct(recording: Recording) -> tuple[Graph, list[GraphNode | None], int]
             args, _ = items[i]
             role = recording.role_of(key.stream)
             c = key.config
-            node = graph.launch(key.kernel, c.grid, c.block, *args, shared_mem=c.shared_mem,
-                                after=tails[role])
+            node = graph.launch(key.kernel, c.grid, c.block, *map(anchor, args),
+                                shared_mem=c.shared_mem, after=tails[role])
             size += len(values[i]) + NODE_BYTES
             nodes[i] = node
             tails[role] = (node,)
@@ -65,9 +67,9 @@ def construct(recording: Recording) -> tuple[Graph, list[GraphNode | None], int]
         kind, role = key[0], key[1]
         _, payload = items[i]
         if kind is COPY:
-            node = graph.copy(payload[1], payload[2], after=tails[role])
+            node = graph.copy(anchor(payload[1]), anchor(payload[2]), after=tails[role])
         elif kind is FILL:
-            node = graph.fill(payload[0], fill_value(*payload), after=tails[role])
+            node = graph.fill(anchor(payload[0]), fill_value(*payload), after=tails[role])
         elif kind is HOST:
             node = graph.host(payload[0], *payload[1], after=tails[role])
         elif kind is RECORD:
@@ -106,12 +108,12 @@ def patch(exe: GraphExec, nodes: list[GraphNode | None], recording: Recording,
             continue
         key = keys[i]
         if key.__class__ is Launcher:
-            exe.update_node(node, *items[i][0])
+            exe.update_node(node, *map(anchor, items[i][0]))
         else:
             payload = items[i][1]
             if key[0] is COPY:
-                exe.update_node(node, payload[1], payload[2])
+                exe.update_node(node, anchor(payload[1]), anchor(payload[2]))
             else:  # FILL (patchable() let nothing else through)
-                exe.update_node(node, payload[0], fill_value(*payload))
+                exe.update_node(node, anchor(payload[0]), fill_value(*payload))
         count += 1
     return count

@@ -91,6 +91,18 @@ def allocate(nbytes: int, stream: Stream) -> Allocation:
     ctx = stream._ctx
     if ctx._state is not ACTIVE:
         raise ctx._unusable("cuctx.empty")
+    if _record.threads:  # an autograph call lends its temporaries the memory of earlier calls
+        recorder = _record.current()
+        if recorder is not None:
+            lent = recorder.allocate(nbytes, stream)
+            if lent is not None:
+                return lent
+    return from_pool(nbytes, stream)
+
+
+def from_pool(nbytes: int, stream: Stream) -> Allocation:
+    """A new stream-ordered allocation of ``nbytes`` on ``stream`` (whose context is usable)."""
+    ctx = stream._ctx
     # Frees a collection inside a host function held: reuse them first (not while this thread
     # records an autograph call: they would be queued before the work it recorded).
     if _lifetimes._held and _record.current() is None:
