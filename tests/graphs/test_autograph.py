@@ -12,7 +12,7 @@ import pytest
 
 import cuctx
 from cuctx import KernelArgumentError
-from cuctx.graphs import _autograph
+from cuctx.graphs import _autograph, _autograph_policy
 
 from scenarios import ADD_SOURCE, add, library_fixture
 
@@ -25,11 +25,21 @@ N = 8
 
 @pytest.fixture
 def graphs_pay(monkeypatch):
-    """Measured costs decide whether graphs pay, and they vary from machine to machine (on
-    the sim, patching a graph of two nodes can cost more than two eager launches): the tests
-    of the mechanics take them out of the decision; the policy's test puts them back."""
+    """Costs decide whether graphs pay: modelled on the sim, measured on a GPU, where they
+    vary from machine to machine. The tests of the mechanics take them out of the decision
+    (a graph is built once a structure repeats, and stays); the policy's tests put them
+    back (`costs_decide`)."""
     monkeypatch.setattr(_autograph, "SWITCH_AFTER", 10**9)
-    monkeypatch.setattr(_autograph.AutoGraph, "_too_costly_to_build", lambda self, entry: None)
+    monkeypatch.setattr(_autograph_policy.Policy, "too_costly", lambda self, entry: None)
+
+
+@pytest.fixture
+def costs_decide(graphs_pay, monkeypatch):
+    monkeypatch.setattr(_autograph, "SWITCH_AFTER", _autograph_policy.SWITCH_AFTER)
+    monkeypatch.setattr(_autograph_policy.Policy, "too_costly", TOO_COSTLY)
+
+
+TOO_COSTLY = _autograph_policy.Policy.too_costly
 
 
 def arange(start: float = 0, n: int = N) -> cuctx.DeviceArray:
@@ -263,7 +273,7 @@ def test_graphs_that_cost_more_than_eager_give_way_and_come_back(lib, monkeypatc
     entry = step._last
     # Measurements decide; make eager calls look free, then expensive.
     monkeypatch.setattr(_autograph, "SWITCH_AFTER", 3)
-    monkeypatch.setattr(_autograph, "_mean", lambda old, new: old if old is not None else new)
+    monkeypatch.setattr(_autograph_policy, "mean", lambda old, new: new if old is None else old)
     entry.eager_s = 0.0
     for _ in range(_autograph.SWITCH_AFTER):
         step(2)
@@ -482,3 +492,86 @@ def test_a_temporary_used_on_a_second_stream_is_right_under_the_race_checker(lib
     for i, out in enumerate(outs):
         np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 2.0)
     assert counts(step)["builds"] == 1
+
+
+# -- the policy: modelled costs on the sim decide as an H100's measured ones ----------------
+
+def decoding_like(k):
+    """The issue's decoding-like loop: 5-8 small kernels, a temporary inside, a scalar and
+    the output array new every call, a new structure every 16 calls."""
+
+    @cuctx.autograph
+    def token(out, x, n):
+        tmp = cuctx.empty(N, np.float32)
+        k[1, 32](tmp, x, np.float32(n), N)
+        for _ in range(3 + (n // 16) % 4):
+            k[1, 32](tmp, tmp, np.float32(1), N)
+        k[1, 32](out, tmp, np.float32(n), N)
+
+    x, outs = arange(), []
+    for n in range(64):
+        out = cuctx.empty(N, np.float32)
+        token(out, x, n)
+        outs.append(out)
+    for n, out in enumerate(outs):
+        np.testing.assert_array_equal(out.to_host(), np.arange(N) + 2 * n + 3 + (n // 16) % 4)
+    return token.stats()
+
+
+def decisions(stats: dict) -> tuple:
+    return (counts_of(stats), stats["patched_nodes"],
+            [(r["call"], r["action"], r["reason"]) for r in stats["reasons"]])
+
+
+def counts_of(stats: dict) -> dict:
+    return {k: stats[k] for k in ("calls", "replays", "updates", "builds", "eager")}
+
+
+def test_a_decoding_like_loop_runs_mostly_as_graph_calls(lib, backend, costs_decide):
+    s = decoding_like(lib["add"])
+    graphed = s["replays"] + s["updates"] + s["builds"]
+    assert graphed > s["eager"]
+    if backend.sim is not None:  # modelled costs: an H100's decisions, the same every run
+        # Each of the 4 structures: 3 eager calls (a build pays from the 4th), a build and
+        # 12 calls patching the 2 nodes that take the scalar and the output.
+        assert counts_of(s) == dict(calls=64, replays=0, updates=48, builds=4, eager=12)
+        assert s["patched_nodes"] == 2 * 48
+        assert decisions(decoding_like(lib["add"])) == decisions(s)
+
+
+def test_the_50_kernel_step_runs_mostly_as_graph_calls(lib, backend, costs_decide):
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(out, x):
+        tmp = cuctx.empty(N, np.float32)
+        k[1, 32](tmp, x, np.float32(1), N)
+        for _ in range(48):
+            k[1, 32](tmp, tmp, np.float32(1), N)
+        k[1, 32](out, tmp, np.float32(1), N)
+
+    kept = []
+    for i in range(20):
+        out, x = cuctx.empty(N, np.float32), arange(i)
+        step(out, x)
+        kept.append((out, x))
+    s = step.stats()
+    assert s["replays"] + s["updates"] + s["builds"] > s["eager"]
+    if backend.sim is not None:
+        assert counts_of(s) == dict(calls=20, replays=0, updates=16, builds=1, eager=3)
+        assert s["patched_nodes"] == 2 * 16
+    np.testing.assert_array_equal(kept[-1][0].to_host(), np.arange(19, 19 + N) + 50.0)
+
+
+def test_the_decoding_example_prints_the_same_short_output_on_every_run(sim, capsys,
+                                                                      costs_decide):
+    from cuctx.examples import decoding_loop
+
+    decoding_loop.main(tokens=70)
+    first = capsys.readouterr().out
+    decoding_loop.main(tokens=70)
+    assert capsys.readouterr().out == first
+    assert len(first.splitlines()) <= 16
+    assert "outputs of eager and AutoGraph: equal" in first
+    assert "AutoGraph: 70 calls: 62 patched (8 nodes each), 0 replayed, 2 builds, 6 eager" \
+        in first

@@ -37,32 +37,28 @@ from ..kernels._launcher import Launcher
 from .._lifetimes import defer_cleanup
 from ..errors import CudaError
 from ._autograph_arena import Arena
-from ._autograph_build import construct, patch, patchable, unbuildable
+from ._autograph_build import construct, patch, unbuildable
+from ._autograph_policy import MARGIN, SWITCH_AFTER, Policy, us
 from ._autograph_record import WAIT, Recording
 
-BUILD_AFTER = 2  # calls with one structure before a graph is built for it
-SWITCH_AFTER = 3  # calls in a row beyond the margin before graph <-> eager switches
-MARGIN = 0.25  # back to graphs only when predicted at least this much cheaper than eager
-SMOOTH = 0.25  # weight of the newest measurement in the running means
 REASONS_KEPT = 256  # the latest reasons stats() lists
 GRAPH, EAGER = "graph", "eager"
 
 
-def _mean(old: float | None, new: float) -> float:
-    return new if old is None else old + SMOOTH * (new - old)
-
-
 class _Entry:
-    """One structure: its executable (once built), the values it holds, measured costs."""
+    """One structure: its executable (once built), the values it holds, its measured costs
+    (None until measured; see `_autograph_policy.Policy`)."""
 
-    __slots__ = ("key", "keys", "size", "seen", "exe", "nodes", "values", "bytes", "mode",
-                 "strikes", "eager_s", "replay_s", "construct_s", "whole_s", "blocked",
+    __slots__ = ("key", "keys", "size", "count", "seen", "exe", "nodes", "values", "bytes",
+                 "mode", "strikes", "eager_s", "replay_s", "construct_s", "blocked",
                  "outside", "__weakref__")
 
     def __init__(self, key: tuple, recording: Recording) -> None:
         self.key = key
         self.keys = recording.keys  # the same as a list: compared without making a tuple
         self.size = len(key)
+        # Operations that become nodes (all but waits; a record of an event is a node).
+        self.count = sum(1 for k in key if not (k.__class__ is tuple and k[0] is WAIT))
         self.seen = 0
         self.exe: Any = None
         self.nodes: list = []
@@ -73,7 +69,6 @@ class _Entry:
         self.eager_s: float | None = None  # running means, seconds per call
         self.replay_s: float | None = None
         self.construct_s: float | None = None
-        self.whole_s: float | None = None
         self.blocked = unbuildable(recording)
         # Waits for outside work, by index: made before each launch of the executable.
         self.outside = [i for i, k in enumerate(key)
@@ -103,12 +98,7 @@ class AutoGraph:
         self._patched = 0  # nodes patched so far (a whole update counts every node)
         self._arena = Arena()  # the memory of the calls' temporaries
         self._reasons: deque[dict] = deque(maxlen=REASONS_KEPT)
-        # Costs measured across structures: seconds per patched node, per node of a whole
-        # update, of a build, of a replay.
-        self._patch_s: float | None = None
-        self._whole_node_s: float | None = None
-        self._build_node_s: float | None = None
-        self._replay_node_s: float | None = None
+        self._policy = Policy()
 
     def __get__(self, obj: Any, cls: Any = None) -> Any:
         return self if obj is None else types.MethodType(self, obj)
@@ -181,25 +171,25 @@ class AutoGraph:
             self._cache.move_to_end(key)
         self._last = entry
         entry.seen += 1
+        policy = self._policy
+        if policy.measured is None:  # the sim's decisions are modelled, a GPU's measured
+            policy.measured = recording.ctx._backend.sim is None
         if entry.exe is None:
-            why_not = self._why_not_build(entry)
+            why_not = policy.why_not_build(entry)
             if why_not:
                 return self._eager(entry, recording, why_not)
             return self._build(entry, recording)
         changed = self._changed(entry, recording)
         if entry.mode is EAGER:
-            predicted = self._predict(entry, recording, changed)
-            if predicted < entry.eager_s * (1 - MARGIN):
-                entry.strikes += 1
-            else:
-                entry.strikes = 0
+            predicted, eager = policy.predict(entry, changed), policy.eager(entry)
+            entry.strikes = entry.strikes + 1 if predicted < eager * (1 - MARGIN) else 0
             if entry.strikes < SWITCH_AFTER:
                 return self._eager(entry, recording, (
                     f"graphs did not pay for this structure; a graph call is predicted at "
-                    f"{_us(predicted)} against {_us(entry.eager_s)} eager"))
+                    f"{us(predicted)} against {us(eager)} eager"))
             entry.mode, entry.strikes = GRAPH, 0
-            self._note("graph", f"back to the graph: predicted {_us(predicted)} against "
-                                f"{_us(entry.eager_s)} eager for {SWITCH_AFTER} calls")
+            self._note("graph", f"back to the graph: predicted {us(predicted)} against "
+                                f"{us(eager)} eager for {SWITCH_AFTER} calls")
         self._graph_call(entry, recording, changed)
 
     # -- eager, build, replay, update -----------------------------------------------------------
@@ -208,28 +198,10 @@ class AutoGraph:
         t0 = perf_counter()
         recording.enqueue_all()
         spent = perf_counter() - t0
-        entry.eager_s = _mean(entry.eager_s, spent)
+        self._policy.eager_took(entry, spent)
         self._counts["eager"] += 1
         self._times["eager"] += spent
         self._note("eager", reason)
-
-    def _why_not_build(self, entry: _Entry) -> str | None:
-        if entry.blocked:
-            return f"no graph for this structure: {entry.blocked}"
-        if entry.seen < BUILD_AFTER:
-            return f"structure seen {entry.seen} time(s); a graph is built once it repeats"
-        return self._too_costly_to_build(entry)
-
-    def _too_costly_to_build(self, entry: _Entry) -> str | None:
-        """Why building now would not pay, from the costs measured so far (None: it would,
-        or nothing was measured yet)."""
-        if self._build_node_s is not None and entry.eager_s is not None:
-            build = self._build_node_s * entry.size
-            saving = entry.eager_s - (self._replay_node_s or 0.0) * entry.size
-            if saving * entry.seen < build:  # seen as often again: expected replays
-                return (f"a graph would not pay yet: building costs about {_us(build)}, and "
-                        f"saves {_us(saving)} per call over ~{entry.seen} expected calls")
-        return None
 
     def _build(self, entry: _Entry, recording: Recording, reason: str | None = None) -> None:
         t0 = perf_counter()
@@ -249,8 +221,7 @@ class AutoGraph:
         entry.exe, entry.nodes, entry.bytes = exe, nodes, size
         entry.values = recording.values
         entry.mode, entry.strikes = GRAPH, 0
-        entry.construct_s = t1 - t0
-        self._build_node_s = _mean(self._build_node_s, (built - t0) / max(entry.size, 1))
+        self._policy.built(entry, t1 - t0, built - t0)
         self._launch(entry, recording)
         self._counts["builds"] += 1
         self._times["build"] += perf_counter() - t0
@@ -259,33 +230,34 @@ class AutoGraph:
         self._trim()
 
     def _graph_call(self, entry: _Entry, recording: Recording, changed: list[int]) -> None:
+        policy = self._policy
         t0 = perf_counter()
+        estimate = 0.0
         if changed:
             try:
-                self._update(entry, recording, changed)
+                estimate = self._update(entry, recording, changed)
             except CudaError as exc:  # a refused update (GraphUpdateError): build anew
                 return self._build(entry, recording, f"rebuilt: the update was refused: {exc}")
         t1 = perf_counter()
         self._launch(entry, recording)
         t2 = perf_counter()
-        cost = t2 - t0
         if changed:
             self._counts["updates"] += 1
             self._times["update"] += t1 - t0
             self._times["replay"] += t2 - t1
         else:
             self._counts["replays"] += 1
-            self._times["replay"] += cost
-        entry.replay_s = _mean(entry.replay_s, t2 - t1)
-        self._replay_node_s = _mean(self._replay_node_s, (t2 - t1) / max(entry.size, 1))
+            self._times["replay"] += t2 - t0
+        cost = t2 - t0 if policy.measured else policy.replay(entry) + estimate
+        policy.launched(entry, t2 - t1)
         entry.values = recording.values
-        eager = entry.eager_s or 0.0
+        eager = policy.eager(entry)
         self._saved += eager - cost
         entry.strikes = entry.strikes + 1 if cost > eager else 0
         if entry.strikes >= SWITCH_AFTER:
             entry.mode, entry.strikes = EAGER, 0
-            self._note("eager", f"graph calls cost more than eager ones ({_us(cost)} against "
-                                f"{_us(eager)}, {len(changed)} changed operations): running "
+            self._note("eager", f"graph calls cost more than eager ones ({us(cost)} against "
+                                f"{us(eager)}, {len(changed)} changed operations): running "
                                 "this structure eagerly until graphs pay again")
 
     def _changed(self, entry: _Entry, recording: Recording) -> list[int]:
@@ -294,38 +266,22 @@ class AutoGraph:
             return []
         return list(compress(range(len(new)), map(ne, new, old)))
 
-    def _whole_estimate(self, entry: _Entry) -> float:
-        if self._whole_node_s is not None:
-            return self._whole_node_s * entry.size
-        return entry.construct_s or 0.0  # before any was measured: building the graph again
-
-    def _predict(self, entry: _Entry, recording: Recording, changed: list[int]) -> float:
-        """The seconds a graph call would take for these changes."""
-        replay = entry.replay_s or 0.0
-        if not changed:
-            return replay
-        whole = self._whole_estimate(entry)
-        if not patchable(entry.nodes, changed) or self._patch_s is None:
-            return replay + whole
-        return replay + min(whole, len(changed) * self._patch_s)
-
-    def _update(self, entry: _Entry, recording: Recording, changed: list[int]) -> None:
-        """Patch the changed nodes, or update the whole graph where that is cheaper."""
-        k = len(changed)
-        whole = self._whole_estimate(entry)
+    def _update(self, entry: _Entry, recording: Recording, changed: list[int]) -> float:
+        """Patch the changed nodes, or update the whole graph where that is cheaper; the
+        seconds the policy expected it to cost."""
+        policy = self._policy
+        by_node, estimate = policy.update(entry, changed)
         t0 = perf_counter()
-        if patchable(entry.nodes, changed) and (self._patch_s is None
-                                                or k * self._patch_s <= whole):
+        if by_node:
             patched = patch(entry.exe, entry.nodes, recording, changed)
-            if patched:
-                self._patch_s = _mean(self._patch_s, (perf_counter() - t0) / patched)
-                self._patched += patched
-            return
+            policy.patched(perf_counter() - t0, patched)
+            self._patched += patched
+            return estimate
         graph, _, _ = construct(recording)
         entry.exe.update(graph)
         self._patched += len(graph.nodes)
-        self._whole_node_s = _mean(self._whole_node_s,
-                                   (perf_counter() - t0) / max(entry.size, 1))
+        policy.updated_whole(entry, perf_counter() - t0)
+        return estimate
 
     def _launch(self, entry: _Entry, recording: Recording) -> None:
         """Launch the executable on role 0's stream, after the outside work the call waited
@@ -464,6 +420,3 @@ def _site_of(exc: BaseException) -> tuple | None:
         tb = tb.tb_next
     return site
 
-
-def _us(seconds: float | None) -> str:
-    return "?" if seconds is None else f"{seconds * 1e6:.1f} us"
