@@ -56,9 +56,10 @@ def _install():
         return _launcher.launch
     module.setup(Context=Context, Stream=Stream, Event=Event, DeviceArray=DeviceArray,
                  ThreadState=ThreadState, Device=Device, Kernel=Kernel, Launcher=Launcher,
+                 Tape=_record.Tape,
                  ACTIVE=ACTIVE, CUresult=CUresult, CUcontext=CUcontext, fail=fail,
                  object_for=_object_for, driver_namespace=vars(_driver),
-                 step_aside=STEP_ASIDE, recording=_record.threads, records=_record.local)
+                 step_aside=STEP_ASIDE, recording=_record.threads)
     for cls, name in METHODS:
         python = vars(cls)[name]
         if isinstance(python, staticmethod):

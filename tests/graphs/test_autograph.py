@@ -575,3 +575,55 @@ def test_the_decoding_example_prints_the_same_short_output_on_every_run(sim, cap
     assert "outputs of eager and AutoGraph: equal" in first
     assert "AutoGraph: 70 calls: 62 patched (8 nodes each), 0 replayed, 2 builds, 6 eager" \
         in first
+
+
+# -- the per-call path: compiled where the backend has it, the Python path its reference -----
+
+def test_graph_calls_patch_and_launch_through_the_compiled_path_where_there_is_one(lib, backend):
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(out, x):
+        k[1, 32](out, x, np.float32(1), N)
+        k[1, 32](out, out, np.float32(1), N)
+
+    outs = [cuctx.zeros(N, np.float32) for _ in range(4)]
+    for i, out in enumerate(outs):
+        step(out, arange(i))
+    patcher = step._last.patcher
+    assert (type(patcher).__name__ == "Patcher") == (backend.native is not None)
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 2.0)
+    assert step.stats()["patched_nodes"] == 2 * 2  # both nodes take the new arrays
+
+
+def test_a_refused_patch_rebuilds_the_graph_on_both_paths(lib, backend, monkeypatch):
+    from cuctx._driver.sim._common import INVALID_VALUE
+    from cuctx._driver.sim._graph_exec import GraphExecModel
+
+    if backend.sim is None:
+        pytest.skip("the sim's driver is made to refuse a patch")
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(out, x):
+        k[1, 32](out, x, np.float32(1), N)
+
+    outs = [cuctx.zeros(N, np.float32) for _ in range(4)]
+    step(outs[0], arange(0))
+    step(outs[1], arange(1))  # built
+    set_work = GraphExecModel._set_exec_work
+    refusals = []
+
+    def refuse_once(self, *args):
+        if not refusals:
+            refusals.append(args)
+            return (INVALID_VALUE,)
+        return set_work(self, *args)
+    monkeypatch.setattr(GraphExecModel, "_set_exec_work", refuse_once)
+    step(outs[2], arange(2))  # the patch is refused: a new graph
+    step(outs[3], arange(3))  # and the next call patches that one
+    assert refusals and "rebuilt: the update was refused" in step.stats()["reasons"][-1]["reason"]
+    assert counts(step) == dict(calls=4, replays=0, updates=1, builds=2, eager=1)
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 1.0)

@@ -7,7 +7,7 @@
 struct native_setup L;
 
 PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
-    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_recorder, *S_launch, *ZERO;
+    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *ZERO;
 
 /* The sentinel an implementation returns to hand the call to the checked Python path. */
 PyObject python_path_marker;
@@ -51,10 +51,10 @@ int step_aside_unless_recording(void)
     return 0;
 }
 
-/* Some thread records an autograph call (the set is mutated in place, never replaced). */
+/* Some thread records an autograph call (the dict is mutated in place, never replaced). */
 int recording(void)
 {
-    return PySet_GET_SIZE(L.recording) > 0;
+    return PyDict_GET_SIZE(L.recording) > 0;
 }
 
 /* ... and the compiled record and wait step aside for a recording thread too: the Python
@@ -100,18 +100,18 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
             || take_type(kwargs, "DeviceArray", &L.DeviceArray)
             || take_type(kwargs, "ThreadState", &L.ThreadState)
             || take_type(kwargs, "Device", &L.Device) || take_type(kwargs, "Kernel", &L.Kernel)
-            || take_type(kwargs, "Launcher", &L.Launcher)
+            || take_type(kwargs, "Launcher", &L.Launcher) || take_type(kwargs, "Tape", &L.Tape)
             || take(kwargs, "ACTIVE", &L.ACTIVE) || take(kwargs, "CUresult", &L.CUresult)
             || take(kwargs, "CUcontext", &L.CUcontext) || take(kwargs, "fail", &L.fail)
             || take(kwargs, "object_for", &L.object_for)
             || take(kwargs, "driver_namespace", &L.driver_dict)
             || take(kwargs, "step_aside", &L.step_aside)
-            || take(kwargs, "recording", &L.recording) || take(kwargs, "records", &L.records))
+            || take(kwargs, "recording", &L.recording))
         return NULL;
     if (!PyDict_Check(L.driver_dict) || !PyTuple_Check(L.step_aside)
-            || !PySet_Check(L.recording))
+            || !PyDict_CheckExact(L.recording))
         return PyErr_Format(PyExc_TypeError,
-                            "driver_namespace: a dict; step_aside: a tuple; recording: a set");
+                            "driver_namespace: a dict; step_aside: a tuple; recording: a dict");
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(L.step_aside); i++) {
         PyObject *pair = PyTuple_GET_ITEM(L.step_aside, i);
         if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2
@@ -127,7 +127,9 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
         {&L.stack, &L.ThreadState, "stack"}, {&L.blocks, &L.ThreadState, "blocks"},
         {&L.primary, &L.Device, "_primary"}, {&L.lock, &L.Device, "_lock"},
         {&L.device_backend, &L.Device, "_backend"}, {&L.launchers, &L.Kernel, "_launchers"},
-        {&L.fast, &L.Launcher, "_fast"}};
+        {&L.fast, &L.Launcher, "_fast"}, {&L.tape_keys, &L.Tape, "keys"},
+        {&L.tape_values, &L.Tape, "values"}, {&L.tape_items, &L.Tape, "items"},
+        {&L.tape_stream, &L.Tape, "_stream"}};
     for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++)
         if ((*slots[i].offset = slot_offset(*slots[i].type, slots[i].name)) < 0)
             return NULL;
@@ -167,14 +169,13 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC PyInit__native(void)
 {
     if (PyType_Ready(&DriverType) < 0 || PyType_Ready(&LaunchType) < 0
-            || PyType_Ready(&MethodType) < 0)
+            || PyType_Ready(&MethodType) < 0 || PyType_Ready(&PatcherType) < 0)
         return NULL;
     struct { PyObject **s; const char *text; } names[] = {
         {&S_native, "native"}, {&S_tls, "tls"}, {&S_tls_cache, "cuctx._native thread state"},
         {&S_dict, "__dict__"}, {&S_state, "state"}, {&S_loaded, "_loaded"},
         {&S_locked, "locked"}, {&S_getPtr, "getPtr"}, {&S_active, "_active"},
-        {&S_shared_mem, "shared_mem"}, {&S_stream, "stream"}, {&S_recorder, "recorder"},
-        {&S_launch, "launch"}};
+        {&S_shared_mem, "shared_mem"}, {&S_stream, "stream"}, {&S_launch, "launch"}};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].s = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;

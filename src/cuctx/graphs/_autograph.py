@@ -37,7 +37,7 @@ from ..kernels._launcher import Launcher
 from .._lifetimes import defer_cleanup
 from ..errors import CudaError
 from ._autograph_arena import Arena
-from ._autograph_build import construct, patch, unbuildable
+from ._autograph_build import construct, patch, patchable, patcher, unbuildable
 from ._autograph_policy import MARGIN, SWITCH_AFTER, Policy, us
 from ._autograph_record import WAIT, Recording
 
@@ -49,9 +49,9 @@ class _Entry:
     """One structure: its executable (once built), the values it holds, its measured costs
     (None until measured; see `_autograph_policy.Policy`)."""
 
-    __slots__ = ("key", "keys", "size", "count", "seen", "exe", "nodes", "values", "bytes",
-                 "mode", "strikes", "eager_s", "replay_s", "construct_s", "blocked",
-                 "outside", "__weakref__")
+    __slots__ = ("key", "keys", "size", "count", "seen", "exe", "nodes", "simple", "patcher",
+                 "values", "bytes", "mode", "strikes", "eager_s", "replay_s", "construct_s",
+                 "blocked", "outside", "__weakref__")
 
     def __init__(self, key: tuple, recording: Recording) -> None:
         self.key = key
@@ -62,6 +62,8 @@ class _Entry:
         self.seen = 0
         self.exe: Any = None
         self.nodes: list = []
+        self.simple = False  # every node can be patched by itself (kernels, copies, fills)
+        self.patcher: Any = None  # the compiled patches and launch, where the backend has them
         self.values: list = []
         self.bytes = 0
         self.mode = GRAPH
@@ -219,6 +221,9 @@ class AutoGraph:
         if entry.exe is not None:
             entry.exe.destroy()
         entry.exe, entry.nodes, entry.bytes = exe, nodes, size
+        entry.simple = patchable(nodes, range(len(nodes)))
+        native = recording.ctx._backend.native
+        entry.patcher = None if native is None else patcher(native, exe, nodes)
         entry.values = recording.values
         entry.mode, entry.strikes = GRAPH, 0
         self._policy.built(entry, t1 - t0, built - t0)
@@ -261,7 +266,10 @@ class AutoGraph:
                                 "this structure eagerly until graphs pay again")
 
     def _changed(self, entry: _Entry, recording: Recording) -> list[int]:
+        """The indices of the values that differ from those the executable holds."""
         new, old = recording.values, entry.values
+        if entry.patcher is not None:
+            return recording.ctx._backend.native.changed(new, old)
         if new == old:
             return []
         return list(compress(range(len(new)), map(ne, new, old)))
@@ -273,12 +281,14 @@ class AutoGraph:
         by_node, estimate = policy.update(entry, changed)
         t0 = perf_counter()
         if by_node:
-            patched = patch(entry.exe, entry.nodes, recording, changed)
+            patched = patch(entry.exe, entry.nodes, recording, changed, entry.patcher)
             policy.patched(perf_counter() - t0, patched)
             self._patched += patched
             return estimate
         graph, _, _ = construct(recording)
         entry.exe.update(graph)
+        if entry.patcher is not None:  # its slots were the old graph's
+            entry.patcher = patcher(recording.ctx._backend.native, entry.exe, entry.nodes)
         self._patched += len(graph.nodes)
         policy.updated_whole(entry, perf_counter() - t0)
         return estimate
@@ -288,6 +298,10 @@ class AutoGraph:
         for and the work queued before on its other streams; those then wait for it."""
         streams = recording.streams
         root = streams[0]
+        if len(streams) == 1 and not entry.outside:
+            if entry.patcher is None or not entry.patcher.launch(root):
+                entry.exe.launch(root)
+            return
         for i in entry.outside:
             root.wait(recording.items[i][1][0])
         for stream in streams[1:]:
@@ -315,7 +329,7 @@ class AutoGraph:
         entry = self._cache.pop(key)
         if entry.exe is not None:
             entry.exe.destroy()
-            entry.exe = None
+            entry.exe = entry.patcher = None
         if self._last is entry:
             self._last = None
 

@@ -85,6 +85,7 @@ class Arena:
         self.bytes = 0
         self._slots: OrderedDict[tuple[int, Stream], _Slot] = OrderedDict()  # least recent first
         self._most = 0  # the most allocations one call made
+        self._grown = False  # blocks were allocated since the last trim
 
     def lend(self, index: int, nbytes: int, stream: Stream) -> Lease | None:
         """The ``index``-th allocation of a call, ``nbytes`` on ``stream``: a lease of its
@@ -93,7 +94,8 @@ class Arena:
             return None
         key = (index, stream)
         with self.lock:
-            self._most = max(self._most, index + 1)
+            if index >= self._most:
+                self._most = index + 1
             slot = self._slots.get(key)
             if slot is None:
                 slot = self._slots[key] = _Slot()
@@ -114,6 +116,7 @@ class Arena:
             with self.lock:
                 slot.block, slot.capacity = block, nbytes
                 self.bytes += nbytes
+                self._grown = True
         return Lease(self, slot)
 
     def drop(self, slot: _Slot) -> None:
@@ -126,7 +129,10 @@ class Arena:
     def trim(self, max_bytes: int) -> None:
         """Keep at most 4x the slots a call uses (at least SLOTS_KEPT) and at most
         ``max_bytes`` in blocks: the least recently lent idle slots go first."""
+        if not self._grown:
+            return
         with self.lock:
+            self._grown = False
             limit = max(SLOTS_KEPT, 4 * self._most)
             slots = self._slots
             if len(slots) <= limit and self.bytes <= max_bytes:

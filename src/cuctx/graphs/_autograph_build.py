@@ -12,10 +12,12 @@ of the call's temporaries through its block, not its lease (`_autograph_arena.an
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
+from cuda.bindings.driver import CUresult
 
+from ..context import fail
 from ..kernels._launcher import Launcher
 from ._autograph_arena import anchor
 from ._autograph_record import COPY, FILL, HOST, RECORD, Recording
@@ -93,22 +95,32 @@ def fill_value(array: Any, pattern: bytes) -> Any:
     return np.frombuffer(pattern, array.dtype)[0]
 
 
-def patchable(nodes: list[GraphNode | None], changed: list[int]) -> bool:
+def patchable(nodes: list[GraphNode | None], changed: Iterable[int]) -> bool:
     """Whether each changed operation's node (if it has one) can be patched by itself."""
     return all(nodes[i] is None or nodes[i].kind in PATCHABLE for i in changed)
 
 
 def patch(exe: GraphExec, nodes: list[GraphNode | None], recording: Recording,
-          changed: list[int]) -> int:
-    """Give each changed node of ``exe`` the recording's values; the number patched."""
-    keys, items, count = recording.keys, recording.items, 0
-    for i in changed:
+          changed: list[int], patcher: Any = None) -> int:
+    """Give each changed node of ``exe`` the recording's values: a kernel node its recorded
+    parameter bytes (already checked and packed by the launch), a copy or fill node its new
+    arrays; the number of nodes patched. The compiled ``patcher`` (`patcher`) patches the
+    kernel nodes it can and leaves the rest to this loop, which is its reference."""
+    left = changed if patcher is None else patcher.patch(changed, recording.values)
+    keys, items, values = recording.keys, recording.items, recording.values
+    count = len(changed) - len(left)
+    for i in left:
         node = nodes[i]
         if node is None:
             continue
         key = keys[i]
         if key.__class__ is Launcher:
-            exe.update_node(node, *map(anchor, items[i][0]))
+            slot = kernel_slot(exe, node)
+            value = values[i]
+            slot.params.buffer[:len(value)] = value
+            err, = slot.set()
+            if err:
+                exe._refuse_node(err, slot.name, node)
         else:
             payload = items[i][1]
             if key[0] is COPY:
@@ -117,3 +129,32 @@ def patch(exe: GraphExec, nodes: list[GraphNode | None], recording: Recording,
                 exe.update_node(node, anchor(payload[0]), fill_value(*payload))
         count += 1
     return count
+
+
+def kernel_slot(exe: GraphExec, node: GraphNode) -> Any:
+    """The executable's update state of a kernel node (its parameter struct and buffer, the
+    bound cuGraphExecKernelNodeSetParams), made on first use."""
+    position = exe._where[node]
+    slots = exe._held.slots
+    slot = slots.get(position)
+    if slot is None:
+        slot = slots[position] = exe._slot(position)
+    return slot
+
+
+def patcher(native: Any, exe: GraphExec, nodes: list[GraphNode | None]) -> Any:
+    """The compiled patches and launch of ``exe`` (`cuctx._native.Patcher`)."""
+    def make(i: int) -> tuple | None:  # what the Patcher asks of operation i, once
+        node = nodes[i]
+        if node is None or node.kind != "kernel" or node._kernel is None:
+            return None
+        slot = kernel_slot(exe, node)
+        return exe._handles[exe._where[node]], slot.params.struct, slot.params.buffer
+    def refused(err: int, i: int) -> None:  # raise what the Python path raises
+        code = CUresult(err)
+        if i < 0:
+            fail(exe._backend, code, "cuGraphLaunch", exe._ctx, hint=f"launching {exe!r}")
+        exe._refuse_node(code, "cuGraphExecKernelNodeSetParams", nodes[i])
+
+    return native.patcher(exe._handle, exe._ctx, exe._held.streams, exe._libraries, make,
+                          refused, len(nodes), not (exe._host or exe._events))

@@ -102,7 +102,7 @@ class Policy:
     def update(self, entry: Any, changed: list[int]) -> tuple[bool, float]:
         """(patch node by node?, the seconds it costs) for these changed operations."""
         whole = self.whole(entry)
-        if not patchable(entry.nodes, changed):
+        if not (entry.simple or patchable(entry.nodes, changed)):
             return False, whole
         patches = len(changed) * self.patch()
         return patches <= whole, min(patches, whole)

@@ -46,13 +46,13 @@ PAGEABLE = ("cuctx.copy with pageable host memory (synchronous: to_host() withou
             "page-locked out=, to_device or copy of an ordinary NumPy array)")
 
 
-class Recording:
+class Recording(_record.Tape):
     """The calling thread's recorder for one call (see the module's docstring)."""
 
-    __slots__ = ("keys", "values", "items", "streams", "roles", "ctx", "events", "broken",
-                 "arena", "allocations", "_stream", "_role")
+    __slots__ = ("streams", "roles", "ctx", "events", "broken", "arena", "allocations",
+                 "_role")
 
-    def __init__(self, arena: Arena) -> None:
+    def __init__(self, arena: Arena | None = None) -> None:
         self.keys: list = []
         self.values: list = []
         self.items: list = []
@@ -61,7 +61,7 @@ class Recording:
         self.ctx: Any = None  # the context of the first operation
         self.events: dict[int, int] = {}  # id(event) -> index of its latest record
         self.broken: tuple[str, tuple | None] | None = None  # (operation, user's site)
-        self.arena = arena  # the function's memory for temporaries
+        self.arena = Arena() if arena is None else arena  # the function's, for temporaries
         self.allocations = 0  # made so far in the call
         self._stream: Stream | None = None  # the latest operation's stream, and its role
         self._role = 0
