@@ -627,3 +627,32 @@ def test_a_refused_patch_rebuilds_the_graph_on_both_paths(lib, backend, monkeypa
     assert counts(step) == dict(calls=4, replays=0, updates=1, builds=2, eager=1)
     for i, out in enumerate(outs):
         np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 1.0)
+
+
+# -- inside a stream capture ------------------------------------------------------------------
+
+def test_a_call_inside_a_capture_puts_its_work_into_the_capture(lib):
+    k = lib["add"]
+    s = cuctx.Stream()
+
+    @cuctx.autograph
+    def step(out, x):
+        tmp = cuctx.empty(N, np.float32, stream=s)
+        k[1, 32, 0, s](tmp, x, np.float32(1), N)
+        k[1, 32, 0, s](out, tmp, np.float32(1), N)
+
+    x = cuctx.to_device(np.arange(N, dtype=np.float32), stream=s)
+    for _ in range(3):  # built, and served by its graph
+        step(cuctx.zeros(N, np.float32, stream=s), x)
+    out = cuctx.zeros(N, np.float32, stream=s)
+    with s.capture() as graph:
+        step(out, x)
+    assert [n.kind for n in graph.nodes].count("kernel") == 2
+    assert "being captured" in step.stats()["reasons"][-1]["reason"]
+    exe = graph.instantiate()
+    for _ in range(2):
+        exe.launch(s)
+    s.synchronize()
+    np.testing.assert_array_equal(out.to_host(), np.arange(N) + 2.0)
+    step(out, x)  # and after the capture, its graph again
+    assert counts(step)["replays"] + counts(step)["updates"] >= 2

@@ -32,10 +32,11 @@ from operator import ne
 from time import perf_counter
 from typing import Any, Callable
 
-from .. import _record, _trace
+from .. import _lifetimes, _record, _trace
 from ..kernels._launcher import Launcher
 from .._lifetimes import defer_cleanup
 from ..errors import CudaError
+from ..stream import Stream
 from ._autograph_arena import Arena
 from ._autograph_build import construct, patch, patchable, patcher, unbuildable
 from ._autograph_policy import MARGIN, SWITCH_AFTER, Policy, us
@@ -155,6 +156,12 @@ class AutoGraph:
 
     def _run(self, recording: Recording) -> None:
         """Serve a complete recording: eagerly, by a build, a replay or an update."""
+        if _lifetimes.capturing:
+            captured = _captured(recording)
+            if captured is not None:  # its work goes into that capture, as eagerly
+                return self._eager(None, recording, (
+                    f"its {captured!r} is being captured (Stream.capture): the recorded work "
+                    "went into the capture, as eager work does"))
         keys = recording.keys
         last = self._last
         if last is not None and last.size == len(keys) and last.keys == keys:
@@ -196,11 +203,12 @@ class AutoGraph:
 
     # -- eager, build, replay, update -----------------------------------------------------------
 
-    def _eager(self, entry: _Entry, recording: Recording, reason: str) -> None:
+    def _eager(self, entry: _Entry | None, recording: Recording, reason: str) -> None:
         t0 = perf_counter()
         recording.enqueue_all()
         spent = perf_counter() - t0
-        self._policy.eager_took(entry, spent)
+        if entry is not None:
+            self._policy.eager_took(entry, spent)
         self._counts["eager"] += 1
         self._times["eager"] += spent
         self._note("eager", reason)
@@ -422,6 +430,17 @@ def _describe(key: Any) -> str:
         c = key.config
         return f"a launch of {key.kernel.name!r} grid {c.grid} block {c.block}"
     return f"a {key[0]} on stream {key[1]}"
+
+
+def _captured(recording: Recording) -> Any:
+    """A stream of the call (or one it waited for) that is being captured, if any: a
+    graph's launch has no place in a capture, the call's operations do."""
+    capturing = _lifetimes.capturing
+    others = [payload[0] for stream, payload in recording.external_waits()]
+    for stream in (*recording.streams, *others):
+        if isinstance(stream, Stream) and (stream._ctx._key, stream._key) in capturing:
+            return stream
+    return None
 
 
 def _site_of(exc: BaseException) -> tuple | None:
