@@ -656,3 +656,52 @@ def test_a_call_inside_a_capture_puts_its_work_into_the_capture(lib):
     np.testing.assert_array_equal(out.to_host(), np.arange(N) + 2.0)
     step(out, x)  # and after the capture, its graph again
     assert counts(step)["replays"] + counts(step)["updates"] >= 2
+
+
+def test_a_function_that_enqueues_nothing_runs_as_itself(lib):
+    calls = []
+
+    @cuctx.autograph
+    def nothing(value):
+        calls.append(value)
+        return value
+
+    assert [nothing(i) for i in range(4)] == [0, 1, 2, 3] == calls
+    assert counts(nothing)["eager"] == 4
+    assert "enqueues no work" in nothing.stats()["reasons"][-1]["reason"]
+
+
+def test_threads_calling_one_function_get_their_own_results(lib):
+    import threading
+
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(out, x, stream):
+        tmp = cuctx.empty(N, np.float32, stream=stream)  # both threads' calls borrow memory
+        k[1, 32, 0, stream](tmp, x, np.float32(1), N)
+        k[1, 32, 0, stream](out, tmp, np.float32(1), N)
+
+    results: dict[int, list] = {}
+    ctx = cuctx.current_context()
+
+    def work(t: int) -> None:
+        with ctx:
+            stream = cuctx.Stream()
+            outs, inputs = [], []  # inputs made on another stream: kept until the work ran
+            for i in range(8):
+                out = cuctx.zeros(N, np.float32, stream=stream)
+                inputs.append(arange(100 * t + i))
+                step(out, inputs[-1], stream)
+                outs.append(out)
+            stream.synchronize()
+            results[t] = [o.to_host() for o in outs]
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for t in range(2):
+        for i, host in enumerate(results[t]):
+            np.testing.assert_array_equal(host, np.arange(100 * t + i, 100 * t + i + N) + 2.0)

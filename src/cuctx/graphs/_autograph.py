@@ -2,25 +2,27 @@
 pays, and eagerly when it does not, with the same results either way.
 
 Each call records what the function enqueues (`_autograph_record.Recording`) instead of
-enqueuing it, then compares it with what earlier calls recorded:
+enqueuing it, its temporaries borrowing the memory of earlier calls (`_autograph_arena`),
+then compares it with what earlier calls recorded:
 
 - same structure and values: launch the executable made for that structure;
 - same structure, other values (new arrays, new scalars): patch the changed nodes, or
-  update the whole graph when that is cheaper (from the costs measured so far);
+  update the whole graph when that is cheaper;
 - a structure seen for the first time runs eagerly (the recorded operations are enqueued
-  as they would have been); once it repeats, a graph is built (`_autograph_build`),
-  cached by structure (least recently used first out, bounded by ``max_graphs`` and an
-  estimate of the bytes, ``max_bytes``).
+  as they would have been); once it repeats and a graph pays, a graph is built
+  (`_autograph_build`), cached by structure (least recently used first out, bounded by
+  ``max_graphs`` and an estimate of the bytes, ``max_bytes``).
 
-Whether graphs pay is measured per structure (host time: eager enqueueing against patching
-and launching): after `SWITCH_AFTER` graph calls in a row costing more than eager ones, the
-structure runs eagerly; after as many eager calls in a row for which graph calls are
-predicted cheaper by `MARGIN`, it goes back to its graph. A call that does what a graph
-cannot hold (a synchronize, a query, a pageable copy) runs eagerly from the start: what was
-recorded before it is enqueued first. Everything is counted, timed and explained:
-`AutoGraph.stats`, `AutoGraph.explain`.
+Whether graphs pay is the policy's (`_autograph_policy`: host costs, modelled on the sim,
+measured on a GPU): it decides when to build, patch or update whole; after `SWITCH_AFTER`
+graph calls in a row costing more than eager ones the structure runs eagerly, and after as
+many eager calls in a row for which graph calls are predicted cheaper by `MARGIN` it goes
+back to its graph. A call that does what a graph cannot hold (a synchronize, a query, a
+pageable copy) runs eagerly from the start: what was recorded before it is enqueued first;
+so does a call whose streams are being captured. Where the backend has the compiled path,
+recording, comparing, patching and launching run in C (`cuctx._native`, csrc/autograph.c).
+Everything is counted, timed and explained: `AutoGraph.stats`, `AutoGraph.explain`.
 """
-
 from __future__ import annotations
 
 import functools
@@ -181,7 +183,7 @@ class AutoGraph:
         self._last = entry
         entry.seen += 1
         policy = self._policy
-        if policy.measured is None:  # the sim's decisions are modelled, a GPU's measured
+        if policy.measured is None and recording.ctx is not None:  # modelled on the sim
             policy.measured = recording.ctx._backend.sim is None
         if entry.exe is None:
             why_not = policy.why_not_build(entry)

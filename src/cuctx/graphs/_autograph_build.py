@@ -35,6 +35,8 @@ NODE_BYTES = 1024
 
 def unbuildable(recording: Recording) -> str | None:
     """Why no graph can hold this structure (None: one can)."""
+    if not recording.keys:
+        return "the call enqueues no work"
     for key in recording.keys:
         if key.__class__ is Launcher:
             config = key.config
