@@ -359,12 +359,9 @@ def run_held_finalizers() -> None:
         fn(*args)
 
 
-class defer_cleanup:  # noqa: N801 - a function to its callers: `with defer_cleanup():`
-    """Hold every free of device memory until the (outermost) block ends, as Numba's
-    ``defer_cleanup`` does: memory of arrays that die inside the block stays allocated, so
-    work still queued on other streams may use it. Blocks nest; the hold is process-wide,
-    because arrays may be collected on any thread. (A class, not a generator: an autograph
-    call enters one on every call.)"""
+class _DeferCleanup:
+    """The block of `defer_cleanup` (a class, not a generator: an autograph call enters one
+    on every call). Stateless: the hold is the module's, so one object serves every block."""
 
     __slots__ = ()
 
@@ -382,3 +379,14 @@ class defer_cleanup:  # noqa: N801 - a function to its callers: `with defer_clea
                 _deferred.clear()
         for free, args in held:
             free(*args)
+
+
+_DEFER = _DeferCleanup()
+
+
+def defer_cleanup() -> _DeferCleanup:
+    """Hold every free of device memory until the (outermost) block ends, as Numba's
+    ``defer_cleanup`` does: memory of arrays that die inside the block stays allocated, so
+    work still queued on other streams may use it. Blocks nest; the hold is process-wide,
+    because arrays may be collected on any thread."""
+    return _DEFER

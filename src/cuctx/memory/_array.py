@@ -283,7 +283,7 @@ def empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
     (default: the current stream of ``device``, default the current device)."""
     shape, dtype = _layout.shape_of(shape), _layout.dtype_of(dtype)
     stream = resolve_stream(stream, operation="cuctx.empty", device=device)
-    nbytes = prod(shape) * dtype.itemsize
+    nbytes = _layout.nbytes_of(shape, dtype, "device array")
     if nbytes == 0:  # the driver answers a null pointer; an empty array needs no memory
         stream._ctx._check("cuctx.empty")
         return DeviceArray._make(stream._ctx, 0, shape, dtype, None, None)
