@@ -66,11 +66,12 @@ def _install():
         return _launcher.launch
     module.setup(Context=Context, Stream=Stream, Event=Event, DeviceArray=DeviceArray,
                  ThreadState=ThreadState, Device=Device, Kernel=Kernel, Launcher=Launcher,
+                 Tape=_record.Tape,
                  ACTIVE=ACTIVE, CUresult=CUresult, CUcontext=CUcontext, fail=fail,
                  object_for=_object_for, driver_namespace=vars(_driver),
                  step_aside=STEP_ASIDE, launch_step_aside=LAUNCH_STEP_ASIDE,
                  announce=ANNOUNCE, emit_launch=_trace.emit_launch,
-                 recording=_record.threads, records=_record.local)
+                 recording=_record.threads)
     for cls, name in METHODS:
         python = vars(cls)[name]
         if isinstance(python, staticmethod):

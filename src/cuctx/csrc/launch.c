@@ -65,6 +65,16 @@ static int pack(const Param *p, char *out, PyObject *value)
     }
     case 'Q': {
         unsigned long long x;
+        if (PyLong_CheckExact(value)) { /* an address: below 2**63, the quick conversion */
+            int overflow = 0;
+            long long quick = PyLong_AsLongLongAndOverflow(value, &overflow);
+            if (!overflow && quick >= 0) {
+                memcpy(out, &quick, 8);
+                return 0;
+            }
+            if (quick == -1 && PyErr_Occurred())
+                return -1;
+        }
         if (PyLong_Check(value)) {
             x = PyLong_AsUnsignedLongLong(value);
         } else {
@@ -148,36 +158,22 @@ static PyObject *announce_launch(Launch *l, PyObject *const *argv, Py_ssize_t n,
 static int hand_to_recorder(Launch *l, const char *buffer, PyObject *const *argv,
                             Py_ssize_t n, PyObject *tuple)
 {
-    PyObject *recorder = PyObject_GetAttr(L.records, S_recorder);
-    if (recorder == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-            return -1;
-        PyErr_Clear(); /* this thread never recorded */
-        return 0;
-    }
-    if (recorder == Py_None) {
-        Py_DECREF(recorder);
-        return 0;
-    }
+    PyObject *recorder = thread_recorder();
+    if (recorder == NULL)
+        return PyErr_Occurred() ? -1 : 0; /* this thread does not record */
     PyObject *bytes = PyBytes_FromStringAndSize(buffer, l->size);
     PyObject *args = tuple ? Py_NewRef(tuple) : PyTuple_New(n);
-    PyObject *took = NULL;
+    int took = -1;
     if (bytes != NULL && args != NULL) {
         if (tuple == NULL)
             for (Py_ssize_t i = 0; i < n; i++)
                 PyTuple_SET_ITEM(args, i, Py_NewRef(argv[i]));
-        PyObject *call[] = {recorder, l->launcher, bytes, args, l->plan};
-        took = PyObject_VectorcallMethod(S_launch, call, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                         NULL);
+        took = record_launch(recorder, l->launcher, l->stream, bytes, args, l->plan);
     }
     Py_DECREF(recorder);
     Py_XDECREF(bytes);
     Py_XDECREF(args);
-    if (took == NULL)
-        return -1;
-    int truth = PyObject_IsTrue(took);
-    Py_DECREF(took);
-    return truth;
+    return took;
 }
 
 PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *tuple)

@@ -7,8 +7,7 @@
 struct native_setup L;
 
 PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
-    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_recorder, *S_launch, *S_array_struct,
-    *ZERO;
+    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *S_array_struct, *ZERO;
 
 /* The sentinel an implementation returns to hand the call to the checked Python path. */
 PyObject python_path_marker;
@@ -58,10 +57,10 @@ int step_aside_unless_recording(void)
     return any_true(L.step_aside);
 }
 
-/* Some thread records an autograph call (the set is mutated in place, never replaced). */
+/* Some thread records an autograph call (the dict is mutated in place, never replaced). */
 int recording(void)
 {
-    return PySet_GET_SIZE(L.recording) > 0;
+    return PyDict_GET_SIZE(L.recording) > 0;
 }
 
 /* ... and the compiled record and wait step aside for a recording thread too: the Python
@@ -107,7 +106,7 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
             || take_type(kwargs, "DeviceArray", &L.DeviceArray)
             || take_type(kwargs, "ThreadState", &L.ThreadState)
             || take_type(kwargs, "Device", &L.Device) || take_type(kwargs, "Kernel", &L.Kernel)
-            || take_type(kwargs, "Launcher", &L.Launcher)
+            || take_type(kwargs, "Launcher", &L.Launcher) || take_type(kwargs, "Tape", &L.Tape)
             || take(kwargs, "ACTIVE", &L.ACTIVE) || take(kwargs, "CUresult", &L.CUresult)
             || take(kwargs, "CUcontext", &L.CUcontext) || take(kwargs, "fail", &L.fail)
             || take(kwargs, "object_for", &L.object_for)
@@ -116,12 +115,12 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
             || take(kwargs, "launch_step_aside", &L.launch_step_aside)
             || take(kwargs, "announce", &L.announce)
             || take(kwargs, "emit_launch", &L.emit_launch)
-            || take(kwargs, "recording", &L.recording) || take(kwargs, "records", &L.records))
+            || take(kwargs, "recording", &L.recording))
         return NULL;
-    if (!PyDict_Check(L.driver_dict) || !PySet_Check(L.recording)
+    if (!PyDict_Check(L.driver_dict) || !PyDict_CheckExact(L.recording)
             || !PyCallable_Check(L.emit_launch))
         return PyErr_Format(PyExc_TypeError,
-                            "driver_namespace: a dict; recording: a set; emit_launch: a callable");
+                            "driver_namespace: a dict; recording: a dict; emit_launch: a callable");
     PyObject *guards[] = {L.step_aside, L.launch_step_aside, L.announce};
     for (size_t g = 0; g < 3; g++) {
         if (!PyTuple_Check(guards[g]))
@@ -145,7 +144,9 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
         {&L.stack, &L.ThreadState, "stack"}, {&L.blocks, &L.ThreadState, "blocks"},
         {&L.primary, &L.Device, "_primary"}, {&L.lock, &L.Device, "_lock"},
         {&L.device_backend, &L.Device, "_backend"}, {&L.launchers, &L.Kernel, "_launchers"},
-        {&L.fast, &L.Launcher, "_fast"}};
+        {&L.fast, &L.Launcher, "_fast"}, {&L.tape_keys, &L.Tape, "keys"},
+        {&L.tape_values, &L.Tape, "values"}, {&L.tape_items, &L.Tape, "items"},
+        {&L.tape_stream, &L.Tape, "_stream"}};
     for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++)
         if ((*slots[i].offset = slot_offset(*slots[i].type, slots[i].name)) < 0)
             return NULL;
@@ -187,14 +188,14 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC PyInit__native(void)
 {
     if (PyType_Ready(&DriverType) < 0 || PyType_Ready(&LaunchType) < 0
-            || PyType_Ready(&MethodType) < 0)
+            || PyType_Ready(&MethodType) < 0 || PyType_Ready(&PatcherType) < 0)
         return NULL;
     struct { PyObject **s; const char *text; } names[] = {
         {&S_native, "native"}, {&S_tls, "tls"}, {&S_tls_cache, "cuctx._native thread state"},
         {&S_dict, "__dict__"}, {&S_state, "state"}, {&S_loaded, "_loaded"},
         {&S_locked, "locked"}, {&S_getPtr, "getPtr"}, {&S_active, "_active"},
-        {&S_shared_mem, "shared_mem"}, {&S_stream, "stream"}, {&S_recorder, "recorder"},
-        {&S_launch, "launch"}, {&S_array_struct, "__array_struct__"}};
+        {&S_shared_mem, "shared_mem"}, {&S_stream, "stream"}, {&S_launch, "launch"},
+        {&S_array_struct, "__array_struct__"}};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].s = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;

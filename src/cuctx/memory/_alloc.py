@@ -117,6 +117,21 @@ def allocate(nbytes: int, stream: Stream, pool: Any = None) -> Allocation:
                          f"{stream.device!r}: allocate on a stream of the pool's device")
     if ctx._state is not ACTIVE:
         raise ctx._unusable("cuctx.empty")
+    # An autograph call lends its temporaries the memory of earlier calls (the device's own
+    # pool's: an explicit pool's memory is allocated from that pool every time).
+    if _record.threads and pool is None:
+        recorder = _record.current()
+        if recorder is not None:
+            lent = recorder.allocate(nbytes, stream)
+            if lent is not None:
+                return lent
+    return from_pool(nbytes, stream, pool)
+
+
+def from_pool(nbytes: int, stream: Stream, pool: Any = None) -> Allocation:
+    """A new stream-ordered allocation of ``nbytes`` on ``stream`` (whose context is usable),
+    from ``pool`` (None: the device's default pool)."""
+    ctx = stream._ctx
     # Frees a collection inside a host function held: reuse them first (not while this thread
     # records an autograph call: they would be queued before the work it recorded).
     if _lifetimes._held and _record.current() is None:

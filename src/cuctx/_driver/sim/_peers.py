@@ -84,15 +84,15 @@ class PeerModel:
 
     def _may_reach(self, ctx, block) -> bool:
         """Whether a kernel running in ``ctx`` may touch ``block``: memory of its own device
-        always (any context of it); a default pool's block of another device with that
-        pool's access granted to ``ctx``'s device; any other block of another device (from
+        always (any context of it); a pool's block of another device with that pool's
+        access granted to ``ctx``'s device; any other block of another device (from
         cuMemAlloc, a library's variables) with peer access from ``ctx`` to the block's
         context. Graph allocations carry their own access list, which the sim does not
         model: they are let through."""
         if block.device == ctx.device or block.graph is not None:
             return True
-        if block.ordered:
-            return self._pool_access.get(block.device, {}).get(ctx.device) == READWRITE
+        if block.pool is not None:  # the default pool's or an explicit one's access list
+            return block.pool.access.get(ctx.device) == READWRITE
         return (ctx.handle, block.ctx.handle) in self._peer_access
 
     def _release_context_resources(self, ctx):
