@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import nullcontext
 from typing import Callable
 
 
 def run(main: Callable[[], None]) -> None:
-    """Run a benchmark's ``main``, with the race checker off unless CUCTX_RACECHECK is set
-    (then it decides, as for any program)."""
+    """Run a benchmark's ``main``, with the race checker off (in the processes it starts
+    too) unless CUCTX_RACECHECK is set (then it decides, as for any program)."""
     import cuctx
-    with nullcontext() if os.environ.get("CUCTX_RACECHECK") else cuctx.racecheck("off"):
+    if os.environ.get("CUCTX_RACECHECK"):
+        main()
+        return
+    os.environ["CUCTX_RACECHECK"] = "off"  # for worker processes
+    with cuctx.racecheck("off"):
         main()
 
 

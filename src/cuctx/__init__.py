@@ -10,17 +10,19 @@ from .device import ComputeCapability, Device, DeviceProperties, MemInfo, device
 from .errors import (BackendUnavailableError, ContextDestroyedError, ContextPoisonedError,
                      CudaError, GraphCaptureError, GraphUpdateError, InvalidContextError,
                      InvalidDeviceError, InvalidValueError, NotPermittedError, NotSupportedError,
-                     OutOfMemoryError, StickyFaultError)
+                     OutOfMemoryError, StickyFaultError, WorkerDiedError, WorkerFaultError,
+                     WorkerTimeoutError)
 from .event import Event
 from .graphs import Graph, GraphExec, GraphNode, autograph
 from .kernels import (BlockSizeSuggestion, CompileError, Kernel, KernelArgumentError,
                       KernelAttributes, LaunchConfigError, Launcher, Library, Module)
 from ._native_hooks import launch  # the compiled path's, where it is built
-from .memory import (DeviceArray, asarray, copy, defer_cleanup, empty, full, pinned_empty,
-                     register_host, to_device, zeros)
+from .memory import (DeviceArray, MemoryPool, asarray, copy, defer_cleanup, empty, full,
+                     managed_empty, pinned_empty, register_host, to_device, zeros)
 from .stream import HostFunctionError, Stream, current_stream, legacy_stream, per_thread_stream
 from .errors import RaceError, RaceWarning
 from .tools import racecheck, timeline
+from .isolated import IsolatedExecutor
 from .tools._racecheck_run import from_env as _racecheck_from_env
 
 __version__ = "0.1.0"
@@ -48,13 +50,14 @@ __all__ = [
     "GraphCaptureError", "GraphUpdateError",
     "Device", "DeviceArray", "DeviceProperties", "Event", "Graph", "GraphExec", "GraphNode",
     "HostFunctionError",
-    "InvalidContextError", "InvalidDeviceError", "InvalidValueError", "Kernel",
+    "InvalidContextError", "InvalidDeviceError", "InvalidValueError", "IsolatedExecutor",
+    "Kernel",
     "KernelArgumentError", "KernelAttributes", "LaunchConfigError", "Launcher", "Library",
-    "MemInfo", "Module", "NotPermittedError", "NotSupportedError", "OutOfMemoryError",
+    "MemInfo", "MemoryPool", "Module", "NotPermittedError", "NotSupportedError", "OutOfMemoryError",
     "RaceError", "RaceWarning",
     "StickyFaultError", "Stream", "asarray", "autograph", "backend", "copy", "current_context",
     "current_device", "current_stream", "defer_cleanup", "devices", "empty",
-    "ensure_context", "full", "launch", "legacy_stream", "per_thread_stream",
+    "ensure_context", "full", "launch", "legacy_stream", "managed_empty", "per_thread_stream",
     "pinned_empty", "racecheck", "register_host", "set_backend", "synchronize", "timeline",
-    "to_device", "zeros",
+    "to_device", "WorkerDiedError", "WorkerFaultError", "WorkerTimeoutError", "zeros",
 ]

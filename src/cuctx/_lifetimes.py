@@ -22,14 +22,13 @@ makes cuctx calls inside a host function raise `NotPermittedError` (see
 from __future__ import annotations
 
 import atexit
-import contextlib
 import ctypes
 import itertools
 import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
 from cuda.bindings.driver import CU_STREAM_LEGACY, CUhostFn
 
@@ -360,18 +359,19 @@ def run_held_finalizers() -> None:
         fn(*args)
 
 
-@contextlib.contextmanager
-def defer_cleanup() -> Iterator[None]:
-    """Hold every free of device memory until the (outermost) block ends, as Numba's
-    ``defer_cleanup`` does: memory of arrays that die inside the block stays allocated, so
-    work still queued on other streams may use it. Blocks nest; the hold is process-wide,
-    because arrays may be collected on any thread."""
-    global _defer_depth
-    with _defer_lock:
-        _defer_depth += 1
-    try:
-        yield
-    finally:
+class _DeferCleanup:
+    """The block of `defer_cleanup` (a class, not a generator: an autograph call enters one
+    on every call). Stateless: the hold is the module's, so one object serves every block."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        global _defer_depth
+        with _defer_lock:
+            _defer_depth += 1
+
+    def __exit__(self, *exc_info: Any) -> None:
+        global _defer_depth
         with _defer_lock:
             _defer_depth -= 1
             held = _deferred[:] if _defer_depth == 0 else []
@@ -379,3 +379,14 @@ def defer_cleanup() -> Iterator[None]:
                 _deferred.clear()
         for free, args in held:
             free(*args)
+
+
+_DEFER = _DeferCleanup()
+
+
+def defer_cleanup() -> _DeferCleanup:
+    """Hold every free of device memory until the (outermost) block ends, as Numba's
+    ``defer_cleanup`` does: memory of arrays that die inside the block stays allocated, so
+    work still queued on other streams may use it. Blocks nest; the hold is process-wide,
+    because arrays may be collected on any thread."""
+    return _DEFER

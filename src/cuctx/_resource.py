@@ -28,6 +28,20 @@ from typing import Any, Callable
 ACTIVE, DESTROYED, POISONED = "active", "destroyed", "poisoned"
 
 
+class Handle(int):
+    """A driver handle as an int that prints as every cuctx repr prints a handle, in hex
+    (``0x5a5a00001000``): what cuctx hands out inside data (a timeline's records and summary)
+    prints as its objects do. It is still an int: it compares, hashes and serializes (JSON)
+    as one."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"{int(self):#x}"
+
+    __str__ = __repr__
+
+
 class Resource:
     __slots__ = ("_backend", "_ctx", "_handle", "_key")
 
@@ -40,12 +54,13 @@ class Resource:
 class _Upper:
     """Constructors of the upper layers, installed by their modules at import."""
 
-    __slots__ = ("device", "stream", "resolve_stream", "capture")
+    __slots__ = ("device", "stream", "resolve_stream", "capture", "memory_pool")
 
     device: type  # device.py: Device (Device(ordinal), Device._for_backend(backend, ordinal))
     stream: type  # stream.py: Stream
     resolve_stream: Callable[..., Any]  # stream.py: the one stream rule
     capture: Callable[..., Any]  # graphs/_capture.py: Stream.capture
+    memory_pool: type  # memory/_pool.py: MemoryPool (MemoryPool._default_of(device))
 
 
 upper = _Upper()

@@ -8,6 +8,7 @@ builtin (``InvalidValueError`` is a ``ValueError``) so generic handlers keep wor
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
 from cuda.bindings.driver import CUresult
@@ -132,6 +133,66 @@ class ContextPoisonedError(CudaError):
 
     def __reduce__(self):
         return (type(self), (self.fault, self.operation))
+
+
+def _worker_words(call: str, device: int, worker: int) -> str:
+    return f"{call} in the worker process {worker} on device {device}"
+
+
+class WorkerFaultError(StickyFaultError):
+    """A call run by `cuctx.IsolatedExecutor` hit a sticky fault (illegal address, trap,
+    assert, ...): its worker process reported it and exited, and a new worker takes its place.
+
+    ``code``, ``name``, ``message`` and ``operation`` are the fault's, as the worker saw it;
+    ``device`` is the device's ordinal, ``worker`` the process id of the worker that died,
+    ``call`` the function that was running. The worker's traceback is the ``__cause__``.
+    Memory the worker could reach may hold partial writes (docs/isolation.md says which)."""
+
+    def __init__(self, code: int, operation: str, message: str = "", hint: str = "", *,
+                 device: int = -1, worker: int = 0, call: str = ""):
+        self.device = device
+        self.worker = worker
+        self.call = call
+        where = (f"raised by {_worker_words(call, device, worker)}, which exited; a new "
+                 "worker takes its place and the call was not retried")
+        self._fault_hint = hint  # the fault's own, as __reduce__ gives it back
+        super().__init__(code, operation, message, f"{hint}; {where}" if hint else where)
+
+    def __reduce__(self):
+        return (partial(type(self), device=self.device, worker=self.worker, call=self.call),
+                (self.code, self.operation, self.message, self._fault_hint))
+
+
+class WorkerTimeoutError(TimeoutError):
+    """A call run by `cuctx.IsolatedExecutor` ran past its timeout: its worker process was
+    killed (a hung kernel cannot be stopped otherwise) and a new one takes its place.
+    ``device``, ``worker`` (the killed process's id), ``call`` and ``timeout`` (seconds)
+    say which."""
+
+    def __init__(self, call: str, device: int, worker: int, timeout: float):
+        self.call, self.device, self.worker, self.timeout = call, device, worker, timeout
+        super().__init__(
+            f"{_worker_words(call, device, worker)} ran past its timeout of {timeout:g} s: the "
+            "worker was killed and a new one takes its place; the call was not retried")
+
+    def __reduce__(self):
+        return (type(self), (self.call, self.device, self.worker, self.timeout))
+
+
+class WorkerDiedError(RuntimeError):
+    """The worker process of `cuctx.IsolatedExecutor` running a call died of something other
+    than a CUDA fault or a timeout: a signal, ``os._exit``, ``sys.exit``, the out-of-memory
+    killer. A new worker takes its place. ``device``, ``worker`` (the process id), ``call``
+    and ``how`` (``"exit status 3"``, ``"signal SIGKILL"``, ...) say which and how."""
+
+    def __init__(self, call: str, device: int, worker: int, how: str):
+        self.call, self.device, self.worker, self.how = call, device, worker, how
+        super().__init__(
+            f"{_worker_words(call, device, worker)} died ({how}): a new worker takes its "
+            "place; the call was not retried")
+
+    def __reduce__(self):
+        return (type(self), (self.call, self.device, self.worker, self.how))
 
 
 class HostFunctionError(RuntimeError):

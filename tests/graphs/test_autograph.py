@@ -12,7 +12,7 @@ import pytest
 
 import cuctx
 from cuctx import KernelArgumentError
-from cuctx.graphs import _autograph
+from cuctx.graphs import _autograph, _autograph_policy
 
 from scenarios import ADD_SOURCE, add, library_fixture
 
@@ -25,11 +25,21 @@ N = 8
 
 @pytest.fixture
 def graphs_pay(monkeypatch):
-    """Measured costs decide whether graphs pay, and they vary from machine to machine (on
-    the sim, patching a graph of two nodes can cost more than two eager launches): the tests
-    of the mechanics take them out of the decision; the policy's test puts them back."""
+    """Costs decide whether graphs pay: modelled on the sim, measured on a GPU, where they
+    vary from machine to machine. The tests of the mechanics take them out of the decision
+    (a graph is built once a structure repeats, and stays); the policy's tests put them
+    back (`costs_decide`)."""
     monkeypatch.setattr(_autograph, "SWITCH_AFTER", 10**9)
-    monkeypatch.setattr(_autograph.AutoGraph, "_too_costly_to_build", lambda self, entry: None)
+    monkeypatch.setattr(_autograph_policy.Policy, "too_costly", lambda self, entry: None)
+
+
+@pytest.fixture
+def costs_decide(graphs_pay, monkeypatch):
+    monkeypatch.setattr(_autograph, "SWITCH_AFTER", _autograph_policy.SWITCH_AFTER)
+    monkeypatch.setattr(_autograph_policy.Policy, "too_costly", TOO_COSTLY)
+
+
+TOO_COSTLY = _autograph_policy.Policy.too_costly
 
 
 def arange(start: float = 0, n: int = N) -> cuctx.DeviceArray:
@@ -264,7 +274,7 @@ def test_graphs_that_cost_more_than_eager_give_way_and_come_back(lib, monkeypatc
     entry = step._last
     # Measurements decide; make eager calls look free, then expensive.
     monkeypatch.setattr(_autograph, "SWITCH_AFTER", 3)
-    monkeypatch.setattr(_autograph, "_mean", lambda old, new: old if old is not None else new)
+    monkeypatch.setattr(_autograph_policy, "mean", lambda old, new: new if old is None else old)
     entry.eager_s = 0.0
     for _ in range(_autograph.SWITCH_AFTER):
         step(2)
@@ -348,3 +358,351 @@ def test_handing_an_array_to_another_library_runs_the_call_eagerly(lib):
     assert counts(step)["eager"] == 2
     assert "another library" in step.stats()["reasons"][-1]["reason"]
     np.testing.assert_array_equal(out.to_host(), np.arange(N) + 1.0)
+
+
+# -- temporaries: the memory a call allocates and drops keeps its address ------------------
+
+def test_a_temporary_keeps_its_address_on_every_call(lib):
+    k = lib["add"]
+    addresses = []
+
+    @cuctx.autograph
+    def step(out, x):
+        tmp = cuctx.empty(N, np.float32)
+        addresses.append(tmp.ptr)
+        k[1, 32](tmp, x, np.float32(1), N)
+        k[1, 32](out, tmp, np.float32(1), N)
+
+    outs = [cuctx.zeros(N, np.float32) for _ in range(5)]
+    for i, out in enumerate(outs):
+        step(out, arange(10 * i))
+    assert len(set(addresses)) == 1
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out.to_host(), np.arange(10 * i, 10 * i + N) + 2.0)
+    assert step.stats()["temp_bytes"] == N * 4
+
+
+def test_a_step_with_a_new_input_output_and_temporary_patches_only_their_nodes(lib):
+    """The issue's 50-kernel step: a new input and a new output array each call and one
+    temporary inside: the graph calls patch the first and the last node, never the 48
+    between them that touch only the temporary."""
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(out, x):
+        tmp = cuctx.empty(N, np.float32)
+        k[1, 32](tmp, x, np.float32(1), N)
+        for _ in range(48):
+            k[1, 32](tmp, tmp, np.float32(1), N)
+        k[1, 32](out, tmp, np.float32(1), N)
+
+    kept = []  # every call's input and output stay alive: each has a new address
+    for i in range(8):
+        out, x = cuctx.empty(N, np.float32), arange(i)
+        step(out, x)
+        kept.append((out, x))
+    s = step.stats()
+    assert s["builds"] == 1 and s["updates"] >= 4
+    assert s["patched_nodes"] == 2 * s["updates"]
+    for i, (out, _) in enumerate(kept):
+        np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 50.0)
+
+
+def test_memory_that_outlives_the_call_is_new_each_call(lib):
+    k = lib["add"]
+    stored = []
+
+    @cuctx.autograph
+    def step(x, a):
+        result = cuctx.empty(N, np.float32)  # returned: the caller keeps it
+        k[1, 32](result, x, np.float32(a), N)
+        scratch = cuctx.empty(N, np.float32)  # stored: outlives the call too
+        k[1, 32](scratch, result, np.float32(a), N)
+        stored.append(scratch)
+        return result
+
+    x = arange()
+    results = [step(x, float(a)) for a in range(6)]
+    assert len({r.ptr for r in results} | {s.ptr for s in stored}) == 12
+    for a, (result, scratch) in enumerate(zip(results, stored)):
+        np.testing.assert_array_equal(result.to_host(), np.arange(N) + a)
+        np.testing.assert_array_equal(scratch.to_host(), np.arange(N) + 2 * a)
+
+
+def test_a_returned_array_dropped_by_the_caller_is_lent_again(lib):
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(x):
+        result = cuctx.empty(N, np.float32)
+        k[1, 32](result, x, np.float32(1), N)
+        return result
+
+    x = arange()
+    first = step(x)
+    ptr = first.ptr
+    second = step(x)  # `first` is alive: new memory
+    assert second.ptr != ptr
+    np.testing.assert_array_equal(first.to_host(), np.arange(N) + 1.0)
+    del first
+    third = step(x)  # its memory came back to the function when the caller dropped it
+    assert third.ptr == ptr
+    np.testing.assert_array_equal(third.to_host(), np.arange(N) + 1.0)
+    np.testing.assert_array_equal(second.to_host(), np.arange(N) + 1.0)
+
+
+def test_clear_gives_the_memory_of_temporaries_back(lib):
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(out, x):
+        tmp = cuctx.empty(1024, np.float32)
+        k[1, 32](tmp, x, np.float32(1), N)
+        k[1, 32](out, tmp, np.float32(1), N)
+
+    out, x = cuctx.zeros(N, np.float32), arange()
+    for _ in range(3):
+        step(out, x)
+    assert step.stats()["temp_bytes"] == 4096
+    step.clear()
+    assert step.stats()["temp_bytes"] == 0
+    step(out, x)  # and a call after it works
+    np.testing.assert_array_equal(out.to_host(), np.arange(N) + 2.0)
+
+
+def test_a_temporary_used_on_a_second_stream_is_right_under_the_race_checker(lib):
+    k = lib["add"]
+    side = cuctx.Stream()
+
+    @cuctx.autograph
+    def step(out, x):
+        tmp = cuctx.empty(N, np.float32)
+        k[1, 32](tmp, x, np.float32(1), N)
+        side.wait(cuctx.current_stream())
+        k[1, 32, 0, side](out, tmp, np.float32(1), N)
+        tmp.record_stream(side)  # its memory is not lent again before side's work ran
+        cuctx.current_stream().wait(side)
+
+    outs = []
+    with cuctx.racecheck("raise"):
+        for i in range(6):
+            out = cuctx.zeros(N, np.float32)
+            step(out, arange(i))
+            outs.append(out)
+        cuctx.synchronize()
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 2.0)
+    assert counts(step)["builds"] == 1
+
+
+# -- the policy: modelled costs on the sim decide as an H100's measured ones ----------------
+
+def decoding_like(k):
+    """The issue's decoding-like loop: 5-8 small kernels, a temporary inside, a scalar and
+    the output array new every call, a new structure every 16 calls."""
+
+    @cuctx.autograph
+    def token(out, x, n):
+        tmp = cuctx.empty(N, np.float32)
+        k[1, 32](tmp, x, np.float32(n), N)
+        for _ in range(3 + (n // 16) % 4):
+            k[1, 32](tmp, tmp, np.float32(1), N)
+        k[1, 32](out, tmp, np.float32(n), N)
+
+    x, outs = arange(), []
+    for n in range(64):
+        out = cuctx.empty(N, np.float32)
+        token(out, x, n)
+        outs.append(out)
+    for n, out in enumerate(outs):
+        np.testing.assert_array_equal(out.to_host(), np.arange(N) + 2 * n + 3 + (n // 16) % 4)
+    return token.stats()
+
+
+def decisions(stats: dict) -> tuple:
+    return (counts_of(stats), stats["patched_nodes"],
+            [(r["call"], r["action"], r["reason"]) for r in stats["reasons"]])
+
+
+def counts_of(stats: dict) -> dict:
+    return {k: stats[k] for k in ("calls", "replays", "updates", "builds", "eager")}
+
+
+def test_a_decoding_like_loop_runs_mostly_as_graph_calls(lib, backend, costs_decide):
+    s = decoding_like(lib["add"])
+    graphed = s["replays"] + s["updates"] + s["builds"]
+    assert graphed > s["eager"]
+    if backend.sim is not None:  # modelled costs: an H100's decisions, the same every run
+        # Each of the 4 structures: 3 eager calls (a build pays from the 4th), a build and
+        # 12 calls patching the 2 nodes that take the scalar and the output.
+        assert counts_of(s) == dict(calls=64, replays=0, updates=48, builds=4, eager=12)
+        assert s["patched_nodes"] == 2 * 48
+        assert decisions(decoding_like(lib["add"])) == decisions(s)
+
+
+def test_the_50_kernel_step_runs_mostly_as_graph_calls(lib, backend, costs_decide):
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(out, x):
+        tmp = cuctx.empty(N, np.float32)
+        k[1, 32](tmp, x, np.float32(1), N)
+        for _ in range(48):
+            k[1, 32](tmp, tmp, np.float32(1), N)
+        k[1, 32](out, tmp, np.float32(1), N)
+
+    kept = []
+    for i in range(20):
+        out, x = cuctx.empty(N, np.float32), arange(i)
+        step(out, x)
+        kept.append((out, x))
+    s = step.stats()
+    assert s["replays"] + s["updates"] + s["builds"] > s["eager"]
+    if backend.sim is not None:
+        assert counts_of(s) == dict(calls=20, replays=0, updates=16, builds=1, eager=3)
+        assert s["patched_nodes"] == 2 * 16
+    np.testing.assert_array_equal(kept[-1][0].to_host(), np.arange(19, 19 + N) + 50.0)
+
+
+def test_the_decoding_example_prints_the_same_short_output_on_every_run(sim, capsys,
+                                                                      costs_decide):
+    from cuctx.examples import decoding_loop
+
+    decoding_loop.main(tokens=70)
+    first = capsys.readouterr().out
+    decoding_loop.main(tokens=70)
+    assert capsys.readouterr().out == first
+    assert len(first.splitlines()) <= 16
+    assert "outputs of eager and AutoGraph: equal" in first
+    assert "AutoGraph: 70 calls: 62 patched (8 nodes each), 0 replayed, 2 builds, 6 eager" \
+        in first
+
+
+# -- the per-call path: compiled where the backend has it, the Python path its reference -----
+
+def test_graph_calls_patch_and_launch_through_the_compiled_path_where_there_is_one(lib, backend):
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(out, x):
+        k[1, 32](out, x, np.float32(1), N)
+        k[1, 32](out, out, np.float32(1), N)
+
+    outs = [cuctx.zeros(N, np.float32) for _ in range(4)]
+    for i, out in enumerate(outs):
+        step(out, arange(i))
+    patcher = step._last.patcher
+    assert (type(patcher).__name__ == "Patcher") == (backend.native is not None)
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 2.0)
+    assert step.stats()["patched_nodes"] == 2 * 2  # both nodes take the new arrays
+
+
+def test_a_refused_patch_rebuilds_the_graph_on_both_paths(lib, backend, monkeypatch):
+    from cuctx._driver.sim._common import INVALID_VALUE
+    from cuctx._driver.sim._graph_exec import GraphExecModel
+
+    if backend.sim is None:
+        pytest.skip("the sim's driver is made to refuse a patch")
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(out, x):
+        k[1, 32](out, x, np.float32(1), N)
+
+    outs = [cuctx.zeros(N, np.float32) for _ in range(4)]
+    step(outs[0], arange(0))
+    step(outs[1], arange(1))  # built
+    set_work = GraphExecModel._set_exec_work
+    refusals = []
+
+    def refuse_once(self, *args):
+        if not refusals:
+            refusals.append(args)
+            return (INVALID_VALUE,)
+        return set_work(self, *args)
+    monkeypatch.setattr(GraphExecModel, "_set_exec_work", refuse_once)
+    step(outs[2], arange(2))  # the patch is refused: a new graph
+    step(outs[3], arange(3))  # and the next call patches that one
+    assert refusals and "rebuilt: the update was refused" in step.stats()["reasons"][-1]["reason"]
+    assert counts(step) == dict(calls=4, replays=0, updates=1, builds=2, eager=1)
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 1.0)
+
+
+# -- inside a stream capture ------------------------------------------------------------------
+
+def test_a_call_inside_a_capture_puts_its_work_into_the_capture(lib):
+    k = lib["add"]
+    s = cuctx.Stream()
+
+    @cuctx.autograph
+    def step(out, x):
+        tmp = cuctx.empty(N, np.float32, stream=s)
+        k[1, 32, 0, s](tmp, x, np.float32(1), N)
+        k[1, 32, 0, s](out, tmp, np.float32(1), N)
+
+    x = cuctx.to_device(np.arange(N, dtype=np.float32), stream=s)
+    for _ in range(3):  # built, and served by its graph
+        step(cuctx.zeros(N, np.float32, stream=s), x)
+    out = cuctx.zeros(N, np.float32, stream=s)
+    with s.capture() as graph:
+        step(out, x)
+    assert [n.kind for n in graph.nodes].count("kernel") == 2
+    assert "being captured" in step.stats()["reasons"][-1]["reason"]
+    exe = graph.instantiate()
+    for _ in range(2):
+        exe.launch(s)
+    s.synchronize()
+    np.testing.assert_array_equal(out.to_host(), np.arange(N) + 2.0)
+    step(out, x)  # and after the capture, its graph again
+    assert counts(step)["replays"] + counts(step)["updates"] >= 2
+
+
+def test_a_function_that_enqueues_nothing_runs_as_itself(lib):
+    calls = []
+
+    @cuctx.autograph
+    def nothing(value):
+        calls.append(value)
+        return value
+
+    assert [nothing(i) for i in range(4)] == [0, 1, 2, 3] == calls
+    assert counts(nothing)["eager"] == 4
+    assert "enqueues no work" in nothing.stats()["reasons"][-1]["reason"]
+
+
+def test_threads_calling_one_function_get_their_own_results(lib):
+    import threading
+
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(out, x, stream):
+        tmp = cuctx.empty(N, np.float32, stream=stream)  # both threads' calls borrow memory
+        k[1, 32, 0, stream](tmp, x, np.float32(1), N)
+        k[1, 32, 0, stream](out, tmp, np.float32(1), N)
+
+    results: dict[int, list] = {}
+    ctx = cuctx.current_context()
+
+    def work(t: int) -> None:
+        with ctx:
+            stream = cuctx.Stream()
+            outs, inputs = [], []  # inputs made on another stream: kept until the work ran
+            for i in range(8):
+                out = cuctx.zeros(N, np.float32, stream=stream)
+                inputs.append(arange(100 * t + i))
+                step(out, inputs[-1], stream)
+                outs.append(out)
+            stream.synchronize()
+            results[t] = [o.to_host() for o in outs]
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for t in range(2):
+        for i, host in enumerate(results[t]):
+            np.testing.assert_array_equal(host, np.arange(100 * t + i, 100 * t + i + N) + 2.0)

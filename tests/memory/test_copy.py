@@ -10,6 +10,7 @@ import pytest
 
 import cuctx
 from cuctx import Context, Device, Stream
+from cuctx.memory import _copy
 
 HOST = np.arange(4 * 5 * 6, dtype=np.float32).reshape(4, 5, 6)
 
@@ -100,6 +101,40 @@ def test_overlapping_copies_read_before_they_write(backend):
     square.copy_from(square.T)  # an in-place transpose
     np.testing.assert_array_equal(square.to_host(), host.reshape(10, 10).T)
 
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.arange(10.0), lambda: np.arange(10.0)[3:], lambda: np.arange(24.0)[::-2],
+    lambda: np.arange(24).reshape(4, 6).T[1:, 2:], lambda: np.empty(0),
+    lambda: np.arange(4, dtype=">i4"), lambda: np.broadcast_to(np.arange(3), (4, 3)),
+    lambda: np.ma.masked_array(np.arange(5)), lambda: cuctx.pinned_empty(8)[2:],
+], ids=["whole", "offset", "reversed", "transposed view", "empty", "big-endian",
+        "read-only broadcast", "subclass", "page-locked"])
+def test_a_host_arrays_address_is_its_first_elements(backend, make):
+    """Copies read it without building __array_interface__ (in C where the extension is
+    built): the same address either way."""
+    host = make()
+    expected = host.__array_interface__["data"][0]
+    assert _copy.host_address(host) == _copy._interface_address(host) == expected
+
+
+def test_host_address_refuses_what_is_not_numpys_array_interface():
+    class Impostor:
+        __array_struct__ = 5
+    with pytest.raises((TypeError, AttributeError)):
+        _copy.host_address(Impostor())
+
+
+def test_copy_plans_are_kept_for_a_bounded_number_of_layouts(backend, monkeypatch):
+    """Each pair of layouts is planned once; a program making ever new layouts keeps at most
+    PLANS_KEPT plans, and every copy is still right."""
+    monkeypatch.setattr(_copy, "PLANS_KEPT", 4)
+    for rows in range(1, 12):
+        host = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
+        arr = cuctx.zeros((rows, 3), np.float32)
+        arr.T.copy_from(host.T)
+        np.testing.assert_array_equal(arr.to_host(), host)
+        assert len(_copy._planned) <= 4
 
 def test_pinned_strided_copies_are_asynchronous_and_complete_after_sync(backend):
     stream = Stream(Device(0))

@@ -5,7 +5,8 @@
 
 static const char *const FUNCTION_NAMES[F_COUNT] = {
     "cuLaunchKernel", "cuLaunchKernelEx", "cuEventRecord", "cuStreamWaitEvent",
-    "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxGetCurrent"};
+    "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxGetCurrent", "cuGraphExecKernelNodeSetParams",
+    "cuGraphLaunch"};
 
 void *key_of(PyObject *resource)
 {
@@ -230,6 +231,12 @@ static PyMethodDef Driver_methods[] = {
      "launcher(plan, ctx, owner, stream, function, grid, block, shared_mem, config, general, "
      "fail, sim_args, launcher): the compiled fast path of one launcher and one plan, or None "
      "where the plan is not one it packs (the generated Python path takes those)."},
+    {"changed", (PyCFunction)(void (*)(void))Driver_changed, METH_FASTCALL,
+     "changed(new, old): the indices where two lists of an autograph call's values differ."},
+    {"patcher", (PyCFunction)(void (*)(void))Driver_patcher, METH_VARARGS | METH_KEYWORDS,
+     "patcher(handle, ctx, streams, owners, make, refused, n, launchable): the compiled "
+     "patches and "
+     "launch of one AutoGraph executable."},
     {NULL}};
 
 static PyMemberDef Driver_members[] = {

@@ -7,7 +7,7 @@
 struct native_setup L;
 
 PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
-    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_recorder, *S_launch, *ZERO;
+    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *S_array_struct, *ZERO;
 
 /* The sentinel an implementation returns to hand the call to the checked Python path. */
 PyObject python_path_marker;
@@ -27,14 +27,12 @@ static Py_ssize_t slot_offset(PyTypeObject *type, const char *name)
     return offset;
 }
 
-/* True while a trace sink listens, a host function runs, ...: the checked paths announce
- * or refuse what these paths would do silently. A thread recording an autograph call is
- * not among them: a compiled launch hands its packed bytes to the recorder itself. */
-int step_aside_unless_recording(void)
+/* Whether any value of ((namespace, name), ...) is true (a missing name is false). */
+int any_true(PyObject *pairs)
 {
-    Py_ssize_t n = PyTuple_GET_SIZE(L.step_aside);
+    Py_ssize_t n = PyTuple_GET_SIZE(pairs);
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *pair = PyTuple_GET_ITEM(L.step_aside, i);
+        PyObject *pair = PyTuple_GET_ITEM(pairs, i);
         PyObject *value = PyDict_GetItemWithError(PyTuple_GET_ITEM(pair, 0),
                                                   PyTuple_GET_ITEM(pair, 1));
         if (value == NULL) {
@@ -51,10 +49,18 @@ int step_aside_unless_recording(void)
     return 0;
 }
 
-/* Some thread records an autograph call (the set is mutated in place, never replaced). */
+/* True while a trace sink listens, a host function runs, ...: the checked paths announce
+ * or refuse what these paths would do silently. A thread recording an autograph call is
+ * not among them: a compiled launch hands its packed bytes to the recorder itself. */
+int step_aside_unless_recording(void)
+{
+    return any_true(L.step_aside);
+}
+
+/* Some thread records an autograph call (the dict is mutated in place, never replaced). */
 int recording(void)
 {
-    return PySet_GET_SIZE(L.recording) > 0;
+    return PyDict_GET_SIZE(L.recording) > 0;
 }
 
 /* ... and the compiled record and wait step aside for a recording thread too: the Python
@@ -100,23 +106,33 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
             || take_type(kwargs, "DeviceArray", &L.DeviceArray)
             || take_type(kwargs, "ThreadState", &L.ThreadState)
             || take_type(kwargs, "Device", &L.Device) || take_type(kwargs, "Kernel", &L.Kernel)
-            || take_type(kwargs, "Launcher", &L.Launcher)
+            || take_type(kwargs, "Launcher", &L.Launcher) || take_type(kwargs, "Tape", &L.Tape)
             || take(kwargs, "ACTIVE", &L.ACTIVE) || take(kwargs, "CUresult", &L.CUresult)
             || take(kwargs, "CUcontext", &L.CUcontext) || take(kwargs, "fail", &L.fail)
             || take(kwargs, "object_for", &L.object_for)
             || take(kwargs, "driver_namespace", &L.driver_dict)
             || take(kwargs, "step_aside", &L.step_aside)
-            || take(kwargs, "recording", &L.recording) || take(kwargs, "records", &L.records))
+            || take(kwargs, "launch_step_aside", &L.launch_step_aside)
+            || take(kwargs, "announce", &L.announce)
+            || take(kwargs, "emit_launch", &L.emit_launch)
+            || take(kwargs, "recording", &L.recording))
         return NULL;
-    if (!PyDict_Check(L.driver_dict) || !PyTuple_Check(L.step_aside)
-            || !PySet_Check(L.recording))
+    if (!PyDict_Check(L.driver_dict) || !PyDict_CheckExact(L.recording)
+            || !PyCallable_Check(L.emit_launch))
         return PyErr_Format(PyExc_TypeError,
-                            "driver_namespace: a dict; step_aside: a tuple; recording: a set");
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(L.step_aside); i++) {
-        PyObject *pair = PyTuple_GET_ITEM(L.step_aside, i);
-        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2
-                || !PyDict_Check(PyTuple_GET_ITEM(pair, 0)))
-            return PyErr_Format(PyExc_TypeError, "step_aside holds (namespace, name) pairs");
+                            "driver_namespace: a dict; recording: a dict; emit_launch: a callable");
+    PyObject *guards[] = {L.step_aside, L.launch_step_aside, L.announce};
+    for (size_t g = 0; g < 3; g++) {
+        if (!PyTuple_Check(guards[g]))
+            return PyErr_Format(PyExc_TypeError, "step_aside, launch_step_aside, announce: "
+                                "tuples of (namespace, name) pairs");
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(guards[g]); i++) {
+            PyObject *pair = PyTuple_GET_ITEM(guards[g], i);
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2
+                    || !PyDict_Check(PyTuple_GET_ITEM(pair, 0)))
+                return PyErr_Format(PyExc_TypeError,
+                                    "the guards hold (namespace, name) pairs");
+        }
     }
     struct { Py_ssize_t *offset; PyTypeObject **type; const char *name; } slots[] = {
         {&L.backend, &L.Stream, "_backend"}, {&L.ctx, &L.Stream, "_ctx"},
@@ -124,10 +140,13 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
         {&L.state, &L.Context, "_state"}, {&L.device, &L.Context, "_device"},
         {&L.sync_event, &L.Stream, "_sync_event"}, {&L.recorded, &L.Event, "_recorded"},
         {&L.ptr, &L.DeviceArray, "ptr"}, {&L.c_contiguous, &L.DeviceArray, "_c"},
+        {&L.dtype, &L.DeviceArray, "dtype"},
         {&L.stack, &L.ThreadState, "stack"}, {&L.blocks, &L.ThreadState, "blocks"},
         {&L.primary, &L.Device, "_primary"}, {&L.lock, &L.Device, "_lock"},
         {&L.device_backend, &L.Device, "_backend"}, {&L.launchers, &L.Kernel, "_launchers"},
-        {&L.fast, &L.Launcher, "_fast"}};
+        {&L.fast, &L.Launcher, "_fast"}, {&L.tape_keys, &L.Tape, "keys"},
+        {&L.tape_values, &L.Tape, "values"}, {&L.tape_items, &L.Tape, "items"},
+        {&L.tape_stream, &L.Tape, "_stream"}};
     for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++)
         if ((*slots[i].offset = slot_offset(*slots[i].type, slots[i].name)) < 0)
             return NULL;
@@ -157,6 +176,8 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
 static PyMethodDef module_methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
      "setup(**classes and helpers): what the compiled paths read (see cuctx._native_hooks)"},
+    {"host_address", host_address, METH_O,
+     "host_address(ndarray): the address of its first element (__array_interface__'s data)"},
     {NULL}};
 
 static struct PyModuleDef module_def = {
@@ -167,14 +188,14 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC PyInit__native(void)
 {
     if (PyType_Ready(&DriverType) < 0 || PyType_Ready(&LaunchType) < 0
-            || PyType_Ready(&MethodType) < 0)
+            || PyType_Ready(&MethodType) < 0 || PyType_Ready(&PatcherType) < 0)
         return NULL;
     struct { PyObject **s; const char *text; } names[] = {
         {&S_native, "native"}, {&S_tls, "tls"}, {&S_tls_cache, "cuctx._native thread state"},
         {&S_dict, "__dict__"}, {&S_state, "state"}, {&S_loaded, "_loaded"},
         {&S_locked, "locked"}, {&S_getPtr, "getPtr"}, {&S_active, "_active"},
-        {&S_shared_mem, "shared_mem"}, {&S_stream, "stream"}, {&S_recorder, "recorder"},
-        {&S_launch, "launch"}};
+        {&S_shared_mem, "shared_mem"}, {&S_stream, "stream"}, {&S_launch, "launch"},
+        {&S_array_struct, "__array_struct__"}};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].s = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;

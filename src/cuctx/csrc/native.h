@@ -22,6 +22,8 @@
  *   streams.c   Stream.record, Event.record, Stream.wait, Stream's hash
  *   contexts.c  context switches: push, pop, `with ctx:`, `with device:`
  *   methods.c   Method, and kernel[...], cuctx.launch, Launcher.__call__
+ *   copies.c    host_address: a NumPy array's data address, for copies
+ *   autograph.c an @autograph call's recorded launches, compared values, patches, launch
  */
 #ifndef CUCTX_NATIVE_H
 #define CUCTX_NATIVE_H
@@ -55,15 +57,18 @@ typedef CUresult (*wait_fn)(void *stream, void *event, unsigned flags);
 typedef CUresult (*push_fn)(void *ctx);
 typedef CUresult (*pop_fn)(void **ctx);
 typedef CUresult (*current_fn)(void **ctx);
+typedef CUresult (*set_kernel_fn)(void *exec, void *node, const void *params);
+typedef CUresult (*graph_launch_fn)(void *exec, void *stream);
 
-enum { F_LAUNCH, F_LAUNCH_EX, F_RECORD, F_WAIT, F_PUSH, F_POP, F_CURRENT, F_COUNT };
+enum { F_LAUNCH, F_LAUNCH_EX, F_RECORD, F_WAIT, F_PUSH, F_POP, F_CURRENT, F_SET_KERNEL,
+       F_GRAPH_LAUNCH, F_COUNT };
 
 /* -- what setup() learnt about the classes (native.c) -------------------------------- */
 
 struct native_setup {
     int ready;
     PyTypeObject *Context, *Stream, *Event, *DeviceArray, *ThreadState, *Device, *Kernel,
-        *Launcher;
+        *Launcher, *Tape;
     PyObject *ACTIVE;      /* cuctx._resource.ACTIVE: a context state, compared by identity */
     PyObject *CUresult;    /* makes the code of a failed call the enum fail() expects */
     PyObject *CUcontext;   /* a popped context's handle, for object_for */
@@ -71,21 +76,24 @@ struct native_setup {
     PyObject *object_for;  /* cuctx.context._object_for */
     PyObject *driver_dict; /* cuctx._driver's namespace: `_active` */
     PyObject *step_aside;  /* ((namespace, name), ...): step aside while any value is true */
-    PyObject *recording;   /* cuctx._record.threads: the ids of the threads recording now */
-    PyObject *records;     /* cuctx._record.local: a recording thread's `.recorder` */
+    PyObject *launch_step_aside; /* the same for launches (a trace sink is not among them) */
+    PyObject *announce;    /* ((namespace, name), ...): a launch is announced while any is true */
+    PyObject *emit_launch; /* cuctx._trace.emit_launch(launcher, args, plan) */
+    PyObject *recording;   /* cuctx._record.threads: the recorders of the recording threads */
     /* slot offsets */
     Py_ssize_t backend, ctx, handle, key;          /* Resource */
     Py_ssize_t state, device;                      /* Context */
     Py_ssize_t sync_event, recorded;               /* Stream, Event */
-    Py_ssize_t ptr, c_contiguous;                  /* DeviceArray */
+    Py_ssize_t ptr, c_contiguous, dtype;           /* DeviceArray */
     Py_ssize_t stack, blocks;                      /* ThreadState */
     Py_ssize_t primary, lock, device_backend;      /* Device */
     Py_ssize_t launchers, fast;                    /* Kernel, Launcher */
+    Py_ssize_t tape_keys, tape_values, tape_items, tape_stream; /* cuctx._record.Tape */
 };
 extern struct native_setup L;
 
 extern PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
-    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_recorder, *S_launch, *ZERO;
+    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *S_array_struct, *ZERO;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
@@ -93,6 +101,7 @@ extern PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *
 extern PyObject python_path_marker;
 #define PYTHON_PATH (&python_path_marker)
 
+int any_true(PyObject *pairs);
 int step_aside(void);
 int step_aside_unless_recording(void);
 int recording(void);
@@ -139,6 +148,20 @@ PyObject *context_pop(PyObject *const *args, Py_ssize_t nargs);
 PyObject *context_exit(PyObject *const *args, Py_ssize_t nargs);
 PyObject *device_enter(PyObject *const *args, Py_ssize_t nargs);
 PyObject *device_exit(PyObject *const *args, Py_ssize_t nargs);
+
+/* -- a host array's address, for copies (copies.c) ------------------------------- */
+
+PyObject *host_address(PyObject *module, PyObject *array);
+
+/* -- an @autograph call's per-call path (autograph.c) ------------------------- */
+
+extern PyTypeObject PatcherType;
+
+PyObject *thread_recorder(void);
+int record_launch(PyObject *recorder, PyObject *launcher, PyObject *stream, PyObject *bytes,
+                  PyObject *args, PyObject *plan);
+PyObject *Driver_changed(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Driver_patcher(Driver *self, PyObject *args, PyObject *kwargs);
 
 /* -- Method: a compiled method standing in for a Python one (methods.c) ------- */
 

@@ -42,9 +42,10 @@ EXAMPLES: dict[str, Example] = {e.name: e for e in (
         "A token loop of a few dozen small kernels per token, whose sequence length changes "
         "every token and whose structure changes every 64 tokens, run eagerly and with "
         "@cuctx.autograph on the same inputs.",
-        "the outputs are equal; AutoGraph's table shows mostly updates (the changed nodes "
-        "patched, then the graph launched), a build per new structure once it repeats, and "
-        "each eager call with its reason; on a GPU the time per token is lower with AutoGraph."),
+        "the outputs are equal; almost every call is patched (the nodes that take the "
+        "sequence length, then the graph launched), each new structure runs eagerly until a "
+        "graph pays (a build at its 4th call), each such call with its reason, the same on "
+        "every run of the sim; a GPU also prints the time per token of both."),
     Example(
         "contexts_on_one_gpu", "streams and contexts on one GPU, on a timeline",
         "The same long kernels recorded with cuctx.timeline() on two streams of one context "
@@ -53,4 +54,13 @@ EXAMPLES: dict[str, Example] = {e.name: e for e in (
         "the copy/compute overlap of the two streams is above zero, two contexts run kernels "
         "at once for 0.000 ms (they take turns) while green contexts do (side by side); open "
         "the .json files named at the end in https://ui.perfetto.dev."),
+    Example(
+        "isolated_kernel_evaluation", "a faulting or hanging kernel costs a worker, not the "
+        "program",
+        "Six candidate kernels evaluated in a cuctx.IsolatedExecutor worker with a warm "
+        "standby, writing into the caller's arrays of an IPC memory pool: two write out of "
+        "bounds, one never finishes, one computes the wrong thing.",
+        "the table: each fault is a WorkerFaultError and the hang a WorkerTimeoutError, "
+        "the next call is served by a new worker a moment later (its time in the last "
+        "column), and the program and its own arrays carry on."),
 )}

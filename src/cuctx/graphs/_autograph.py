@@ -2,25 +2,27 @@
 pays, and eagerly when it does not, with the same results either way.
 
 Each call records what the function enqueues (`_autograph_record.Recording`) instead of
-enqueuing it, then compares it with what earlier calls recorded:
+enqueuing it, its temporaries borrowing the memory of earlier calls (`_autograph_arena`),
+then compares it with what earlier calls recorded:
 
 - same structure and values: launch the executable made for that structure;
 - same structure, other values (new arrays, new scalars): patch the changed nodes, or
-  update the whole graph when that is cheaper (from the costs measured so far);
+  update the whole graph when that is cheaper;
 - a structure seen for the first time runs eagerly (the recorded operations are enqueued
-  as they would have been); once it repeats, a graph is built (`_autograph_build`),
-  cached by structure (least recently used first out, bounded by ``max_graphs`` and an
-  estimate of the bytes, ``max_bytes``).
+  as they would have been); once it repeats and a graph pays, a graph is built
+  (`_autograph_build`), cached by structure (least recently used first out, bounded by
+  ``max_graphs`` and an estimate of the bytes, ``max_bytes``).
 
-Whether graphs pay is measured per structure (host time: eager enqueueing against patching
-and launching): after `SWITCH_AFTER` graph calls in a row costing more than eager ones, the
-structure runs eagerly; after as many eager calls in a row for which graph calls are
-predicted cheaper by `MARGIN`, it goes back to its graph. A call that does what a graph
-cannot hold (a synchronize, a query, a pageable copy) runs eagerly from the start: what was
-recorded before it is enqueued first. Everything is counted, timed and explained:
-`AutoGraph.stats`, `AutoGraph.explain`.
+Whether graphs pay is the policy's (`_autograph_policy`: host costs, modelled on the sim,
+measured on a GPU): it decides when to build, patch or update whole; after `SWITCH_AFTER`
+graph calls in a row costing more than eager ones the structure runs eagerly, and after as
+many eager calls in a row for which graph calls are predicted cheaper by `MARGIN` it goes
+back to its graph. A call that does what a graph cannot hold (a synchronize, a query, a
+pageable copy) runs eagerly from the start: what was recorded before it is enqueued first;
+so does a call whose streams are being captured. Where the backend has the compiled path,
+recording, comparing, patching and launching run in C (`cuctx._native`, csrc/autograph.c).
+Everything is counted, timed and explained: `AutoGraph.stats`, `AutoGraph.explain`.
 """
-
 from __future__ import annotations
 
 import functools
@@ -32,48 +34,46 @@ from operator import ne
 from time import perf_counter
 from typing import Any, Callable
 
-from .. import _record, _trace
+from .. import _lifetimes, _record, _trace
 from ..kernels._launcher import Launcher
 from .._lifetimes import defer_cleanup
 from ..errors import CudaError
-from ._autograph_build import construct, patch, patchable, unbuildable
+from ..stream import Stream
+from ._autograph_arena import Arena
+from ._autograph_build import construct, patch, patchable, patcher, unbuildable
+from ._autograph_policy import MARGIN, SWITCH_AFTER, Policy, us
 from ._autograph_record import WAIT, Recording
 
-BUILD_AFTER = 2  # calls with one structure before a graph is built for it
-SWITCH_AFTER = 3  # calls in a row beyond the margin before graph <-> eager switches
-MARGIN = 0.25  # back to graphs only when predicted at least this much cheaper than eager
-SMOOTH = 0.25  # weight of the newest measurement in the running means
 REASONS_KEPT = 256  # the latest reasons stats() lists
 GRAPH, EAGER = "graph", "eager"
 
 
-def _mean(old: float | None, new: float) -> float:
-    return new if old is None else old + SMOOTH * (new - old)
-
-
 class _Entry:
-    """One structure: its executable (once built), the values it holds, measured costs."""
+    """One structure: its executable (once built), the values it holds, its measured costs
+    (None until measured; see `_autograph_policy.Policy`)."""
 
-    __slots__ = ("key", "keys", "size", "seen", "exe", "nodes", "values", "items", "bytes", "mode",
-                 "strikes", "eager_s", "replay_s", "construct_s", "whole_s", "blocked",
-                 "outside", "__weakref__")
+    __slots__ = ("key", "keys", "size", "count", "seen", "exe", "nodes", "simple", "patcher",
+                 "values", "bytes", "mode", "strikes", "eager_s", "replay_s", "construct_s",
+                 "blocked", "outside", "__weakref__")
 
     def __init__(self, key: tuple, recording: Recording) -> None:
         self.key = key
         self.keys = recording.keys  # the same as a list: compared without making a tuple
         self.size = len(key)
+        # Operations that become nodes (all but waits; a record of an event is a node).
+        self.count = sum(1 for k in key if not (k.__class__ is tuple and k[0] is WAIT))
         self.seen = 0
         self.exe: Any = None
         self.nodes: list = []
+        self.simple = False  # every node can be patched by itself (kernels, copies, fills)
+        self.patcher: Any = None  # the compiled patches and launch, where the backend has them
         self.values: list = []
-        self.items: list = []  # keep what the executable's values point at
         self.bytes = 0
         self.mode = GRAPH
         self.strikes = 0
         self.eager_s: float | None = None  # running means, seconds per call
         self.replay_s: float | None = None
         self.construct_s: float | None = None
-        self.whole_s: float | None = None
         self.blocked = unbuildable(recording)
         # Waits for outside work, by index: made before each launch of the executable.
         self.outside = [i for i, k in enumerate(key)
@@ -100,13 +100,10 @@ class AutoGraph:
         self._counts = dict.fromkeys(("calls", "replays", "updates", "builds", "eager"), 0)
         self._times = dict.fromkeys(("recording", "replay", "update", "build", "eager"), 0.0)
         self._saved = 0.0
+        self._patched = 0  # nodes patched so far (a whole update counts every node)
+        self._arena = Arena()  # the memory of the calls' temporaries
         self._reasons: deque[dict] = deque(maxlen=REASONS_KEPT)
-        # Costs measured across structures: seconds per patched node, per node of a whole
-        # update, of a build, of a replay.
-        self._patch_s: float | None = None
-        self._whole_node_s: float | None = None
-        self._build_node_s: float | None = None
-        self._replay_node_s: float | None = None
+        self._policy = Policy()
 
     def __get__(self, obj: Any, cls: Any = None) -> Any:
         return self if obj is None else types.MethodType(self, obj)
@@ -116,7 +113,7 @@ class AutoGraph:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _record.current() is not None:  # inside another autograph call: that one records
             return self._fn(*args, **kwargs)
-        recording = Recording()
+        recording = Recording(self._arena)
         start = perf_counter()
         # Frees of memory the call drops wait until its work is enqueued (it may use it).
         with defer_cleanup():
@@ -135,6 +132,7 @@ class AutoGraph:
                 self._counts["calls"] += 1
                 self._times["recording"] += recorded - start
                 self._run(recording)
+                self._arena.trim(self.max_bytes)
         return result
 
     def _failed(self, recording: Recording, start: float, exc: BaseException) -> None:
@@ -160,6 +158,12 @@ class AutoGraph:
 
     def _run(self, recording: Recording) -> None:
         """Serve a complete recording: eagerly, by a build, a replay or an update."""
+        if _lifetimes.capturing:
+            captured = _captured(recording)
+            if captured is not None:  # its work goes into that capture, as eagerly
+                return self._eager(None, recording, (
+                    f"its {captured!r} is being captured (Stream.capture): the recorded work "
+                    "went into the capture, as eager work does"))
         keys = recording.keys
         last = self._last
         if last is not None and last.size == len(keys) and last.keys == keys:
@@ -178,55 +182,38 @@ class AutoGraph:
             self._cache.move_to_end(key)
         self._last = entry
         entry.seen += 1
+        policy = self._policy
+        if policy.measured is None and recording.ctx is not None:  # modelled on the sim
+            policy.measured = recording.ctx._backend.sim is None
         if entry.exe is None:
-            why_not = self._why_not_build(entry)
+            why_not = policy.why_not_build(entry)
             if why_not:
                 return self._eager(entry, recording, why_not)
             return self._build(entry, recording)
         changed = self._changed(entry, recording)
         if entry.mode is EAGER:
-            predicted = self._predict(entry, recording, changed)
-            if predicted < entry.eager_s * (1 - MARGIN):
-                entry.strikes += 1
-            else:
-                entry.strikes = 0
+            predicted, eager = policy.predict(entry, changed), policy.eager(entry)
+            entry.strikes = entry.strikes + 1 if predicted < eager * (1 - MARGIN) else 0
             if entry.strikes < SWITCH_AFTER:
                 return self._eager(entry, recording, (
                     f"graphs did not pay for this structure; a graph call is predicted at "
-                    f"{_us(predicted)} against {_us(entry.eager_s)} eager"))
+                    f"{us(predicted)} against {us(eager)} eager"))
             entry.mode, entry.strikes = GRAPH, 0
-            self._note("graph", f"back to the graph: predicted {_us(predicted)} against "
-                                f"{_us(entry.eager_s)} eager for {SWITCH_AFTER} calls")
+            self._note("graph", f"back to the graph: predicted {us(predicted)} against "
+                                f"{us(eager)} eager for {SWITCH_AFTER} calls")
         self._graph_call(entry, recording, changed)
 
     # -- eager, build, replay, update -----------------------------------------------------------
 
-    def _eager(self, entry: _Entry, recording: Recording, reason: str) -> None:
+    def _eager(self, entry: _Entry | None, recording: Recording, reason: str) -> None:
         t0 = perf_counter()
         recording.enqueue_all()
         spent = perf_counter() - t0
-        entry.eager_s = _mean(entry.eager_s, spent)
+        if entry is not None:
+            self._policy.eager_took(entry, spent)
         self._counts["eager"] += 1
         self._times["eager"] += spent
         self._note("eager", reason)
-
-    def _why_not_build(self, entry: _Entry) -> str | None:
-        if entry.blocked:
-            return f"no graph for this structure: {entry.blocked}"
-        if entry.seen < BUILD_AFTER:
-            return f"structure seen {entry.seen} time(s); a graph is built once it repeats"
-        return self._too_costly_to_build(entry)
-
-    def _too_costly_to_build(self, entry: _Entry) -> str | None:
-        """Why building now would not pay, from the costs measured so far (None: it would,
-        or nothing was measured yet)."""
-        if self._build_node_s is not None and entry.eager_s is not None:
-            build = self._build_node_s * entry.size
-            saving = entry.eager_s - (self._replay_node_s or 0.0) * entry.size
-            if saving * entry.seen < build:  # seen as often again: expected replays
-                return (f"a graph would not pay yet: building costs about {_us(build)}, and "
-                        f"saves {_us(saving)} per call over ~{entry.seen} expected calls")
-        return None
 
     def _build(self, entry: _Entry, recording: Recording, reason: str | None = None) -> None:
         t0 = perf_counter()
@@ -244,10 +231,12 @@ class AutoGraph:
         if entry.exe is not None:
             entry.exe.destroy()
         entry.exe, entry.nodes, entry.bytes = exe, nodes, size
-        entry.values, entry.items = recording.values, recording.items
+        entry.simple = patchable(nodes, range(len(nodes)))
+        native = recording.ctx._backend.native
+        entry.patcher = None if native is None else patcher(native, exe, nodes)
+        entry.values = recording.values
         entry.mode, entry.strikes = GRAPH, 0
-        entry.construct_s = t1 - t0
-        self._build_node_s = _mean(self._build_node_s, (built - t0) / max(entry.size, 1))
+        self._policy.built(entry, t1 - t0, built - t0)
         self._launch(entry, recording)
         self._counts["builds"] += 1
         self._times["build"] += perf_counter() - t0
@@ -256,77 +245,73 @@ class AutoGraph:
         self._trim()
 
     def _graph_call(self, entry: _Entry, recording: Recording, changed: list[int]) -> None:
+        policy = self._policy
         t0 = perf_counter()
+        estimate = 0.0
         if changed:
             try:
-                self._update(entry, recording, changed)
+                estimate = self._update(entry, recording, changed)
             except CudaError as exc:  # a refused update (GraphUpdateError): build anew
                 return self._build(entry, recording, f"rebuilt: the update was refused: {exc}")
         t1 = perf_counter()
         self._launch(entry, recording)
         t2 = perf_counter()
-        cost = t2 - t0
         if changed:
             self._counts["updates"] += 1
             self._times["update"] += t1 - t0
             self._times["replay"] += t2 - t1
         else:
             self._counts["replays"] += 1
-            self._times["replay"] += cost
-        entry.replay_s = _mean(entry.replay_s, t2 - t1)
-        self._replay_node_s = _mean(self._replay_node_s, (t2 - t1) / max(entry.size, 1))
-        entry.values, entry.items = recording.values, recording.items
-        eager = entry.eager_s or 0.0
+            self._times["replay"] += t2 - t0
+        cost = t2 - t0 if policy.measured else policy.replay(entry) + estimate
+        policy.launched(entry, t2 - t1)
+        entry.values = recording.values
+        eager = policy.eager(entry)
         self._saved += eager - cost
         entry.strikes = entry.strikes + 1 if cost > eager else 0
         if entry.strikes >= SWITCH_AFTER:
             entry.mode, entry.strikes = EAGER, 0
-            self._note("eager", f"graph calls cost more than eager ones ({_us(cost)} against "
-                                f"{_us(eager)}, {len(changed)} changed operations): running "
+            self._note("eager", f"graph calls cost more than eager ones ({us(cost)} against "
+                                f"{us(eager)}, {len(changed)} changed operations): running "
                                 "this structure eagerly until graphs pay again")
 
     def _changed(self, entry: _Entry, recording: Recording) -> list[int]:
+        """The indices of the values that differ from those the executable holds."""
         new, old = recording.values, entry.values
+        if entry.patcher is not None:
+            return recording.ctx._backend.native.changed(new, old)
         if new == old:
             return []
         return list(compress(range(len(new)), map(ne, new, old)))
 
-    def _whole_estimate(self, entry: _Entry) -> float:
-        if self._whole_node_s is not None:
-            return self._whole_node_s * entry.size
-        return entry.construct_s or 0.0  # before any was measured: building the graph again
-
-    def _predict(self, entry: _Entry, recording: Recording, changed: list[int]) -> float:
-        """The seconds a graph call would take for these changes."""
-        replay = entry.replay_s or 0.0
-        if not changed:
-            return replay
-        whole = self._whole_estimate(entry)
-        if not patchable(entry.nodes, changed) or self._patch_s is None:
-            return replay + whole
-        return replay + min(whole, len(changed) * self._patch_s)
-
-    def _update(self, entry: _Entry, recording: Recording, changed: list[int]) -> None:
-        """Patch the changed nodes, or update the whole graph where that is cheaper."""
-        k = len(changed)
-        whole = self._whole_estimate(entry)
+    def _update(self, entry: _Entry, recording: Recording, changed: list[int]) -> float:
+        """Patch the changed nodes, or update the whole graph where that is cheaper; the
+        seconds the policy expected it to cost."""
+        policy = self._policy
+        by_node, estimate = policy.update(entry, changed)
         t0 = perf_counter()
-        if patchable(entry.nodes, changed) and (self._patch_s is None
-                                                or k * self._patch_s <= whole):
-            patched = patch(entry.exe, entry.nodes, recording, changed)
-            if patched:
-                self._patch_s = _mean(self._patch_s, (perf_counter() - t0) / patched)
-            return
+        if by_node:
+            patched = patch(entry.exe, entry.nodes, recording, changed, entry.patcher)
+            policy.patched(perf_counter() - t0, patched)
+            self._patched += patched
+            return estimate
         graph, _, _ = construct(recording)
         entry.exe.update(graph)
-        self._whole_node_s = _mean(self._whole_node_s,
-                                   (perf_counter() - t0) / max(entry.size, 1))
+        if entry.patcher is not None:  # its slots were the old graph's
+            entry.patcher = patcher(recording.ctx._backend.native, entry.exe, entry.nodes)
+        self._patched += len(graph.nodes)
+        policy.updated_whole(entry, perf_counter() - t0)
+        return estimate
 
     def _launch(self, entry: _Entry, recording: Recording) -> None:
         """Launch the executable on role 0's stream, after the outside work the call waited
         for and the work queued before on its other streams; those then wait for it."""
         streams = recording.streams
         root = streams[0]
+        if len(streams) == 1 and not entry.outside:
+            if entry.patcher is None or not entry.patcher.launch(root):
+                entry.exe.launch(root)
+            return
         for i in entry.outside:
             root.wait(recording.items[i][1][0])
         for stream in streams[1:]:
@@ -354,7 +339,7 @@ class AutoGraph:
         entry = self._cache.pop(key)
         if entry.exe is not None:
             entry.exe.destroy()
-            entry.exe = None
+            entry.exe = entry.patcher = None
         if self._last is entry:
             self._last = None
 
@@ -370,15 +355,18 @@ class AutoGraph:
         """Counts (``calls`` = ``replays`` + ``updates`` + ``builds`` + ``eager``), seconds
         spent in each (``recording_s``, ``replay_s``, ``update_s``, ``build_s``,
         ``eager_s``), ``saved_s`` (estimated: eager time of the calls graphs served minus
-        what they cost), the cache (``graphs``, ``bytes``, ``structures``) and ``reasons``:
+        what they cost), ``patched_nodes`` (graph nodes patched so far: a whole update
+        counts every node), the cache (``graphs``, ``bytes``, ``structures``), ``temp_bytes``
+        (device memory kept for the calls' temporaries) and ``reasons``:
         the latest eager calls, builds and switches, each with the call's number, its
         ``action``, the ``reason`` and the user's ``site`` ("file:line")."""
         with self._lock:
             built = [e for e in self._cache.values() if e.exe is not None]
             return {**self._counts,
                     **{f"{name}_s": value for name, value in self._times.items()},
-                    "saved_s": self._saved, "graphs": len(built),
-                    "bytes": sum(e.bytes for e in built), "structures": len(self._cache),
+                    "saved_s": self._saved, "patched_nodes": self._patched,
+                    "graphs": len(built), "bytes": sum(e.bytes for e in built),
+                    "temp_bytes": self._arena.bytes, "structures": len(self._cache),
                     "reasons": list(self._reasons)}
 
     def explain(self) -> str:
@@ -390,9 +378,11 @@ class AutoGraph:
                  f"  {s['replays']:>8} {s['updates']:>8} {s['builds']:>8} {s['eager']:>8}",
                  "  time (ms): " + ", ".join(f"{k} {s[k + '_s'] * 1e3:.3f}" for k in (
                      "recording", "replay", "update", "build", "eager")),
-                 f"  saved (estimated): {s['saved_s'] * 1e3:.3f} ms",
+                 f"  saved (estimated): {s['saved_s'] * 1e3:.3f} ms; nodes patched: "
+                 f"{s['patched_nodes']}",
                  f"  cache: {s['graphs']} of {self.max_graphs} graphs, ~{s['bytes']} of "
-                 f"{self.max_bytes} bytes; {s['structures']} structures known"]
+                 f"{self.max_bytes} bytes; {s['structures']} structures known; "
+                 f"{s['temp_bytes']} bytes kept for temporaries"]
         if s["reasons"]:
             lines.append("  why:")
             lines += [f"    call {r['call']:>5}  {r['action']:<6} {r['reason']}"
@@ -402,13 +392,18 @@ class AutoGraph:
         return text
 
     def clear(self) -> None:
-        """Destroy the cached executables and forget the structures (the counts stay)."""
+        """Destroy the cached executables, forget the structures and give back the memory
+        kept for temporaries (the counts stay)."""
         with self._lock:
             for key in list(self._cache):
                 self._evict(key)
+            self._arena.clear()
 
     def __repr__(self) -> str:
-        return f"<autograph {getattr(self._fn, '__qualname__', self._fn)!r}>"
+        # No lock: a repr must not wait (a debugger may print it while a call holds it).
+        built = sum(1 for e in list(self._cache.values()) if e.exe is not None)
+        return (f"<autograph {getattr(self._fn, '__qualname__', self._fn)!r}: "
+                f"{self._counts['calls']} calls, {built} of {self.max_graphs} graphs built>")
 
 
 def autograph(fn: Callable | None = None, *, max_graphs: int = 16,
@@ -442,6 +437,17 @@ def _describe(key: Any) -> str:
     return f"a {key[0]} on stream {key[1]}"
 
 
+def _captured(recording: Recording) -> Any:
+    """A stream of the call (or one it waited for) that is being captured, if any: a
+    graph's launch has no place in a capture, the call's operations do."""
+    capturing = _lifetimes.capturing
+    others = [payload[0] for stream, payload in recording.external_waits()]
+    for stream in (*recording.streams, *others):
+        if isinstance(stream, Stream) and (stream._ctx._key, stream._key) in capturing:
+            return stream
+    return None
+
+
 def _site_of(exc: BaseException) -> tuple | None:
     """The user's line a traceback went through last (outside cuctx)."""
     site, tb = None, exc.__traceback__
@@ -452,6 +458,3 @@ def _site_of(exc: BaseException) -> tuple | None:
         tb = tb.tb_next
     return site
 
-
-def _us(seconds: float | None) -> str:
-    return "?" if seconds is None else f"{seconds * 1e6:.1f} us"

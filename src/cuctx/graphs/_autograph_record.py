@@ -12,6 +12,10 @@ It keeps three parallel lists, one entry per operation:
 - ``items``, what performs the operation: ``(args, plan)`` of a launch, ``(stream,
   payload)`` of the rest. They keep the arrays alive until the work is enqueued.
 
+Allocations are not recorded: their addresses are values. The k-th allocation of the call
+on a stream borrows the function's memory of earlier calls (`_autograph_arena`), so a
+temporary keeps its address from call to call.
+
 Streams: every stream of the context of the first operation is followed; each gets a
 *role* in the order of first use, role 0 being where an executable is launched. Work on a
 stream of another context is not recorded (it is enqueued at once), unless it waits for
@@ -33,6 +37,7 @@ from ..memory._host import page_locked
 from ..kernels._launcher import Launcher
 from ..event import Event
 from ..stream import Stream
+from ._autograph_arena import Arena, Lease
 
 COPY, FILL, HOST, RECORD, WAIT = (_record.COPY, _record.FILL, _record.HOST, _record.RECORD,
                                   _record.WAIT)
@@ -41,13 +46,13 @@ PAGEABLE = ("cuctx.copy with pageable host memory (synchronous: to_host() withou
             "page-locked out=, to_device or copy of an ordinary NumPy array)")
 
 
-class Recording:
+class Recording(_record.Tape):
     """The calling thread's recorder for one call (see the module's docstring)."""
 
-    __slots__ = ("keys", "values", "items", "streams", "roles", "ctx", "events", "broken",
-                 "_stream", "_role")
+    __slots__ = ("streams", "roles", "ctx", "events", "broken", "arena", "allocations",
+                 "_role")
 
-    def __init__(self) -> None:
+    def __init__(self, arena: Arena | None = None) -> None:
         self.keys: list = []
         self.values: list = []
         self.items: list = []
@@ -56,6 +61,8 @@ class Recording:
         self.ctx: Any = None  # the context of the first operation
         self.events: dict[int, int] = {}  # id(event) -> index of its latest record
         self.broken: tuple[str, tuple | None] | None = None  # (operation, user's site)
+        self.arena = Arena() if arena is None else arena  # the function's, for temporaries
+        self.allocations = 0  # made so far in the call
         self._stream: Stream | None = None  # the latest operation's stream, and its role
         self._role = 0
 
@@ -85,6 +92,11 @@ class Recording:
         self.values.append(bytes(buffer))
         self.items.append((args, plan))
         return True
+
+    def allocate(self, nbytes: int, stream: Stream) -> Lease | None:
+        index = self.allocations
+        self.allocations = index + 1
+        return self.arena.lend(index, nbytes, stream)
 
     def enqueue(self, stream: Stream, kind: str, payload: tuple) -> bool:
         if kind is WAIT:

@@ -1,32 +1,40 @@
-"""Stream-ordered device allocations (cuMemAllocAsync / cuMemFreeAsync) and their frees at
-garbage collection (waiting for streams named by `record_stream`; held by `defer_cleanup`)."""
+"""Stream-ordered device allocations (cuMemAllocAsync, or cuMemAllocFromPoolAsync from a
+`MemoryPool`; cuMemFreeAsync) and their frees at garbage collection (waiting for streams
+named by `record_stream`; held by `defer_cleanup`)."""
 
 from __future__ import annotations
 
 import functools
 import weakref
+from typing import Any, Callable
 
 from .. import _record, _trace
 from .. import _lifetimes
 from .._lifetimes import free_or_defer
-from .._resource import POISONED
+from .._resource import POISONED, upper
 from ..context import ACTIVE, fail, in_context
-from ..errors import OUT_OF_MEMORY, CudaError
+from ..errors import NOT_SUPPORTED, OUT_OF_MEMORY, CudaError
 from ..stream import Stream
 
 
 class Allocation:
     """One stream-ordered allocation; freed on its stream when the last array using it goes,
-    or when its context is destroyed or reset, whichever comes first."""
+    or when its context is destroyed or reset, whichever comes first. ``release(ptr, nbytes,
+    stream, recorded, *extra)`` frees it (an imported allocation's differs: `_pool`)."""
 
-    __slots__ = ("ptr", "stream", "recorded", "_finalizer", "__weakref__")
+    __slots__ = ("ptr", "nbytes", "stream", "recorded", "pool", "shared", "_finalizer",
+                 "__weakref__")
 
-    def __init__(self, ptr: int, nbytes: int, stream: Stream):
+    def __init__(self, ptr: int, nbytes: int, stream: Stream, pool=None,
+                 release: Callable[..., bool] | None = None, *extra):
         self.ptr = ptr
+        self.nbytes = nbytes
         self.stream = stream
         self.recorded: list[Stream] = []  # other streams that used it (record_stream)
-        self._finalizer = weakref.finalize(self, free_or_defer, _release, ptr, nbytes, stream,
-                                           self.recorded)
+        self.pool = pool  # the MemoryPool it came from; None: the device's default pool
+        self.shared = None  # (token, export data) once exported to another process (`_pool`)
+        self._finalizer = weakref.finalize(self, free_or_defer, release or _release, ptr,
+                                           nbytes, stream, self.recorded, *extra)
         self._finalizer.atexit = False  # (free_or_defer holds it in host functions)
         ctx = stream._ctx
         live = _live.get(ctx)
@@ -87,38 +95,83 @@ def _release(ptr: int, nbytes: int, stream: Stream, recorded: list[Stream]) -> b
     return not err
 
 
-def allocate(nbytes: int, stream: Stream) -> Allocation:
+def pool_device(pool: Any, device: Any) -> Any:
+    """The device of ``pool`` (a MemoryPool that can allocate), checked against ``device``."""
+    if not isinstance(pool, upper.memory_pool):
+        raise TypeError(f"pool must be a cuctx.MemoryPool, not {type(pool).__name__}")
+    if pool._imported:
+        raise ValueError(f"{pool!r} was imported from another process, and such a pool "
+                         "cannot allocate (the driver refuses); allocate in the process that "
+                         "made it")
+    if device is not None and upper.device(device) is not pool.device:
+        raise ValueError(f"device={upper.device(device)!r} but {pool!r} is on "
+                         f"{pool.device!r}; pass one of them")
+    return pool.device
+
+
+def allocate(nbytes: int, stream: Stream, pool: Any = None) -> Allocation:
+    """``nbytes`` on ``stream``, from ``pool`` (a MemoryPool; None: the device's default)."""
     ctx = stream._ctx
+    if pool is not None and stream._ctx._device is not pool.device:
+        raise ValueError(f"{pool!r} is on {pool.device!r}, but {stream!r} is on "
+                         f"{stream.device!r}: allocate on a stream of the pool's device")
     if ctx._state is not ACTIVE:
         raise ctx._unusable("cuctx.empty")
+    # An autograph call lends its temporaries the memory of earlier calls (the device's own
+    # pool's: an explicit pool's memory is allocated from that pool every time).
+    if _record.threads and pool is None:
+        recorder = _record.current()
+        if recorder is not None:
+            lent = recorder.allocate(nbytes, stream)
+            if lent is not None:
+                return lent
+    return from_pool(nbytes, stream, pool)
+
+
+def from_pool(nbytes: int, stream: Stream, pool: Any = None) -> Allocation:
+    """A new stream-ordered allocation of ``nbytes`` on ``stream`` (whose context is usable),
+    from ``pool`` (None: the device's default pool)."""
+    ctx = stream._ctx
     # Frees a collection inside a host function held: reuse them first (not while this thread
     # records an autograph call: they would be queued before the work it recorded).
     if _lifetimes._held and _record.current() is None:
         _lifetimes.run_held_finalizers()
     if _lifetimes.orphans:
         _lifetimes.free_orphans(ctx)
-    alloc = stream._backend.driver.cuMemAllocAsync
-    err, ptr = stream._call(alloc, nbytes, stream._handle)
+    drv = stream._backend.driver
+    if pool is None:
+        name, alloc, args = "cuMemAllocAsync", drv.cuMemAllocAsync, (nbytes, stream._handle)
+    else:
+        name, alloc = "cuMemAllocFromPoolAsync", drv.cuMemAllocFromPoolAsync
+        args = (nbytes, pool._handle, stream._handle)
+    err, ptr = stream._call(alloc, *args)
     if err and int(err) == OUT_OF_MEMORY:
         # Let the pool hand back memory whose frees are still queued. The raw call: faults
         # and host-function errors of other work are for their own synchronize to report.
         with in_context(ctx, "cuctx.empty"):
-            stream._backend.driver.cuCtxSynchronize()
-        err, ptr = stream._call(alloc, nbytes, stream._handle)
+            drv.cuCtxSynchronize()
+        err, ptr = stream._call(alloc, *args)
     if err:
         hint = ""
         if int(err) == OUT_OF_MEMORY:
             # A refused request can leave the pool holding what it reserved trying (measured
             # on an H100: 1 MiB free after asking for more than the device has, and the next
             # cuCtxCreate failed): give back what no allocation uses.
-            drv = stream._backend.driver
-            pool_err, pool = drv.cuDeviceGetDefaultMemPool(ctx.device._handle)
-            if not pool_err:
-                drv.cuMemPoolTrimTo(pool, 0)
+            handle = pool._handle if pool is not None else \
+                drv.cuDeviceGetDefaultMemPool(ctx.device._handle)[1]
+            if handle is not None:
+                drv.cuMemPoolTrimTo(handle, 0)
             free, total = ctx.device.mem_info()
             hint = (f"asked for {nbytes} bytes on device {ctx.device.ordinal} "
                     f"(free {free} of {total})")
-        fail(stream._backend, err, "cuMemAllocAsync", ctx, hint)
+            if pool is not None and pool.max_size is not None:
+                hint += (f" from {pool!r}, whose max_size {pool.max_size} the driver rounds "
+                         "up to its reservation granularity")
+        elif int(err) == NOT_SUPPORTED and pool is not None and pool.ipc:
+            hint = (f"{pool!r} cannot allocate inside a stream capture (the driver refuses "
+                    "graph memory from a pool shared between processes): allocate before "
+                    "the capture")
+        fail(stream._backend, err, name, ctx, hint)
     if _trace.sinks:
         _trace.emit("alloc", ctx, stream, (_trace.Access(int(ptr), nbytes, _trace.WRITE),))
-    return Allocation(int(ptr), nbytes, stream)
+    return Allocation(int(ptr), nbytes, stream, pool)

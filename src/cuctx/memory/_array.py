@@ -19,21 +19,24 @@ memory they are synchronous, as in CUDA.
 from __future__ import annotations
 
 from math import prod
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 from cuda.bindings.driver import CUpointer_attribute
 
 from .. import _driver, _record
 from . import _interop, _layout
-from ._alloc import Allocation, allocate
+from ._alloc import Allocation, allocate, pool_device
 from ._copy import copy_device, copy_host, fill_pattern, memset
 from ._host import pinned_empty, register_host
 from .._lifetimes import defer_cleanup
-from .._resource import Resource
+from .._resource import Resource, upper
 from ..context import ACTIVE, Context, context_for, fail
 from ..device import Device
 from ..stream import LEGACY, Stream, current_stream, resolve_stream
+
+if TYPE_CHECKING:
+    from ._pool import IpcDescriptor, MemoryPool
 
 __all__ = ["DeviceArray", "asarray", "copy", "defer_cleanup", "empty", "full", "pinned_empty",
            "register_host", "to_device", "zeros"]
@@ -58,7 +61,9 @@ class DeviceArray(Resource):
 
     @classmethod
     def _make(cls, ctx: Context, ptr: int, shape: tuple[int, ...], dtype: np.dtype,
-              strides: tuple[int, ...] | None, alloc: Allocation | None, owner: Any = None):
+              strides: tuple[int, ...] | None, alloc: Allocation | None, owner: Any = None,
+              contiguity: tuple[bool, bool] | None = None):
+        """``contiguity``: (C, Fortran) where the caller knows it, else worked out."""
         arr = object.__new__(cls)
         arr.shape = shape
         arr.dtype = dtype
@@ -69,7 +74,8 @@ class DeviceArray(Resource):
         arr._backend = ctx._backend
         arr._alloc = alloc  # keeps cuctx's memory allocated while any view lives
         arr._owner = owner  # keeps another library's memory alive (asarray)
-        arr._c, arr._f = _layout.contiguity(shape, arr.strides, dtype.itemsize)
+        arr._c, arr._f = _layout.contiguity(shape, arr.strides, dtype.itemsize) \
+            if contiguity is None else contiguity
         return arr
 
     def _view(self, offset: int, shape, strides, dtype: np.dtype | None = None) -> DeviceArray:
@@ -99,6 +105,42 @@ class DeviceArray(Resource):
     @property
     def context(self) -> Context:
         return self._ctx
+
+    @property
+    def pool(self) -> MemoryPool | None:
+        """The `MemoryPool` the memory came from (the device's default pool for plain
+        ``cuctx.empty``); None for managed memory and memory of other libraries."""
+        if self._alloc is None:
+            return None
+        return self._alloc.pool or upper.memory_pool._default_of(self._ctx._device)
+
+    @property
+    def host(self) -> np.ndarray:
+        """A NumPy array over the same memory, for managed arrays (`managed_empty`): read or
+        write it only while no device work using the array is queued (after a
+        synchronize); device work sees host writes made before it was enqueued."""
+        view = getattr(self._owner, "host_view", None)
+        if view is None:
+            raise TypeError(f"{self!r} is device memory, which the host cannot address: "
+                            "copy it with arr.to_host(), or allocate it with "
+                            "cuctx.managed_empty for a host view")
+        self._check("DeviceArray.host")
+        return view(self)
+
+    def _ipc_descriptor(self) -> IpcDescriptor:
+        """This array for another process (`MemoryPool._import_array` there); see
+        docs/memory.md. Only arrays of a ``MemoryPool(device, ipc=True)`` can be shared."""
+        if self._alloc is not None and self._alloc.pool is not None:
+            return self._alloc.pool._describe(self)  # which refuses a pool without ipc
+        if self._alloc is not None:
+            what = "memory of the device's default pool"
+        elif hasattr(self._owner, "host_view"):
+            what = "managed memory"
+        else:
+            what = "memory of another library (cuctx.asarray)"
+        raise TypeError(f"cannot share {self!r} with another process: it is {what}; "
+                        "allocate it from a MemoryPool(device, ipc=True) "
+                        "(cuctx.empty(..., pool=pool))")
 
     @property
     def is_contiguous(self) -> bool:
@@ -132,6 +174,20 @@ class DeviceArray(Resource):
     # -- views --------------------------------------------------------------------------
 
     def __getitem__(self, key) -> DeviceArray:
+        if key.__class__ is slice and key.step is None and self._c and self.shape:
+            # arr[a:b] of a C-contiguous array (every pipeline's chunks): a C-contiguous
+            # view, without the general indexing's arithmetic
+            try:
+                start, stop, _ = key.indices(self.shape[0])
+            except (TypeError, ValueError):
+                pass  # the general path says what is wrong with it
+            else:
+                rest = self.shape[1:]
+                n = stop - start if stop > start else 0
+                ptr = self.ptr + start * self.strides[0] if n and 0 not in rest else self.ptr
+                return DeviceArray._make(self._ctx, ptr, (n, *rest), self.dtype, self.strides,
+                                         self._alloc, self._owner,
+                                         None if rest else (True, True))
         offset, shape, strides = _layout.index(self.shape, self.strides, key)
         return self._view(offset, shape, strides)
 
@@ -222,8 +278,8 @@ class DeviceArray(Resource):
         so no later allocation reuses it while ``stream`` may still read or write it."""
         self._check("DeviceArray.record_stream")
         stream = Stream.wrap(stream)
-        if self._alloc is None and self.ptr == 0:
-            return  # an empty array has no memory to keep
+        if self._alloc is None and (self.ptr == 0 or hasattr(self._owner, "host_view")):
+            return  # no memory to keep, or managed memory: its free waits for all work
         if self._alloc is None:
             raise ValueError(f"{self!r} wraps memory of another library (cuctx.asarray); "
                              "that library frees it, so tell it about the stream instead")
@@ -277,44 +333,51 @@ class DeviceArray(Resource):
 # -- making arrays ------------------------------------------------------------------------
 
 def empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
-          stream: Stream | Any | None = None,
-          device: Device | int | None = None) -> DeviceArray:
+          stream: Stream | Any | None = None, device: Device | int | None = None,
+          pool: MemoryPool | None = None) -> DeviceArray:
     """An uninitialised C-contiguous device array, allocated stream-ordered on ``stream``
-    (default: the current stream of ``device``, default the current device)."""
+    (default: the current stream of ``device``, default the current device, or of
+    ``pool``'s device) from ``pool`` (a `MemoryPool`; default: the device's own)."""
     shape, dtype = _layout.shape_of(shape), _layout.dtype_of(dtype)
-    stream = resolve_stream(stream, operation="cuctx.empty", device=device)
-    nbytes = prod(shape) * dtype.itemsize
+    if pool is not None:
+        device = pool_device(pool, device)
+    stream = resolve_stream(stream, operation="cuctx.empty",
+                            device=None if pool is not None and stream is not None else device)
+    nbytes = _layout.nbytes_of(shape, dtype, "device array")
     if nbytes == 0:  # the driver answers a null pointer; an empty array needs no memory
         stream._ctx._check("cuctx.empty")
         return DeviceArray._make(stream._ctx, 0, shape, dtype, None, None)
-    alloc = allocate(nbytes, stream)
+    alloc = allocate(nbytes, stream, pool)
     return DeviceArray._make(stream._ctx, alloc.ptr, shape, dtype, None, alloc)
 
 
 def zeros(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
-          stream: Stream | Any | None = None,
-          device: Device | int | None = None) -> DeviceArray:
+          stream: Stream | Any | None = None, device: Device | int | None = None,
+          pool: MemoryPool | None = None) -> DeviceArray:
     """A device array of zeros (stream-ordered, see `empty`)."""
-    return full(shape, 0, dtype, stream=stream, device=device)
+    return full(shape, 0, dtype, stream=stream, device=device, pool=pool)
 
 
 def full(shape: int | tuple[int, ...], value: Any, dtype: Any = None, *,
-         stream: Stream | Any | None = None, device: Device | int | None = None) -> DeviceArray:
+         stream: Stream | Any | None = None, device: Device | int | None = None,
+         pool: MemoryPool | None = None) -> DeviceArray:
     """A device array with every element ``value``; ``dtype`` defaults to NumPy's choice
     for ``value``."""
     dtype = np.asarray(value).dtype if dtype is None else dtype
-    arr = empty(shape, dtype, stream=stream, device=device)
+    arr = empty(shape, dtype, stream=stream, device=device, pool=pool)
     return arr.fill(value, stream=arr._alloc.stream if arr._alloc else None)
 
 
 def to_device(ary: Any, stream: Stream | Any | None = None, *,
-              device: Device | int | None = None) -> DeviceArray:
+              device: Device | int | None = None,
+              pool: MemoryPool | None = None) -> DeviceArray:
     """A new C-contiguous device array holding a copy of ``ary`` (a NumPy array of any
-    layout, anything ``numpy.asarray`` takes, or a DeviceArray). From pageable memory the
-    copy is synchronous; from page-locked memory (`pinned_empty`, `register_host`) it is
-    asynchronous on ``stream``: keep ``ary`` unchanged until the stream is synchronized."""
+    layout, anything ``numpy.asarray`` takes, or a DeviceArray), allocated as `empty` does
+    (from ``pool`` when given). From pageable memory the copy is synchronous; from
+    page-locked memory (`pinned_empty`, `register_host`) it is asynchronous on ``stream``:
+    keep ``ary`` unchanged until the stream is synchronized."""
     src = ary if ary.__class__ is DeviceArray else np.asarray(ary)
-    arr = empty(src.shape, src.dtype, stream=stream, device=device)
+    arr = empty(src.shape, src.dtype, stream=stream, device=device, pool=pool)
     copy(arr, src, arr._alloc.stream if arr._alloc else None)
     return arr
 

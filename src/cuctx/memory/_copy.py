@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from math import prod
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from cuda.bindings.driver import CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUmemorytype
@@ -26,6 +26,7 @@ from .. import _lifetimes, _record, _trace
 from ._alloc import allocate
 from ._host import page_locked
 from ._layout import Plan
+from .._driver import native
 from ..context import fail
 from ..stream import Stream, refuse_legacy_in_global_capture, resolve_stream
 
@@ -34,8 +35,18 @@ _LINEAR = {(True, False): "cuMemcpyHtoDAsync", (False, True): "cuMemcpyDtoHAsync
            (True, True): "cuMemcpyDtoDAsync"}
 
 
+def _interface_address(host: np.ndarray) -> int:
+    return host.__array_interface__["data"][0]
+
+
+# A NumPy array's data address: __array_interface__ builds a dict for it (microseconds, on
+# every copy), the extension reads it from __array_struct__ (cuctx/csrc/copies.c).
+_extension, _ = native.extension()
+host_address = _interface_address if _extension is None else _extension.host_address
+
+
 def _address(obj, on_device: bool) -> int:
-    return obj.ptr if on_device else obj.__array_interface__["data"][0]
+    return obj.ptr if on_device else host_address(obj)
 
 
 def _access(obj, on_device: bool, mode: str) -> _trace.Access:
@@ -47,23 +58,49 @@ def _access(obj, on_device: bool, mode: str) -> _trace.Access:
     return _trace.Access(start, nbytes, mode, obj, host=True)
 
 
+def _copy_accesses(dst, src, dst_on_device: bool, src_on_device: bool) -> tuple:
+    return _access(src, src_on_device, _trace.READ), _access(dst, dst_on_device, _trace.WRITE)
+
+
 def announce_copy(stream: Stream, dst, src, dst_on_device: bool, src_on_device: bool) -> None:
-    _trace.emit("copy", stream._ctx, stream, (_access(src, src_on_device, _trace.READ),
-                                             _access(dst, dst_on_device, _trace.WRITE)))
+    _trace.emit_lazily("copy", stream._ctx, stream,
+                       (_copy_accesses, dst, src, dst_on_device, src_on_device))
 
 
 def issue(stream: Stream, plan: Plan, dst_obj, src_obj, dst_on_device: bool,
           src_on_device: bool) -> None:
     """Queue ``plan`` on ``stream`` from ``src_obj`` to ``dst_obj`` (device arrays or NumPy
     arrays, as the flags say). Raises the driver's error as a CudaError."""
+    _issue(stream, plan, dst_obj, src_obj, dst_on_device, src_on_device,
+           _address(dst_obj, dst_on_device), _address(src_obj, src_on_device))
+
+
+def _issue(stream: Stream, plan: Plan, dst_obj, src_obj, dst_on_device: bool,
+           src_on_device: bool, dst: int, src: int) -> None:
+    """`issue`, the addresses of both sides' first elements given."""
     if _record.threads and _record.enqueue(stream, _record.COPY, plan, dst_obj, src_obj,
                                            dst_on_device, src_on_device):
         return  # an autograph call recorded it
     if _lifetimes.capturing:
         refuse_legacy_in_global_capture(stream, "cuctx.copy")
     drv = stream._backend.driver
-    dst = _address(dst_obj, dst_on_device) + plan.dst_offset
-    src = _address(src_obj, src_on_device) + plan.src_offset
+    dst += plan.dst_offset
+    src += plan.src_offset
+    if plan.rows is None and not plan.loops:  # one linear copy: every contiguous pair
+        name = _LINEAR[dst_on_device, src_on_device]
+        err, = stream._call(getattr(drv, name), dst, src, plan.width, stream._handle)
+        if err:
+            fail(stream._backend, err, name, stream._ctx)
+    else:
+        _issue_calls(stream, drv, plan, dst, src, dst_on_device, src_on_device)
+    if _trace.sinks:  # (announce_copy inline: the trace walks every frame to the user's)
+        _trace.emit_lazily("copy", stream._ctx, stream,
+                           (_copy_accesses, dst_obj, src_obj, dst_on_device, src_on_device))
+
+
+def _issue_calls(stream: Stream, drv, plan: Plan, dst: int, src: int, dst_on_device: bool,
+                 src_on_device: bool) -> None:
+    """The calls of a plan with rows or loops: 1D, 2D or 3D copies, one per loop index."""
     if plan.rows is None:
         name = _LINEAR[dst_on_device, src_on_device]
         call = getattr(drv, name)
@@ -85,8 +122,6 @@ def issue(stream: Stream, plan: Plan, dst_obj, src_obj, dst_on_device: bool,
         err, = one(d, s)
         if err:
             fail(stream._backend, err, name, stream._ctx)
-    if _trace.sinks:
-        announce_copy(stream, dst_obj, src_obj, dst_on_device, src_on_device)
 
 
 def _params(plan: Plan, dst_on_device: bool, src_on_device: bool):
@@ -159,23 +194,86 @@ def memset(arr, pattern: bytes, stream: Stream) -> None:
 
 # -- copies between arrays -----------------------------------------------------------------
 
-def _matching(dst, src) -> int:
-    """Check that dst and src can be copied; return the element count."""
+class Layouts(NamedTuple):
+    """What a copy between two layouts of one shape and itemsize needs beyond the arrays."""
+
+    size: int  # elements; 0: nothing to copy
+    overlapping: bool  # the destination's elements overlap each other: refused
+    plan: Plan | None  # the direct copy (None when size is 0)
+    staged: bool  # through a temporary instead, which takes fewer calls
+    dst_span: tuple[int, int]  # bytes [lo, hi) relative to the first element (`_layout.span`)
+    src_span: tuple[int, int]
+
+
+# Planning a copy costs several times the driver call it plans, and programs copy the same
+# few layouts again and again (a pipeline's slices): each pair is planned once, keyed by
+# (shape, dst strides, src strides, itemsize, dst on device, src on device).
+PLANS_KEPT = 1024
+_planned: dict[tuple, Layouts] = {}
+
+
+def _layouts(dst, src, dst_on_device: bool, src_on_device: bool) -> Layouts:
+    """The `Layouts` of a copy between arrays of one shape and dtype."""
+    key = (dst.shape, dst.strides, src.strides, dst.dtype.itemsize, dst_on_device,
+           src_on_device)
+    found = _planned.get(key)
+    if found is None:
+        if len(_planned) >= PLANS_KEPT:  # ever new layouts: start over rather than grow
+            _planned.clear()
+        found = _planned[key] = _plan_layouts(*key)
+    return found
+
+
+def _plan_layouts(shape, dst_strides, src_strides, itemsize: int, dst_on_device: bool,
+                  src_on_device: bool) -> Layouts:
+    size = prod(shape)
+    plan, staged = None, False
+    if size:
+        plan = _layout.plan(shape, dst_strides, src_strides, itemsize)
+        # Where the layouts disagree (a transpose, a reversal), the copy engines cannot
+        # reorder elements in few calls: staging through a buffer in each device side's own
+        # order lets NumPy reorder them on the host.
+        own = sum(_own_plan(shape, strides, itemsize).calls for strides, on_device in
+                  ((dst_strides, dst_on_device), (src_strides, src_on_device)) if on_device)
+        staged = own < plan.calls
+    return Layouts(size, _layout.self_overlapping(shape, dst_strides, itemsize), plan, staged,
+                   _layout.span(shape, dst_strides, itemsize),
+                   _layout.span(shape, src_strides, itemsize))
+
+
+def _alike(dst, src) -> None:
     if dst.shape != src.shape:
         raise ValueError(f"cuctx.copy: shapes differ: dst {dst.shape}, src {src.shape}")
     if dst.dtype != src.dtype:
         raise TypeError(f"cuctx.copy: dtypes differ: dst {dst.dtype}, src {src.dtype}; "
                         "copies do not convert (convert on the host with astype first)")
-    if _layout.self_overlapping(dst.shape, dst.strides, dst.dtype.itemsize):
-        raise ValueError(f"cuctx.copy: the destination's elements overlap (strides "
-                         f"{dst.strides}): copy into an array without repeated elements")
-    return prod(dst.shape)
 
 
-def _own_plan(arr) -> Plan:
-    """The plan between ``arr`` and a dense buffer in its own axis order."""
-    dense, _ = _layout.dense_strides(arr.shape, arr.strides, arr.dtype.itemsize)
-    return _layout.plan(arr.shape, dense, arr.strides, arr.dtype.itemsize)
+def _overlapping(dst) -> ValueError:
+    return ValueError(f"cuctx.copy: the destination's elements overlap (strides "
+                      f"{dst.strides}): copy into an array without repeated elements")
+
+
+def _checked(dst, src, dst_on_device: bool, src_on_device: bool) -> Layouts:
+    """Check that dst and src can be copied; return their `Layouts`."""
+    _alike(dst, src)
+    layouts = _layouts(dst, src, dst_on_device, src_on_device)
+    if layouts.overlapping:
+        raise _overlapping(dst)
+    return layouts
+
+
+def _matching(dst, src) -> int:
+    """Check that dst and src (device or NumPy arrays) can be copied; return the element
+    count."""
+    return _checked(dst, src, not isinstance(dst, np.ndarray),
+                    not isinstance(src, np.ndarray)).size
+
+
+def _own_plan(shape, strides, itemsize: int) -> Plan:
+    """The plan between a layout and a dense buffer in its own axis order."""
+    dense, _ = _layout.dense_strides(shape, strides, itemsize)
+    return _layout.plan(shape, dense, strides, itemsize)
 
 
 def _dense_host(like) -> np.ndarray:
@@ -191,49 +289,55 @@ def copy_host(arr, host: Any, stream, to_device: bool) -> None:
                         f"{type(host).__name__} (use numpy.asarray(x, dtype=...) first)")
     arr._check("cuctx.copy")
     if to_device:
-        n = _matching(arr, host)
+        layouts = _checked(arr, host, True, False)
     else:
-        n = _matching(host, arr)
+        layouts = _checked(host, arr, False, True)
         if not host.flags.writeable:
             raise ValueError("cuctx.copy: the destination host array is read-only")
-    if n:
-        _host_copy(arr, host, resolve_stream(stream, arr._ctx, "cuctx.copy"), to_device)
+    if layouts.size:
+        stream = resolve_stream(stream, arr._ctx, "cuctx.copy")
+        if layouts.staged:
+            _host_copy(arr, host, stream, to_device, layouts)
+        else:  # (directly: the trace walks every frame to the user's)
+            _transfer(arr, host, stream, to_device, layouts)
 
 
-def _host_copy(arr, host: np.ndarray, stream: Stream, to_device: bool) -> None:
+def _host_copy(arr, host: np.ndarray, stream: Stream, to_device: bool,
+               layouts: Layouts | None = None) -> None:
     """Copy checked arrays on ``stream`` (of the array's context, or of another context of
     its device)."""
-    itemsize = arr.dtype.itemsize
-    dst, src = (arr, host) if to_device else (host, arr)
-    direct = _layout.plan(arr.shape, dst.strides, src.strides, itemsize)
-    if _own_plan(arr).calls < direct.calls:
+    if layouts is None:
+        layouts = _host_layouts(arr, host, to_device)
+    if layouts.staged:
         # The host layout disagrees with the device's (a transpose, say): move the bytes in
         # the device's own layout through a pageable temporary and let NumPy reorder them.
         temp = _dense_host(arr)
         if to_device:
             np.copyto(temp, host)
-            _transfer(arr, temp, stream, True)
+            _transfer(arr, temp, stream, True, _host_layouts(arr, temp, True))
         else:
-            _transfer(arr, temp, stream, False)  # pageable: the data is there on return
-            np.copyto(host, temp)
+            _transfer(arr, temp, stream, False, _host_layouts(arr, temp, False))
+            np.copyto(host, temp)  # pageable: the data was there on return
         return
-    _transfer(arr, host, stream, to_device, direct)
+    _transfer(arr, host, stream, to_device, layouts)
+
+
+def _host_layouts(arr, host: np.ndarray, to_device: bool) -> Layouts:
+    return _layouts(arr, host, True, False) if to_device else _layouts(host, arr, False, True)
 
 
 def _transfer(arr, host: np.ndarray, stream: Stream, to_device: bool,
-              plan: Plan | None = None) -> None:
-    itemsize = arr.dtype.itemsize
-    if plan is None:
-        dst, src = (arr, host) if to_device else (host, arr)
-        plan = _layout.plan(arr.shape, dst.strides, src.strides, itemsize)
-    lo, hi = _layout.span(host.shape, host.strides, itemsize)
-    locked = page_locked(_address(host, False) + lo, hi - lo)
+              layouts: Layouts) -> None:
+    """The direct copy between ``arr`` and ``host`` (as many driver calls as its plan has)."""
+    lo, hi = layouts.src_span if to_device else layouts.dst_span
+    address = host_address(host)
+    locked = page_locked(address + lo, hi - lo)
     if not locked and _lifetimes.capturing:
         _lifetimes.refuse_in_capture("cuctx.copy", stream=stream, why=_PAGEABLE_IN_CAPTURE)
     if to_device:
-        issue(stream, plan, arr, host, True, False)
+        _issue(stream, layouts.plan, arr, host, True, False, arr.ptr, address)
     else:
-        issue(stream, plan, host, arr, False, True)
+        _issue(stream, layouts.plan, host, arr, False, True, address, arr.ptr)
     if locked:  # asynchronous: keep it until done
         stream._hold(host)
 
@@ -260,30 +364,27 @@ def copy_device(dst, src, stream) -> None:
     src._check("cuctx.copy")
     if dst._ctx._backend is not src._ctx._backend:
         raise ValueError("cuctx.copy: the arrays belong to different backends")
-    if _matching(dst, src) == 0:
+    layouts = _checked(dst, src, True, True)
+    if not layouts.size:
         return
     if dst._ctx._device is not src._ctx._device:
         return _copy_peer(dst, src, stream)
     # One device, one context or two: under unified addressing every context of a device
     # can use the memory of the others (docs/memory.md, "Contexts").
     stream = _either_stream(stream, dst, src, "cuctx.copy")
-    itemsize = dst.dtype.itemsize
-    d_lo, d_hi = _layout.span(dst.shape, dst.strides, itemsize)
-    s_lo, s_hi = _layout.span(src.shape, src.strides, itemsize)
+    (d_lo, d_hi), (s_lo, s_hi) = layouts.dst_span, layouts.src_span
     if dst.ptr + d_lo < src.ptr + s_hi and src.ptr + s_lo < dst.ptr + d_hi:
         # Overlapping memory: a copy's order of reads and writes is undefined; stage.
         staged = _dense_device(src, stream)
         copy_device(staged, src, stream)
         src = staged
-    direct = _layout.plan(dst.shape, dst.strides, src.strides, itemsize)
-    if _own_plan(src).calls + _own_plan(dst).calls < direct.calls:
-        # The layouts disagree (a transpose or reversal): the copy engines cannot reorder
-        # elements in few calls, so NumPy does it on the host.
+        layouts = _layouts(dst, src, True, True)
+    if layouts.staged:  # the layouts disagree: NumPy reorders on the host
         host = _dense_host(src)
         _host_copy(src, host, stream, to_device=False)
         _host_copy(dst, host, stream, to_device=True)
         return
-    issue(stream, direct, dst, src, True, True)
+    _issue(stream, layouts.plan, dst, src, True, True, dst.ptr, src.ptr)
 
 
 def _copy_peer(dst, src, stream) -> None:

@@ -19,7 +19,7 @@ from cuda.bindings.driver import (CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUDA_MEMSET_NODE
 
 from ._cargs import size_t, unsigned
 from ._common import (CAPTURE_ISOLATION, CAPTURE_MERGE, CAPTURE_UNSUPPORTED, INVALID_HANDLE,
-                      INVALID_VALUE, OK)
+                      INVALID_VALUE, NOT_SUPPORTED, OK)
 from ._graph_nodes import HostWork, KernelWork, copy_work, memset_work
 
 HOST, DEVICE = CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE
@@ -213,6 +213,31 @@ class CaptureOps:
             return err, work
         result = self._capture_node(hStream, make, lambda: super(CaptureOps, self)
                                     .cuMemAllocAsync(nbytes, hStream))
+        if len(result) == 2:
+            return result  # not capturing: the eager allocation's answer
+        if result[0]:
+            return (result[0], None)
+        return (OK, CUdeviceptr(made[0].block.base if made and made[0] else 0))
+
+    def cuMemAllocFromPoolAsync(self, bytesize, pool, hStream):
+        """Captured: a memory node the graph owns, as cuMemAllocAsync; an IPC pool's is
+        CUDA_ERROR_NOT_SUPPORTED and leaves the capture valid (both measured on an H100)."""
+        nbytes = size_t(bytesize)
+        made = []
+
+        def make(stream):
+            found = self._pool(pool)
+            if found is None or found.imported:
+                return INVALID_VALUE, None
+            if found.ipc:
+                return NOT_SUPPORTED, None
+            if nbytes == 0:
+                return OK, None
+            err, work = self._graph_alloc(self._captures[stream].graph, stream.ctx, nbytes)
+            made.append(work)
+            return err, work
+        result = self._capture_node(hStream, make, lambda: super(CaptureOps, self)
+                                    .cuMemAllocFromPoolAsync(nbytes, pool, hStream))
         if len(result) == 2:
             return result  # not capturing: the eager allocation's answer
         if result[0]:

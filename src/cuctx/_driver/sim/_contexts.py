@@ -188,6 +188,12 @@ class ContextModel:
         """Run all work queued in ``ctx``; the stream model overrides this."""
         return OK
 
+    def _device_synchronized(self, device: int) -> None:
+        """A stream, event or context synchronize of ``device`` returned (pools release)."""
+
+    def _block_dropped(self, block) -> None:
+        """A block of device memory left the address space (pools account for it)."""
+
     # -- primary contexts -----------------------------------------------------------------
 
     def _primary_of(self, dev):

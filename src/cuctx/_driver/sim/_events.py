@@ -103,7 +103,10 @@ class EventModel:
             if marker is not None:
                 self._complete(marker)
                 self._now = max(self._now, marker.end)
-            return (event.ctx.sticky or OK,)
+            if event.ctx.sticky is not None:
+                return (event.ctx.sticky,)
+            self._device_synchronized(event.ctx.device)
+        return (OK,)
 
     def cuEventElapsedTime(self, hStart, hEnd):
         with self._lock:

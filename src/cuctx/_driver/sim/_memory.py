@@ -16,15 +16,9 @@ Anything else is CUDA_ERROR_ILLEGAL_ADDRESS, which is sticky and poisons the con
 stream engine does that for any op returning it). Kernel twins have only addresses, so
 `_device_view` accepts any range that some not yet freed allocation of the block covers.
 
-Stream-ordered allocation (cuMemAllocAsync / cuMemFreeAsync) models a device's default
-memory pool: a freed block goes back to the pool at once, and a later allocation *on the
-same stream* may reuse it straight away (stream order makes that safe: the work queued for
-the old allocation runs first); allocations on other streams may reuse it only after the
-free has run. The memory stays valid for the work queued before the free; after the free has
-run, an access is an illegal address (a use after free that a GPU would let slip). Pool
-blocks whose free has run are released back to the device when a context synchronizes or
-an allocation would not fit otherwise (the pool's release threshold is 0, the driver's
-default).
+Stream-ordered allocation, pools and their reuse are in `_pools` (a block then belongs to a
+pool); blocks of IPC pools have shared memory behind them (`_ipc`), managed memory is a block
+at its host address (`_managed`).
 
 Arguments: sizes and memset values are converted as cuda.bindings converts C arguments
 (a negative size or a value too large is an OverflowError), so the sim never queues work
@@ -67,14 +61,17 @@ class Block:
     """A range of device addresses with bytes behind it, used by one allocation at a time."""
 
     __slots__ = ("base", "size", "device", "ctx", "data", "current", "valid", "pooled",
-                 "free_stream", "released", "ordered", "graph")
+                 "free_stream", "released", "ordered", "graph", "pool", "counted")
 
-    def __init__(self, base: int, size: int, device: int, ctx):
+    def __init__(self, base: int, size: int, device: int, ctx, data=None, pool=None):
         self.base = base
         self.size = size  # capacity
         self.device = device
         self.ctx = ctx  # the context of the allocation using it
-        self.data = np.zeros(size, np.uint8)  # calloc: pages are only touched when written
+        # calloc: pages are only touched when written
+        self.data = np.zeros(size, np.uint8) if data is None else data
+        self.pool = pool  # the `_pools.SimPool` it belongs to (None: cuMemAlloc, graphs)
+        self.counted = True  # in the device's memory (not: imported, managed)
         self.current: Allocation | None = None  # the latest allocation
         self.valid: list[Allocation] = []  # allocations whose free has not run yet
         self.pooled = False  # in the pool (freed or its free queued), not allocated
@@ -144,7 +141,6 @@ class MemoryModel(PitchedCopies, HostMemory):
         self._next_address = ADDRESS_BASE
         self._bases: list[int] = []  # sorted block bases, for finding a pointer's block
         self._blocks: dict[int, Block] = {}
-        self._pools: list[list[Block]] = [[] for _ in self._devices]  # pooled blocks
         self._in_use = [0] * len(self._devices)  # bytes of blocks per device
         self._init_host()
 
@@ -182,19 +178,34 @@ class MemoryModel(PitchedCopies, HostMemory):
         offset = ptr - block.base
         return OK, block.data[offset:offset + nbytes]
 
-    def _new_block(self, nbytes: int, device: int, ctx) -> Block | None:
-        """A fresh block, releasing idle pool blocks first if it would not fit; None: OOM."""
-        size = -(-nbytes // ALIGNMENT) * ALIGNMENT
+    @staticmethod
+    def _block_size(nbytes: int) -> int:
+        return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
+    def _new_block(self, nbytes: int, device: int, ctx, pool=None) -> Block | None:
+        """A fresh block (of ``pool``), releasing idle pool blocks of the device first if it
+        would not fit; None: out of memory."""
+        size = self._block_size(nbytes)
         if size > self._free_bytes(device):
-            self._trim_pool(device)
+            self._trim_device(device)
             if size > self._free_bytes(device):
                 return None
-        block = Block(self._next_address, size, device, ctx)
-        self._next_address += size + ALIGNMENT  # a gap: running off the end is never valid
-        self._bases.append(block.base)  # addresses only grow, so the list stays sorted
-        self._blocks[block.base] = block
+        base, data = self._block_memory(size, pool)
+        block = Block(base, size, device, ctx, data, pool)
+        self._add_block(block)
         self._in_use[device] += size
         return block
+
+    def _block_memory(self, size: int, pool) -> tuple[int, np.ndarray | None]:
+        """(address, bytes or None for fresh zeros) of a new block; `_ipc` gives IPC pools
+        shared memory."""
+        base = self._next_address
+        self._next_address += size + ALIGNMENT  # a gap: running off the end is never valid
+        return base, None
+
+    def _add_block(self, block: Block) -> None:
+        bisect.insort(self._bases, block.base)  # IPC and managed blocks lie elsewhere
+        self._blocks[block.base] = block
 
     def _free_bytes(self, device: int) -> int:
         spec = self._devices[device]
@@ -202,46 +213,34 @@ class MemoryModel(PitchedCopies, HostMemory):
 
     def _drop_block(self, block: Block) -> None:
         i = bisect.bisect_left(self._bases, block.base)
-        del self._bases[i]
-        del self._blocks[block.base]
-        self._in_use[block.device] -= block.size
+        if i < len(self._bases) and self._bases[i] == block.base \
+                and self._blocks.get(block.base) is block:
+            del self._bases[i]
+            del self._blocks[block.base]
+        if block.counted:
+            self._in_use[block.device] -= block.size
         for alloc in block.valid:
             alloc.live = False
         block.valid.clear()
         if block.current is not None:
             block.current.live = False
-
-    def _trim_pool(self, device: int) -> None:
-        pool = self._pools[device]
-        for block in [b for b in pool if b.released]:
-            pool.remove(block)
-            self._drop_block(block)
+        self._block_dropped(block)
 
     def _device_bytes_in_use(self, ordinal: int) -> int:
         return self._in_use[ordinal] + super()._device_bytes_in_use(ordinal)
 
-    def _synchronize_context(self, ctx):
-        err = super()._synchronize_context(ctx)
-        with self._lock:
-            self._trim_pool(ctx.device)
-        return err
-
     def _release_context_resources(self, ctx):
-        super()._release_context_resources(ctx)  # runs the queued work first
+        # First (`_pools`): the streams ran their work, frees queued in a poisoned context
+        # gave their blocks back to their pools.
+        super()._release_context_resources(ctx)
         with self._lock:
-            for block in self._pools[ctx.device]:
-                if not block.released and block.free_stream.ctx is ctx:
-                    # A poisoned context's queued work never runs, frees included; its
-                    # streams are gone, so nothing orders a reuse after them: the pool has
-                    # the block back (the driver cannot free it twice either).
-                    block.end(block.current)
             for block in [b for b in self._blocks.values() if b.ctx is ctx]:
                 if block.ordered and block.live:
-                    # The device's pool owns it: destroying or resetting the context does not
-                    # free it; a free from another context does (measured on an H100).
+                    # A pool owns it: destroying or resetting the context does not free it;
+                    # a free from another context does (measured on an H100).
                     continue
                 if block.pooled:
-                    self._pools[block.device].remove(block)
+                    block.pool.free.remove(block)
                 self._drop_block(block)
 
     # -- allocation -----------------------------------------------------------------------
@@ -275,51 +274,6 @@ class MemoryModel(PitchedCopies, HostMemory):
             if block.base in self._blocks:
                 self._drop_block(block)
         return (err or OK,)
-
-    def cuMemAllocAsync(self, bytesize, hStream):
-        nbytes = size_t(bytesize)
-        with self._lock:
-            err, stream = self._stream(hStream)
-            if err:
-                return (err, None)
-            if nbytes == 0:  # as on driver 580: success, and a null pointer
-                return (OK, CUdeviceptr(0))
-            ctx = stream.ctx
-            block = self._reusable(nbytes, ctx.device, stream) \
-                or self._new_block(nbytes, ctx.device, ctx)
-            if block is None:
-                return (OUT_OF_MEMORY, None)
-            block.ordered = True
-            return (OK, CUdeviceptr(block.allocate(nbytes, ctx)))
-
-    def _reusable(self, nbytes: int, device: int, stream) -> Block | None:
-        """The smallest pool block that fits and that ``stream`` may use now: one freed on
-        it, or one whose free has run. Blocks more than twice too big are left alone."""
-        pool = self._pools[device]
-        fits = [b for b in pool if nbytes <= b.size <= 2 * nbytes + ALIGNMENT
-                and (b.free_stream is stream or b.released)]
-        if not fits:
-            return None
-        block = min(fits, key=lambda b: b.size)
-        pool.remove(block)
-        return block
-
-    def cuMemFreeAsync(self, dptr, hStream):
-        with self._lock:
-            err, stream = self._stream(hStream)
-            if err:
-                return (err,)
-            block = self._blocks.get(int(dptr))
-            if block is None or not block.live or block.pooled:
-                return (INVALID_VALUE,)
-            block.pooled = True
-            block.free_stream = stream
-            self._pools[block.device].append(block)
-            alloc = block.current
-
-            def free():
-                block.end(alloc)
-            return (self._enqueue(hStream, free, label="free"),)
 
     # -- copies ---------------------------------------------------------------------------
 

@@ -3,17 +3,21 @@
 Two grants exist, as on the real driver. cuCtxEnablePeerAccess lets the current context use
 the allocations of a peer context (memory from cuMemAlloc); it is per context pair and ends
 when either context is destroyed or reset. Memory from a memory pool (cuMemAllocAsync) is
-not covered by it: each device's default pool has an access list (cuMemPoolSetAccess /
+not covered by it: each pool (`_pools`) has an access list (cuMemPoolSetAccess /
 cuMemPoolGetAccess), in which the owning device always has read-write access.
 
 The sim's devices are NVLink-connected H100s: each can access every other one; no device
 is its own peer (cuDeviceCanAccessPeer(d, d) is 0, and enabling access to a context of the
 same device answers CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, as recorded on a real H100).
+
+Kernels are held to the grants (`_may_reach`, asked by `_library._kernel_view` for every
+view a twin makes): memory of another device is an illegal address for a kernel without
+them, as it is unmapped on a GPU. Copies between devices need neither (cuMemcpyPeerAsync).
 """
 
 from __future__ import annotations
 
-from cuda.bindings.driver import CUmemAccess_flags, CUmemLocationType, CUmemoryPool
+from cuda.bindings.driver import CUmemAccess_flags, CUmemLocationType
 
 from ._common import (CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_DEVICE, INVALID_VALUE,
                       NOT_INITIALIZED, OK, PEER_ACCESS_ALREADY_ENABLED, PEER_ACCESS_NOT_ENABLED,
@@ -22,17 +26,14 @@ from ._common import (CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_DEVICE, INV
 NONE = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE
 READWRITE = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 _DEVICE = CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-_POOL_BASE, _POOL_STEP = 0x9001_0000_0000, 0x100  # default-pool handles, one per device
 
 
 class PeerModel:
     """cuDeviceCanAccessPeer, cuCtxEnablePeerAccess/DisablePeerAccess,
-    cuDeviceGetDefaultMemPool, cuMemPoolSetAccess/GetAccess."""
+    cuMemPoolSetAccess/GetAccess (of the pools of `_pools`)."""
 
     def _init_peers(self):
         self._peer_access: set[tuple[int, int]] = set()  # (context, peer context) handles
-        # pool (by owning device) -> {accessing device: flags}; the owner is implicit
-        self._pool_access: dict[int, dict[int, CUmemAccess_flags]] = {}
 
     def cuDeviceCanAccessPeer(self, dev, peerDev):
         if not self._initialized:
@@ -81,39 +82,31 @@ class PeerModel:
             self._peer_access.discard((ctx.handle, peer.handle))
         return (OK,)
 
+    def _may_reach(self, ctx, block) -> bool:
+        """Whether a kernel running in ``ctx`` may touch ``block``: memory of its own device
+        always (any context of it); a pool's block of another device with that pool's
+        access granted to ``ctx``'s device; any other block of another device (from
+        cuMemAlloc, a library's variables) with peer access from ``ctx`` to the block's
+        context. Graph allocations carry their own access list, which the sim does not
+        model: they are let through."""
+        if block.device == ctx.device or block.graph is not None:
+            return True
+        if block.pool is not None:  # the default pool's or an explicit one's access list
+            return block.pool.access.get(ctx.device) == READWRITE
+        return (ctx.handle, block.ctx.handle) in self._peer_access
+
     def _release_context_resources(self, ctx):
         with self._lock:
             self._peer_access = {pair for pair in self._peer_access if ctx.handle not in pair}
         super()._release_context_resources(ctx)
 
-    # -- default memory pools ------------------------------------------------------------
-
-    def cuDeviceGetDefaultMemPool(self, dev):
-        if not self._initialized:
-            return (NOT_INITIALIZED, None)
-        if self._device(dev) is None:
-            return (INVALID_DEVICE, None)
-        return (OK, CUmemoryPool(_POOL_BASE + _POOL_STEP * int(dev)))
-
-    def _pool_device(self, pool) -> int | None:
-        offset = int(pool or 0) - _POOL_BASE
-        ordinal, rest = divmod(offset, _POOL_STEP)
-        return ordinal if offset >= 0 and not rest and ordinal < len(self._devices) else None
-
-    def cuMemPoolTrimTo(self, pool, minBytesToKeep):
-        """Give back the pool's freed blocks (the sim keeps none: minBytesToKeep is not
-        modelled beyond 0)."""
-        owner = self._pool_device(pool)
-        if owner is None:
-            return (INVALID_VALUE,)
-        with self._lock:
-            self._trim_pool(owner)
-        return (OK,)
+    # -- pool access -------------------------------------------------------------------
 
     def cuMemPoolSetAccess(self, pool, map, count):  # noqa: A002 - the driver's parameter name
-        owner = self._pool_device(pool)
-        if owner is None or count < 0 or count > len(map or ()):
+        found = self._pool(pool)
+        if found is None or count < 0 or count > len(map or ()):
             return (INVALID_VALUE,)
+        owner = found.device
         changes = {}
         for desc in list(map or ())[:count]:  # all checked before any is applied
             if desc.location.type != _DEVICE or desc.flags not in (NONE, READWRITE):
@@ -129,15 +122,15 @@ class PeerModel:
                 return (INVALID_DEVICE,)
             changes[device] = desc.flags
         with self._lock:
-            self._pool_access.setdefault(owner, {}).update(changes)
+            found.access.update(changes)
         return (OK,)
 
     def cuMemPoolGetAccess(self, memPool, location):
-        owner = self._pool_device(memPool)
-        if owner is None or location is None or location.type != _DEVICE:
+        found = self._pool(memPool)
+        if found is None or location is None or location.type != _DEVICE:
             return (INVALID_VALUE, None)
         if self._device(location.id) is None:
             return (INVALID_DEVICE, None)
-        if location.id == owner:
+        if location.id == found.device:
             return (OK, READWRITE)
-        return (OK, self._pool_access.get(owner, {}).get(location.id, NONE))
+        return (OK, found.access.get(location.id, NONE))

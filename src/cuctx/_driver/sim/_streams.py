@@ -401,7 +401,10 @@ class StreamModel(EventModel):
         return self._stream_query(hStream, lambda s: CUdevice(s.ctx.device))
 
     def cuStreamSynchronize(self, hStream):
-        return (self._drain(hStream),)
+        err = self._drain(hStream)
+        if not err:
+            self._device_synchronized(self._stream(hStream)[1].ctx.device)
+        return (err,)
 
     def cuStreamQuery(self, hStream):
         with self._lock:

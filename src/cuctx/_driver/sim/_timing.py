@@ -56,6 +56,32 @@ TIMESLICE_NS = 2_000_000
 # How many bookings each engine keeps to find gaps in (older ones are over for good).
 _KEEP = 64
 
+# -- host costs: what AutoGraph decides from on the sim -------------------------------------
+# What the host side of cuctx costs on the machine issue 16 measured (an H100 80GB HBM3,
+# driver 580), per operation. The sim's clock models the GPU's work, not the host's, so
+# `@cuctx.autograph`'s cost policy (graphs/_autograph_policy.py) reads these instead of
+# timing the sim's own Python: the same calls are graphed on the sim as on that GPU, from run
+# to run. On a GPU they are the policy's first estimates, replaced by what it measures;
+# benchmarks/autograph.py prints the measured values beside these.
+#
+# One recorded operation enqueued eagerly (a launch through cuda.bindings): issue 16's
+# decoding-like loop spent 45.0 us on its 6 kernels, its 50-kernel step 383-445 us eagerly.
+HOST_EAGER_OP_NS = 7_500
+# A graph call's launch, its patches aside: that loop's graph call took 74.4 us with 5 nodes
+# patched at about 14 us each (issue 16), leaving about 4.5 us.
+HOST_GRAPH_LAUNCH_NS = 4_500
+# Each node of a launch, on the host: an estimate (not measured): the driver launches a
+# straight-line graph in about constant host time, whatever its length.
+HOST_REPLAY_NODE_NS = 50
+# A kernel node patched from its packed bytes by the compiled path: the C program's 0.8 us
+# (benchmarks/graphs_c.c on the H100, issue 16) and the call into it.
+HOST_PATCH_NODE_NS = 1_000
+# Each node of a whole update (the graph made again through cuctx's checked graph API, then
+# cuGraphExecUpdate) and of a build (the same, then cuGraphInstantiate): estimates (not
+# measured), about 3x an eager launch for the Python that makes a node.
+HOST_WHOLE_NODE_NS = 20_000
+HOST_BUILD_NODE_NS = 25_000
+
 KERNEL, HTOD, DTOH, DTOD, HTOH = "kernel", "memcpy HtoD", "memcpy DtoH", "memcpy DtoD", \
     "memcpy HtoH"
 MEMSET, HOST, BUSY = "memset", "host", "busy"

@@ -2,8 +2,9 @@
 
 Mixins cooperate through a few hooks that `ContextModel` defines and later models override
 (always calling ``super()``): ``_synchronize_context`` (run queued work),
-``_release_context_resources`` (free what a destroyed/reset context owned) and
-``_device_bytes_in_use`` (for cuMemGetInfo).
+``_release_context_resources`` (free what a destroyed/reset context owned),
+``_device_bytes_in_use`` (for cuMemGetInfo), ``_device_synchronized`` (a synchronize
+returned: pools release memory) and ``_block_dropped`` (a block left the address space).
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ from ._graph_memory import GraphMemoryModel
 from ._graph_update import GraphUpdateModel
 from ._graphs import GraphModel
 from ._green import GreenModel
+from ._ipc import IpcModel
 from ._launches import LaunchModel
 from ._library import LibraryModel
+from ._managed import ManagedModel
 from ._memory import MemoryModel
 from ._occupancy import OccupancyModel
 from ._peers import PeerModel
+from ._pools import PoolModel
 from ._streams import StreamModel
 
 
@@ -46,7 +50,10 @@ class SimDriver(
     LaunchModel,
     OccupancyModel,
     LibraryModel,
+    IpcModel,
+    ManagedModel,
     MemoryModel,
+    PoolModel,
     PeerModel,
     ContextModel,
 ):
@@ -61,6 +68,9 @@ class SimDriver(
         self._init_contexts()
         self._init_streams()
         self._init_memory()
+        self._init_pools()
+        self._init_ipc()
+        self._init_managed()
         self._init_libraries()
         self._init_peers()
         self._init_graphs()

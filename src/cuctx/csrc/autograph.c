@@ -1,0 +1,406 @@
+/* cuctx._native (see native.h): the compiled per-call path of an @autograph function
+ * (cuctx/graphs/_autograph*.py, whose Python is the reference: the same steps, the same
+ * results, with CUCTX_NATIVE=0):
+ *
+ *   record_launch     a compiled launch appended to the thread's recording (a Tape)
+ *   Driver.changed    the indices of the values that differ from those an executable holds
+ *   Patcher.patch     the executable's kernel nodes given the recorded parameter bytes
+ *   Patcher.launch    the executable launched
+ *
+ * Every case these are not made for (a node that is not a kernel's, a trace sink, a host
+ * function running, unloaded code...) goes back to the Python path; a refusal raises what
+ * that path raises. */
+#include "native.h"
+
+/* -- recording ------------------------------------------------------------------------- */
+
+/* The calling thread's recorder (a new reference), or NULL: none (no exception set) or an
+ * exception. cuctx._record.threads maps the id of each recording thread to its recorder. */
+PyObject *thread_recorder(void)
+{
+    PyObject *ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    if (ident == NULL)
+        return NULL;
+    PyObject *recorder = PyDict_GetItemWithError(L.recording, ident);
+    Py_DECREF(ident);
+    return Py_XNewRef(recorder);
+}
+
+/* Undo the appends of a failed record: the three lists stay the same length. */
+static void truncate_to(PyObject *list, Py_ssize_t length)
+{
+    if (PyList_GET_SIZE(list) > length)
+        PyList_SetSlice(list, length, PyList_GET_SIZE(list), NULL);
+}
+
+/* The launch of ``launcher`` on ``stream`` with these parameter bytes and arguments, handed
+ * to ``recorder``: a Tape whose latest stream is ``stream`` gets the three appends here;
+ * any other recorder's ``launch(launcher, bytes, args, plan)`` is called. 1: recorded;
+ * 0: not (the recorder does not follow the stream); -1: an exception. */
+int record_launch(PyObject *recorder, PyObject *launcher, PyObject *stream, PyObject *bytes,
+                  PyObject *args, PyObject *plan)
+{
+    if (L.Tape != NULL && PyObject_TypeCheck(recorder, L.Tape)
+            && SLOT(recorder, L.tape_stream) == stream) {
+        PyObject *keys = SLOT(recorder, L.tape_keys), *values = SLOT(recorder, L.tape_values),
+                 *items = SLOT(recorder, L.tape_items);
+        if (keys && values && items && PyList_CheckExact(keys) && PyList_CheckExact(values)
+                && PyList_CheckExact(items)) {
+            Py_ssize_t n = PyList_GET_SIZE(keys);
+            PyObject *item = PyTuple_Pack(2, args, plan);
+            if (item == NULL)
+                return -1;
+            int failed = PyList_Append(keys, launcher) < 0 || PyList_Append(values, bytes) < 0
+                         || PyList_Append(items, item) < 0;
+            Py_DECREF(item);
+            if (failed) {
+                PyObject *type, *value, *tb;
+                PyErr_Fetch(&type, &value, &tb);
+                truncate_to(keys, n);
+                truncate_to(values, n);
+                truncate_to(items, n);
+                PyErr_Restore(type, value, tb);
+                return -1;
+            }
+            return 1;
+        }
+    }
+    PyObject *call[] = {recorder, launcher, bytes, args, plan};
+    PyObject *took = PyObject_VectorcallMethod(S_launch, call,
+                                               5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (took == NULL)
+        return -1;
+    int truth = PyObject_IsTrue(took);
+    Py_DECREF(took);
+    return truth;
+}
+
+/* -- comparing ------------------------------------------------------------------------- */
+
+/* Driver.changed(new, old): the indices where two lists of values differ (bytes compared
+ * by content, anything else by !=), as `_autograph.AutoGraph._changed` finds them. */
+PyObject *Driver_changed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1])
+            || PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "changed(new, old) takes two lists of one length");
+        return NULL;
+    }
+    PyObject *new = args[0], *old = args[1], *result = PyList_New(0);
+    if (result == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(new); i++) {
+        PyObject *a = PyList_GET_ITEM(new, i), *b = PyList_GET_ITEM(old, i);
+        if (a == b)
+            continue;
+        int differs;
+        if (PyBytes_CheckExact(a) && PyBytes_CheckExact(b))
+            differs = PyBytes_GET_SIZE(a) != PyBytes_GET_SIZE(b)
+                      || memcmp(PyBytes_AS_STRING(a), PyBytes_AS_STRING(b),
+                                PyBytes_GET_SIZE(a)) != 0;
+        else
+            differs = PyObject_RichCompareBool(a, b, Py_NE);
+        if (differs < 0) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        if (differs) {
+            PyObject *index = PyLong_FromSsize_t(i);
+            int failed = index == NULL || PyList_Append(result, index) < 0;
+            Py_XDECREF(index);
+            if (failed) {
+                Py_DECREF(result);
+                return NULL;
+            }
+        }
+    }
+    return result;
+}
+
+/* -- Patcher: one executable's kernel nodes patched from bytes, and its launch ---------- */
+
+typedef struct {
+    PyObject *node, *params, *buffer; /* NULL: not asked yet; node Py_None: not a kernel node */
+    void *c_node, *c_params;          /* the handles in C (a GPU) */
+} Node;
+
+typedef struct {
+    PyObject_HEAD
+    Driver *driver;
+    PyObject *handle, *ctx, *streams, *owners, *make, *refused;
+    void *c_handle;
+    int launchable;
+    Py_ssize_t n;
+    Node *nodes;
+} Patcher;
+
+static void *address_of(PyObject *handle)
+{
+    PyObject *value = PyNumber_Long(handle);
+    if (value == NULL)
+        return NULL;
+    void *address = PyLong_AsVoidPtr(value);
+    Py_DECREF(value);
+    return address;
+}
+
+/* What make(i) says of operation i: (node handle, CUDA_KERNEL_NODE_PARAMS, its parameter
+ * buffer) of its kernel node, or None. 0, or -1 with an exception. */
+static int learn(Patcher *self, Py_ssize_t i)
+{
+    Node *node = &self->nodes[i];
+    PyObject *index = PyLong_FromSsize_t(i);
+    if (index == NULL)
+        return -1;
+    PyObject *made = PyObject_CallOneArg(self->make, index);
+    Py_DECREF(index);
+    if (made == NULL)
+        return -1;
+    if (made == Py_None) {
+        node->node = made;
+        return 0;
+    }
+    PyObject *handle, *params, *buffer;
+    if (!PyTuple_Check(made) || !PyArg_ParseTuple(made, "OOO!", &handle, &params,
+                                                  &PyByteArray_Type, &buffer)) {
+        Py_DECREF(made);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "make(i): (node, params, bytearray) or None");
+        return -1;
+    }
+    if (self->driver->compiled) {
+        PyObject *address = PyObject_CallMethodNoArgs(params, S_getPtr);
+        node->c_params = address ? PyLong_AsVoidPtr(address) : NULL;
+        Py_XDECREF(address);
+        node->c_node = node->c_params ? address_of(handle) : NULL;
+        if (node->c_node == NULL) {
+            Py_DECREF(made);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "make(i): a null handle");
+            return -1;
+        }
+    }
+    node->node = Py_NewRef(handle);
+    node->params = Py_NewRef(params);
+    node->buffer = Py_NewRef(buffer);
+    Py_DECREF(made);
+    return 0;
+}
+
+static int drv_set_kernel(Patcher *self, Node *node)
+{
+    Driver *d = self->driver;
+    if (d->compiled)
+        return ((set_kernel_fn)d->c[F_SET_KERNEL])(self->c_handle, node->c_node,
+                                                    node->c_params);
+    PyObject *args[3] = {self->handle, node->node, node->params};
+    return py_result(PyObject_Vectorcall(d->py[F_SET_KERNEL], args, 3, NULL), NULL);
+}
+
+/* refused(err, i): the error a refusal of operation i's patch (-1: of the launch) raises on
+ * the Python path. */
+static void refuse(Patcher *self, int err, Py_ssize_t i)
+{
+    PyObject *result = PyObject_CallFunction(self->refused, "in", err, i);
+    Py_XDECREF(result);
+    if (!PyErr_Occurred())
+        PyErr_Format(PyExc_SystemError, "a driver call of the executable failed with %d", err);
+}
+
+static int append_index(PyObject *list, Py_ssize_t i)
+{
+    PyObject *index = PyLong_FromSsize_t(i);
+    int failed = index == NULL || PyList_Append(list, index) < 0;
+    Py_XDECREF(index);
+    return failed ? -1 : 0;
+}
+
+/* patch(changed, values): give each changed kernel node its recorded bytes; the indices
+ * left to the Python path (other nodes, or none). A refusal raises as on that path. */
+static PyObject *Patcher_patch(Patcher *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1])
+            || PyList_GET_SIZE(args[1]) != self->n) {
+        PyErr_SetString(PyExc_TypeError, "patch(changed, values): two lists, values of "
+                                         "every operation");
+        return NULL;
+    }
+    PyObject *changed = args[0], *values = args[1], *left = PyList_New(0);
+    if (left == NULL)
+        return NULL;
+    Py_ssize_t k = PyList_GET_SIZE(changed), j = 0;
+    for (; j < k; j++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(changed, j));
+        if (i < 0 || i >= self->n) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_IndexError, "patch: an index out of range");
+            goto error;
+        }
+        Node *node = &self->nodes[i];
+        if (node->node == NULL && learn(self, i) < 0)
+            goto error;
+        PyObject *value = PyList_GET_ITEM(values, i);
+        if (node->node == Py_None || !PyBytes_CheckExact(value)) {
+            if (append_index(left, i) < 0)
+                goto error;
+            continue;
+        }
+        Py_ssize_t size = PyBytes_GET_SIZE(value);
+        if (size > PyByteArray_GET_SIZE(node->buffer))
+            size = PyByteArray_GET_SIZE(node->buffer);
+        memcpy(PyByteArray_AS_STRING(node->buffer), PyBytes_AS_STRING(value), size);
+        int err = drv_set_kernel(self, node);
+        if (err > 0)
+            refuse(self, err, i); /* raises what GraphExec.update_node raises */
+        if (err)
+            goto error;
+    }
+    return left;
+error:
+    Py_DECREF(left);
+    return NULL;
+}
+
+/* launch(stream): the executable launched on ``stream``: True, or False where the Python
+ * path launches it (host or event nodes, another context's stream, unloaded code, a trace
+ * sink, a host function running). A refusal raises as GraphExec.launch raises it. */
+static PyObject *Patcher_launch(Patcher *self, PyObject *stream)
+{
+    PyObject *ctx = self->ctx;
+    if (!self->launchable || !L.ready || SLOT(ctx, L.state) != L.ACTIVE
+            || step_aside_unless_recording() || !Py_IS_TYPE(stream, L.Stream)
+            || SLOT(stream, L.ctx) != ctx)
+        Py_RETURN_FALSE;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->owners); i++) {
+        PyObject *loaded = PyObject_GetAttr(PyTuple_GET_ITEM(self->owners, i), S_loaded);
+        if (loaded == NULL)
+            return NULL;
+        Py_DECREF(loaded);
+        if (loaded != Py_True)
+            Py_RETURN_FALSE;
+    }
+    Driver *d = self->driver;
+    int pushed, err = enter_stream_context(d, stream, ctx, &pushed);
+    if (err < 0)
+        return NULL;
+    if (err > 0)
+        Py_RETURN_FALSE;
+    if (d->compiled) {
+        void *s = key_of(stream);
+        Py_BEGIN_ALLOW_THREADS /* a full queue waits for the GPU */
+        err = ((graph_launch_fn)d->c[F_GRAPH_LAUNCH])(self->c_handle, s);
+        Py_END_ALLOW_THREADS
+    } else {
+        PyObject *call[2] = {self->handle, SLOT(stream, L.handle)};
+        err = py_result(PyObject_Vectorcall(d->py[F_GRAPH_LAUNCH], call, 2, NULL), NULL);
+    }
+    leave_stream_context(d, pushed);
+    if (err > 0)
+        refuse(self, err, -1);
+    if (err)
+        return NULL;
+    if (PySet_Add(self->streams, stream) < 0) /* the executable's: they keep what it uses */
+        return NULL;
+    Py_RETURN_TRUE;
+}
+
+static int Patcher_traverse(Patcher *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->driver);
+    Py_VISIT(self->handle);
+    Py_VISIT(self->ctx);
+    Py_VISIT(self->streams);
+    Py_VISIT(self->owners);
+    Py_VISIT(self->make);
+    Py_VISIT(self->refused);
+    for (Py_ssize_t i = 0; self->nodes && i < self->n; i++) {
+        Py_VISIT(self->nodes[i].node);
+        Py_VISIT(self->nodes[i].params);
+        Py_VISIT(self->nodes[i].buffer);
+    }
+    return 0;
+}
+
+static int Patcher_clear(Patcher *self)
+{
+    Py_CLEAR(self->driver);
+    Py_CLEAR(self->handle);
+    Py_CLEAR(self->ctx);
+    Py_CLEAR(self->streams);
+    Py_CLEAR(self->owners);
+    Py_CLEAR(self->make);
+    Py_CLEAR(self->refused);
+    for (Py_ssize_t i = 0; self->nodes && i < self->n; i++) {
+        Py_CLEAR(self->nodes[i].node);
+        Py_CLEAR(self->nodes[i].params);
+        Py_CLEAR(self->nodes[i].buffer);
+    }
+    return 0;
+}
+
+static void Patcher_dealloc(Patcher *self)
+{
+    PyObject_GC_UnTrack(self);
+    Patcher_clear(self);
+    PyMem_Free(self->nodes);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Patcher_methods[] = {
+    {"patch", (PyCFunction)(void (*)(void))Patcher_patch, METH_FASTCALL,
+     "patch(changed, values): each changed kernel node given its recorded bytes; returns "
+     "the indices left to the Python path."},
+    {"launch", (PyCFunction)Patcher_launch, METH_O,
+     "launch(stream): True once launched; False: launch it through GraphExec.launch."},
+    {NULL}};
+
+PyTypeObject PatcherType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cuctx._native.Patcher",
+    .tp_doc = "One AutoGraph executable's compiled patches and launch (Driver.patcher).",
+    .tp_basicsize = sizeof(Patcher),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Patcher_traverse,
+    .tp_clear = (inquiry)Patcher_clear,
+    .tp_dealloc = (destructor)Patcher_dealloc,
+    .tp_methods = Patcher_methods,
+};
+
+/* Driver.patcher(handle, ctx, streams, owners, make, refused, n, launchable) */
+PyObject *Driver_patcher(Driver *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *handle, *ctx, *streams, *owners, *make, *refused;
+    Py_ssize_t n;
+    int launchable;
+    static char *names[] = {"handle", "ctx", "streams", "owners", "make", "refused", "n",
+                            "launchable", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!OOnp:patcher", names, &handle, &ctx,
+                                     &PySet_Type, &streams, &PyTuple_Type, &owners, &make,
+                                     &refused, &n, &launchable))
+        return NULL;
+    if (!L.ready || n < 0 || !PyObject_TypeCheck(ctx, L.Context))
+        return PyErr_Format(PyExc_TypeError, "patcher(): a Context and a count >= 0");
+    void *c_handle = NULL;
+    if (self->compiled && (c_handle = address_of(handle)) == NULL)
+        return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "a null executable");
+    Patcher *p = PyObject_GC_New(Patcher, &PatcherType);
+    if (p == NULL)
+        return NULL;
+    p->nodes = PyMem_Calloc(n ? n : 1, sizeof(Node));
+    p->n = p->nodes ? n : 0;
+    p->driver = (Driver *)Py_NewRef(self);
+    p->handle = Py_NewRef(handle);
+    p->ctx = Py_NewRef(ctx);
+    p->streams = Py_NewRef(streams);
+    p->owners = Py_NewRef(owners);
+    p->make = Py_NewRef(make);
+    p->refused = Py_NewRef(refused);
+    p->c_handle = c_handle;
+    p->launchable = launchable;
+    PyObject_GC_Track(p);
+    if (p->nodes == NULL) {
+        Py_DECREF(p);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)p;
+}

@@ -1,0 +1,231 @@
+"""What crosses between the caller and a worker process, and how.
+
+One Unix socket per worker carries framed messages: a tag byte, a length, the bytes. A call
+is its function's pickle and its arguments' pickle; an outcome is a pickle too. Pickles are
+the standard library's (fast, by reference for what a worker can import); what only exists
+in the caller (functions and classes of ``__main__``, lambdas, local functions) goes by value
+through cloudpickle, as Ray and Dask send it. File descriptors (an ipc pool's handle) go
+beside a message as SCM_RIGHTS, never in a pickle.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import io
+import marshal
+import pickle
+import socket
+import struct
+import traceback
+import types
+import weakref
+from collections import ChainMap, OrderedDict
+from collections.abc import Mapping
+from typing import Any, Callable
+
+# Tags: caller -> worker
+SETUP, CALL, EXIT, POOL = b"S", b"C", b"X", b"P"
+# Tags: worker -> caller
+READY, FAILED, RESULT, FAULT = b"Y", b"E", b"R", b"F"
+
+_HEADER = struct.Struct("<cQ")  # tag, length
+_CALL = struct.Struct("<I")  # the length of the function's pickle, before the arguments'
+_SMALL = 1 << 16  # below this, one send of header and body (one syscall, one copy)
+
+
+class Channel:
+    """Framed messages on one end of a socket pair. One thread sends and one receives at a
+    time (the executor's dispatch rules see to it); either may run while the other does."""
+
+    __slots__ = ("sock",)
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def send(self, tag: bytes, *parts: bytes | memoryview) -> None:
+        size = sum(len(p) for p in parts)
+        head = _HEADER.pack(tag, size)
+        if size < _SMALL:
+            self.sock.sendall(b"".join((head, *parts)))
+        else:  # large arguments: no copy into one buffer
+            self.sock.sendall(head)
+            for part in parts:
+                self.sock.sendall(part)
+
+    def recv(self) -> tuple[bytes, memoryview]:
+        """The next message; EOFError when the other end is gone."""
+        tag, size = _HEADER.unpack(self._exactly(_HEADER.size))
+        return tag, memoryview(self._exactly(size))
+
+    def _exactly(self, size: int) -> bytearray:
+        buf = bytearray(size)
+        view, got = memoryview(buf), 0
+        while got < size:
+            n = self.sock.recv_into(view[got:])
+            if not n:
+                raise EOFError("the other end of the worker's socket is closed")
+            got += n
+        return buf
+
+    def send_fd(self, fd: int) -> None:
+        """Pass a file descriptor (a duplicate appears in the other process)."""
+        socket.send_fds(self.sock, [b"d"], [fd])
+
+    def recv_fd(self) -> int:
+        _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
+        if not fds:
+            raise EOFError("the worker's socket closed before a file descriptor came")
+        return fds[0]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# -- pickles --------------------------------------------------------------------------------
+
+def dumps(obj: Any, reductions: dict | None = None) -> bytes:
+    """``obj`` pickled: by the standard library where the result can be loaded in a worker,
+    by value through cloudpickle where it names ``__main__`` or cannot be pickled by
+    reference (lambdas, local functions). ``reductions``: extra ``dispatch_table`` entries."""
+    try:
+        data = _dump(pickle.Pickler, obj, reductions)
+    except (pickle.PicklingError, AttributeError):
+        return _by_value(obj, reductions)
+    # A reference to __main__ means the caller's script, which a worker does not import.
+    # (A str "__main__" among the values sends this call by value too: harmless.)
+    return _by_value(obj, reductions) if b"__main__" in data else data
+
+
+def _dump(pickler_class: type, obj: Any, reductions: dict | None) -> bytes:
+    if not reductions and pickler_class is pickle.Pickler:
+        return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+    buf = io.BytesIO()
+    pickler = pickler_class(buf, pickle.HIGHEST_PROTOCOL)
+    if reductions:  # on top of the pickler's own table (copyreg's, or cloudpickle's)
+        own = getattr(pickler_class, "dispatch_table", None)
+        pickler.dispatch_table = ChainMap(
+            reductions, own if isinstance(own, Mapping) else copyreg.dispatch_table)
+    pickler.dump(obj)
+    return buf.getvalue()
+
+
+def _by_value(obj: Any, reductions: dict | None) -> bytes:
+    import cloudpickle  # only for what the standard pickle cannot send
+    return _dump(cloudpickle.Pickler, obj, {types.CodeType: _code, **(reductions or {})})
+
+
+def _code(code: types.CodeType) -> tuple:
+    # cloudpickle's own reduction renames the file "<dynamic-code>"; marshal keeps it, so a
+    # traceback from the worker names the caller's file and line. (Workers run the caller's
+    # Python version: marshal's format is that version's.)
+    return marshal.loads, (marshal.dumps(code),)
+
+
+# Argument types that pickle by value with the standard library, whatever the worker has.
+_PLAIN = frozenset({int, float, complex, str, bytes, bool, type(None)})
+
+
+def arguments(args: tuple, kwargs: dict, reductions: Callable[[], dict]) -> bytes:
+    """A call's arguments pickled: at once when each is a plain value (the usual small
+    call), else by `dumps` with ``reductions()`` (DeviceArrays, values of ``__main__``)."""
+    if all(type(a) in _PLAIN for a in args) and \
+            all(type(v) in _PLAIN for v in kwargs.values()):
+        return pickle.dumps((args, kwargs), pickle.HIGHEST_PROTOCOL)
+    return dumps((args, kwargs), reductions())
+
+
+_functions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def function_bytes(fn: Callable) -> bytes:
+    """``fn`` pickled once per function object: a function that goes by value is captured
+    with the globals it uses as they are at its first submit (as Ray captures a remote
+    function), and costs nothing to send again."""
+    try:
+        return _functions[fn]
+    except KeyError:
+        data = _functions[fn] = dumps(fn)
+        return data
+    except TypeError:  # a callable that cannot be weakly referenced: pickled every time
+        return dumps(fn)
+
+
+class FunctionCache:
+    """A worker's functions by their pickle, so a function sent by value is unpickled once
+    (the last 128 kept)."""
+
+    def __init__(self, size: int = 128) -> None:
+        self._size = size
+        self._fns: OrderedDict[bytes, Callable] = OrderedDict()
+
+    def get(self, data: bytes) -> Callable:
+        fn = self._fns.get(data)
+        if fn is None:
+            fn = self._fns[data] = pickle.loads(data)
+            if len(self._fns) > self._size:
+                self._fns.popitem(last=False)
+        else:
+            self._fns.move_to_end(data)
+        return fn
+
+
+def call_message(fn_bytes: bytes, args_bytes: bytes) -> tuple[bytes, bytes, bytes]:
+    return _CALL.pack(len(fn_bytes)), fn_bytes, args_bytes
+
+
+def split_call(message: memoryview) -> tuple[bytes, memoryview]:
+    (size,) = _CALL.unpack_from(message)
+    start = _CALL.size
+    return bytes(message[start:start + size]), message[start + size:]
+
+
+# -- outcomes -------------------------------------------------------------------------------
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker process, as text: the ``__cause__``
+    of the exception the caller sees."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.text}"""'
+
+
+def raised(exc: BaseException) -> bytes:
+    """The outcome of a call that raised ``exc``: the exception itself where it survives a
+    round trip through pickle, else a RuntimeError that names it; with its traceback."""
+    text = "".join(traceback.format_exception(exc))
+    try:
+        data = dumps(("raised", exc, text))
+        pickle.loads(data)  # an exception with an unusual __init__ may not load: find out here
+    except Exception as err:  # noqa: BLE001 - any failure to send it is replaced below
+        stand_in = RuntimeError(f"{type(exc).__qualname__}: {exc} (the exception could not "
+                                f"be sent from the worker: {err})")
+        data = dumps(("raised", stand_in, text))
+    return data
+
+
+def returned(value: Any, call: str) -> bytes:
+    """The outcome of a call that returned ``value``."""
+    try:
+        return dumps(("ok", value))
+    except Exception as err:  # noqa: BLE001 - the caller gets it as the call's exception
+        return raised(TypeError(
+            f"{call} returned a {type(value).__qualname__}, which cannot be sent back from "
+            f"the worker ({err}): return host values (a DeviceArray's to_host(), say), or "
+            "write device results into an array the caller passed"))
+
+
+def outcome(data: memoryview) -> tuple[Any, BaseException | None]:
+    """(value, None) or (None, the exception with its remote traceback as ``__cause__``)."""
+    try:
+        result = pickle.loads(data)
+    except Exception as err:  # noqa: BLE001 - e.g. a class the caller cannot import
+        return None, RuntimeError(f"the worker's answer could not be read here: {err}")
+    if result[0] == "ok":
+        return result[1], None
+    _, exc, text = result
+    exc.__cause__ = RemoteTraceback(text)
+    return None, exc

@@ -1,0 +1,96 @@
+"""IsolatedExecutor's lifecycle on the sim: shutdown as concurrent.futures documents it, no
+descriptor or process left behind after fault cycles, warm standbys, a worker that cannot
+start. Each test makes its own executor (and no other is alive while it counts)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+
+import pytest
+
+import cuctx
+from cuctx.isolated import _process
+
+import calls
+
+
+def zombies() -> list[int]:
+    return [pid for pid, state in calls.children(os.getpid()) if state == "Z"]
+
+
+def alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def test_shutdown_without_waiting_cancels_what_waits_and_leaves_nothing():
+    cuctx.set_backend("sim")
+    fds = calls.open_fds()
+    ex = cuctx.IsolatedExecutor(devices=[0])
+    running = ex.submit(calls.sleep, 1.5)
+    while not running.running():  # handed to the worker once it has started
+        time.sleep(0.01)
+    waiting = [ex.submit(calls.square, i) for i in range(3)]
+    ex.shutdown(wait=False, cancel_futures=True)
+    assert all(f.cancelled() for f in waiting)
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        ex.submit(calls.square, 1)
+    assert running.result() == 1.5  # what ran is not cancelled
+    worker = ex.workers[0].pid
+    for slot in ex._core.slots:  # the workers exit by themselves once their calls are done
+        slot.thread.join(timeout=60)
+    assert not (worker and alive(worker)) and zombies() == []
+    assert ex.workers[0].pid is None
+    assert calls.open_fds() == fds
+
+
+def test_fault_cycles_leave_no_descriptor_and_no_process():
+    cuctx.set_backend("sim")
+    fds = calls.open_fds()
+    lost = []
+    with cuctx.IsolatedExecutor(devices=[0]) as ex:
+        for _ in range(3):
+            with pytest.raises(cuctx.WorkerFaultError) as info:
+                ex.submit(calls.inject_fault).result()
+            lost.append(info.value.worker)
+        last = ex.submit(calls.where).result()[0]
+        assert ex.workers[0].replaced == 3
+        assert not any(alive(pid) for pid in lost) and zombies() == []
+    assert not alive(last) and zombies() == []
+    assert calls.open_fds() == fds
+
+
+def test_workers_per_device_serve_at_once_and_a_standby_replaces_a_lost_one():
+    cuctx.set_backend("sim")
+    with cuctx.IsolatedExecutor(devices=[0], workers_per_device=2, standby=True) as ex:
+        assert [w.device for w in ex.workers] == [0, 0]
+        both = [ex.submit(calls.sleep_then_where, 1.0) for _ in range(2)]
+        first = {f.result()[0] for f in both}
+        assert len(first) == 2  # two workers, one call each
+        # Clock ticks since boot, as /proc gives process start times: the standby started
+        # with the executor, long before this; a worker started cold would start after.
+        before_fault = int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+        with pytest.raises(cuctx.WorkerFaultError) as info:
+            ex.submit(calls.inject_fault).result()
+        assert info.value.worker in first
+        new = []
+        for _ in range(100):
+            new = [w.pid for w in ex.workers if w.pid is not None and w.pid not in first]
+            if new:
+                break
+            time.sleep(0.05)
+        assert len(new) == 1 and calls.started_at(new[0]) < before_fault
+
+
+def test_a_worker_that_cannot_start_breaks_the_executor(monkeypatch):
+    cuctx.set_backend("sim")
+    monkeypatch.setattr(_process, "_BOOT", "import sys; sys.exit(5)")
+    ex = cuctx.IsolatedExecutor(devices=[0])
+    future = ex.submit(calls.square, 2)
+    with pytest.raises(cuctx.WorkerDiedError, match=r"could not start.*exit status 5"):
+        future.result(timeout=60)
+    with pytest.raises(concurrent.futures.BrokenExecutor, match="exit status 5"):
+        ex.submit(calls.square, 2)
+    ex.shutdown()
+    assert zombies() == []
