@@ -693,6 +693,7 @@ def test_threads_calling_one_function_get_their_own_results(lib):
             for i in range(8):
                 out = cuctx.zeros(N, np.float32, stream=stream)
                 inputs.append(arange(100 * t + i))
+                stream.wait(cuctx.current_stream())  # after its upload
                 step(out, inputs[-1], stream)
                 outs.append(out)
             stream.synchronize()

@@ -83,11 +83,6 @@ class Watch:
         self._host_version = 0
         self._joined: dict[int, int] = {}  # stream actor -> host version
 
-    def __repr__(self) -> str:
-        watching = "watching" if self._see in _trace.sinks else "not watching"
-        n = len(self.findings)
-        return f"<RaceCheck mode={self.mode!r}, {watching}, {n} finding{'s' * (n != 1)}>"
-
     # -- the sink ---------------------------------------------------------------------------
 
     def see(self, op: _trace.Operation) -> None:

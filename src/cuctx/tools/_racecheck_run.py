@@ -52,6 +52,11 @@ class RaceCheck:
         # raised by the thread's next operation, or at the end of the block.
         self._pending: dict[int, list[Exception]] = {}
 
+    def __repr__(self) -> str:
+        watching = "watching" if self in _WATCH.scopes and _WATCH.on else "not watching"
+        n = len(self.findings)
+        return f"<RaceCheck mode={self.mode!r}, {watching}, {n} finding{'s' * (n != 1)}>"
+
     def __enter__(self) -> RaceCheck:
         with _WATCH.lock:
             _WATCH.scopes.append(self)
