@@ -59,18 +59,22 @@ def _size(value: Any, name: str, *, positive: bool) -> int:
 class SharedPool:
     """A pool exported for another process: ``fd`` (an OS file descriptor, this object's;
     send it over a Unix socket, never by pickle) and ``key`` (names the pool there). The
-    descriptor is closed by `close()`, at the end of a ``with`` block, or when this goes."""
+    descriptor is closed by `close()`, at the end of a ``with`` block, or when this goes;
+    until then it keeps the pool (an H100 crashed destroying a pool while a descriptor of
+    it was open, after a run of other pool work)."""
 
-    __slots__ = ("fd", "key", "device", "_closer", "__weakref__")
+    __slots__ = ("fd", "key", "device", "_pool", "_closer", "__weakref__")
 
-    def __init__(self, fd: int, key: str, device: int):
+    def __init__(self, fd: int, key: str, pool: MemoryPool):
         self.fd = fd
         self.key = key
-        self.device = device
+        self.device = pool.device.ordinal
+        self._pool: MemoryPool | None = pool
         self._closer = weakref.finalize(self, os.close, fd)
 
     def close(self) -> None:
         self._closer()
+        self._pool = None
 
     def __enter__(self) -> SharedPool:
         return self
@@ -113,6 +117,7 @@ class _Import:
 
 _defaults: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Device -> its pool
 _imported: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (backend, key)
+_made: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # key -> ipc pool made here
 _lock = threading.Lock()
 
 
@@ -152,6 +157,8 @@ class MemoryPool:
         props.maxSize = limit
         handle = call(device._backend, "cuMemPoolCreate", props)
         self._init(device, handle, ipc=ipc, max_size=max_size, key=uuid.uuid4().hex)
+        if ipc:
+            _made[self._ipc_key] = self
         if release_threshold is not None:
             self.release_threshold = release_threshold
 
@@ -166,10 +173,12 @@ class MemoryPool:
         self._default = default
         self._imported = imported
         self._ipc_key = key
-        self._shared = False  # exported to a handle once (the driver's condition for pointers)
+        # [exported to a descriptor once]: the driver's condition for exporting pointers, and
+        # the finalizer's for not destroying it (`_destroy`)
+        self._shared = [False]
         self._imports: dict[int, _Import] = {}  # token -> this process's import of it
         self._finalizer = None if default else _lifetimes.finalize(
-            self, _destroy, self._backend, handle)
+            self, _destroy, self._backend, handle, self._shared)
 
     @classmethod
     def _default_of(cls, device: Device | int) -> MemoryPool:
@@ -259,8 +268,8 @@ class MemoryPool:
         """A new descriptor of this pool for another process (cuMemPoolExportToShareableHandle)."""
         self._shareable("share")
         fd = call(self._backend, "cuMemPoolExportToShareableHandle", self._handle, _POSIX_FD, 0)
-        self._shared = True
-        return SharedPool(int(fd), self._ipc_key, self._device.ordinal)
+        self._shared[0] = True
+        return SharedPool(int(fd), self._ipc_key, self)
 
     def _shareable(self, operation: str) -> None:
         if self._imported:
@@ -300,7 +309,7 @@ class MemoryPool:
         alloc = arr._alloc
         arr._check("DeviceArray._ipc_descriptor")
         if alloc.shared is None:
-            if not self._shared:  # the driver exports pointers of shared pools only
+            if not self._shared[0]:  # the driver exports pointers of shared pools only
                 self._share().close()
             with in_context(arr._ctx, "DeviceArray._ipc_descriptor"):
                 data = call(self._backend, "cuMemPoolExportPointer", alloc.ptr)
@@ -320,6 +329,9 @@ class MemoryPool:
         if not self._imported or desc.key != self._ipc_key:
             raise ValueError(f"{desc.key} names another pool than {self!r}: import it with "
                              f"MemoryPool._import(device, fd, {desc.key!r})")
+        if desc.key in _made:  # the sim refuses it; an H100 maps the memory a second time
+            raise ValueError(f"{self!r} is a pool of this very process: use the array itself "
+                             "rather than an import of it")
         ctx = context_for(self._device)
         stream = resolve_stream(stream, ctx, "MemoryPool._import_array")
         with _lock:
@@ -378,8 +390,16 @@ def _release_import(ptr: int, nbytes: int, stream: Stream, recorded: list, impor
     return freed
 
 
-def _destroy(backend, handle) -> None:
-    backend.driver.cuMemPoolDestroy(handle)  # arrays of it hold it: none is left
+def _destroy(backend, handle, shared: list[bool]) -> None:
+    """The last reference went (arrays of it hold it: none is left). A pool that was exported
+    is emptied, not destroyed: on an H100 (driver 580) cuMemPoolDestroy of an exported pool
+    crashed the process, or hung, in some runs of tests/memory/test_ipc.py (never alone in a
+    fresh process); its memory goes back now (what frees still queued hold, at the next
+    synchronize), its handle stays until the process ends."""
+    if shared[0]:
+        backend.driver.cuMemPoolTrimTo(handle, 0)
+    else:
+        backend.driver.cuMemPoolDestroy(handle)
 
 
 upper.memory_pool = MemoryPool
