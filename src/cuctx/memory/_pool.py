@@ -115,10 +115,9 @@ class _Import:
         self.holder: weakref.ref | None = None
 
 
-_defaults: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Device -> its pool
 _imported: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (backend, key)
 _made: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # key -> ipc pool made here
-_lock = threading.Lock()
+_lock = threading.RLock()  # (a collection inside may run an import's free, which takes it)
 
 
 class MemoryPool:
@@ -181,15 +180,12 @@ class MemoryPool:
             self, _destroy, self._backend, handle, self._shared)
 
     @classmethod
-    def _default_of(cls, device: Device | int) -> MemoryPool:
-        """The default pool of ``device`` (cuDeviceGetDefaultMemPool): one object each."""
-        device = upper.device(device)
-        with _lock:
-            pool = _defaults.get(device)
-            if pool is None:
-                handle = call(device._backend, "cuDeviceGetDefaultMemPool", device._handle)
-                pool = _defaults[device] = object.__new__(cls)
-                pool._init(device, handle, default=True)
+    def _default_of(cls, device: Device) -> MemoryPool:
+        """A MemoryPool for the default pool of ``device`` (cuDeviceGetDefaultMemPool);
+        `Device.memory_pool` keeps the one object of each device."""
+        handle = call(device._backend, "cuDeviceGetDefaultMemPool", device._handle)
+        pool = object.__new__(cls)
+        pool._init(device, handle, default=True)
         return pool
 
     # -- what it is --------------------------------------------------------------------------
