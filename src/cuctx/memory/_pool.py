@@ -60,8 +60,7 @@ class SharedPool:
     """A pool exported for another process: ``fd`` (an OS file descriptor, this object's;
     send it over a Unix socket, never by pickle) and ``key`` (names the pool there). The
     descriptor is closed by `close()`, at the end of a ``with`` block, or when this goes;
-    until then it keeps the pool (an H100 crashed destroying a pool while a descriptor of
-    it was open, after a run of other pool work)."""
+    until then it keeps the pool, so no pool is destroyed with a descriptor of it open."""
 
     __slots__ = ("fd", "key", "device", "_pool", "_closer", "__weakref__")
 
@@ -172,12 +171,10 @@ class MemoryPool:
         self._default = default
         self._imported = imported
         self._ipc_key = key
-        # [exported to a descriptor once]: the driver's condition for exporting pointers, and
-        # the finalizer's for not destroying it (`_destroy`)
-        self._shared = [False]
+        self._shared = False  # exported to a handle once (the driver's condition for pointers)
         self._imports: dict[int, _Import] = {}  # token -> this process's import of it
         self._finalizer = None if default else _lifetimes.finalize(
-            self, _destroy, self._backend, handle, self._shared)
+            self, _destroy, self._backend, handle)
 
     @classmethod
     def _default_of(cls, device: Device) -> MemoryPool:
@@ -264,7 +261,7 @@ class MemoryPool:
         """A new descriptor of this pool for another process (cuMemPoolExportToShareableHandle)."""
         self._shareable("share")
         fd = call(self._backend, "cuMemPoolExportToShareableHandle", self._handle, _POSIX_FD, 0)
-        self._shared[0] = True
+        self._shared = True
         return SharedPool(int(fd), self._ipc_key, self)
 
     def _shareable(self, operation: str) -> None:
@@ -305,7 +302,7 @@ class MemoryPool:
         alloc = arr._alloc
         arr._check("DeviceArray._ipc_descriptor")
         if alloc.shared is None:
-            if not self._shared[0]:  # the driver exports pointers of shared pools only
+            if not self._shared:  # the driver exports pointers of shared pools only
                 self._share().close()
             with in_context(arr._ctx, "DeviceArray._ipc_descriptor"):
                 data = call(self._backend, "cuMemPoolExportPointer", alloc.ptr)
@@ -386,16 +383,8 @@ def _release_import(ptr: int, nbytes: int, stream: Stream, recorded: list, impor
     return freed
 
 
-def _destroy(backend, handle, shared: list[bool]) -> None:
-    """The last reference went (arrays of it hold it: none is left). A pool that was exported
-    is emptied, not destroyed: on an H100 (driver 580) cuMemPoolDestroy of an exported pool
-    crashed the process, or hung, in some runs of tests/memory/test_ipc.py (never alone in a
-    fresh process); its memory goes back now (what frees still queued hold, at the next
-    synchronize), its handle stays until the process ends."""
-    if shared[0]:
-        backend.driver.cuMemPoolTrimTo(handle, 0)
-    else:
-        backend.driver.cuMemPoolDestroy(handle)
+def _destroy(backend, handle) -> None:
+    backend.driver.cuMemPoolDestroy(handle)  # arrays of it hold it: none is left
 
 
 upper.memory_pool = MemoryPool
