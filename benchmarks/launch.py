@@ -48,6 +48,13 @@ def timed(submit_batch, synchronize) -> float:
     return best / BATCH
 
 
+def succeeded(result: tuple) -> None:
+    """A raw driver call's result: a benchmark must never time calls that fail (a refused
+    launch returns in a fraction of a real one's time)."""
+    if result[0]:
+        raise RuntimeError(f"the timed launch failed: {result[0]!r}")
+
+
 # -- candidates: each returns a measure() -> ns per launch --------------------------------
 
 def c_program(cubin: Path):
@@ -139,9 +146,10 @@ def cuctx_candidates(image: bytes):
     packed = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(n))
     address, cu_function, handle = ctypes.addressof(packed), kernel._function, stream._handle
 
-    def floor():
+    def floor(keep=(p, n, packed)):  # the void** and what it points to stay alive
         for _ in range(BATCH):
-            drv.cuLaunchKernel(cu_function, 1, 1, 1, 32, 1, 1, 0, handle, address, 0)
+            result = drv.cuLaunchKernel(cu_function, 1, 1, 1, 32, 1, 1, 0, handle, address, 0)
+        succeeded(result)
     candidates[("same objects, raw void**", "CUkernel")] = \
         lambda: timed(floor, stream.synchronize)
     return candidates
@@ -152,10 +160,13 @@ def bindings_candidates(image: bytes):
     err, lib = drv.cuLibraryLoadData(image, None, None, 0, None, None, 0)
     assert not err, err
     err, kernel = drv.cuLibraryGetKernel(lib, b"empty")
+    assert not err, err
     function = drv.CUfunction(int(kernel))
     with cuctx.Device(0):
         err, stream = drv.cuStreamCreate(1)
+        assert not err, err
         err, ptr = drv.cuMemAlloc(1024)
+        assert not err, err
     params = ((int(ptr), 3), (ctypes.c_void_p, ctypes.c_int))  # the documented tuple form
     p, n = ctypes.c_void_p(int(ptr)), ctypes.c_int(3)
     packed = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(n))
@@ -163,11 +174,13 @@ def bindings_candidates(image: bytes):
 
     def tuples():
         for _ in range(BATCH):
-            drv.cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, 0)
+            result = drv.cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, 0)
+        succeeded(result)
 
-    def prepacked():
+    def prepacked(keep=(p, n, packed)):  # the void** and what it points to stay alive
         for _ in range(BATCH):
-            drv.cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, address, 0)
+            result = drv.cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, address, 0)
+        succeeded(result)
 
     def sync():
         drv.cuStreamSynchronize(stream)

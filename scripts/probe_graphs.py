@@ -4,8 +4,10 @@ results and error nodes, capture states, memory read back). Handles are written 
 names the script gave them, so transcripts from the sim and a GPU compare step by step.
 
 The steps live in probe_graphs_explicit.py (explicit graphs, executables, updates, memory
-and conditional nodes) and probe_graphs_capture.py (stream capture); the Recorder and the
-kernels they share in probe_graphs_common.py.
+and conditional nodes), probe_graphs_capture.py (stream capture) and
+probe_graphs_conditionals.py (if/else, switch and while nodes driven by kernels); the
+Recorder and the kernels they share in probe_graphs_common.py. New steps go at the end, so
+that a transcript recorded before them still compares step by step.
 
 Record on a GPU (dev tool):
     CUCTX_BACKEND=cuda PYTHONPATH=src python scripts/probe_graphs.py tests/driver/graphs_transcript.json
@@ -19,8 +21,9 @@ import sys
 from pathlib import Path
 
 from cuda.bindings import driver as d
-from probe_graphs_capture import capture
+from probe_graphs_capture import capture, graphs_in_a_capture
 from probe_graphs_common import Recorder, Setup
+from probe_graphs_conditionals import conditional_kinds
 from probe_graphs_explicit import explicit, memory_and_conditionals, updates
 
 
@@ -39,6 +42,8 @@ def transcript(backend) -> list[list]:
         updates(r, setup, backend, event)
         capture(r, setup)
         memory_and_conditionals(r, setup)
+        conditional_kinds(r, setup, backend)
+        graphs_in_a_capture(r, setup)
     finally:
         drv.cuCtxSynchronize()
         drv.cuCtxPopCurrent()

@@ -175,3 +175,28 @@ def capture(r: Recorder, s: Setup) -> None:
     step("capture: cuGraphLaunch", lambda: drv.cuGraphLaunch(x, stream))
     lg = end("graph launch")
     step("graph launch: node types", lambda: types(drv, lg) if lg is not None else None)
+
+
+def graphs_in_a_capture(r: Recorder, s: Setup) -> None:
+    """What cuctx's GraphExec.launch and upload refuse on a capturing stream, and what it lets
+    through: instantiating another graph while this thread captures (thread-local mode)."""
+    step, drv, stream = r.step, r.drv, s.stream
+    g = r.graph("outside the capture")
+    drv.cuGraphAddMemsetNode(g, None, 0, r.memset(s.allocs[0], 1, 1), s.ctx)
+    x = drv.cuGraphInstantiate(g, 0)[1]
+
+    def instantiate():
+        err, exe = drv.cuGraphInstantiate(g, 0)
+        if not err:
+            drv.cuGraphExecDestroy(exe)
+        return err
+
+    for label, call in (("cuGraphInstantiate of another graph", instantiate),
+                        ("cuGraphUpload", lambda: drv.cuGraphUpload(x, stream)),
+                        ("cuStreamIsCapturing", lambda: drv.cuStreamIsCapturing(stream))):
+        step(f"begin capture thread-local: {label}", lambda: drv.cuStreamBeginCapture(
+            stream, MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
+        step(f"thread-local capture: {label}", call)
+        step(f"status after [{label}]", lambda: drv.cuStreamIsCapturing(stream))
+        step(f"end [{label}]", lambda: drv.cuStreamEndCapture(stream)[0])
+    drv.cuGraphExecDestroy(x)

@@ -11,12 +11,6 @@ import cuctx
 
 PACKAGE = Path(cuctx.__file__).parent
 
-# Imports in modules other helpers of issue 8 are still reshaping that close a cycle. Each
-# entry is one edge (importer, imported); the test fails when one is no longer needed, so the
-# list only shrinks. Empty once every module is layered.
-STILL_CYCLIC_IN_OTHER_HELPERS_FILES: set[tuple[str, str]] = set()
-
-
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -29,20 +23,23 @@ def _type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST):
-    """Every Import/ImportFrom node, skipping the bodies of ``if TYPE_CHECKING:``."""
-    stack = [tree]
+def _imports(tree: ast.AST, type_only: bool = False):
+    """Every Import/ImportFrom node, skipping the bodies of ``if TYPE_CHECKING:`` (or, with
+    ``type_only``, only those bodies' imports)."""
+    stack = [(tree, False)]
     while stack:
-        node = stack.pop()
+        node, typing = stack.pop()
         if isinstance(node, ast.If) and _type_checking(node.test):
-            stack.extend(node.orelse)
+            stack.extend((child, True) for child in node.body)
+            stack.extend((child, typing) for child in node.orelse)
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        stack.extend(ast.iter_child_nodes(node))
+            if typing == type_only:
+                yield node
+        stack.extend((child, typing) for child in ast.iter_child_nodes(node))
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(type_only: bool = False) -> dict[str, set[str]]:
     paths = sorted(PACKAGE.rglob("*.py"))
     modules = {module_name(p): p for p in paths}
     graph: dict[str, set[str]] = {name: set() for name in modules}
@@ -51,7 +48,7 @@ def import_graph() -> dict[str, set[str]]:
     graph["cuctx._native"] = set()
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in _imports(ast.parse(path.read_text(), str(path))):
+        for node in _imports(ast.parse(path.read_text(), str(path)), type_only):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -113,11 +110,24 @@ def test_the_graph_sees_function_level_imports_and_skips_type_only_ones():
     graph = import_graph()
     assert "cuctx._driver.sim" in graph["cuctx._driver"]  # imported inside _load_sim
     assert "cuctx.device" not in graph["cuctx.context"]  # only under TYPE_CHECKING there
+    assert "cuctx.device" in import_graph(type_only=True)["cuctx.context"]
 
 
 def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def family(module: str) -> str:
+    """The package a module lives in: the root's modules are the core family, each
+    subpackage (kernels, memory, graphs, tools, the sim, ...) is one."""
+    return module if module == "cuctx" else module.rpartition(".")[0]
+
+
+def test_type_hints_never_point_up_across_families():
+    """Inside one family, modules may name each other's types (a Kernel makes Launchers, a
+    Launcher names its Kernel: a protocol would only hide that). Across families, type-only
+    imports obey the layers like any other: added to the graph, they close no cycle."""
     graph = import_graph()
-    for importer, imported in STILL_CYCLIC_IN_OTHER_HELPERS_FILES:
-        assert imported in graph[importer], f"{importer} -> {imported} is gone: drop it here"
-        graph[importer].discard(imported)
+    for importer, targets in import_graph(type_only=True).items():
+        graph[importer] |= {t for t in targets if family(t) != family(importer)}
     assert cycles(graph) == []

@@ -12,8 +12,9 @@ to its granularity (``minSmPartitionSize``/``smCoscheduledAlignment`` of the res
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from cuda.bindings.driver import CUdevResourceType, CUgreenCtxCreate_flags
 
 from .context import DESTROYED, Context, fail
@@ -65,14 +66,16 @@ class Partition(Sequence):
         self.close()
 
     def __repr__(self) -> str:
-        return f"<Partition of device {self.device.ordinal}: {self.sm_counts} SMs>"
+        states = {ctx._state for ctx in self._contexts}
+        state = "closed" if states == {DESTROYED} else "/".join(sorted(states))
+        handles = ", ".join(f"{ctx._key:#x}" for ctx in self._contexts)
+        return (f"<Partition of device {self.device.ordinal}: {len(self)} green contexts "
+                f"({handles}) of {self.sm_counts} SMs, {state}>")
 
 
 def partition(device: Device, sm_counts: Sequence[int]) -> Partition:
     """What `Device.partition` does (see there)."""
-    counts = [int(c) for c in sm_counts]
-    if not counts or any(c <= 0 for c in counts):
-        raise ValueError(f"sm_counts must be one or more positive SM counts, got {sm_counts!r}")
+    counts = _counts(device, sm_counts)
     backend = device._backend
     drv = backend.driver
     operation = f"Device({device.ordinal}).partition({counts})"
@@ -86,7 +89,7 @@ def partition(device: Device, sm_counts: Sequence[int]) -> Partition:
     groups = _split(drv, backend, whole, counts, operation)
     contexts, greens = [], []
     for group in groups:
-        err, desc = drv.cuDevResourceGenerateDesc([group], 1)
+        err, desc = drv.cuDevResourceGenerateDesc(group, len(group))
         if err:
             fail(backend, err, "cuDevResourceGenerateDesc", hint=operation)
         # CU_GREEN_CTX_DEFAULT_STREAM: the driver (580, H100) refuses anything else.
@@ -100,28 +103,55 @@ def partition(device: Device, sm_counts: Sequence[int]) -> Partition:
         contexts.append(Context._wrap(backend, handle, device, "green",
                                       (drv.cuGreenCtxDestroy, green)))
         greens.append(green)
-    return Partition(device, contexts, greens, [g.sm.smCount for g in groups])
+    return Partition(device, contexts, greens,
+                     [sum(g.sm.smCount for g in group) for group in groups])
 
 
-def _split(drv, backend, whole, counts: list[int], operation: str) -> list:
-    """The SM groups: one split when the counts are equal, else one group per split."""
-    if len(set(counts)) == 1:
-        err, groups, n, _ = drv.cuDevSmResourceSplitByCount(len(counts), whole, 0, counts[0])
-        if err:
-            fail(backend, err, "cuDevSmResourceSplitByCount", hint=operation)
-        if n < len(counts):
-            step = max(whole.sm.minSmPartitionSize, whole.sm.smCoscheduledAlignment, 1)
-            most = whole.sm.smCount // len(counts) // step * step
-            raise ValueError(f"{operation}: the driver rounds SM counts up to a multiple of "
-                             f"{step}, so the device's {whole.sm.smCount} SMs make only {n} "
-                             f"group(s) of {counts[0]}; ask for at most {most} each")
-        return list(groups)[:n]
-    groups, rest = [], whole
-    for count in counts:
-        err, group, n, rest = drv.cuDevSmResourceSplitByCount(1, rest, 0, count)
-        if err or n < 1:
-            if err:
-                fail(backend, err, "cuDevSmResourceSplitByCount", hint=operation)
-            raise ValueError(f"{operation}: no room left for a group of {count} SMs")
-        groups.append(list(group)[0])
-    return groups
+def _counts(device: Device, sm_counts: Any) -> list[int]:
+    """The SM counts as ints: a list (or other sequence) of positive ints, one per
+    partition. Floats are refused, not rounded (the driver rounds to its granularity, and
+    the result's ``sm_counts`` says what it gave); bools and strings are refused too."""
+    operation = f"Device({device.ordinal}).partition"
+    if isinstance(sm_counts, np.ndarray):
+        sm_counts = sm_counts.tolist()  # (a 0-d array gives its number: refused below)
+    if not isinstance(sm_counts, Sequence) or isinstance(sm_counts, (str, bytes)):
+        one = (f"; for one partition of {sm_counts} SMs, pass [{sm_counts}]"
+               if isinstance(sm_counts, (int, np.integer)) and not isinstance(sm_counts, bool)
+               else "")
+        raise TypeError(f"{operation} takes a list of SM counts, one int per partition "
+                        f"(e.g. [64, 64]), not {type(sm_counts).__name__} {sm_counts!r}{one}")
+    counts = []
+    for c in sm_counts:
+        if isinstance(c, bool) or not isinstance(c, (int, np.integer)):
+            raise TypeError(f"{operation}: SM counts are ints, one per partition (e.g. [64, "
+                            f"64]); {sm_counts!r} holds {type(c).__name__} {c!r}")
+        counts.append(int(c))
+    if not counts or any(c <= 0 for c in counts):
+        raise ValueError(f"{operation}: SM counts must be one or more positive ints, one per "
+                         f"partition (e.g. [64, 64]), got {sm_counts!r}")
+    return counts
+
+
+def _split(drv, backend, whole, counts: list[int], operation: str) -> list[list]:
+    """The SM groups of each partition, from one split of the device's SMs. Equal counts:
+    that many groups of the count. Different counts: groups of the driver's granularity,
+    each partition taking as many as its count needs, for the driver does not split a
+    split's groups or remainder again (CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION, H100 with
+    driver 580, as its documentation says)."""
+    step = max(whole.sm.minSmPartitionSize, whole.sm.smCoscheduledAlignment, 1)
+    equal = len(set(counts)) == 1
+    sizes = [1] * len(counts) if equal else [-(-c // step) for c in counts]
+    wanted, size = sum(sizes), counts[0] if equal else step
+    err, groups, n, _ = drv.cuDevSmResourceSplitByCount(wanted, whole, 0, size)
+    if err:
+        fail(backend, err, "cuDevSmResourceSplitByCount", hint=operation)
+    if n < wanted:
+        raise ValueError(f"{operation}: the driver rounds SM counts up to a multiple of "
+                         f"{step}, and makes only {n} group(s) of {size} from the device's "
+                         f"{whole.sm.smCount} SMs where {wanted} are needed; ask for fewer "
+                         "or smaller partitions")
+    groups, out, start = list(groups)[:n], [], 0
+    for k in sizes:
+        out.append(groups[start:start + k])
+        start += k
+    return out

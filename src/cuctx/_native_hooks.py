@@ -8,12 +8,14 @@ The launchers' compiled paths are chosen in `Launcher._fast_path`. `setup` also 
 `Stream` a hash slot in C (the value `Stream.__hash__` computes; streams key every launcher
 cache lookup).
 
-While any value in `STEP_ASIDE` is true, the compiled launch, record and wait step aside to
-the checked paths, which announce the operation (a trace sink) or refuse it (inside a host
-function). A new reason to step aside is one more (namespace, name) pair there. While some
-thread records an `@autograph` call (`_record.threads`), the compiled record and wait step
-aside too (their Python paths hand the operation to the recorder); a compiled launch hands
-its packed bytes to the calling thread's recorder itself.
+While any value in `STEP_ASIDE` is true, the compiled record and wait step aside to the
+checked paths, which announce the operation (a trace sink) or refuse it (inside a host
+function); the compiled launch steps aside for `LAUNCH_STEP_ASIDE` (a host function, a
+capture) and announces itself while a trace sink listens. A new reason to step aside is
+one more (namespace, name) pair there. While some thread records an `@autograph` call
+(`_record.threads`), the compiled record and wait step aside too (their Python paths hand
+the operation to the recorder); a compiled launch hands its packed bytes to the calling
+thread's recorder itself.
 
 Without the extension (no C compiler at install time) or with ``CUCTX_NATIVE=0`` nothing is
 replaced and `launch` is the Python function.
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 from cuda.bindings.driver import CUcontext, CUresult
 
-from . import _driver, _record, _trace
+from . import _driver, _lifetimes, _record, _trace
 from .kernels import _launcher
 from ._driver import ThreadState, native
 from .kernels._kernel import Kernel
@@ -39,6 +41,14 @@ STEP_ASIDE = (
     (vars(_trace), "sinks"),  # a trace sink listens: the checked paths announce operations
     (vars(_driver), "in_host_function"),  # a host function runs: the checked paths refuse
 )
+# Launches announce themselves (`_trace.emit_launch`, while any of ANNOUNCE is true) and step
+# aside only for what the checked path does differently: refusing inside a host function,
+# and checking a capture's rules (the legacy stream in a global capture).
+LAUNCH_STEP_ASIDE = (
+    (vars(_lifetimes), "capturing"),
+    (vars(_driver), "in_host_function"),
+)
+ANNOUNCE = ((vars(_trace), "sinks"),)
 
 # (class, method name) of every method with a compiled path (cuctx/csrc/methods.c, IMPLS).
 METHODS = (
@@ -58,7 +68,9 @@ def _install():
                  ThreadState=ThreadState, Device=Device, Kernel=Kernel, Launcher=Launcher,
                  ACTIVE=ACTIVE, CUresult=CUresult, CUcontext=CUcontext, fail=fail,
                  object_for=_object_for, driver_namespace=vars(_driver),
-                 step_aside=STEP_ASIDE, recording=_record.threads, records=_record.local)
+                 step_aside=STEP_ASIDE, launch_step_aside=LAUNCH_STEP_ASIDE,
+                 announce=ANNOUNCE, emit_launch=_trace.emit_launch,
+                 recording=_record.threads, records=_record.local)
     for cls, name in METHODS:
         python = vars(cls)[name]
         if isinstance(python, staticmethod):

@@ -28,6 +28,20 @@ from typing import Any, Callable
 ACTIVE, DESTROYED, POISONED = "active", "destroyed", "poisoned"
 
 
+class Handle(int):
+    """A driver handle as an int that prints as every cuctx repr prints a handle, in hex
+    (``0x5a5a00001000``): what cuctx hands out inside data (a timeline's records and summary)
+    prints as its objects do. It is still an int: it compares, hashes and serializes (JSON)
+    as one."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"{int(self):#x}"
+
+    __str__ = __repr__
+
+
 class Resource:
     __slots__ = ("_backend", "_ctx", "_handle", "_key")
 

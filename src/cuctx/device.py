@@ -117,7 +117,14 @@ class DeviceProperties:
         return values
 
     def __repr__(self) -> str:
-        return f"<DeviceProperties of {self._device!r}>"
+        try:
+            what = (f": compute capability {self.compute_capability_major}."
+                    f"{self.compute_capability_minor}, {self.multiprocessor_count} SMs, "
+                    f"{len(ATTRIBUTE_NAMES)} attributes (as_dict() lists them)")
+        except Exception:  # noqa: BLE001 - a repr never raises; the driver's error shows on use
+            what = ""
+        return f"<DeviceProperties of device {self._device.ordinal} " \
+               f"({self._device._backend.name}){what}>"
 
 
 # __members__, not iteration: iterating an enum skips the aliases (a second name for a value).
@@ -350,9 +357,10 @@ class Device:
 
     def partition(self, sm_counts: Sequence[int]) -> Partition:
         """Split the device's SMs into green contexts (cuGreenCtxCreate), one per count in
-        ``sm_counts``: their kernels run side by side on separate SMs, where kernels of
-        ordinary contexts take turns. Each is a `Context` (kind ``"green"``); the driver
-        rounds counts up to its granularity (the result's ``sm_counts`` says what it gave).
+        the list ``sm_counts`` (positive ints): their kernels run side by side on separate
+        SMs, where kernels of ordinary contexts take turns. Each is a `Context` (kind
+        ``"green"``); the driver rounds counts up to its granularity (the result's
+        ``sm_counts`` says what it gave).
         ``with device.partition([64, 64]) as (a, b):`` destroys them after the block."""
         return partition(self, sm_counts)
 

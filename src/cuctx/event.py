@@ -168,6 +168,8 @@ class Event(Resource):
     def __repr__(self) -> str:
         kind = "timing" if self.timing else "sync"
         state = "recorded" if self._recorded else "never recorded"
+        if self._ctx._state is not ACTIVE:
+            state += f", context {self._ctx._state}"
         return f"<Event {kind} {self._key:#x} {state} ctx {self._ctx._key:#x}>"
 
 

@@ -289,6 +289,16 @@ class Stream(Resource):
             fail(self._backend, err, "cuStreamQuery", self._ctx)
         return not err
 
+    @property
+    def is_capturing(self) -> bool:
+        """True while this stream is captured into a graph, by `capture` or another library."""
+        self._check("Stream.is_capturing")
+        err, status = (0, 0) if self._key in (0, LEGACY) else self._call(  # legacy: never
+            self._backend.driver.cuStreamIsCapturing, self._handle)  # (driver: "implicit")
+        if err:
+            fail(self._backend, err, "cuStreamIsCapturing", self._ctx)
+        return bool(status)  # NONE is 0; ACTIVE, and INVALIDATED until the capture ends
+
     def launch_host_func(self, fn: Callable[..., Any], *args: Any) -> None:
         """Call ``fn(*args)`` on the host once the work queued before it is done; work
         queued after it waits for it. ``fn`` must not call CUDA. If it raises, the
@@ -316,10 +326,8 @@ class Stream(Resource):
             _trace.emit("host_func", self._ctx, self, fn=fn)
 
     def capture(self, mode: str = "thread_local") -> Any:
-        """``with stream.capture(mode) as graph:`` records the work queued in the block on
-        this stream (and on streams that join it by waiting for it) into ``graph``, a
-        `cuctx.Graph`, instead of running it. ``mode`` is CUDA's: "thread_local" (the
-        default), "global" or "relaxed". See docs/graphs.md, "Capture"."""
+        """``with stream.capture(mode) as graph:`` records the block's work on this stream (its
+        current stream) and the streams that join it into a `Graph`; see docs/graphs.md."""
         return upper.capture(self, mode)  # graphs/_capture.py, above this module
 
     def _hold(self, obj: Any) -> None:
@@ -351,8 +359,10 @@ class Stream(Resource):
         return hash((self._ctx._key, self._key))
 
     def __repr__(self) -> str:
-        where = f"device {self._ctx._device.ordinal}" if self._ctx._device is not None else ""
-        return f"<Stream {self.kind} {self._key:#x} {where} ctx {self._ctx._key:#x}>"
+        ctx = self._ctx
+        where = f"device {ctx._device.ordinal} " if ctx._device is not None else ""
+        state = "" if ctx._state is ACTIVE else f" context {ctx._state}"
+        return f"<Stream {self.kind} {self._key:#x} {where}ctx {ctx._key:#x}{state}>"
 
 
 def refuse_legacy_in_global_capture(stream: Stream, operation: str) -> None:

@@ -351,6 +351,58 @@ def test_an_if_node_runs_its_else_body_when_the_condition_is_zero(rig):
     assert rig.read(a, 2) == [0, 2]
 
 
+@pytest.mark.parametrize("value, expect", [(0, [1, 0, 0]), (2, [0, 0, 3]), (3, [0, 0, 0])])
+def test_a_switch_node_runs_the_body_its_value_names_and_none_past_the_last(rig, value,
+                                                                             expect):
+    a = rig.alloc()
+    g = rig.graph()
+    _, bodies = conditional(rig, g, COND.CU_GRAPH_COND_TYPE_SWITCH, size=3, default=value,
+                            flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT)
+    assert len(bodies) == 3
+    for i, body in enumerate(bodies):
+        rig.add(body, "Memset", rig.memset(a + 4 * i, i + 1, 1), rig.ctx)
+    rig.run(g)
+    assert rig.read(a, 3) == expect
+
+
+@pytest.mark.parametrize("kind, size", [(COND.CU_GRAPH_COND_TYPE_SWITCH, 0),
+                                        (COND.CU_GRAPH_COND_TYPE_IF, 3),
+                                        (COND.CU_GRAPH_COND_TYPE_WHILE, 2)])
+def test_a_conditional_of_a_size_its_type_does_not_take_is_refused(rig, kind, size):
+    g = rig.graph()
+    _, handle = rig.drv.cuGraphConditionalHandleCreate(g, rig.ctx, 0, 0)
+    params = d.CUgraphNodeParams()
+    params.type = T.CU_GRAPH_NODE_TYPE_CONDITIONAL
+    params.conditional.handle, params.conditional.type = handle, kind
+    params.conditional.size, params.conditional.ctx = size, rig.ctx
+    assert rig.drv.cuGraphAddNode(g, None, None, 0, params) == (INVALID_VALUE, None)
+
+
+def test_one_handle_drives_two_nodes_and_a_kernel_added_first_sets_it(rig):
+    """The handle is made before its nodes; a kernel ahead of them sets it (through its twin,
+    as cudaGraphSetConditional would), and both nodes read the value."""
+    a, counter = rig.alloc(), rig.alloc()
+    fn = stepper(rig)  # counter 2 -> 1: sets the condition to 1
+    g = rig.graph()
+    _, handle = rig.drv.cuGraphConditionalHandleCreate(g, rig.ctx, 0, 0)
+    values = (ctypes.c_uint64 * 2)(counter, int(handle))
+    array = (ctypes.c_void_p * 2)(ctypes.addressof(values), ctypes.addressof(values) + 8)
+    params = rig.kernel(0, 0)
+    params.func, params.kernelParams = fn, ctypes.addressof(array)
+    k = rig.add(g, "Kernel", params)
+    for i in range(2):
+        node = d.CUgraphNodeParams()
+        node.type = T.CU_GRAPH_NODE_TYPE_CONDITIONAL
+        node.conditional.handle, node.conditional.type = handle, COND.CU_GRAPH_COND_TYPE_IF
+        node.conditional.size, node.conditional.ctx = 1, rig.ctx
+        err, _ = rig.drv.cuGraphAddNode(g, [k], None, 1, node)
+        assert err == OK
+        rig.add(node.conditional.phGraph_out[0], "Memset", rig.memset(a + 4 * i, 5, 1), rig.ctx)
+    assert rig.drv.cuMemsetD32Async(counter, 2, 1, rig.stream) == (OK,)
+    rig.run(g)
+    assert rig.read(a, 2) == [5, 5] and rig.read(counter, 1) == [1]
+
+
 def test_a_host_node_in_a_body_is_added_but_refused_at_instantiation(rig):
     g = rig.graph()
     _, bodies = conditional(rig, g, COND.CU_GRAPH_COND_TYPE_IF)

@@ -17,7 +17,7 @@ from cuctx import GraphCaptureError
 
 from scenarios import ADD_SOURCE, add, library_fixture
 
-pytestmark = pytest.mark.usefixtures("nvrtc_cache")
+pytestmark = [pytest.mark.usefixtures("nvrtc_cache"), pytest.mark.paths("python", "native")]
 
 lib = library_fixture(ADD_SOURCE, add=add)
 N = 8
@@ -84,6 +84,32 @@ def test_capture_holds_launches_copies_fills_host_functions_and_a_joined_stream(
         assert host.tolist() == [float(i + 11) for i in range(N)]
         assert scratch.to_host().tolist() == [7.0] * N
     assert seen == ["ran", "ran"]
+
+
+def test_every_captures_nodes_keep_what_they_use(backend):
+    """Each capture's graph, then its executable, keeps the arrays, the library and the host
+    function its nodes use: with every other reference dropped and collected, the launches
+    still read and write the right memory (on the sim a use after free would fault)."""
+    s = cuctx.Stream()
+    results, seen = [], []
+    for n in range(3):  # a stream captured again and again, each time with new objects
+        lib = cuctx.Library.from_source(ADD_SOURCE, sim_kernels={"add": add})
+        x, out = arange(s), zeros(s)
+        host = cuctx.pinned_empty(N, np.float32)
+        with s.capture() as graph:
+            lib["add"][1, N](out, x, float(10 * n), N)  # s is the current stream in the block
+            cuctx.copy(host, out)
+            s.launch_host_func(seen.append, n)
+        assert [line_of(node).strip() for node in graph.nodes][0].startswith('lib["add"]')
+        results.append((graph.instantiate(), host, n))
+        del lib, x, out, graph
+    gc.collect()
+    for exe, host, n in results:
+        host[:] = -1
+        exe.launch(s)
+        s.synchronize()
+        assert host.tolist() == [float(i + 10 * n) for i in range(N)]
+    assert seen == [0, 1, 2]
 
 
 def test_the_graph_keeps_what_its_nodes_use(lib):
@@ -309,6 +335,146 @@ def test_another_threads_synchronize_is_refused_and_the_capture_goes_on(lib):
     graph.instantiate().launch(s)
     s.synchronize()
     assert out.to_host().tolist() == [float(i + 1) for i in range(N)]
+
+
+def test_the_capturing_stream_is_current_in_the_block(lib):
+    """As in torch.cuda.graph: work that names no stream goes into the capture; the stream
+    current before the block is current again after it, also when the block raises."""
+    s, outer = cuctx.Stream(), cuctx.Stream()
+    x, out = arange(s), zeros(s)
+    s.synchronize()
+    with outer:
+        with s.capture() as graph:
+            assert cuctx.current_stream() is s
+            lib["add"][1, N](out, x, 3.0, N)  # no stream named: into the capture
+            out.fill(1.0)
+            lib["add"][1, N](out, out, 1.0, N)
+        assert cuctx.current_stream() is outer
+        with pytest.raises(KeyError):
+            with s.capture():
+                raise KeyError("user code failed")
+        assert cuctx.current_stream() is outer
+    assert [node.kind for node in graph.nodes] == ["kernel", "fill", "kernel"]
+    assert out.to_host().tolist() == [0.0] * N  # nothing ran eagerly
+    graph.instantiate().launch(s)
+    s.synchronize()
+    assert out.to_host().tolist() == [2.0] * N
+
+
+def test_is_capturing_says_whether_the_stream_is_captured_now(lib):
+    s, side = cuctx.Stream(), cuctx.Stream()
+    legacy = cuctx.legacy_stream()
+    assert not s.is_capturing and not side.is_capturing and not legacy.is_capturing
+    with s.capture():
+        assert s.is_capturing and not side.is_capturing and not legacy.is_capturing
+        side.wait(s)  # side joins the capture
+        assert side.is_capturing
+        s.wait(side)
+    assert not s.is_capturing and not side.is_capturing
+    with pytest.raises(GraphCaptureError):
+        with s.capture():
+            with pytest.raises(GraphCaptureError):
+                s.synchronize()  # ends the capture
+            assert not s.is_capturing
+    blocking = cuctx.Stream(non_blocking=False)
+    with blocking.capture():  # the driver answers "implicit" for the legacy stream now
+        assert blocking.is_capturing and not legacy.is_capturing
+    with pytest.raises(cuctx.ContextDestroyedError):
+        with cuctx.Context.create(0) as ctx:
+            gone = cuctx.Stream()
+        ctx.destroy()
+        assert gone.is_capturing is None  # raises first
+
+
+def test_the_graph_used_inside_its_block_is_a_capture_error(lib):
+    s = cuctx.Stream()
+    x, out = arange(s), zeros(s)
+    with s.capture() as graph:
+        lib["add"][1, N, 0, s](out, x, 1.0, N)
+        for call, use in (("Graph.instantiate", lambda: graph.instantiate()),
+                          ("Graph.nodes", lambda: graph.nodes),
+                          ("Graph.launch", lambda: graph.launch(lib["add"], 1, N, out, x, 1.0,
+                                                                N))):
+            with pytest.raises(GraphCaptureError, match="made when its `with` block ends") \
+                    as info:
+                use()
+            assert str(info.value).startswith(f"{call} failed")
+            assert f"{__file__}:{use.__code__.co_firstlineno}" in str(info.value)
+        assert "not made yet" in repr(graph)
+    assert len(graph) == 1  # the capture went on and made its graph
+    graph.instantiate().launch(s)
+    s.synchronize()
+    assert out.to_host().tolist() == [float(i + 1) for i in range(N)]
+
+
+@pytest.mark.parametrize("call", ["launch", "upload"])
+def test_a_graph_launched_into_a_capture_is_refused_and_ends_it(lib, call):
+    """CUDA does not capture graph launches (an H100 answers cuGraphLaunch on a capturing
+    stream with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED): cuctx refuses before the driver."""
+    s = cuctx.Stream()
+    x, out = arange(s), zeros(s)
+    with s.capture() as first:
+        lib["add"][1, N, 0, s](out, x, 1.0, N)
+    exe = first.instantiate()
+
+    def use_it():
+        getattr(exe, call)()  # on the current stream: s
+
+    with pytest.raises(GraphCaptureError) as info:
+        with s.capture():
+            use_it()
+    message = str(info.value)
+    assert message.startswith(f"GraphExec.{call} failed")
+    assert "cannot capture a graph launch" in message and "ended" in message
+    assert f"{__file__}:{use_it.__code__.co_firstlineno + 1}" in message
+    assert out.to_host().tolist() == [0.0] * N
+    usable(lib, s)
+    exe.launch(s)  # outside a capture it runs
+    s.synchronize()
+    assert out.to_host().tolist() == [float(i + 1) for i in range(N)]
+
+
+def test_a_capture_is_entered_once(lib):
+    s = cuctx.Stream()
+    capture = s.capture()
+    with capture as graph:
+        with pytest.raises(RuntimeError, match="entered at .* already"):
+            with capture:
+                pass
+    with pytest.raises(RuntimeError, match="call stream.capture\\(\\) again"):
+        with capture:
+            pass
+    assert len(graph) == 0 and not s.is_capturing
+    usable(lib, s)
+
+
+@pytest.mark.parametrize("source", ["auto", "events"])
+def test_a_timeline_inside_a_capture_and_around_one(lib, source):
+    """Neither invalidates the capture: the timeline records no events into a capturing
+    stream and waits only for streams not captured; the captured work shows as not run,
+    and a launch of the graph later as work that ran."""
+    s, other = cuctx.Stream(), cuctx.Stream()
+    x, out, eager = arange(s), zeros(s), zeros(other)
+    s.synchronize()
+    other.synchronize()
+    with s.capture() as graph:
+        with cuctx.timeline(source) as inside:
+            lib["add"][1, N, 0, s](out, x, 1.0, N)  # captured
+            lib["add"][1, N, 0, other](eager, x, 2.0, N)  # runs now
+    assert [node.kind for node in graph.nodes] == ["kernel"]
+    captured, ran = [r for r in inside.records if r.kind == "launch"]
+    assert captured.start_ns is None  # it runs at the graph's launches
+    if not inside.approximate:  # (event pairs time nothing while a capture is active)
+        assert ran.start_ns is not None and ran.stream == other.handle
+    assert eager.to_host().tolist() == [float(i + 2) for i in range(N)]
+    with cuctx.timeline(source) as around:
+        with s.capture() as again:
+            lib["add"][1, N, 0, s](out, out, 1.0, N)
+        graph.instantiate().launch(s)
+        again.instantiate().launch(s)
+    launches = [r for r in around.records if r.kind == "graph_launch"]
+    assert len(launches) == 2 and all(r.start_ns is not None for r in launches)
+    assert out.to_host().tolist() == [float(i + 2) for i in range(N)]
 
 
 def test_capturing_the_legacy_stream_or_a_stream_twice_is_refused(lib):

@@ -158,3 +158,21 @@ def test_a_launch_after_the_library_was_unloaded_raises(backend):
         library.unload()
         with pytest.raises(RuntimeError, match="unloaded"):
             exe.launch()
+
+
+def test_a_launch_waits_for_the_executables_earlier_launch_on_another_stream(sim):
+    """cuGraphLaunch: each launch is ordered behind the executable's earlier launches, on
+    any stream, so synchronizing the second stream waits for the first launch too."""
+    from cuctx.sim import stream_busy
+    ran = []
+    with cuctx.Device(0):
+        a, b = cuctx.Stream(), cuctx.Stream()
+        graph = cuctx.Graph()
+        graph.host(ran.append, "run")
+        exe = graph.instantiate()
+        stream_busy(a, 10_000_000)
+        a.launch_host_func(ran.append, "a busy done")
+        exe.launch(a)
+        exe.launch(b)
+        b.synchronize()
+        assert ran == ["a busy done", "run", "run"]

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import linecache
 import pathlib
-import shutil
-import subprocess
+import re
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ from cuctx import KernelArgumentError, LaunchConfigError
 
 from scenarios import ADD_SOURCE, add, library_fixture
 
-pytestmark = pytest.mark.usefixtures("nvrtc_cache")
+pytestmark = [pytest.mark.usefixtures("nvrtc_cache"), pytest.mark.paths("python", "native")]
 
 lib = library_fixture(ADD_SOURCE, add=add)
 N = 8
@@ -96,6 +95,32 @@ def test_after_takes_only_nodes_of_the_same_graph(lib):
         g.launch(lib["add"], 1, N, out, x, 1.0, N, after=foreign)
     with pytest.raises(TypeError, match="GraphNode"):
         g.empty(after=[1])
+
+
+def test_after_says_what_it_takes_and_what_it_got(lib):
+    x, out = arange(), cuctx.zeros(N, np.float32)
+    g, child, event = cuctx.Graph(), cuctx.Graph(), cuctx.Event()
+    first = g.empty()
+    expected = r"after= takes a GraphNode or an iterable of GraphNodes \(what this graph's"
+    for bad, got in ((0, "not int 0"), (1.5, "not float 1.5"), ("a", "not str 'a'"),
+                     (None, "not NoneType None; leave after= out"), (g, "not Graph <Graph"),
+                     ([first, 2], "; it holds int 2")):
+        with pytest.raises(TypeError, match=f"Graph.fill: {expected}.*{got}"):
+            g.fill(out, 0.0, after=bad)
+    # Every method that adds a node checks after= the same way, before it changes anything:
+    # the graph holds only `first` and still instantiates (no conditional handle left unused).
+    adders = [lambda a: g.launch(lib["add"], 1, N, out, x, 1.0, N, after=a),
+              lambda a: g.copy(out, x, after=a), lambda a: g.host(print, after=a),
+              lambda a: g.record(event, after=a), lambda a: g.wait(event, after=a),
+              lambda a: g.child(child, after=a), lambda a: g.empty(after=a),
+              lambda a: g.conditional("if", default=0, after=a)]
+    for adder in adders:
+        with pytest.raises(TypeError, match=expected):
+            adder(0)
+    assert g.nodes == (first,)
+    run(g)
+    second = g.fill(out, 1.0, after=(n for n in [first]))  # any iterable, a generator too
+    assert g.edges == ((first, second),)
 
 
 # -- copies and fills ---------------------------------------------------------------------
@@ -267,82 +292,198 @@ def test_to_dot_writes_the_graph(lib, backend, tmp_path):
     assert path.endswith("graph.dot") and "digraph" in text
 
 
+def test_to_dot_raises_the_oserror_open_raises(lib, backend, tmp_path):
+    if not hasattr(backend.driver, "cuGraphDebugDotPrint"):
+        pytest.skip("this backend writes no DOT files")
+    g = cuctx.Graph()
+    g.empty()
+    missing = tmp_path / "missing" / "graph.dot"
+    with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):
+        g.to_dot(missing)
+    with pytest.raises(IsADirectoryError, match=re.escape(str(tmp_path))):
+        g.to_dot(tmp_path)
+    with pytest.raises(TypeError, match="os.PathLike"):
+        g.to_dot(3)  # a path, not a file descriptor
+    assert "digraph" in pathlib.Path(g.to_dot(str(tmp_path / "g.dot"))).read_text()
+
+
 # -- conditional nodes ----------------------------------------------------------------------
 
+def has_conditionals(backend, version: int = 12040) -> None:
+    """Skip on a driver older than ``version``: conditional nodes came with CUDA 12.4,
+    "if_else" and "switch" nodes with 12.8."""
+    if backend.driver.cuDriverGetVersion()[1] < version:
+        pytest.skip(f"the driver lacks these conditional nodes (CUDA {version // 1000}."
+                    f"{version % 1000 // 10}+)")
+
+
 def test_an_if_node_runs_its_body_by_its_default_condition(lib, backend):
-    if not hasattr(backend.driver, "cuGraphConditionalHandleCreate"):
-        pytest.skip("this backend has no conditional nodes")
+    has_conditionals(backend)
     x, out = arange(), cuctx.zeros(N, np.float32)
     g = cuctx.Graph()
-    try:
-        taken = g.conditional("if", default=1)
-    except cuctx.NotSupportedError:
-        pytest.skip("the driver has no conditional nodes")
-    skipped = g.conditional("if", default=0)
-    assert isinstance(taken.body, cuctx.Graph) and int(taken.condition) >= 0
+    taken = g.conditional("if", default=True)
+    skipped = g.conditional("if", default=False)
+    assert isinstance(taken.body, cuctx.Graph) and taken.bodies == (taken.body,)
+    assert taken.condition.default == 1 and "True" not in repr(taken.condition)
     taken.body.launch(lib["add"], 1, N, out, out, 1.0, N)
     skipped.body.launch(lib["add"], 1, N, out, x, 100.0, N)
     run(g, times=2)
     assert out.to_host().tolist() == [2.0] * N
-    assert "conditional" in repr(g)
-    with pytest.raises(ValueError, match="'if' or 'while'"):
-        g.conditional("switch")
-    with pytest.raises(AttributeError, match="not a conditional"):
-        assert g.empty().body is None  # raises first
+    assert "2 conditional" in repr(g) and "conditional if" in taken.description
 
 
-
-COUNTDOWN_SOURCE = r"""
-#ifdef SIM_STAND_IN  // on the sim the twin below sets the condition
-__device__ void cudaGraphSetConditional(cudaGraphConditionalHandle, unsigned int) {}
-#endif
+# Kernels that set a condition, in CUDA C as a user writes them: cuctx declares
+# cudaGraphSetConditional for NVRTC. On the sim the twins below do the same steps.
+SETTER_SOURCE = r"""
+extern "C" __global__ void set_condition(cudaGraphConditionalHandle handle,
+                                         unsigned int value) {
+    cudaGraphSetConditional(handle, value);
+}
 extern "C" __global__ void countdown(unsigned int* counter, float* out,
                                      cudaGraphConditionalHandle handle) {
     out[*counter] = (float)*counter;
     *counter -= 1;
     cudaGraphSetConditional(handle, *counter > 0);
 }
+extern "C" __global__ void put(float* out, float value) { *out = value; }
 """
 
 
+def set_condition_twin(grid, block, handle, value):
+    cuctx.backend().sim.set_conditional(handle, value)
+
+
 def countdown_twin(grid, block, counter, out, handle):
-    """The sim's countdown: the same steps, the condition set through the sim's control."""
     c = counter.view(np.uint32, 1)
     out.view(np.float32, N)[c[0]] = float(c[0])
     c[0] -= 1
     cuctx.backend().sim.set_conditional(handle, int(c[0] > 0))
 
 
+def put_twin(grid, block, out, value):
+    out.view(np.float32, 1)[0] = value
+
+
 @pytest.fixture
-def countdown(backend, tmp_path) -> cuctx.Kernel:
-    """``countdown``: on a GPU built by nvcc and linked with the device runtime, where
-    cudaGraphSetConditional lives (NVRTC alone does not link it)."""
-    if backend.sim is not None:
-        lib = cuctx.Library.from_source(COUNTDOWN_SOURCE, ["-DSIM_STAND_IN"],
-                                        sim_kernels={"countdown": countdown_twin})
-        return lib["countdown"]
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("needs nvcc: a kernel that sets a condition links the CUDA toolkit's "
-                    "device runtime (cudadevrt)")
-    arch = "sm_{}{}".format(*cuctx.Device(0).compute_capability)
-    source, relocatable, linked = (tmp_path / n for n in ("k.cu", "k_rdc.cubin", "k.cubin"))
-    source.write_text(COUNTDOWN_SOURCE)
-    libdir = pathlib.Path(nvcc).resolve().parent.parent / "lib64"
-    subprocess.run([nvcc, f"-arch={arch}", "-rdc=true", "-cubin", str(source), "-o",
-                    str(relocatable)], check=True)
-    subprocess.run([str(pathlib.Path(nvcc).parent / "nvlink"), f"-arch={arch}",
-                    str(relocatable), f"-L{libdir}", "-lcudadevrt", "-o", str(linked)],
-                   check=True)
-    return cuctx.Library.from_file(linked)["countdown"]
+def setters(backend) -> cuctx.Library:
+    """SETTER_SOURCE compiled by NVRTC alone, on both backends (no nvcc, no cudadevrt)."""
+    has_conditionals(backend)
+    return cuctx.Library.from_source(SETTER_SOURCE, sim_kernels={
+        "set_condition": set_condition_twin, "countdown": countdown_twin, "put": put_twin})
 
 
-def test_a_while_node_runs_its_body_until_a_kernel_clears_the_condition(countdown):
+def test_a_while_node_runs_its_body_until_a_kernel_clears_the_condition(setters):
     counter = cuctx.to_device(np.array([5], np.uint32))
     out = cuctx.zeros(N, np.float32)
     g = cuctx.Graph()
-    loop = g.conditional("while", default=1)
-    loop.body.launch(countdown, 1, 1, counter, out, loop.condition)
+    loop = g.conditional("while", default=True)
+    loop.body.launch(setters["countdown"], 1, 1, counter, out, loop.condition)
     run(g)
     assert counter.to_host().tolist() == [0]  # the body ran 5 times, then the kernel stopped it
     assert out.to_host().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.0, 0.0]
+
+
+def test_a_kernel_added_before_an_if_else_node_picks_its_body(setters, backend):
+    has_conditionals(backend, 12080)
+    out = cuctx.zeros(2, np.float32)
+    g = cuctx.Graph()
+    condition = g.condition()  # made first, so that the kernel setting it comes first
+    setter = g.launch(setters["set_condition"], 1, 1, condition, 1)
+    branch = g.conditional("if_else", condition=condition, after=setter)
+    then, otherwise = branch.bodies
+    then.launch(setters["put"], 1, 1, out[0:1], 1.0)
+    otherwise.launch(setters["put"], 1, 1, out[1:2], 2.0)
+    assert branch.condition == condition and condition.nodes == 1
+    exe = g.instantiate()
+    exe.launch()
+    assert out.to_host().tolist() == [1.0, 0.0]
+    out.fill(0.0)
+    exe.update_node(setter, condition, 0)  # the kernel now sets it to zero: the else body
+    exe.launch()
+    assert out.to_host().tolist() == [0.0, 2.0]
+
+
+def test_a_switch_runs_the_body_its_condition_names(setters, backend):
+    has_conditionals(backend, 12080)
+    out = cuctx.zeros(3, np.float32)
+    g = cuctx.Graph()
+    condition = g.condition()
+    setter = g.launch(setters["set_condition"], 1, 1, condition, 0)
+    switch = g.conditional("switch", condition=condition, cases=3, after=setter)
+    assert len(switch.bodies) == 3 and "cases=3" in switch.description
+    for i, body in enumerate(switch.bodies):
+        body.launch(setters["put"], 1, 1, out[i:i + 1], 10.0 + i)
+    exe = g.instantiate()
+    for value, expect in ((0, [10.0, 0, 0]), (2, [0, 0, 12.0]), (3, [0, 0, 0])):  # 3: none
+        out.fill(0.0)
+        exe.update_node(setter, condition, value)
+        exe.launch()
+        assert out.to_host().tolist() == expect, value
+    by_default = cuctx.Graph()  # a default picks the body at every launch
+    node = by_default.conditional("switch", default=np.uint32(1), cases=2)
+    for i, body in enumerate(node.bodies):
+        body.launch(setters["put"], 1, 1, out[i:i + 1], 20.0 + i)
+    out.fill(0.0)
+    run(by_default)
+    assert out.to_host().tolist() == [0.0, 21.0, 0.0]
+
+
+def test_conditional_arguments_are_checked(backend):
+    has_conditionals(backend, 12080)
+    g, other = cuctx.Graph(), cuctx.Graph()
+    for kwargs, error, words in [
+            (dict(kind="else"), ValueError, "'if', 'if_else', 'while', 'switch'"),
+            (dict(kind="switch"), ValueError, "needs cases=n"),
+            (dict(kind="switch", cases=0), ValueError, "needs cases=n"),
+            (dict(kind="switch", cases=True), ValueError, "needs cases=n"),
+            (dict(kind="if", cases=2), ValueError, "cases= is for 'switch'"),
+            (dict(kind="if", default="yes"), TypeError, "a bool or an int"),
+            (dict(kind="if", default=1.0), TypeError, "a bool or an int"),
+            (dict(kind="while", default=-1), ValueError, "unsigned 32-bit"),
+            (dict(kind="switch", cases=2, default=2**32), ValueError, "unsigned 32-bit"),
+            (dict(kind="if", condition=7), TypeError, "what Graph.condition() returns"),
+            (dict(kind="if", condition=other.condition(), default=1), ValueError,
+             "the default is the condition's"),
+            (dict(kind="if", condition=other.condition()), ValueError, "of another graph")]:
+        with pytest.raises(error, match=re.escape(words)):
+            g.conditional(**kwargs)
+    with pytest.raises(TypeError, match="a bool or an int"):
+        g.condition(default="1")
+    outer = g.conditional("if_else", default=False)
+    with pytest.raises(AttributeError, match="node.bodies"):
+        assert outer.body is None  # raises first: it has two bodies
+    top = g.condition(default=True)  # a body's node may take a condition of the graph above
+    inner = outer.bodies[0].conditional("if", condition=top)
+    with pytest.raises(ValueError, match="of another graph"):  # not the other way round
+        g.conditional("if", condition=outer.bodies[0].condition())
+    assert inner.condition is top and top.nodes == 1
+    with pytest.raises(AttributeError, match="not a conditional"):
+        assert g.empty().bodies is None  # raises first
+
+
+def test_a_condition_no_node_uses_is_named_at_instantiate(backend):
+    has_conditionals(backend)
+    g = cuctx.Graph()
+    g.conditional("if", default=1)
+    unused = g.condition()  # this line is named
+    with pytest.raises(ValueError, match="drives no conditional node") as info:
+        g.instantiate()
+    assert f"{__file__}:{unused.site[1]}" in str(info.value)
+    assert "unused = g.condition()" in linecache.getline(__file__, unused.site[1])
+    g.conditional("while", condition=unused)
+    g.instantiate()  # used now
+
+
+def test_a_setter_compiles_with_nvrtc_alone_and_errors_keep_the_users_lines(backend):
+    """cuctx declares cudaGraphSetConditional for NVRTC only where the source calls it and
+    does not declare it itself; NVRTC's messages still name the user's own lines."""
+    declared = ('extern "C" __device__ __cudart_builtin__ void CUDARTAPI '
+                "cudaGraphSetConditional(cudaGraphConditionalHandle, unsigned int);\n")
+    source = declared + SETTER_SOURCE.split("extern \"C\" __global__ void countdown")[0]
+    lib = cuctx.Library.from_source(source, sim_kernels={"set_condition": set_condition_twin})
+    assert lib["set_condition"].name == "set_condition"
+    with pytest.raises(cuctx.CompileError, match=r"\(3\): error") as info:
+        cuctx.Library.from_source("extern \"C\" __global__ void f(cudaGraphConditionalHandle h) {\n"
+                                  "    cudaGraphSetConditional(h, 1);\n"
+                                  "    oops;\n}\n")
+    assert "oops" in str(info.value)

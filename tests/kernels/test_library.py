@@ -159,6 +159,35 @@ def test_unknown_kernel_lists_the_kernels(backend):
         lib["scal"]
 
 
+CPP_SOURCE = r"""
+__global__ void cpp_name(float* x) { x[0] = 1.0f; }
+namespace ns { __global__ void nested(float* x) { x[0] = 2.0f; } }
+template <typename T> __global__ void fill(T* x) { x[0] = T(3); }
+"""
+
+
+@pytest.mark.parametrize("kind", ["Library", "Module"])
+def test_a_cpp_kernels_plain_name_suggests_extern_c_or_name_expressions(backend, kind):
+    code = getattr(cuctx, kind).from_source(CPP_SOURCE, name_expressions=["fill<float>"])
+    with pytest.raises(KeyError, match=r'no kernel "cpp_name" .*: it has the C\+\+ kernel '
+                       r'_Z8cpp_namePf; declare it extern "C" to keep the name "cpp_name", or '
+                       rf'list it in name_expressions=\["cpp_name"\] when calling {kind}\.'
+                       'from_source and ask for that name'):
+        code["cpp_name"]
+    with pytest.raises(KeyError, match=r'_ZN2ns6nestedEPf; declare it extern "C" to keep the '
+                       r'name "nested", or list it in name_expressions=\["ns::nested"\]'):
+        code["nested"]
+    with pytest.raises(KeyError, match="ask for it by the name expression it was compiled "
+                       "with: fill<float>"):
+        code["fill"]
+    with pytest.raises(KeyError, match=r'list each instance in name_expressions='
+                       r'\["fill<int>"\] .*\(it was compiled with fill<float>\)'):
+        code["fill<int>"]
+    assert code["_Z8cpp_namePf"].name == "_Z8cpp_namePf"  # the mangled name works as it did
+    with pytest.raises(KeyError, match=r"no kernel 'nothing'.*_Z8cpp_namePf"):
+        code["nothing"]  # no hint where no C++ kernel has the name: the list, as before
+
+
 def test_compile_error_carries_nvrtc_log(backend):
     with pytest.raises(cuctx.CompileError) as info:
         cuctx.Library.from_source('extern "C" __global__ void k() { undefined_thing(); }')

@@ -97,6 +97,7 @@ def test_a_recording_thread_gets_the_launch_with_the_bytes_the_python_path_packs
 
 def test_launch_errors_are_the_same_on_both_paths(lib, native):
     out, x = add_arrays()
+    ints = cuctx.to_device(np.arange(8, dtype=np.int32))
 
     def calls():
         launcher = lib["add"][1, 8, 0, cuctx.Stream()]
@@ -106,10 +107,14 @@ def test_launch_errors_are_the_same_on_both_paths(lib, native):
                 lambda: launcher(out, x, 1.0, 2**40),  # beyond an int
                 lambda: launcher(out, x, 1e300, 8),  # beyond a float32
                 lambda: launcher(out, x[::2], 1.0, 4),  # not contiguous
+                lambda: launcher(out, ints, 1.0, 8),  # an int32 array for a const float*
+                lambda: launcher(ints, x, 1.0, 8),  # and for a float*
+                lambda: launcher(out, ints.view(np.float32), 1.0, 8),  # meant: launches
                 lambda: launcher(out, x, 1.0, 2**32 - 1)]  # fits as unsigned: launches
     python, compiled = on_each_path(cuctx.backend(), calls)
     assert compiled == python
-    assert [o is None for o in python] == [False] * 5 + [True]
+    assert [o is None for o in python] == [False] * 7 + [True] * 2
+    assert "not a DeviceArray of int32" in python[5][1]
 
 
 def test_record_wait_and_context_errors_are_the_same_on_both_paths(native):

@@ -336,6 +336,26 @@ def test_out_of_memory_names_the_sizes(backend):
     other.destroy()
 
 
+def test_a_shape_beyond_any_address_space_is_a_value_error_naming_the_bytes(backend):
+    huge = (2**40, 2**40)  # 2**82 bytes of float32: no size_t holds it
+    for make in (lambda: cuctx.empty(huge, np.float32), lambda: cuctx.zeros(huge, np.float32),
+                 lambda: cuctx.full(huge, 1.0, np.float32),
+                 lambda: cuctx.pinned_empty(huge, np.float32)):
+        with pytest.raises(ValueError, match=rf"shape \(1099511627776, 1099511627776\) and "
+                           rf"dtype float32 would take {2**82} bytes, more than any array"):
+            make()
+    cuctx.zeros(16).to_host()  # and the device still works
+
+
+def test_a_shape_larger_than_the_memory_is_out_of_memory_naming_the_bytes(backend):
+    # 2 EiB: a size_t holds it, no device or host memory (and no 57-bit address space) does.
+    with pytest.raises(OutOfMemoryError, match=rf"asked for {2**61} bytes on device 0"):
+        cuctx.empty(2**61, np.uint8)
+    with pytest.raises(OutOfMemoryError, match=rf"asked for {2**61} bytes of page-locked"):
+        cuctx.pinned_empty(2**61, np.uint8)
+    assert cuctx.to_device(np.arange(4)).to_host().tolist() == [0, 1, 2, 3]
+
+
 def test_a_use_after_free_is_an_illegal_address_on_the_sim(sim):
     s_alloc, s_use = Stream(Device(0)), Stream(Device(0))
     arr = cuctx.zeros(64, stream=s_alloc)
@@ -360,6 +380,10 @@ def test_bad_shapes_and_dtypes_are_refused(backend):
         cuctx.empty(-5)
     with pytest.raises(TypeError, match="shape"):
         cuctx.empty((2.5, 3))
+    with pytest.raises(TypeError, match=r"a shape is an int or a tuple of ints, not \(True, 2\)"):
+        cuctx.empty((True, 2))  # refused, as NumPy refuses it (not a shape of (1, 2))
+    with pytest.raises(TypeError, match="shape"):
+        cuctx.zeros(4).reshape(True, 4)
     with pytest.raises(TypeError, match="bool, integer, float or complex"):
         cuctx.empty(3, object)
     with pytest.raises(TypeError, match="bool, integer, float or complex"):

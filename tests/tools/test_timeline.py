@@ -4,6 +4,7 @@ a GPU from CUPTI where cupti-python is installed, and from event pairs (approxim
 
 import importlib.util
 import json
+import re
 import sys
 
 import numpy as np
@@ -75,11 +76,14 @@ def test_the_chrome_trace_has_a_track_per_stream_and_the_arrows(backend, tmp_pat
              and e["name"] in ("process_name", "thread_name")}
     assert ("process_name", "host") in names
     ctx = s1.context
-    assert ("process_name", f"device 0 / context {ctx.handle:#x} ({ctx.kind})") in names
-    for s in (s1, s2):
-        assert ("thread_name", f"stream {s.handle:#x} (created)") in names
+    assert ("process_name", f"ctx 1: device 0 / context {ctx.handle:#x} ({ctx.kind})") in names
+    for name, s in (("s1", s1), ("s2", s2)):  # the short label, then the full handle
+        assert ("thread_name", f"{name}: stream {s.handle:#x} (created)") in names
     slices = [e for e in events if e["ph"] == "X"]
     assert all(e["dur"] >= 0 and "pid" in e and "tid" in e for e in slices)
+    on_device = [e for e in slices if e["cat"] != "submission"]
+    assert {e["args"]["stream"] for e in on_device} == {f"{s1.handle:#x}", f"{s2.handle:#x}"}
+    assert {e["args"]["context"] for e in on_device} == {f"{ctx.handle:#x}"}
     flows = {}
     for e in events:
         if e["ph"] in "sf":
@@ -155,12 +159,133 @@ def test_saving_as_another_format_says_which_exist(backend, tmp_path):
         tl.save(tmp_path / "trace.svg")
 
 
+class Pipeline:
+    def __init__(self) -> None:
+        self.copies = cuctx.Stream()
+
+    def run(self, arrays: dict) -> None:
+        arrays[self.copies].fill(0.0, stream=self.copies)
+
+
+def test_lanes_are_named_as_the_users_code_names_their_streams(backend):
+    """The summary's (and the picture's) lane labels: the variable holding the stream at the
+    line that used it, an item of a list or dict, or an attribute of ``self``; a name several
+    streams had (a loop's variable) goes to none of them; a stream no name held gets small
+    ordinals of this timeline."""
+    with cuctx.Device(0):
+        main = cuctx.Stream()
+        workers = [cuctx.Stream(), cuctx.Stream()]
+        by_kind = {"fills": cuctx.Stream()}
+        pipeline = Pipeline()
+        _hidden = cuctx.Stream()  # a private name: not a name to show
+        arrays = {s: cuctx.empty(16, np.float32, stream=s)
+                  for s in (main, *workers, by_kind["fills"], pipeline.copies, _hidden)}
+        arrays[None] = cuctx.empty(16, np.float32)
+        with cuctx.timeline() as tl:
+            arrays[main].fill(1.0, stream=main)
+            for s in workers:  # `s` names both workers: they go by their items
+                arrays[s].fill(2.0, stream=s)
+            arrays[by_kind["fills"]].fill(3.0, stream=by_kind["fills"])
+            pipeline.run(arrays)
+            arrays[_hidden].fill(4.0, stream=_hidden)
+            arrays[None].fill(5.0)  # the legacy default stream
+    labels = set(tl.summary()["streams"])
+    named = {"main", "workers[0]", "workers[1]", "by_kind['fills']", "self.copies"}
+    assert named < labels
+    rest = sorted(labels - named)
+    assert rest[0] == "ctx 1 / legacy stream"
+    assert re.fullmatch(r"ctx 1 / stream [1-6]", rest[1]) and len(rest) == 2
+
+
+def test_unnamed_streams_of_two_contexts_get_ordinals_per_context(backend, tmp_path):
+    contexts = [cuctx.Context.create(0) for _ in range(2)]
+    for _ in contexts:
+        cuctx.Context.pop()
+    work = []
+    for ctx in contexts:
+        with ctx:
+            work.append((cuctx.Stream(), cuctx.zeros(16, np.float32)))
+            ctx.synchronize()
+    with cuctx.timeline() as tl:
+        for ctx, (s, x) in zip(contexts, work):  # `s` names both streams: neither goes by it
+            with ctx:
+                x.fill(1.0, stream=s)
+    assert set(tl.summary()["streams"]) == {"ctx 1 / stream 1", "ctx 2 / stream 1"}
+    events = json.load(open(tl.save(tmp_path / "trace.json")))["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"].endswith("_name")}
+    ordinals = []
+    for ctx, (s, _) in zip(contexts, work):  # the JSON names the handles beside the ordinals
+        (process,) = [n for n in names if n.endswith(f"context {ctx.handle:#x} (created)")]
+        ordinals.append(process.split(":")[0])
+        assert f"stream 1: stream {s.handle:#x} (created)" in names
+    assert sorted(ordinals) == ["ctx 1", "ctx 2"]
+    for ctx in contexts:
+        ctx.destroy()
+
+
+def test_handles_print_in_hex_in_records_and_summaries(backend):
+    tl, (host, out, s1, s2, a, b) = recorded(backend)
+    fill = next(r for r in tl.records if r.kind == "memset")
+    ctx = s2.context
+    assert f"ctx {ctx.handle:#x} stream {s2.handle:#x}:" in repr(fill)
+    assert fill.site[0] in repr(fill) and "memset" in repr(fill)
+    assert fill.stream == s2.handle and str(fill.stream) == f"{s2.handle:#x}"  # still an int
+    summary = tl.summary()
+    assert summary["streams"]["s2"]["stream"] == s2.handle
+    for text in (repr(tl.records), repr(summary), str(summary)):
+        assert str(int(ctx.handle)) not in text and str(int(s2.handle)) not in text
+    assert f"'stream': {s2.handle:#x}" in repr(summary)
+    assert json.loads(json.dumps(summary))["streams"]["s2"]["stream"] == s2.handle
+
+
+def test_a_timeline_says_what_it_holds(backend):
+    tl = cuctx.timeline(source="events")
+    assert repr(tl) == "<Timeline source='events', not started>"
+    with cuctx.Device(0):
+        args = program()
+        with tl:
+            run(*args)
+            assert repr(tl).startswith("<Timeline recording: 5 operations so far, times from "
+                                       "event pairs")
+    assert re.fullmatch(rf"<Timeline of {len(tl.records)} records: 2 streams in 1 context over "
+                        r"[\d.]+ us, times from event pairs \(approximate; .*\)>", repr(tl))
+
+
+def figures(monkeypatch) -> list:
+    """The matplotlib Figures `Timeline.save` writes, from now on (it still writes them)."""
+    from matplotlib.figure import Figure
+    saved, savefig = [], Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        saved.append(fig)
+        return savefig(fig, *args, **kwargs)
+    monkeypatch.setattr(Figure, "savefig", spy)
+    return saved
+
+
+def test_a_path_it_cannot_write_raises_the_oserror_open_raises(backend, tmp_path):
+    # As Graph.to_dot does: cuctx's file outputs raise what Python's own file functions do.
+    tl, _ = recorded(backend)
+    missing = tmp_path / "missing"
+    names = ["trace.json"] + ["timeline.png"] * (importlib.util.find_spec("matplotlib") is not None)
+    for name in names:
+        with pytest.raises(FileNotFoundError, match=re.escape(str(missing / name))):
+            tl.save(missing / name)
+    (tmp_path / "folder.json").mkdir()
+    with pytest.raises(IsADirectoryError):
+        tl.save(tmp_path / "folder.json")
+
+
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
                     reason="matplotlib is not installed (pip install 'cuctx[timeline]')")
-def test_the_picture_is_a_png(backend, tmp_path):
+def test_the_picture_is_a_png_with_short_lane_labels(backend, tmp_path, monkeypatch):
+    saved = figures(monkeypatch)
     tl, _ = recorded(backend)
     path = tl.save(tmp_path / "timeline.png")
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    (ax,) = saved[0].axes
+    assert sorted(t.get_text() for t in ax.get_yticklabels()) == ["s1", "s2"]
+    assert ax.get_position().x0 < 0.15  # the lanes have the width (long labels took 0.45)
 
 
 def test_without_matplotlib_the_error_names_the_extra(backend, tmp_path, monkeypatch):

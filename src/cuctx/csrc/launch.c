@@ -15,6 +15,7 @@ typedef struct {
     int kind;
     PyTypeObject *type; /* the guard: exactly this type */
     PyObject *convert;  /* (arg, stream) -> value, or NULL */
+    PyObject *dtypes;   /* an array's: the dtypes it may have (a tuple), or NULL: any */
 } Param;
 
 struct Launch {
@@ -99,6 +100,17 @@ static int pack(const Param *p, char *out, PyObject *value)
     return -1;
 }
 
+/* Whether an array's dtype is one of the plan's, by identity (NumPy's builtin dtypes are
+ * single objects; an equal one of another object takes the checked path, which compares
+ * by value). */
+static int dtype_taken(PyObject *dtype, PyObject *dtypes)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(dtypes); i++)
+        if (PyTuple_GET_ITEM(dtypes, i) == dtype)
+            return 1;
+    return 0;
+}
+
 /* The launcher's checked path, general(args), with args as a tuple. */
 static PyObject *launch_general(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *tuple)
 {
@@ -111,6 +123,22 @@ static PyObject *launch_general(Launch *l, PyObject *const *argv, Py_ssize_t n, 
         PyTuple_SET_ITEM(tuple, i, Py_NewRef(argv[i]));
     PyObject *result = PyObject_CallOneArg(l->general, tuple);
     Py_DECREF(tuple);
+    return result;
+}
+
+/* `_trace.emit_launch(launcher, args, plan)` for a launch that ran. */
+static PyObject *announce_launch(Launch *l, PyObject *const *argv, Py_ssize_t n,
+                                 PyObject *tuple)
+{
+    PyObject *args = tuple ? Py_NewRef(tuple) : PyTuple_New(n);
+    if (args == NULL)
+        return NULL;
+    if (tuple == NULL)
+        for (Py_ssize_t i = 0; i < n; i++)
+            PyTuple_SET_ITEM(args, i, Py_NewRef(argv[i]));
+    PyObject *call[] = {l->launcher, args, l->plan};
+    PyObject *result = PyObject_Vectorcall(L.emit_launch, call, 3, NULL);
+    Py_DECREF(args);
     return result;
 }
 
@@ -159,8 +187,8 @@ PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *t
     for (Py_ssize_t i = 0; i < n; i++)
         if (Py_TYPE(argv[i]) != l->params[i].type)
             goto general;
-    /* An unusable context, unloaded code, a host function running, a trace sink listening: */
-    if (SLOT(l->ctx, L.state) != L.ACTIVE || step_aside_unless_recording())
+    /* An unusable context, unloaded code, a host function running, a graph being captured: */
+    if (SLOT(l->ctx, L.state) != L.ACTIVE || any_true(L.launch_step_aside))
         goto general;
     PyObject *loaded = PyObject_GetAttr(l->owner, S_loaded);
     if (loaded == NULL) {
@@ -181,6 +209,9 @@ PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *t
             PyObject *c = SLOT(arg, L.ctx), *contiguous = SLOT(arg, L.c_contiguous);
             if (c == NULL || SLOT(c, L.state) != L.ACTIVE || SLOT(c, L.device) != l->device
                     || contiguous != Py_True || (value = SLOT(arg, L.ptr)) == NULL)
+                goto general;
+            /* and of _args._typed: a dtype the parameter takes */
+            if (p->dtypes != NULL && !dtype_taken(SLOT(arg, L.dtype), p->dtypes))
                 goto general;
         } else if (p->kind == K_CONVERT) {
             PyObject *call[2] = {arg, l->stream};
@@ -248,6 +279,8 @@ PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *t
         Py_DECREF(code);
         return result; /* NULL: fail raised */
     }
+    if (any_true(L.announce))  /* a trace sink listens: announced as the checked path does */
+        return announce_launch(l, argv, n, tuple);
     Py_RETURN_NONE;
 general:
     return launch_general(l, argv, n, tuple);
@@ -282,6 +315,7 @@ static int Launch_traverse(Launch *self, visitproc visit, void *arg)
     for (Py_ssize_t i = 0; self->params && i < self->n; i++) {
         Py_VISIT(self->params[i].type);
         Py_VISIT(self->params[i].convert);
+        Py_VISIT(self->params[i].dtypes);
     }
     return 0;
 }
@@ -303,6 +337,7 @@ static int Launch_clear(Launch *self)
     for (Py_ssize_t i = 0; self->params && i < self->n; i++) {
         Py_CLEAR(self->params[i].type);
         Py_CLEAR(self->params[i].convert);
+        Py_CLEAR(self->params[i].dtypes);
     }
     return 0;
 }
@@ -417,9 +452,9 @@ PyObject *Driver_launcher(Driver *self, PyObject *args, PyObject *kwargs)
     for (Py_ssize_t i = 0; i < n; i++) {
         Param *p = &l->params[i];
         PyObject *param = PyTuple_GET_ITEM(params, i), *type = PyTuple_GET_ITEM(types, i);
-        PyObject *kind, *code, *convert;
-        if (!PyArg_ParseTuple(param, "nnOOO", &p->offset, &p->size, &code, &kind, &convert)
-                || !PyType_Check(type))
+        PyObject *kind, *code, *convert, *dtypes;
+        if (!PyArg_ParseTuple(param, "nnOOOO", &p->offset, &p->size, &code, &kind, &convert,
+                              &dtypes) || !PyType_Check(type))
             goto error;
         p->type = (PyTypeObject *)Py_NewRef(type);
         p->code = param_code(code, p->size);
@@ -433,6 +468,11 @@ PyObject *Driver_launcher(Driver *self, PyObject *args, PyObject *kwargs)
             p->kind = K_ARRAY;
             if (!PyType_IsSubtype(p->type, L.DeviceArray) || p->code != 'Q')
                 goto none;
+            if (dtypes != Py_None) {
+                if (!PyTuple_Check(dtypes))
+                    goto error;
+                p->dtypes = Py_NewRef(dtypes);
+            }
         } else { /* "pointer" and "convert": the plan's conversion gives the value */
             p->kind = K_CONVERT;
             if (convert == Py_None)

@@ -27,14 +27,12 @@ static Py_ssize_t slot_offset(PyTypeObject *type, const char *name)
     return offset;
 }
 
-/* True while a trace sink listens, a host function runs, ...: the checked paths announce
- * or refuse what these paths would do silently. A thread recording an autograph call is
- * not among them: a compiled launch hands its packed bytes to the recorder itself. */
-int step_aside_unless_recording(void)
+/* Whether any value of ((namespace, name), ...) is true (a missing name is false). */
+int any_true(PyObject *pairs)
 {
-    Py_ssize_t n = PyTuple_GET_SIZE(L.step_aside);
+    Py_ssize_t n = PyTuple_GET_SIZE(pairs);
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *pair = PyTuple_GET_ITEM(L.step_aside, i);
+        PyObject *pair = PyTuple_GET_ITEM(pairs, i);
         PyObject *value = PyDict_GetItemWithError(PyTuple_GET_ITEM(pair, 0),
                                                   PyTuple_GET_ITEM(pair, 1));
         if (value == NULL) {
@@ -49,6 +47,14 @@ int step_aside_unless_recording(void)
         }
     }
     return 0;
+}
+
+/* True while a trace sink listens, a host function runs, ...: the checked paths announce
+ * or refuse what these paths would do silently. A thread recording an autograph call is
+ * not among them: a compiled launch hands its packed bytes to the recorder itself. */
+int step_aside_unless_recording(void)
+{
+    return any_true(L.step_aside);
 }
 
 /* Some thread records an autograph call (the set is mutated in place, never replaced). */
@@ -106,17 +112,27 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
             || take(kwargs, "object_for", &L.object_for)
             || take(kwargs, "driver_namespace", &L.driver_dict)
             || take(kwargs, "step_aside", &L.step_aside)
+            || take(kwargs, "launch_step_aside", &L.launch_step_aside)
+            || take(kwargs, "announce", &L.announce)
+            || take(kwargs, "emit_launch", &L.emit_launch)
             || take(kwargs, "recording", &L.recording) || take(kwargs, "records", &L.records))
         return NULL;
-    if (!PyDict_Check(L.driver_dict) || !PyTuple_Check(L.step_aside)
-            || !PySet_Check(L.recording))
+    if (!PyDict_Check(L.driver_dict) || !PySet_Check(L.recording)
+            || !PyCallable_Check(L.emit_launch))
         return PyErr_Format(PyExc_TypeError,
-                            "driver_namespace: a dict; step_aside: a tuple; recording: a set");
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(L.step_aside); i++) {
-        PyObject *pair = PyTuple_GET_ITEM(L.step_aside, i);
-        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2
-                || !PyDict_Check(PyTuple_GET_ITEM(pair, 0)))
-            return PyErr_Format(PyExc_TypeError, "step_aside holds (namespace, name) pairs");
+                            "driver_namespace: a dict; recording: a set; emit_launch: a callable");
+    PyObject *guards[] = {L.step_aside, L.launch_step_aside, L.announce};
+    for (size_t g = 0; g < 3; g++) {
+        if (!PyTuple_Check(guards[g]))
+            return PyErr_Format(PyExc_TypeError, "step_aside, launch_step_aside, announce: "
+                                "tuples of (namespace, name) pairs");
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(guards[g]); i++) {
+            PyObject *pair = PyTuple_GET_ITEM(guards[g], i);
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2
+                    || !PyDict_Check(PyTuple_GET_ITEM(pair, 0)))
+                return PyErr_Format(PyExc_TypeError,
+                                    "the guards hold (namespace, name) pairs");
+        }
     }
     struct { Py_ssize_t *offset; PyTypeObject **type; const char *name; } slots[] = {
         {&L.backend, &L.Stream, "_backend"}, {&L.ctx, &L.Stream, "_ctx"},
@@ -124,6 +140,7 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
         {&L.state, &L.Context, "_state"}, {&L.device, &L.Context, "_device"},
         {&L.sync_event, &L.Stream, "_sync_event"}, {&L.recorded, &L.Event, "_recorded"},
         {&L.ptr, &L.DeviceArray, "ptr"}, {&L.c_contiguous, &L.DeviceArray, "_c"},
+        {&L.dtype, &L.DeviceArray, "dtype"},
         {&L.stack, &L.ThreadState, "stack"}, {&L.blocks, &L.ThreadState, "blocks"},
         {&L.primary, &L.Device, "_primary"}, {&L.lock, &L.Device, "_lock"},
         {&L.device_backend, &L.Device, "_backend"}, {&L.launchers, &L.Kernel, "_launchers"},

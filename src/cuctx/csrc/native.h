@@ -71,13 +71,16 @@ struct native_setup {
     PyObject *object_for;  /* cuctx.context._object_for */
     PyObject *driver_dict; /* cuctx._driver's namespace: `_active` */
     PyObject *step_aside;  /* ((namespace, name), ...): step aside while any value is true */
+    PyObject *launch_step_aside; /* the same for launches (a trace sink is not among them) */
+    PyObject *announce;    /* ((namespace, name), ...): a launch is announced while any is true */
+    PyObject *emit_launch; /* cuctx._trace.emit_launch(launcher, args, plan) */
     PyObject *recording;   /* cuctx._record.threads: the ids of the threads recording now */
     PyObject *records;     /* cuctx._record.local: a recording thread's `.recorder` */
     /* slot offsets */
     Py_ssize_t backend, ctx, handle, key;          /* Resource */
     Py_ssize_t state, device;                      /* Context */
     Py_ssize_t sync_event, recorded;               /* Stream, Event */
-    Py_ssize_t ptr, c_contiguous;                  /* DeviceArray */
+    Py_ssize_t ptr, c_contiguous, dtype;           /* DeviceArray */
     Py_ssize_t stack, blocks;                      /* ThreadState */
     Py_ssize_t primary, lock, device_backend;      /* Device */
     Py_ssize_t launchers, fast;                    /* Kernel, Launcher */
@@ -93,6 +96,7 @@ extern PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *
 extern PyObject python_path_marker;
 #define PYTHON_PATH (&python_path_marker)
 
+int any_true(PyObject *pairs);
 int step_aside(void);
 int step_aside_unless_recording(void);
 int recording(void);

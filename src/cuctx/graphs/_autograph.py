@@ -408,7 +408,10 @@ class AutoGraph:
                 self._evict(key)
 
     def __repr__(self) -> str:
-        return f"<autograph {getattr(self._fn, '__qualname__', self._fn)!r}>"
+        # No lock: a repr must not wait (a debugger may print it while a call holds it).
+        built = sum(1 for e in list(self._cache.values()) if e.exe is not None)
+        return (f"<autograph {getattr(self._fn, '__qualname__', self._fn)!r}: "
+                f"{self._counts['calls']} calls, {built} of {self.max_graphs} graphs built>")
 
 
 def autograph(fn: Callable | None = None, *, max_graphs: int = 16,

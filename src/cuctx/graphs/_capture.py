@@ -81,10 +81,25 @@ class Capture:
         self._count = 0  # the graph's node count after the last operation seen
         self._lock = threading.Lock()  # "relaxed" captures may be fed by several threads
 
+    def __repr__(self) -> str:
+        if self.broken is not None:
+            state = f"broken ({self.broken.name}; .broken says by what), no graph"
+        elif _lifetimes.capturing.get((self.ctx._key, self.stream._key)) is self:
+            state = f"capturing since {_where(self.site)}"
+        elif self.graph is None:
+            state = "not begun"
+        else:
+            state = f"ended: {self.graph!r}"
+        return f"<Capture {self.mode} of {self.stream!r}, {state}>"
+
     # -- the block ------------------------------------------------------------------------
 
     def __enter__(self) -> Graph:
         stream, ctx = self.stream, self.ctx
+        if self.graph is not None:
+            raise RuntimeError(f"this capture was entered at {_where(self.site)} already; a "
+                               "capture records one block: call stream.capture() again for "
+                               "another graph")
         ctx._check("Stream.capture")
         refuse_in_host_function("Stream.capture")
         if stream._key in (0, LEGACY):
@@ -101,12 +116,19 @@ class Capture:
         if err:
             fail(ctx._backend, err, "cuStreamBeginCapture", ctx)
         self.site = _trace.user_site()
-        self.graph = object.__new__(Graph)  # filled at the end (Graph._adopt)
+        self.graph = object.__new__(_Pending)  # made a Graph at the end (Graph._adopt)
         self._join(stream)
         _trace.add_sink(self._see)
+        stream.__enter__()  # the current stream in the block, as torch.cuda.graph makes it
         return self.graph
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.stream.__exit__(exc_type, exc, tb)  # the block's current stream is undone
+        finally:
+            self._end(exc_type)
+
+    def _end(self, exc_type) -> None:
         if self.broken is not None:  # ended already, by the call that broke it
             if exc_type is None:
                 raise GraphCaptureError(
@@ -256,6 +278,26 @@ class Capture:
                 todo.extend(drv.cuGraphNodeGetDependencies(node, n)[1])
 
 
+class _Pending(Graph):
+    """The graph ``with stream.capture() as graph:`` hands out: `Graph._adopt` makes it a
+    Graph when the block ends. Until then it has none of a Graph's state, so any use of it
+    (instantiate, launch, nodes, ...) comes here and is a GraphCaptureError naming the call
+    and the user's line."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        call, where = _user_call("Graph")
+        raise GraphCaptureError(
+            CAPTURE_UNSUPPORTED, call, "the capture's graph does not exist yet",
+            f"at {where}: the graph of a capture is made when its `with` block ends; use it "
+            "(instantiate, launch, its nodes) after the block")
+
+    def __repr__(self) -> str:
+        return ("<Graph of a capture, not made yet: the capture makes it when its block ends "
+                "without an error>")
+
+
 def _node_info(op: _trace.Operation, site: tuple[str, int, str] | None,
                graph_memory: set[int]) -> NodeInfo:
     """What cuctx knows of the nodes one operation made: the user's line, what their work
@@ -290,7 +332,8 @@ def refuse_in_capture(operation: str, *, stream: Stream | None = None, event: An
     if stream is not None:
         hit = [c for c in (_lifetimes.capturing.get((stream._ctx._key, stream._key)),) if c]
         why = why or (f"{stream!r} is being captured: its work runs only when the graph is "
-                      "launched, so there is nothing to wait for or ask about yet")
+                      "launched, so there is nothing to wait for or ask about yet (synchronize "
+                      "after the `with` block instead)")
     elif legacy is not None:
         hit = [c for c in captures if c.mode == "global" and c.ctx is legacy._ctx]
         why = ("the legacy default stream was used while a global-mode capture is active in "
@@ -310,8 +353,7 @@ def refuse_in_capture(operation: str, *, stream: Stream | None = None, event: An
     mine = [c for c in hit if c.thread == threading.get_ident()]
     if mine:
         ended = "; ".join(f"the capture of {c.stream!r} begun at {_where(c.site)}" for c in mine)
-        after = (f"T{ended[1:]} was ended and its graph discarded; the stream is usable again "
-                 "(synchronize after the `with` block instead)")
+        after = f"T{ended[1:]} was ended and its graph discarded; the stream is usable again"
     else:
         after = (f"The capture (of another thread, begun at {_where(hit[0].site)}) goes on: "
                  "cuctx refused the call before the driver saw it")

@@ -138,6 +138,8 @@ class GraphExec(Resource):
         ctx = self._ctx
         if stream.__class__ is not Stream or stream._ctx is not ctx:
             stream = _stream_for(ctx, stream, "GraphExec.launch")
+        if _lifetimes.capturing:
+            _refuse_captured(stream, "GraphExec.launch")
         for library in self._libraries:
             if not library._loaded:
                 raise library._gone("GraphExec.launch")
@@ -157,6 +159,8 @@ class GraphExec(Resource):
         does not pay for it."""
         self._usable("GraphExec.upload")
         stream = _stream_for(self._ctx, stream, "GraphExec.upload")
+        if _lifetimes.capturing:
+            _refuse_captured(stream, "GraphExec.upload")
         err, = stream._call(self._backend.driver.cuGraphUpload, self._handle, stream._handle)
         if err:
             fail(self._backend, err, "cuGraphUpload", self._ctx)
@@ -277,8 +281,8 @@ class GraphExec(Resource):
         self.destroy()
 
     def __repr__(self) -> str:
-        state = "" if self._handle is not None else " destroyed"
-        return f"<GraphExec{state} of {self.graph!r}>"
+        state = f"{self._key:#x}" if self._handle is not None else "destroyed"
+        return f"<GraphExec {state} of {self.graph!r}>"
 
 
 # -- per-node updates: what each kind precomputes ---------------------------------------------
@@ -374,6 +378,17 @@ def _stream_for(ctx: Context, stream: Any, operation: str) -> Stream:
             "executable runs on streams of its own context: make one there "
             "(with exe.context: cuctx.Stream()) or instantiate a graph of that context")
     return stream
+
+
+def _refuse_captured(stream: Stream, operation: str) -> None:
+    """A graph launched (or uploaded) on a capturing stream: CUDA does not capture graph
+    launches and invalidates the capture (an H100 answers cuGraphLaunch with
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), so cuctx refuses it first, as it refuses other
+    calls that would break a capture."""
+    _lifetimes.refuse_in_capture(
+        operation, stream=stream,
+        why=f"{stream!r} is being captured, and CUDA cannot capture a graph launch: launch the "
+            "executable after the `with` block, or on a stream that is not captured")
 
 
 def _retire(held: _Held, objects: Any) -> None:

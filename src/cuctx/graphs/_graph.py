@@ -13,8 +13,7 @@ import os
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from cuda.bindings.driver import (CU_GRAPH_COND_ASSIGN_DEFAULT, CUgraphConditionalNodeType,
-                                  CUgraphDebugDot_flags, CUgraphNodeParams, CUgraphNodeType)
+from cuda.bindings.driver import CUgraphDebugDot_flags
 
 from .. import _trace
 from ..kernels._kernel import Kernel
@@ -25,14 +24,12 @@ from ..context import ACTIVE, DESTROYED, Context, context_for, fail, in_context
 from ..event import Event
 from ..stream import resolve_stream
 from ._exec import GraphExec
-from ._nodes import (Condition, HostFunctions, KernelParams, NodeInfo, copy_params,
-                     describe_kernel, fill_params, kind_of)
+from ._nodes import (Condition, HostFunctions, KernelParams, NodeInfo, check_condition,
+                     condition_default, conditional_params, conditional_size, copy_params,
+                     describe_kernel, fill_params, kind_of, make_condition)
 
 if TYPE_CHECKING:
     from ..stream import Stream
-
-_CONDITIONS = {"if": CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_IF,
-               "while": CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE}
 
 
 class GraphNode:
@@ -40,7 +37,8 @@ class GraphNode:
     "record", "wait", "child", "empty", "conditional" (captured graphs also hold "alloc"
     and "free"); ``site``: the user's (file, line, function) that added it; ``description``;
     ``keep``: what its work uses, kept alive with it. Pass nodes to ``after=`` to order
-    work; a conditional node also has ``condition`` and ``body``."""
+    work; a conditional node also has ``condition`` and ``bodies`` (``body`` when it has
+    one)."""
 
     __slots__ = ("graph", "kind", "site", "description", "_handle", "_keep", "_kernel",
                  "_config", "_extra", "__weakref__")
@@ -54,7 +52,7 @@ class GraphNode:
         self._keep = info.keep
         self._kernel = info.kernel
         self._config = info.config
-        # record/wait: the Event; child: the Graph; conditional: (Condition, body graph)
+        # record/wait: the Event; child: the Graph; conditional: (Condition, body graphs)
         self._extra = extra
 
     @property
@@ -65,18 +63,28 @@ class GraphNode:
 
     @property
     def condition(self) -> Condition:
-        """A conditional node's handle: pass it to the kernel that sets the condition."""
+        """A conditional node's condition: pass it to the kernel that sets it."""
         return self._conditional()[0]
 
     @property
-    def body(self) -> Graph:
-        """A conditional node's body: a `Graph` to add the nodes it runs to."""
+    def bodies(self) -> tuple[Graph, ...]:
+        """A conditional node's bodies, `Graph`s to add the nodes they run to: one for "if"
+        and "while", two for "if_else" (then, else), ``cases`` for "switch"."""
         return self._conditional()[1]
 
-    def _conditional(self) -> tuple[Condition, Graph]:
+    @property
+    def body(self) -> Graph:
+        """The body of an "if" or "while" node (``bodies[0]``)."""
+        bodies = self._conditional()[1]
+        if len(bodies) != 1:
+            raise AttributeError(f"{self!r} has {len(bodies)} bodies: take one of "
+                                 "node.bodies (node.body is for nodes with one)")
+        return bodies[0]
+
+    def _conditional(self) -> tuple[Condition, tuple[Graph, ...]]:
         if self.kind != "conditional" or self._extra is None:
             raise AttributeError(f"{self!r} is not a conditional node made by "
-                                 "Graph.conditional: it has no condition or body")
+                                 "Graph.conditional: it has no condition or bodies")
         return self._extra
 
     @property
@@ -90,13 +98,14 @@ class GraphNode:
 
 class Graph(Resource):
     """An explicit CUDA graph in the current context (see `context_for`). Add work with
-    `launch`, `copy`, `fill`, `host`, `record`, `wait`, `child`, `empty` and `conditional`;
-    each returns a `GraphNode` that later nodes can list in ``after=`` (a node or an
-    iterable of nodes of this graph; nodes without ``after`` may run in any order). Make an
-    executable with `instantiate`."""
+    `launch`, `copy`, `fill`, `host`, `record`, `wait`, `child`, `empty` and `conditional`
+    (its condition made first with `condition`, where a kernel must set it); each returns a
+    `GraphNode` that later nodes can list in ``after=`` (a node or an iterable of nodes of
+    this graph; nodes without ``after`` may run in any order). Make an executable with
+    `instantiate`."""
 
     __slots__ = ("_nodes", "_by_handle", "_parts", "_host", "_own_host", "_stream", "_parent",
-                 "_finalizer", "__weakref__")
+                 "_conditions", "_finalizer", "__weakref__")
 
     def __init__(self) -> None:
         ctx = context_for()
@@ -122,6 +131,7 @@ class Graph(Resource):
         # array is ordered after its producer on it).
         self._stream: Stream = resolve_stream(None, ctx)
         self._parent = parent  # a conditional body: the driver owns it with its node
+        self._conditions: list[Condition] = []  # made for this graph (Graph.condition)
         self._finalizer = None
 
     @classmethod
@@ -134,6 +144,7 @@ class Graph(Resource):
         executable of it lives. ``into``: the (uninitialised) Graph to fill, handed out by
         ``with stream.capture() as graph:`` before the capture made one."""
         graph = object.__new__(cls) if into is None else into
+        graph.__class__ = cls  # the capture's placeholder (graphs/_capture.py) becomes a Graph
         graph._setup(ctx, handle, None)
         drv = ctx._backend.driver
         graph._finalizer = finalize(graph, _destroy_graph, drv, handle, ctx)
@@ -154,31 +165,38 @@ class Graph(Resource):
 
     # -- adding nodes ---------------------------------------------------------------------
 
-    def _deps(self, after: GraphNode | Iterable[GraphNode], operation: str) -> list:
+    def _after(self, after: GraphNode | Iterable[GraphNode],
+               operation: str) -> tuple[GraphNode, ...]:
+        """The nodes of ``after=`` (every node-adding method's), checked: a GraphNode of
+        this graph or an iterable of them."""
         nodes = (after,) if isinstance(after, GraphNode) else after
-        handles, seen = [], set()
+        expected = (f"{operation}: after= takes a GraphNode or an iterable of GraphNodes (what "
+                    "this graph's methods return)")
+        if not isinstance(nodes, Iterable) or isinstance(nodes, (str, bytes)):
+            none = "; leave after= out for a node that waits for none" if after is None else ""
+            raise TypeError(f"{expected}, not {type(after).__name__} {after!r}{none}")
+        checked: dict[int, GraphNode] = {}
         for node in nodes:
             if not isinstance(node, GraphNode):
-                raise TypeError(f"{operation}: after= takes GraphNodes (what the graph's "
-                                f"methods return), not {type(node).__name__}")
+                raise TypeError(f"{expected}; it holds {type(node).__name__} {node!r}")
             if node.graph is not self:
-                raise ValueError(f"{operation}: after= names {node!r} of another graph; a "
-                                 "node can only follow nodes of its own graph")
-            if id(node) not in seen:
-                seen.add(id(node))
-                handles.append(node._handle)
-        return handles
+                raise ValueError(f"{operation}: after= names {node!r}, a node of another graph; "
+                                 "a node can only follow nodes of its own graph (to run "
+                                 "another graph inside this one, add it with Graph.child)")
+            checked.setdefault(id(node), node)
+        return tuple(checked.values())
 
     def _add(self, operation: str, kind: str, add: Callable, args: tuple, after,
-             info: NodeInfo, extra: Any = None) -> GraphNode:
+             info: NodeInfo, extra: Any = None, hint: str = "") -> GraphNode:
         """Add one node through ``add(graph, deps, count, *args)`` with the graph's context
         current; the node records the user's line."""
-        deps = self._deps(after, operation)
+        deps = [node._handle for node in self._after(after, operation)]
         ctx = self._ctx
         with in_context(ctx, operation):
             err, handle = add(self._handle, deps, len(deps), *args)
         if err:
-            fail(self._backend, err, add.__name__, ctx, hint=f"adding {info.description}")
+            fail(self._backend, err, add.__name__, ctx,
+                 hint=f"adding {info.description}" + (f"; {hint}" if hint else ""))
         site = _trace.user_site()
         return self._append(GraphNode(self, kind, handle, info._replace(site=site), extra))
 
@@ -297,48 +315,55 @@ class Graph(Resource):
         return self._add("Graph.empty", "empty", self._backend.driver.cuGraphAddEmptyNode, (),
                          after, NodeInfo(description="empty"))
 
-    def conditional(self, kind: str = "if", default: int | None = None,
+    def condition(self, default: bool | int | None = None) -> Condition:
+        """A condition for conditional nodes of this graph (or of graphs inside it), made
+        before its node so that the kernel that sets it can be added first: pass it to that
+        kernel and to `conditional` (``condition=``). With ``default`` (a bool, or an int for
+        a switch), each launch starts from that value; without, from the value last set (0
+        at first). Every condition must drive a conditional node before the graph is
+        instantiated (a CUDA rule)."""
+        value = condition_default(default, "Graph.condition")
+        self._check("Graph.condition")
+        return make_condition(self, value, "Graph.condition")
+
+    def conditional(self, kind: str = "if", condition: Condition | None = None,
+                    default: bool | int | None = None, cases: int | None = None,
                     after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
-        """A conditional node: its ``body`` (a Graph) runs once if the condition is
-        non-zero (``kind="if"``), or again and again while it is (``"while"``). A kernel
-        sets the condition: pass it ``node.condition`` and call
-        ``cudaGraphSetConditional(handle, value)`` there. With ``default``, each launch
-        starts from that value; without, from the last value set. Needs a driver with
-        conditional nodes (CUDA 12.4+ for "if" and "while"): else NotSupportedError."""
-        if kind not in _CONDITIONS:
-            raise ValueError(f"Graph.conditional: kind must be 'if' or 'while', not {kind!r}")
-        if default is not None and (isinstance(default, bool) or not isinstance(default, int)
-                                    or default < 0):
-            raise TypeError(f"Graph.conditional: default must be None or an int >= 0, not "
-                            f"{default!r}")
+        """A conditional node, whose ``bodies`` (Graphs) you add nodes to. ``kind``: "if"
+        (its body runs once when the condition is non-zero), "if_else" (``bodies[0]`` when
+        non-zero, ``bodies[1]`` when zero), "while" (its body runs again and again while the
+        condition is non-zero), "switch" with ``cases=n`` (``bodies[i]`` runs when the
+        condition is i; none when it is n or more). ``condition``: one made by
+        `Graph.condition`; without it, the node makes its own with ``default`` (see
+        `Graph.condition`), as ``node.condition``. A kernel sets the condition with
+        ``cudaGraphSetConditional(handle, value)``. Needs a driver of CUDA 12.4 or newer
+        ("if_else" and "switch": 12.8), else a CudaError saying so."""
         operation = f"Graph.conditional({kind!r})"
+        size = conditional_size(kind, cases, operation)
+        if condition is None:
+            value = condition_default(default, operation)
+        else:
+            check_condition(condition, default, self, operation)
         self._check(operation)
+        after = self._after(after, operation)  # before the handle: a refusal leaves none behind
+        if condition is None:
+            condition = make_condition(self, value, operation)
         ctx, drv = self._ctx, self._backend.driver
-        flags = CU_GRAPH_COND_ASSIGN_DEFAULT if default is not None else 0
-        with in_context(ctx, operation):
-            err, handle = drv.cuGraphConditionalHandleCreate(self._handle, ctx._handle,
-                                                             default or 0, flags)
-        if err:
-            fail(self._backend, err, "cuGraphConditionalHandleCreate", ctx,
-                 hint="conditional nodes need a driver of CUDA 12.4 or newer")
-        params = CUgraphNodeParams()
-        params.type = CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
-        cond = params.conditional
-        cond.handle = handle
-        cond.type = _CONDITIONS[kind]
-        cond.size = 1
-        cond.ctx = ctx._handle
+        params, words, hint = conditional_params(kind, condition, size, ctx)
 
         def add(graph, deps, count, node_params):  # cuGraphAddNode takes edge data too
             return drv.cuGraphAddNode(graph, deps, None, count, node_params)
         add.__name__ = "cuGraphAddNode"
-        condition = Condition(int(handle))
-        body = object.__new__(Graph)
         node = self._add(operation, "conditional", add, (params,), after,
-                         NodeInfo(description=f"conditional {kind} {condition:#x}"))
-        body._setup(ctx, params.conditional.phGraph_out[0], self)
-        node._extra = (condition, body)
-        self._parts.append(body)
+                         NodeInfo(description=words), hint=hint)
+        bodies = []
+        for handle in params.conditional.phGraph_out[:size]:
+            body = object.__new__(Graph)
+            body._setup(ctx, handle, self)
+            bodies.append(body)
+        node._extra = (condition, tuple(bodies))
+        condition.nodes += 1
+        self._parts.extend(bodies)
         return node
 
     # -- the graph as a whole -------------------------------------------------------------
@@ -372,18 +397,30 @@ class Graph(Resource):
         right away (else the first launch does); ``auto_free``: memory the graph allocates
         and does not free is freed at its next launch; ``priority``: kernel nodes run with
         their own priority attributes."""
+        unused = [c for c in self._conditions if not c.nodes]
+        if unused:
+            raise ValueError(
+                f"Graph.instantiate: {', '.join(map(repr, unused))} drives no conditional "
+                "node, and CUDA refuses to instantiate a graph with a condition it does not "
+                "use (a condition cannot be removed): add its node, g.conditional(kind, "
+                "condition=c), or build the graph again without it")
         return GraphExec(self, upload, auto_free, priority)
 
     def to_dot(self, path: str | os.PathLike, verbose: bool = False) -> str:
         """Write the graph as Graphviz DOT to ``path`` (cuGraphDebugDotPrint; ``verbose``:
         every node's parameters too); returns the path."""
         self._check("Graph.to_dot")
+        # The driver answers every file problem with CUDA_ERROR_OPERATING_SYSTEM: opening the
+        # file here first raises what Python's open does (FileNotFoundError,
+        # PermissionError, IsADirectoryError, ...), naming the path.
+        # (os.fspath first: open() would take an int for a file descriptor.)
+        path = os.fspath(path)
+        open(path, "w").close()
         flags = int(CUgraphDebugDot_flags.CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE) if verbose else 0
         err, = self._backend.driver.cuGraphDebugDotPrint(self._handle, os.fsencode(path), flags)
         if err:
-            fail(self._backend, err, "cuGraphDebugDotPrint", self._ctx,
-                 hint=f"writing {os.fspath(path)!r}")
-        return os.fspath(path)
+            fail(self._backend, err, "cuGraphDebugDotPrint", self._ctx, hint=f"writing {path!r}")
+        return path
 
     def _node(self, handle) -> GraphNode | None:
         """The node of a driver handle, in this graph or the graphs inside it."""
@@ -431,9 +468,12 @@ class Graph(Resource):
         return len(self._nodes)
 
     def __repr__(self) -> str:
-        edges = f", {len(self.edges)} edges" if self._ctx._state is ACTIVE else ""
+        active = self._ctx._state is ACTIVE
+        edges = f", {len(self.edges)} edges" if active else ""
         body = " (conditional body)" if self._parent is not None else ""
-        return f"<Graph{body} {self._summary()}{edges} ctx {self._ctx._key:#x}>"
+        state = "" if active else f" context {self._ctx._state}"
+        return (f"<Graph{body} {self._key:#x} {self._summary()}{edges} ctx "
+                f"{self._ctx._key:#x}{state}>")
 
 
 def _driver_nodes(ctx: Context, handle) -> list:

@@ -9,7 +9,9 @@ has the table.
 
 `slot` answers, for one argument type in one parameter, how it is packed: a struct code, a
 kind (`VALUE`, `ARRAY`, `POINTER`, `CONVERT`) and the conversion that gives the value to
-pack. `cuctx.kernels._plan` puts the slots of a whole signature together into a plan.
+pack; an array's conversion checks its dtype against what the parameter points at
+(`cuctx.kernels._dtypes`) first. `cuctx.kernels._plan` puts the slots of a whole signature
+together into a plan.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from . import _dtypes
 from ._ptx import ParamType
 from ..context import ACTIVE
 from ..device import Device
@@ -67,13 +70,19 @@ def _number(arg: Any) -> str | None:
     return None
 
 
-def slot(packer: Packer, index: int, arg: Any) -> tuple[str, str, Convert | None]:
-    """(struct code, kind, conversion or None) for an argument of this type in parameter
-    ``index``; raises `KernelArgumentError` for one the parameter cannot take."""
+def slot(packer: Packer, index: int, arg: Any) -> tuple[str, str, Convert | None,
+                                                       tuple[np.dtype, ...] | None]:
+    """(struct code, kind, conversion or None, dtypes) for an argument of this type in
+    parameter ``index``; raises `KernelArgumentError` for one the parameter cannot take.
+    For an array whose parameter says its element type, the conversion checks the array's
+    dtype first, and ``dtypes`` (a DeviceArray's) are those the fast paths let through."""
     code, convert = _slot(packer, index, arg)
     kind = (VALUE if convert is None else ARRAY if convert is _device_array_pointer
             else POINTER if convert in _POINTERS else CONVERT)
-    return code, kind, convert
+    expect = packer.expects[index]
+    if expect is None or kind not in (ARRAY, POINTER):
+        return code, kind, convert, None
+    return code, kind, _typed(packer, expect, convert), expect.dtypes if kind == ARRAY else None
 
 
 def _slot(packer: Packer, index: int, arg: Any) -> tuple[str, Convert | None]:
@@ -273,6 +282,27 @@ def _foreign_pointer(obj, stream: Stream) -> int:
 
 
 _POINTERS = (_torch_pointer, _cupy_pointer, _foreign_pointer)
+
+
+def _typed(packer: Packer, expect: _dtypes.Expect, getter: Convert) -> Convert:
+    """``getter`` after the check that the array's dtype is one the parameter takes."""
+    kernel = packer.kernel.name
+
+    def check(arr, got: str) -> None:
+        if got not in expect.accepts:
+            raise KernelArgumentError(_dtypes.mismatch(kernel, expect, arr, got))
+
+    if getter is _foreign_pointer:  # its dtype is known once it is viewed as a DeviceArray
+        def checked_foreign(obj, stream: Stream) -> int:
+            arr = asarray(obj, stream=stream)
+            check(obj, arr.dtype.name)
+            return _device_array_pointer(arr, stream)
+        return checked_foreign
+
+    def checked(arr, stream: Stream) -> int:
+        check(arr, _dtypes.name_of(arr))
+        return getter(arr, stream)
+    return checked
 
 
 def _reachable(owner: Device, device: Device, arr) -> None:

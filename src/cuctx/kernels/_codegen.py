@@ -3,12 +3,14 @@ function, compiled and kept under a short readable name in `linecache`, so trace
 its lines and `inspect.getsource` finds it.
 
 A fast path is made for one launcher and one plan (the argument types of its first launch).
-It does only what that case needs: the context, library, host-function and trace guards,
-the thread's parameter buffer, a type guard, the conversions the plan names, one
-``struct.pack_into`` and the bound driver call (or, while an `@autograph` call records on
-the thread, handing the packed bytes to its recorder: `cuctx._record`). Anything else
-returns ``general(args)``, the launcher's checked path, which raises the right error or
-packs what the fast path's codes cannot (so a fast path changes cost, never behaviour).
+It does only what that case needs: the context, library, host-function and capture guards,
+the thread's parameter buffer, a type guard (and a dtype guard for arrays), the conversions
+the plan names, one ``struct.pack_into`` and the bound driver call (or, while an
+`@autograph` call records on the thread, handing the packed bytes to its recorder:
+`cuctx._record`), then, while a trace sink listens, the announcement
+(`_trace.emit_launch`). Anything else returns ``general(args)``, the launcher's checked
+path, which raises the right error or packs what the fast path's codes cannot (so a fast
+path changes cost, never behaviour).
 
 ``CUCTX_FASTPATH=0`` in the environment turns fast paths off (everything takes the checked
 path); `ENABLED` holds the setting, read when a launcher would generate its fast path, so
@@ -22,7 +24,7 @@ import os
 import threading
 from typing import Any, Callable
 
-from .. import _record, _trace
+from .. import _lifetimes, _record, _trace
 from ._args import ARRAY, PACK_ERRORS, VALUE
 from .._driver import in_host_function
 from ._plan import Plan
@@ -43,13 +45,16 @@ def fast_launch(plan: Plan, *, ctx: Any, owner: Any, local: threading.local,
     types = ", ".join(t.__name__ for t in plan.types)
     name = _register(f"{_trace.GENERATED}fast launch {plan.kernel} ({types})>", source)
     scope = {"__name__": __name__, "ACTIVE": ACTIVE, "trace": _trace, "hostfn": in_host_function,
+             "capturing": _lifetimes.capturing,
              "pack_errors": PACK_ERRORS, "pack_into": plan.layout.pack_into,
              "ctx": ctx, "device": ctx._device, "owner": owner, "local": local,
              "general": general, "fail": fail, "stream": stream,
              "recording": _record.threads, "records": _record.local,
              "launcher": general.__self__, "plan": plan,
              **{f"T{i}": t for i, t in enumerate(plan.types)},
-             **{f"G{i}": p.convert for i, p in enumerate(plan.params) if p.convert}}
+             **{f"G{i}": p.convert for i, p in enumerate(plan.params) if p.convert},
+             **{f"D{i}": p.dtypes[0] if len(p.dtypes) == 1 else p.dtypes
+                for i, p in enumerate(plan.params) if p.dtypes}}
     exec(compile(source, name, "exec"), scope)  # noqa: S102 - our own source, from a plan
     return scope["launch"], source
 
@@ -59,8 +64,8 @@ def launch_source(plan: Plan) -> str:
     n = len(plan.params)
     lines = [
         "def launch(args):",
-        "    # Unusable context, unloaded code, inside a host function, a trace sink listening:",
-        "    if ctx._state is not ACTIVE or not owner._loaded or hostfn or trace.sinks:",
+        "    # Unusable context, unloaded code, inside a host function, a graph being captured:",
+        "    if ctx._state is not ACTIVE or not owner._loaded or hostfn or capturing:",
         "        return general(args)",
         "    try:",
         "        buffer, go = local.state  # this thread's parameter buffer and driver call",
@@ -76,8 +81,12 @@ def launch_source(plan: Plan) -> str:
     values = []
     for i, p in enumerate(plan.params):
         if p.kind == ARRAY:  # a DeviceArray: the checks of _args._device_array_pointer
+            # (and of _args._typed where the parameter says its dtypes)
+            test = "is not" if p.dtypes and len(p.dtypes) == 1 else "not in"
+            dtype = f" or a{i}.dtype {test} D{i}" if p.dtypes else ""
             lines += [f"    c = a{i}._ctx",
-                      f"    if c._state is not ACTIVE or c._device is not device or not a{i}._c:",
+                      f"    if c._state is not ACTIVE or c._device is not device or not a{i}._c"
+                      f"{dtype}:",
                       "        return general(args)"]
             values.append(f"a{i}.ptr")
         else:
@@ -92,7 +101,9 @@ def launch_source(plan: Plan) -> str:
               "            return",
               "    err, = go()",
               "    if err:",
-              "        fail(err)"]
+              "        fail(err)",
+              "    if trace.sinks:  # announced as the checked path does, the accesses lazily",
+              "        trace.emit_launch(launcher, args, plan)"]
     return "\n".join(lines) + "\n"
 
 

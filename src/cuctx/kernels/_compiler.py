@@ -37,6 +37,18 @@ _ARCH_RE = re.compile(r"(?:sm|compute)_\d+[af]?")
 # (NVRTC only warns), so it is rejected instead.
 _ARCH_OPTION_RE = re.compile(r"(-arch|--gpu-architecture)(=|\s|$)")
 
+# A kernel that sets a graph's condition calls cudaGraphSetConditional, a device-runtime
+# builtin whose declaration comes with the runtime's headers, which NVRTC programs do not
+# include; declared as below (as cuda.core's tests do), the driver resolves the call when it
+# loads the code, with no nvcc nor device runtime to link. Sources that declare it themselves
+# are left alone.
+_SETS_CONDITION_RE = re.compile(r"\bcudaGraphSetConditional\b")
+_DECLARES_SET_CONDITIONAL_RE = re.compile(r"\bvoid\s+(?:CUDARTAPI\s+)?cudaGraphSetConditional\s*\(")
+_SET_CONDITIONAL_DECLARATION = (
+    "typedef __device_builtin__ unsigned long long cudaGraphConditionalHandle;\n"
+    'extern "C" __device__ __cudart_builtin__ void CUDARTAPI cudaGraphSetConditional('
+    "cudaGraphConditionalHandle, unsigned int);\n")
+
 
 class CompileError(Exception):
     """NVRTC failed; ``log`` holds NVRTC's full program log."""
@@ -157,6 +169,25 @@ def _normalize_name_expressions(exprs: Iterable[str]) -> tuple[str, ...]:
     return out
 
 
+_NAME_LENGTH = re.compile(r"[1-9][0-9]*")  # of a name in a mangled name
+
+
+def declared_name(mangled: str) -> tuple[str, bool] | None:
+    """The name a mangled C++ kernel was declared with, and whether it is a template
+    instance: ``_Z8cpp_namePf`` -> ("cpp_name", False), ``_ZN2ns4tmplIfEEvPT_`` ->
+    ("ns::tmpl", True). None for other names (extern "C" ones)."""
+    if not mangled.startswith("_Z"):
+        return None
+    nested = mangled.startswith("_ZN")
+    parts, i = [], 3 if nested else 2
+    while (length := _NAME_LENGTH.match(mangled, i)) is not None:
+        i = length.end() + int(length.group())
+        parts.append(mangled[length.end():i])
+        if not nested:
+            break
+    return ("::".join(parts), mangled[i:i + 1] == "I") if parts else None
+
+
 def _normalize_headers(headers: Mapping[str, str | bytes] | None) -> tuple[tuple[str, bytes], ...]:
     if headers is None:
         return ()
@@ -233,7 +264,7 @@ def compile_source(
         raise TypeError(f"name must be str, got {type(name).__name__}")
     kind = _kind_of(arch)
     request = _Request(
-        source=src.encode(),
+        source=_with_declarations(src, name).encode(),
         arch=arch,
         options=_normalize_options(options),
         name_expressions=_normalize_name_expressions(name_expressions),
@@ -251,6 +282,16 @@ def compile_source(
     result = _run_nvrtc(request, kind)
     _store_entry(path, key, result)
     return result
+
+
+def _with_declarations(src: str, name: str) -> str:
+    """``src`` with the declarations NVRTC lacks for what it calls (see
+    `_SET_CONDITIONAL_DECLARATION`); a #line directive keeps NVRTC's messages on the user's
+    own lines."""
+    if not _SETS_CONDITION_RE.search(src) or _DECLARES_SET_CONDITIONAL_RE.search(src):
+        return src
+    quoted = name.replace("\\", "\\\\").replace('"', '\\"')
+    return f'{_SET_CONDITIONAL_DECLARATION}#line 1 "{quoted}"\n{src}'
 
 
 def _run_nvrtc(request: _Request, kind: Literal["cubin", "ptx"]) -> CompileResult:

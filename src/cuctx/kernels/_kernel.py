@@ -4,12 +4,13 @@ types, launch configurations (``kernel[grid, block]``), attributes and occupancy
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 import numpy as np
 from cuda.bindings.driver import CUfunction, CUfunction_attribute
 
-from . import _access, _ptx
+from . import _access, _dtypes, _ptx
 from ._launch_config import LaunchConfigError
 from ._launcher import Launcher, make_launcher
 from ._plan import Packer
@@ -59,7 +60,8 @@ class Kernel(Resource):
     # The Resource fields: ``_handle`` is the CUkernel (library) or CUfunction (module),
     # ``_ctx`` its owner's (None for a library's kernel: it runs in every context).
     __slots__ = ("name", "_owner", "_function", "_params", "_pack", "_limits_cache",
-                 "_checked", "_launchers", "_lock", "_access", "_access_modes", "__weakref__")
+                 "_checked", "_launchers", "_lock", "_access", "_access_modes", "_dtypes",
+                 "_launched", "__weakref__")
 
     def __init__(self, owner: Library | Module, handle, name: str):
         self.name = name
@@ -78,6 +80,9 @@ class Kernel(Resource):
         self._lock = threading.Lock()
         self._access: dict[int, str] | None = None  # set_access: parameter index -> mode
         self._access_modes: tuple[str, ...] | None = None  # cuctx.kernels._access.modes, once
+        self._dtypes: dict[int, tuple[str, ...] | None] | None = None  # set_dtypes: index -> names
+        # Every launcher made (cached or not): set_dtypes takes their fast paths back.
+        self._launched: weakref.WeakSet[Launcher] = weakref.WeakSet()
 
     @property
     def handle(self) -> int:
@@ -118,6 +123,28 @@ class Kernel(Resource):
                     types = _ptx.matching(self._owner._types.get(self.name), self.param_layout)
                     self._pack = Packer(self, self.param_layout, types)
         return self._pack
+
+    # -- the arrays its pointer parameters take ---------------------------------------------
+
+    def set_dtypes(self, by_index: Mapping[int, Any] | None = None, /, **by_name: Any) -> None:
+        """Say which arrays a pointer parameter takes, over what its C type says: a dtype
+        (``set_dtypes(x=np.int32)``), several (``x=(np.int32, np.uint32)``) or None (any
+        array: the kernel reads whatever bytes it gets), by name (the names of the source
+        cuctx compiled) or by index (``set_dtypes({1: np.int32})``). Other parameters keep
+        theirs. For one launch, pass a view instead: ``arr.view(np.float32)``."""
+        given = _dtypes.resolve(self, {**(by_index or {}), **by_name})
+        with self._lock:
+            self._dtypes = {**(self._dtypes or {}), **given}
+            if self._pack is not None:
+                self._pack.retype()
+        for launcher in list(self._launched):  # their fast paths let the old dtypes through
+            launcher._retyped()
+
+    @property
+    def dtypes(self) -> tuple[tuple[str, ...] | None, ...]:
+        """The dtype names each parameter's arrays must have (`set_dtypes`, else the C type
+        its source declares: ``float*`` -> ("float32",)); None: any array, or not a pointer."""
+        return tuple(None if e is None else e.accepts for e in self._packer().expected())
 
     # -- how it uses its pointer parameters (for the race checker) --------------------------
 
@@ -246,7 +273,7 @@ class Kernel(Resource):
         return BlockSizeSuggestion(int(min_grid), int(block))
 
     def __repr__(self) -> str:
-        return f"<Kernel {self.name!r} of {self._owner!r}>"
+        return f"<Kernel {self.name!r} {int(self._handle):#x} of {self._owner!r}>"
 
 
 def _count(value: Any, what: str) -> int:

@@ -65,6 +65,7 @@ class Launcher:
         self._fast_plan: Plan | None = None
         self._made: dict[Plan, tuple[Callable, str]] = {}
         self._misses = 0  # checked launches with other types since the fast path was chosen
+        kernel._launched.add(self)
         self._owner._used_in(ctx)
         drv = ctx._backend.driver
         function, handle = kernel._function, stream._handle
@@ -129,13 +130,16 @@ class Launcher:
             if err:
                 self._fail(err)
             if _trace.sinks:
-                modes = _access.modes(self.kernel, getattr(_launch_access, "modes", None))
-                _trace.emit("launch", ctx, self.stream, plan.accesses(args, self.stream, modes),
-                            kernel=self.kernel, config=self.config)
+                _trace.emit_launch(self, args, plan)
         if plan is not self._fast_plan and _codegen.ENABLED:
             self._misses += 1
             if self._fast is None or self._misses >= _FOLLOW_AFTER:
                 self._follow(plan)
+
+    def _modes(self) -> tuple[str, ...]:
+        """Each parameter's access mode for this launch (`_access.modes`: a mode given to
+        `launch(access=)` for this call, the kernel's annotation, ``const``, else rw)."""
+        return _access.modes(self.kernel, getattr(_launch_access, "modes", None))
 
     def _enqueue(self, data: bytes, args: tuple, plan: Plan) -> None:
         """Launch with parameter bytes packed before (from ``args`` by ``plan``): a recorded
@@ -152,9 +156,7 @@ class Launcher:
         if err:
             self._fail(err)
         if _trace.sinks:
-            _trace.emit("launch", ctx, self.stream,
-                        plan.accesses(args, self.stream, _access.modes(self.kernel)),
-                        kernel=self.kernel, config=self.config)
+            _trace.emit_launch(self, args, plan)
 
     def _follow(self, plan: Plan) -> None:
         """Make ``plan``'s fast path the launcher's (generating it the first time), so
@@ -185,6 +187,13 @@ class Launcher:
             if fast is not None:
                 return fast, None
         return generated
+
+    def _retyped(self) -> None:
+        """The kernel's parameters take other dtypes now (`Kernel.set_dtypes`): the fast
+        paths made for its old plans are dropped; the next launch makes one anew."""
+        self._fast = self._fast_source = self._fast_plan = None
+        self._made = {}
+        self._misses = 0
 
     def _fail(self, err) -> None:
         c = self.config

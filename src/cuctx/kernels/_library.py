@@ -30,7 +30,7 @@ from ..memory._layout import dtype_of, shape_of
 from .._lifetimes import finalize
 from .._resource import Resource
 from ._twin_check import check_twin
-from ._compiler import CompileError, compile_source, pick_arch
+from ._compiler import CompileError, compile_source, declared_name, pick_arch
 from ..context import ACTIVE, Context, context_for, fail, in_context
 from ..device import Device, devices
 from ..errors import NOT_FOUND, NOT_SUPPORTED, NotSupportedError
@@ -150,14 +150,42 @@ class _Code(Resource):
                 err, handle = self._get_kernel(mangled.encode())
                 if err:
                     if int(err) == NOT_FOUND:
-                        raise KeyError(f"no kernel {name!r} in {self!r}; it has "
-                                       f"{self.kernel_names}") from None
+                        raise self._not_found(name) from None
                     fail(self._backend, err, self._get_kernel_name)
                 found = self._kernels[mangled] = Kernel(self, handle, mangled)
         return found
 
     def __getitem__(self, name: str) -> Kernel:
         return self.kernel(name)
+
+    def _not_found(self, name: str) -> KeyError:
+        """The error for a kernel the code lacks. Where C++ kernels (names mangled, as
+        without extern "C") have that name, it names them and says how to reach them."""
+        names = self._listed_kernels()
+        base = name.split("<")[0].strip()
+        cpp = {m: c for m in names or () if (c := declared_name(m))
+               and base in (c[0], c[0].rpartition("::")[2])}
+        if not cpp:
+            listed = names if names is not None else "kernels a Module cannot list"
+            return KeyError(f"no kernel {name!r} in {self!r}; it has {listed}")
+        qualified, template = next(iter(cpp.values()))
+        compiled = " or ".join(user for user, m in self._names.items() if m in cpp)
+        # Double quotes only: KeyError prints its message as a repr.
+        if compiled and "<" not in name:
+            how = f"ask for it by the name expression it was compiled with: {compiled}"
+        else:
+            how = (f'list each instance in name_expressions=["{qualified}'
+                   f'{name[len(base):].strip() or "<...>"}"]' if template else
+                   f'declare it extern "C" to keep the name "{qualified.rpartition("::")[2]}", '
+                   f'or list it in name_expressions=["{qualified}"]')
+            how += (f" when calling {type(self).__name__}.from_source and ask for that name"
+                    + (f" (it was compiled with {compiled})" if compiled else ""))
+        return KeyError(f'no kernel "{name}" in {self!r}: it has the C++ kernel '
+                        f'{" and ".join(cpp)}; {how}')
+
+    def _listed_kernels(self) -> list[str] | None:
+        """The (mangled) names of the kernels, where they can be listed."""
+        return self.kernel_names
 
     def _variable(self, operation: str, lookup: str, what: str,
                   name: str) -> tuple[Context, int, int]:
@@ -388,6 +416,9 @@ class Module(_Code):
     def kernel_names(self) -> list[str]:
         raise NotSupportedError(NOT_SUPPORTED, "Module.kernel_names", "",
                                 "the driver lists kernels of libraries only; use a Library")
+
+    def _listed_kernels(self) -> list[str] | None:
+        return sorted(self._types) or None  # the PTX's, when it came with the code
 
     def _check(self, operation: str) -> None:
         super()._check(operation)

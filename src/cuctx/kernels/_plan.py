@@ -1,12 +1,16 @@
 """Launch plans: what a launch does with arguments of one type signature, as data.
 
 A `Packer` (one per kernel) holds the parameter layout (offsets and sizes from the driver,
-types from the PTX when known) and makes one `Plan` per signature of argument types. A plan
-is immutable data: the exact types it was made for (the guard), and per parameter its
-offset, size, struct code, kind and conversion (`cuctx.kernels._args.slot`), with the one
-`struct.Struct` that packs them all. Everything that launches reads the same plan: the
-checked path packs from it with `Plan.pack`; `cuctx.kernels._codegen` turns it into the source of a
-launcher's fast path; a compiled fast path will read the same fields.
+types from the PTX when known, the dtypes pointer parameters take from the source:
+`cuctx.kernels._dtypes`) and makes one `Plan` per signature of argument types. A plan is
+immutable data: the exact types it was made for (the guard), and per parameter its offset,
+size, struct code, kind, conversion (`cuctx.kernels._args.slot`) and, for a DeviceArray, the
+dtypes the fast paths let through (a dtype is not a type: they compare the array's dtype
+with these by identity; any other takes the checked path, whose conversion raises or
+accepts it), with the one `struct.Struct` that packs them all. Everything that launches
+reads the same plan: the checked path packs from it with `Plan.pack`;
+`cuctx.kernels._codegen` turns it into the source of a launcher's fast path; the compiled
+fast path (csrc/launch.c) reads the same fields.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from . import _dtypes
 from .. import _trace
 from ._args import (
     ARRAY,
@@ -31,6 +36,9 @@ from ._args import (
 from ._ptx import ParamType
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from ._dtypes import Expect
     from ._kernel import Kernel
     from ..stream import Stream
 
@@ -43,6 +51,7 @@ class Param(NamedTuple):
     code: str  # struct code: "i", "f", "Q", "8s", ...
     kind: str  # cuctx.kernels._args: VALUE, ARRAY, POINTER or CONVERT
     convert: Convert | None
+    dtypes: tuple[np.dtype, ...] | None  # an ARRAY's, which fast paths let through; None: any
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -79,15 +88,29 @@ class Packer:
     when known) and its plans, one per argument type signature, made on first use and
     shared by its launchers."""
 
-    __slots__ = ("kernel", "params", "types", "size", "plans", "lock")
+    __slots__ = ("kernel", "params", "types", "expects", "size", "plans", "lock")
 
     def __init__(self, kernel: Kernel, params: tuple, types: tuple[ParamType, ...] | None):
         self.kernel = kernel
         self.params = params  # ((offset, size), ...)
         self.types = types  # one ParamType per parameter, or None: sizes only
+        self.expects: tuple[Expect | None, ...] | None = None  # see `expected`
         self.size = max((o + s for o, s in params), default=0)
         self.plans: dict[tuple[type, ...], Plan] = {}
         self.lock = threading.Lock()
+
+    def expected(self) -> tuple[Expect | None, ...]:
+        """Per parameter, the arrays it takes (None: any argument). Read on first use: a
+        library's twin checks make its kernels' packers before it has its source."""
+        if self.expects is None:
+            self.expects = _dtypes.expects(self.kernel)
+        return self.expects
+
+    def retype(self) -> None:
+        """The kernel's dtypes changed (`Kernel.set_dtypes`): read anew, plans start over."""
+        with self.lock:
+            self.expects = None
+            self.plans = {}
 
     def plan(self, args: tuple) -> Plan:
         """The plan for the types of ``args``; checks their count, types and sizes."""
@@ -104,12 +127,13 @@ class Packer:
             raise KernelArgumentError(
                 f"kernel {self.kernel.name!r} takes {len(self.params)} argument(s) "
                 f"(parameter sizes {[s for _, s in self.params]} bytes), got {len(args)}")
+        self.expected()
         fmt, pos, params = ["<"], 0, []
         for index, ((offset, size), arg) in enumerate(zip(self.params, args)):
-            code, kind, convert = slot(self, index, arg)
+            code, kind, convert, dtypes = slot(self, index, arg)
             fmt.append("x" * (offset - pos) + code)
             pos = offset + size
-            params.append(Param(offset, size, code, kind, convert))
+            params.append(Param(offset, size, code, kind, convert, dtypes))
         conversions = tuple((i, p.convert) for i, p in enumerate(params) if p.convert)
         return Plan(self.kernel.name, types, tuple(params), struct.Struct("".join(fmt)),
                     conversions)

@@ -326,7 +326,7 @@ def empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
         device = pool_device(pool, device)
     stream = resolve_stream(stream, operation="cuctx.empty",
                             device=None if pool is not None and stream is not None else device)
-    nbytes = prod(shape) * dtype.itemsize
+    nbytes = _layout.nbytes_of(shape, dtype, "device array")
     if nbytes == 0:  # the driver answers a null pointer; an empty array needs no memory
         stream._ctx._check("cuctx.empty")
         return DeviceArray._make(stream._ctx, 0, shape, dtype, None, None)

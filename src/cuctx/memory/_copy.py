@@ -47,9 +47,13 @@ def _access(obj, on_device: bool, mode: str) -> _trace.Access:
     return _trace.Access(start, nbytes, mode, obj, host=True)
 
 
+def _copy_accesses(dst, src, dst_on_device: bool, src_on_device: bool) -> tuple:
+    return _access(src, src_on_device, _trace.READ), _access(dst, dst_on_device, _trace.WRITE)
+
+
 def announce_copy(stream: Stream, dst, src, dst_on_device: bool, src_on_device: bool) -> None:
-    _trace.emit("copy", stream._ctx, stream, (_access(src, src_on_device, _trace.READ),
-                                             _access(dst, dst_on_device, _trace.WRITE)))
+    _trace.emit_lazily("copy", stream._ctx, stream,
+                       (_copy_accesses, dst, src, dst_on_device, src_on_device))
 
 
 def issue(stream: Stream, plan: Plan, dst_obj, src_obj, dst_on_device: bool,

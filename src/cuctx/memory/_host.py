@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import bisect
 import threading
-from math import prod
 from typing import Any
 
 import numpy as np
 from cuda.bindings.driver import CU_MEMHOSTALLOC_PORTABLE
 
 from .._lifetimes import finalize
-from ._layout import shape_of
+from ._layout import nbytes_of, shape_of
 from ..context import ACTIVE, Context, context_for, fail, in_context
 from ..device import Device
 from ..errors import HOST_MEMORY_ALREADY_REGISTERED
@@ -73,7 +72,7 @@ def pinned_empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
     shape, dtype = shape_of(shape), np.dtype(dtype)
     if dtype.hasobject:  # uninitialised memory read as Python object pointers would crash
         raise TypeError(f"pinned_empty cannot hold Python objects ({dtype})")
-    nbytes = prod(shape) * dtype.itemsize
+    nbytes = nbytes_of(shape, dtype, "page-locked host array")
     if nbytes == 0:
         return np.empty(shape, dtype)
     # Page-locked memory lives in a device's *primary* context: only a device reset can take

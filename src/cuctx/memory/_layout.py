@@ -8,6 +8,7 @@ and asks these functions for the arithmetic, so NumPy never sees a device addres
 from __future__ import annotations
 
 import operator
+import sys
 from math import prod
 from typing import Any, NamedTuple
 
@@ -18,17 +19,35 @@ import numpy as np
 MAX_PITCH = 2**31 - 1
 
 
-def shape_of(shape: Any) -> tuple[int, ...]:
+def _dims(shape: Any) -> tuple[int, ...]:
+    """The ints of an int or a tuple of ints; bools are refused, as NumPy refuses them."""
     try:
-        dims = (operator.index(shape),)
+        items = (shape,) if hasattr(type(shape), "__index__") else tuple(shape)
+        if any(isinstance(d, bool) for d in items):
+            raise TypeError
+        return tuple(operator.index(d) for d in items)
     except TypeError:
-        try:
-            dims = tuple(operator.index(d) for d in shape)
-        except TypeError:
-            raise TypeError(f"a shape is an int or a tuple of ints, not {shape!r}") from None
+        raise TypeError(f"a shape is an int or a tuple of ints, not {shape!r}") from None
+
+
+def shape_of(shape: Any) -> tuple[int, ...]:
+    dims = _dims(shape)
     if any(d < 0 for d in dims):
         raise ValueError(f"negative dimension in shape {dims}: sizes must be >= 0")
     return dims
+
+
+def nbytes_of(shape: tuple[int, ...], dtype: np.dtype, what: str) -> int:
+    """The bytes of a ``what`` (e.g. "device array") of ``shape`` and ``dtype``. More than
+    ``sys.maxsize`` is a ValueError (NumPy's limit too: no host array could hold it, and
+    the driver's size_t would overflow); less, but more than there is, is the driver's
+    OUT_OF_MEMORY."""
+    nbytes = prod(shape) * dtype.itemsize
+    if nbytes > sys.maxsize:
+        raise ValueError(f"a {what} of shape {shape} and dtype {dtype} would take {nbytes} "
+                         f"bytes, more than any array can address (at most sys.maxsize = "
+                         f"{sys.maxsize}); check the shape")
+    return nbytes
 
 
 def dtype_of(dtype: Any) -> np.dtype:
@@ -196,11 +215,7 @@ def reshape(shape, strides, itemsize, new: tuple[int, ...], order: str) -> tuple
 def resolve_shape(size: int, new: Any) -> tuple[int, ...]:
     """``new`` (an int or a tuple of ints) with one -1 replaced so that it holds ``size``
     elements."""
-    try:
-        new = (operator.index(new),) if hasattr(type(new), "__index__") \
-            else tuple(operator.index(d) for d in new)
-    except TypeError:
-        raise TypeError(f"a shape is an int or a tuple of ints, not {new!r}") from None
+    new = _dims(new)
     if sum(d == -1 for d in new) > 1:
         raise ValueError("can only specify one unknown dimension (-1)")
     known = prod(d for d in new if d != -1)

@@ -65,6 +65,9 @@ class CuptiSource(Source):
         except Exception as exc:  # the package is there but libcupti could not be loaded
             raise CuptiUnavailable(f"CUPTI could not be loaded: {exc}") from None
         self._cupti = cupti
+        # bound once: the timeline moves the id on after every operation
+        self._pop = cupti.activity_pop_external_correlation_id
+        self._push = cupti.activity_push_external_correlation_id
         try:
             self._subscriber = cupti.subscribe(_no_callbacks, None)
         except Exception as exc:  # cupti.cuptiError: MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED, ...
@@ -100,8 +103,8 @@ class CuptiSource(Source):
         cupti.activity_push_external_correlation_id(self._ext, first_id)
 
     def advance(self, next_id: int) -> None:
-        self._cupti.activity_pop_external_correlation_id(self._ext)
-        self._cupti.activity_push_external_correlation_id(self._ext, next_id)
+        self._pop(self._ext)
+        self._push(self._ext, next_id)
 
     def submitted(self, op: _trace.Operation, correlation: int | None) -> None:
         """Learn CUPTI's ids of each stream once, to place work cuctx did not submit."""

@@ -77,6 +77,11 @@ class RaceCheck:
         self._joined: dict[int, tuple[int, int]] = {}  # stream actor -> (thread actor, version)
         self._handlers = {kind: getattr(self, "_" + kind) for kind in _trace.KINDS}
 
+    def __repr__(self) -> str:
+        watching = "watching" if self._see in _trace.sinks else "not watching"
+        n = len(self.findings)
+        return f"<RaceCheck mode={self.mode!r}, {watching}, {n} finding{'s' * (n != 1)}>"
+
     # -- the sink ---------------------------------------------------------------------------
 
     def __enter__(self) -> RaceCheck:

@@ -48,6 +48,11 @@ class Finding:
     missing: str
     fix: str
 
+    def __repr__(self) -> str:
+        return (f"<Finding {self.kind} race on {self.array}: {self.first.what} on "
+                f"{self.first.stream!r} at {line(self.first.site)}, then {self.second.what} "
+                f"on {self.second.stream!r} at {line(self.second.site)}>")
+
     def __str__(self) -> str:
         return (f"{self.kind} race on {self.array}:\n"
                 f"  first:  {self.first.what} on {self.first.stream!r} at {line(self.first.site)}\n"

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._names import names_of, user_scope
 from ._racecheck_shadow import FREE_IN_USE, USE_AFTER_FREE, OpInfo, line
 
 
 def explain(kind: str, first: OpInfo, second: OpInfo, frame: Any) -> tuple[str, str]:
     """(missing edge, fix) for a race of ``kind`` between ``first`` and ``second``;
     ``frame`` is the checker's caller, below the user's frames it names streams from."""
-    scope = _user_scope(frame, second.site)
+    scope = user_scope(frame, second.site)
     a, b = _name(first.stream, scope), _name(second.stream, scope)
     at_a = f" at line {first.site[1]}" if first.site else ""
     before_b = f" before line {second.site[1]}" if second.site else ""
@@ -35,26 +36,16 @@ def explain(kind: str, first: OpInfo, second: OpInfo, frame: Any) -> tuple[str, 
             f"{b}.wait({a}){before_b}")
 
 
-def _user_scope(frame: Any, site: tuple[str, int, str] | None) -> dict[str, Any]:
-    """The variables of the user's frame at ``site`` (still running: the sink is called
-    from inside that line), locals over globals."""
-    while frame is not None and site is not None:
-        if frame.f_code.co_filename == site[0] and frame.f_lineno == site[1]:
-            return {**frame.f_globals, **frame.f_locals}
-        frame = frame.f_back
-    return {}
-
-
 def _name(stream: Any, scope: dict[str, Any]) -> str:
-    for name, value in scope.items():
-        if value is stream and not name.startswith("_"):
-            return name
     if stream is None:
         return "the host"
+    names = names_of(stream, scope)
+    if names:
+        return names[0]
     kind = getattr(stream, "kind", "")
     if kind == "legacy":
         return "cuctx.legacy_stream()"
-    if kind == "per_thread":
+    if kind == "per-thread":
         return "cuctx.per_thread_stream()"
     return repr(stream)
 

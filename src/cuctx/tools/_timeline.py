@@ -13,45 +13,24 @@ block waits for the work recorded, then matches executions to operations by id.
 from __future__ import annotations
 
 import os
+import sys
 import threading
-from dataclasses import dataclass
 from typing import Any
 
-from .. import _driver, _trace
+from cuda.bindings.driver import CUstreamCaptureMode, CUstreamCaptureStatus
+
+from .. import _driver, _lifetimes, _trace
 from .._resource import ACTIVE
 from ..context import in_context
 from ._timeline_export import chrome_trace, save_png, summarize
 from . import _cupti
-from ._timeline_sources import MARKERS, WORK, EventPairs, Execution, SimActivity, Source
+from ._names import names_of, user_scope
+from ._timeline_sources import (MARKERS, WORK, EventPairs, Execution, Record, SimActivity,
+                                Source)
 from ._timeline_sources import stream_key as _key
 
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One row of the timeline. An operation with its execution has both times; a
-    synchronize or an allocation has only its submission; work the driver reported but
-    cuctx did not submit (another thread, another library) has no operation.
-
-    Times are nanoseconds on the timeline's clock (`Timeline.clock`): the sim's virtual
-    clock, or the host's ``perf_counter_ns`` on a GPU."""
-
-    kind: str  # the operation's kind (cuctx._trace.KINDS); for foreign work: "kernel", ...
-    lane: str  # what the lane colour means: kernel, copy, memset, host, marker, busy, host-only
-    name: str  # the kernel's name, the copy's direction, the event ...
-    device: int | None
-    context: int  # the CUcontext as an int (0 when the operation has none)
-    stream: int  # the CUstream as an int (1: the legacy default stream); 0: no stream
-    submit_ns: int | None
-    start_ns: int | None
-    end_ns: int | None
-    correlation: int | None
-    site: tuple[str, int, str] | None  # the user's (file, line, function)
-    approximate: bool  # times from event pairs, not from the device's activity records
-    operation: _trace.Operation | None = None
-
-    @property
-    def duration_ns(self) -> int:
-        return 0 if self.start_ns is None else self.end_ns - self.start_ns
+_RELAXED = CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+_NONE = CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
 class Timeline:
@@ -67,9 +46,12 @@ class Timeline:
         self._source: Source | None = None
         self._ops: list[tuple[int | None, _trace.Operation, int]] = []
         self._records: list[Record] | None = None
+        # What the user's code calls each stream, per (context, stream) key: the names found
+        # at each line that submitted work to it (looked up once per stream and line).
+        self._names: dict[tuple[int, int], list[str]] = {}
+        self._looked: set[tuple[tuple[int, int], tuple[str, int, str]]] = set()
         self._thread = 0
         self._next = 1
-        self._lock = threading.Lock()
 
     # -- the block ------------------------------------------------------------------------
 
@@ -91,28 +73,78 @@ class Timeline:
 
     def _sink(self, op: _trace.Operation) -> None:
         source = self._source
-        if threading.get_ident() != self._thread:
+        if op.thread != self._thread:
             # The id stack is per thread and only the entering thread's is cuctx's: work from
             # other threads shows on its stream, without a submission arrow.
             corr = None
-        else:
-            with self._lock:
-                corr = self._next
-                self._next += 1
-            source.advance(self._next)
+        else:  # (only the entering thread moves the ids on: no lock)
+            corr = self._next
+            self._next = corr + 1
+            source.advance(corr + 1)
         submitted = source.host_ns(op)
         self._ops.append((corr, op, submitted))
-        source.submitted(op, corr)
+        if not (_lifetimes.capturing and op.stream is not None
+                and (op.context._key, op.stream._key) in _lifetimes.capturing):
+            source.submitted(op, corr)  # work captured into a graph runs at its launches
+        if op.site is not None:
+            self._learn_names(op)
+
+    def _learn_names(self, op: _trace.Operation) -> None:
+        """Note the names the user's frame at the operation's line has for its streams (the
+        sink runs inside that line); each stream is looked up once per line."""
+        scope = None
+        for stream in (op.stream, op.other):
+            if stream is None:
+                continue
+            key = _key(stream.context, stream)
+            if (key, op.site) in self._looked:
+                continue
+            self._looked.add((key, op.site))
+            if scope is None:
+                scope = user_scope(sys._getframe(2), op.site)
+            names = self._names.setdefault(key, [])
+            names += [n for n in names_of(stream, scope) if n not in names]
 
     def _wait_for_work(self) -> None:
         """Every context the block used, synchronized through the driver (not through cuctx,
         so that other sinks, a race checker, see no synchronization the user did not write);
-        a context that fails is left for the user's next call to report."""
+        a context that fails is left for the user's next call to report. While a capture is
+        active, CUDA refuses to synchronize a context with a capturing stream (and the
+        capture would end without a graph): the block's streams that are not captured are
+        synchronized instead, one by one, with this thread's capture mode relaxed so that
+        the driver allows it."""
         seen = {id(op.context): op.context for _, op, _ in self._ops if op.context is not None}
+        if _lifetimes.capturing:
+            return self._wait_beside_captures(seen.values())
         for ctx in seen.values():
             if ctx._state is ACTIVE:
                 with in_context(ctx, "timeline"):
                     ctx._backend.driver.cuCtxSynchronize()
+
+    def _wait_beside_captures(self, contexts) -> None:
+        contexts = [ctx for ctx in contexts if ctx._state is ACTIVE]
+        if not contexts:
+            return
+        streams = {(op.context._key, op.stream._key): op.stream for _, op, _ in self._ops
+                   if op.stream is not None}
+        drv = contexts[0]._backend.driver
+        _, mode = drv.cuThreadExchangeStreamCaptureMode(_RELAXED)
+        try:
+            for ctx in contexts:
+                with in_context(ctx, "timeline"):
+                    if not any(key[0] == ctx._key for key in _lifetimes.capturing):
+                        drv.cuCtxSynchronize()
+                        continue
+                    for stream in streams.values():
+                        if stream._ctx is not ctx:
+                            continue
+                        # Neither a captured stream nor the legacy one beside a blocking
+                        # stream's capture (the driver answers "implicit" for it, harmlessly).
+                        err, status = stream._call(drv.cuStreamIsCapturing, stream._handle)
+                        if not err and status == _NONE:
+                            stream._call(drv.cuStreamSynchronize, stream._handle)
+        finally:
+            drv.cuThreadExchangeStreamCaptureMode(mode)
 
     # -- results --------------------------------------------------------------------------
 
@@ -143,7 +175,8 @@ class Timeline:
     def summary(self) -> dict[str, Any]:
         """Busy time per stream, copy/compute overlap and gaps, as a dict; ``print()`` it for
         a table. See docs/timeline.md for each field."""
-        return summarize(self.records, self._source.describe, self._source.approximate)
+        return summarize(self.records, self._source.describe, self._source.approximate,
+                         self._names)
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write ``.json`` (Chrome trace event format: open it in https://ui.perfetto.dev or
@@ -154,13 +187,28 @@ class Timeline:
         if ext == ".json":
             import json
             with open(path, "w") as f:
-                json.dump(chrome_trace(self.records, self.source), f)
+                json.dump(chrome_trace(self.records, self.source, self._names), f)
         elif ext == ".png":
-            save_png(self.records, path, self.source)
+            save_png(self.records, path, self.source, self._names)
         else:
             raise ValueError(f"cannot save a timeline as {path!r}: name a .json file (Chrome "
                              "trace, for Perfetto) or a .png file (a picture)")
         return path
+
+    def __repr__(self) -> str:
+        if self._source is None:
+            return f"<Timeline source={self._want!r}, not started>"
+        if self._records is None:
+            return (f"<Timeline recording: {len(self._ops)} operations so far, times from "
+                    f"{self._source.describe}>")
+        ran = [r for r in self._records if r.start_ns is not None]
+        span = max((r.end_ns for r in ran), default=0) - min((r.start_ns for r in ran),
+                                                             default=0)
+        streams = len({(r.context, r.stream) for r in ran})
+        contexts = len({r.context for r in ran})
+        return (f"<Timeline of {len(self._records)} records: {streams} stream"
+                f"{'s' * (streams != 1)} in {contexts} context{'s' * (contexts != 1)} over "
+                f"{span / 1e3:.1f} us, times from {self._source.describe}>")
 
 
 def choose_source(backend: _driver.Backend, want: str) -> Source:

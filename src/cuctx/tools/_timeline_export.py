@@ -1,20 +1,17 @@
 """A timeline's records as a Chrome trace (Perfetto), a picture (matplotlib) and a summary.
 
-Tracks: one per stream (a Chrome "thread"), grouped in a "process" per device and context;
-one more process holds the host's submissions, a thread per host thread. Flow arrows go from
-each submission to its execution, from an event's record to each wait for it, and from the
-work a `Stream.wait(other)` waited for to the wait.
+Tracks: one per stream (a Chrome "thread"), grouped in a "process" per device and context,
+sorted by device; one more process holds the host's submissions, a thread per host thread.
+Flow arrows go from each submission to its execution, from an event's record to each wait
+for it, and from the work a `Stream.wait(other)` waited for to the wait.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Iterable
+from collections import Counter, defaultdict
+from typing import Any, Iterable
 
-from ._timeline_sources import stream_key
-
-if TYPE_CHECKING:
-    from ._timeline import Record
+from ._timeline_sources import Record, stream_key
 
 HOST_PID = 0
 COLOURS = {"kernel": "#4c72b0", "copy": "#dd8452", "memset": "#8172b3", "host": "#55a868",
@@ -25,15 +22,25 @@ def _ran(records: Iterable[Record]) -> list[Record]:
     return [r for r in records if r.start_ns is not None]
 
 
+Names = dict[tuple[int, int], list[str]]  # (context, stream) -> the user's names for it
+DEFAULT_STREAMS = {1: "legacy", 2: "per-thread"}
+
+
 class Tracks:
     """Process and thread ids and names: a process per (device, context), a thread per
-    stream, numbered in order of first appearance."""
+    stream, numbered in order of first appearance. Each lane has a short label, for the
+    picture and the summary: the user's name for its stream (``names``: the names found at
+    the lines that used it; one no other stream of the timeline had), else "ctx 1 / stream
+    2" (small ordinals of this timeline). The Chrome trace's names hold the handles too."""
 
-    def __init__(self, records: list[Record]) -> None:
+    def __init__(self, records: list[Record], names: Names | None = None) -> None:
         self.pids: dict[tuple[Any, int], int] = {}
         self.tids: dict[tuple[Any, int, int], int] = {}
         self.process_names: dict[int, str] = {}
         self.thread_names: dict[tuple[int, int], str] = {}
+        self.labels: dict[tuple[Any, int, int], str] = {}
+        user = unique_names(names or {})
+        created: dict[int, int] = {}  # pid -> streams it created, so far
         for r in _ran(records):
             key = (r.device, r.context, r.stream)
             if key in self.tids:
@@ -42,39 +49,60 @@ class Tracks:
             self.tids[key] = tid = sum(1 for k in self.tids if k[:2] == key[:2]) + 1
             op = r.operation
             ctx_kind = f" ({op.context.kind})" if op is not None else ""
-            self.process_names[pid] = f"device {r.device} / context {r.context:#x}{ctx_kind}"
-            if r.stream == 1:
-                name = "legacy default stream"
-            elif r.stream == 2:
-                name = "per-thread default stream"
+            self.process_names[pid] = (f"ctx {pid}: device {r.device} / context "
+                                       f"{r.context:#x}{ctx_kind}")
+            if r.stream in DEFAULT_STREAMS:
+                ordinal = f"{DEFAULT_STREAMS[r.stream]} stream"
+                handle = f"{DEFAULT_STREAMS[r.stream]} default stream"
             else:
-                kind = f" ({op.stream.kind})" if op is not None else ""
-                name = f"stream {r.stream:#x}{kind}"
-            self.thread_names[(pid, tid)] = name
+                created[pid] = created.get(pid, 0) + 1
+                ordinal = f"stream {created[pid]}"
+                handle = f"stream {r.stream:#x}" + (f" ({op.stream.kind})" if op else "")
+            name = user.get(key[1:])
+            self.labels[key] = name or f"ctx {pid} / {ordinal}"
+            if name is None and r.stream in DEFAULT_STREAMS:  # its handle says it already
+                self.thread_names[(pid, tid)] = handle
+            else:
+                self.thread_names[(pid, tid)] = f"{name or ordinal}: {handle}"
 
     def of(self, r: Record) -> tuple[int, int]:
         key = (r.device, r.context, r.stream)
         return self.pids[key[:2]], self.tids[key]
 
     def label(self, r: Record) -> str:
-        pid, tid = self.of(r)
-        return f"{self.process_names[pid]} / {self.thread_names[(pid, tid)]}"
+        return self.labels[(r.device, r.context, r.stream)]
 
 
-def chrome_trace(records: list[Record], source: str) -> dict[str, Any]:
+def unique_names(names: Names) -> dict[tuple[int, int], str]:
+    """Each stream's first name that no other stream had: a loop's ``s`` names several
+    streams, so each of them goes by the next name it had (``streams[1]``), or by none."""
+    holders = Counter(n for candidates in names.values() for n in set(candidates))
+    return {key: next(n for n in candidates if holders[n] == 1)
+            for key, candidates in names.items()
+            if any(holders[n] == 1 for n in candidates)}
+
+
+def chrome_trace(records: list[Record], source: str, names: Names | None = None
+                 ) -> dict[str, Any]:
     """The Chrome trace event format (JSON object form), timestamps in microseconds from the
-    first record."""
-    tracks = Tracks(records)
+    first record; each slice's args hold its context and stream handles."""
+    tracks = Tracks(records, names)
     times = [t for r in records for t in (r.submit_ns, r.start_ns) if t is not None]
     origin = min(times, default=0)
     us = lambda ns: (ns - origin) / 1000
     events: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": HOST_PID, "args": {"name": "host"}},
         {"ph": "M", "name": "process_sort_index", "pid": HOST_PID, "args": {"sort_index": 0}}]
-    for pid, name in tracks.process_names.items():
-        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}})
+    # The groups in device order, whichever device's work ran first; a device's contexts
+    # in order of appearance.
+    device_of = {pid: key[0] for key, pid in tracks.pids.items()}
+    ranked = sorted(tracks.process_names,
+                    key=lambda pid: (device_of[pid] is None, device_of[pid] or 0, pid))
+    for rank, pid in enumerate(ranked, 1):
+        events.append({"ph": "M", "name": "process_name", "pid": pid,
+                       "args": {"name": tracks.process_names[pid]}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": pid,
-                       "args": {"sort_index": pid}})
+                       "args": {"sort_index": rank}})
     for (pid, tid), name in tracks.thread_names.items():
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                        "args": {"name": name}})
@@ -89,7 +117,8 @@ def chrome_trace(records: list[Record], source: str) -> dict[str, Any]:
                            "tid": tid, "ts": us(ns), "bp": "e"})
 
     for r in records:
-        args = {"kind": r.kind, "correlation": r.correlation, "approximate": r.approximate}
+        args = {"kind": r.kind, "context": f"{r.context:#x}", "stream": f"{r.stream:#x}",
+                "correlation": r.correlation, "approximate": r.approximate}
         if r.site is not None:
             args["site"] = f"{r.site[0]}:{r.site[1]} in {r.site[2]}"
         host = None
@@ -140,7 +169,12 @@ def _dependencies(records: list[Record]) -> list[tuple[Record, Record, str]]:
 
 # -- the picture --------------------------------------------------------------------------
 
-def save_png(records: list[Record], path: str, source: str) -> None:
+def save_png(records: list[Record], path: str, source: str, names: Names | None = None) -> None:
+    figure(records, source, names).savefig(path, dpi=110)
+
+
+def figure(records: list[Record], source: str, names: Names | None = None) -> Any:
+    """The picture as a matplotlib Figure: a lane per stream, labelled as `Tracks` labels."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -149,7 +183,7 @@ def save_png(records: list[Record], path: str, source: str) -> None:
         raise ImportError(
             "saving a timeline as a picture needs matplotlib: pip install 'cuctx[timeline]' "
             "(or pip install matplotlib); tl.save('trace.json') needs nothing") from None
-    tracks = Tracks(records)
+    tracks = Tracks(records, names)
     ran = _ran(records)
     origin = min((r.start_ns for r in ran), default=0)
     end = max((r.end_ns for r in ran), default=0)
@@ -174,7 +208,7 @@ def save_png(records: list[Record], path: str, source: str) -> None:
     ax.legend(handles=[Patch(color=COLOURS.get(k, "grey"), label=k) for k in used],
               fontsize=8, loc="upper right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
 
 
 # -- the summary --------------------------------------------------------------------------
@@ -223,7 +257,7 @@ class Summary(dict):
     def __str__(self) -> str:
         ms = lambda ns: f"{ns / 1e6:.3f} ms"
         lines = [f"timeline: {ms(self['span_ns'])} from {self['source']}"]
-        width = max((len(k) for k in self["streams"]), default=6)
+        width = max([len("stream"), *map(len, self["streams"])])
         lines.append(f"{'stream'.ljust(width)}  {'busy':>6}  {'ops':>4}  {'gaps':>4}  "
                      "longest gap")
         for name, s in self["streams"].items():
@@ -239,9 +273,10 @@ class Summary(dict):
         return "\n".join(lines)
 
 
-def summarize(records: list[Record], source: str, approximate: bool) -> Summary:
+def summarize(records: list[Record], source: str, approximate: bool,
+              names: Names | None = None) -> Summary:
     ran = [r for r in _ran(records) if r.lane != "marker"]
-    tracks = Tracks(records)
+    tracks = Tracks(records, names)
     start = min((r.start_ns for r in ran), default=0)
     span = max((r.end_ns for r in ran), default=0) - start
     per_stream: dict[str, list[Record]] = defaultdict(list)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _lifetimes
+from .._resource import Handle
 from ..context import in_context
 from ..event import Event
 
@@ -54,6 +55,50 @@ class Execution:
     start_ns: int
     end_ns: int
     approximate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One row of the timeline. An operation with its execution has both times; a
+    synchronize or an allocation has only its submission; work the driver reported but
+    cuctx did not submit (another thread, another library) has no operation.
+
+    Times are nanoseconds on the timeline's clock (`Timeline.clock`): the sim's virtual
+    clock, or the host's ``perf_counter_ns`` on a GPU."""
+
+    kind: str  # the operation's kind (cuctx._trace.KINDS); for foreign work: "kernel", ...
+    lane: str  # what the lane colour means: kernel, copy, memset, host, marker, busy, host-only
+    name: str  # the kernel's name, the copy's direction, the event ...
+    device: int | None
+    context: int  # the CUcontext as a `Handle` (an int printed in hex; 0: no context)
+    stream: int  # the CUstream as a `Handle` (1: the legacy default stream); 0: no stream
+    submit_ns: int | None
+    start_ns: int | None
+    end_ns: int | None
+    correlation: int | None
+    site: tuple[str, int, str] | None  # the user's (file, line, function)
+    approximate: bool  # times from event pairs, not from the device's activity records
+    operation: _trace.Operation | None = None
+
+    def __post_init__(self) -> None:
+        # Every source's handles print as cuctx prints handles (hex), here and in summaries.
+        object.__setattr__(self, "context", Handle(self.context))
+        object.__setattr__(self, "stream", Handle(self.stream))
+
+    @property
+    def duration_ns(self) -> int:
+        return 0 if self.start_ns is None else self.end_ns - self.start_ns
+
+    def __repr__(self) -> str:
+        if self.start_ns is None:
+            times = f"submitted at {self.submit_ns} ns, not run on the device"
+        else:
+            times = f"ran {self.start_ns}..{self.end_ns} ns" + (
+                "" if self.submit_ns is None else f", submitted at {self.submit_ns} ns")
+        approx = " (approximate)" if self.approximate else ""
+        where = f" at {self.site[0]}:{self.site[1]}" if self.site else ""
+        return (f"<Record {self.kind} {self.name!r} ({self.lane}) device {self.device} ctx "
+                f"{self.context:#x} stream {self.stream:#x}: {times}{approx}{where}>")
 
 
 class Source:

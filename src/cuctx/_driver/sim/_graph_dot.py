@@ -54,8 +54,8 @@ class GraphDotModel:
     def cuGraphDebugDotPrint(self, hGraph, path, flags):
         flags = unsigned(flags, 32, "unsigned int")
         graph = self._graph(hGraph)
-        if graph is None or not path:
-            return (INVALID_VALUE,)
+        if graph is None or path is None:
+            return (INVALID_VALUE,)  # (an empty path is the file error below, as on driver 580)
         out = [f"digraph graph_{graph.handle:#x} {{"]
         with self._lock:
             _lines(graph, "", bool(flags & HANDLES), out)

@@ -44,7 +44,7 @@ _CAN_DISABLE = (T.CU_GRAPH_NODE_TYPE_KERNEL, T.CU_GRAPH_NODE_TYPE_MEMSET,
 
 
 class SimGraphExec:
-    __slots__ = ("handle", "graph", "source", "flags", "nodes", "disabled")
+    __slots__ = ("handle", "graph", "source", "flags", "nodes", "disabled", "last")
 
     def __init__(self, handle: int, graph: SimGraph, source: SimGraph, flags: int):
         self.handle = handle
@@ -53,6 +53,7 @@ class SimGraphExec:
         self.flags = flags
         self.nodes: dict[int, SimNode] = {}  # source node handle -> the executable's node
         self.disabled: set[int] = set()  # ids of disabled nodes of the executable
+        self.last = None  # the last operation its latest launch queued
 
     def index(self, graph: SimGraph) -> None:
         """Make the nodes of ``graph`` (the executable's tree) findable by handle: the top
@@ -167,8 +168,13 @@ class GraphExecModel:
 
     def _launch_graph(self, exe: SimGraphExec, stream) -> object:
         """Queue the executable's nodes on ``stream`` (later models add the memory nodes'
-        bookkeeping and capture around it)."""
+        bookkeeping and capture around it). A launch is ordered behind the executable's
+        earlier launches, on any stream, as cuGraphLaunch documents."""
+        earlier = exe.last
+        if earlier is not None and not earlier.done and earlier.stream is not stream:
+            self._push(stream, None, 0, "the executable's earlier launch", (earlier,))
         self._emit(exe, exe.graph, stream)
+        exe.last = stream.last
         return OK
 
     def _emit(self, exe: SimGraphExec, graph: SimGraph, stream) -> None:

@@ -8,6 +8,12 @@ until it made a descriptor, as with the driver's out-parameters. SMs are numbere
 split takes consecutive SMs. The granularity (``minSmPartitionSize`` and
 ``smCoscheduledAlignment``, 8 here) is the sim's assumption for an H100 without the
 IGNORE_SM_COSCHEDULING flag; the GPU tells its own in the same fields.
+
+As measured on an H100 (132 SMs, driver 580): a split's groups and remainder have those
+fields 0 and cannot be split again (CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION, as for a
+minCount above the SMs there are); a split rounds minCount up to the granularity but not
+beyond the SMs there are (132 gives one group of 132); and groups of 8 are 15, not 16 (the
+chip's layout; every larger size gives SMs // size groups).
 """
 
 from __future__ import annotations
@@ -15,12 +21,15 @@ from __future__ import annotations
 import itertools
 
 from cuda.bindings.driver import (CUcontext, CUdevice_attribute, CUdevResource, CUdevResourceDesc,
-                                  CUdevResourceType, CUgreenCtx)
+                                  CUdevResourceType, CUgreenCtx, CUresult)
 
 from ._common import CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_VALUE, NOT_INITIALIZED, OK
 
 SM = CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM
 GRANULARITY = 8
+INVALID_RESOURCE_CONFIGURATION = CUresult.CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION
+# (SMs, group size) -> the groups the driver makes where it makes fewer than SMs // size
+_FEWER_GROUPS = {(132, 8): 15}
 
 
 class GreenModel:
@@ -30,16 +39,21 @@ class GreenModel:
     def _init_green(self):
         self._green_handles = itertools.count(0x6EE7_0000_1000, 0x1000)
         self._resources: dict[int, tuple[int, frozenset]] = {}  # ptr -> (device, SMs)
+        self._split_outputs: set[int] = set()  # ptrs of resources a split made
         self._descs: dict[int, tuple[int, frozenset]] = {}
         self._greens: dict[int, object] = {}  # CUgreenCtx handle -> SimContext
 
-    def _resource(self, device: int, sms: frozenset) -> CUdevResource:
+    def _resource(self, device: int, sms: frozenset, split: bool = False) -> CUdevResource:
         out = CUdevResource()
         out.type = SM
         out.sm.smCount = len(sms)
-        out.sm.minSmPartitionSize = GRANULARITY
-        out.sm.smCoscheduledAlignment = GRANULARITY
+        out.sm.minSmPartitionSize = 0 if split else GRANULARITY
+        out.sm.smCoscheduledAlignment = 0 if split else GRANULARITY
         self._resources[out.getPtr()] = (device, sms)
+        if split:
+            self._split_outputs.add(out.getPtr())
+        else:
+            self._split_outputs.discard(out.getPtr())
         return out
 
     def cuDeviceGetDevResource(self, device, typename):
@@ -53,15 +67,18 @@ class GreenModel:
 
     def cuDevSmResourceSplitByCount(self, nbGroups, input_, flags, minCount):
         found = self._resources.get(input_.getPtr()) if input_ is not None else None
-        if found is None or int(flags) != 0 or not 0 <= int(minCount) <= len(found[1]):
+        if found is None or int(flags) != 0 or int(minCount) < 0:
             return (INVALID_VALUE, None, None, None)
         device, sms = found
-        size = max(GRANULARITY, -(-int(minCount) // GRANULARITY) * GRANULARITY)
+        if input_.getPtr() in self._split_outputs or int(minCount) > len(sms):
+            return (INVALID_RESOURCE_CONFIGURATION, None, None, None)
+        size = min(max(GRANULARITY, -(-int(minCount) // GRANULARITY) * GRANULARITY), len(sms))
         ordered = sorted(sms)
-        groups = min(int(nbGroups), len(ordered) // size)
-        result = [self._resource(device, frozenset(ordered[i * size:(i + 1) * size]))
+        groups = min(int(nbGroups), len(ordered) // size,
+                     _FEWER_GROUPS.get((len(ordered), size), len(ordered)))
+        result = [self._resource(device, frozenset(ordered[i * size:(i + 1) * size]), True)
                   for i in range(groups)]
-        remainder = self._resource(device, frozenset(ordered[groups * size:]))
+        remainder = self._resource(device, frozenset(ordered[groups * size:]), True)
         return (OK, result, groups, remainder)
 
     def cuDevResourceGenerateDesc(self, resources, nbResources):

@@ -29,7 +29,7 @@ from cuda.bindings.driver import (CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_POR
 
 from ._cargs import size_t
 from ._common import (HOST_MEMORY_ALREADY_REGISTERED, HOST_MEMORY_NOT_REGISTERED,
-                      ILLEGAL_ADDRESS, INVALID_VALUE, OK)
+                      ILLEGAL_ADDRESS, INVALID_VALUE, OK, OUT_OF_MEMORY)
 
 _HOST_ALLOC_FLAGS = (CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP
                      | CU_MEMHOSTALLOC_WRITECOMBINED)
@@ -158,7 +158,10 @@ class HostMemory:
             return (err, None)
         if nbytes == 0 or int(Flags) & ~_HOST_ALLOC_FLAGS:
             return (INVALID_VALUE, None)
-        buffer = np.zeros(nbytes, np.uint8)
+        try:
+            buffer = np.zeros(nbytes, np.uint8)
+        except MemoryError:  # more than the host can give: the driver's answer
+            return (OUT_OF_MEMORY, None)
         address = buffer.__array_interface__["data"][0]
         with self._lock:
             self._add_host_range(address, address + buffer.size, buffer)

@@ -80,6 +80,7 @@ class LibraryModel:
         self._modules: dict[int, SimModule] = {}
         self._kernels: dict[int, SimKernel] = {}  # CUkernel and CUfunction handles
         self._managed_ranges: list[tuple[int, int, np.ndarray]] = []
+        self._twin_ctx = None  # the context of the twin running now (`_twins.run_twin`)
 
     # -- memory a twin may touch ----------------------------------------------------------
 
@@ -90,8 +91,19 @@ class LibraryModel:
         return None
 
     def _kernel_view(self, ptr: int, nbytes: int):
+        """(CUresult, uint8 ndarray) of [ptr, ptr + nbytes) for the twin running now:
+        managed memory anywhere; device memory within a live allocation, and of another
+        device only with peer access (`_may_reach`), else an illegal address (and then, in
+        place of the view, None or why in words)."""
         found = self._managed_at(ptr)
         if found is None:
+            block = self._block_at(ptr)
+            ctx = self._twin_ctx
+            if block is not None and ctx is not None and not self._may_reach(ctx, block):
+                return ILLEGAL_ADDRESS, (
+                    f"memory of device {block.device} from device {ctx.device} without peer "
+                    f"access (cuctx.Device({ctx.device}).enable_peer_access("
+                    f"cuctx.Device({block.device})) grants it)")
             return self._device_view(ptr, nbytes)
         start, end, data = found
         if ptr + nbytes > end:

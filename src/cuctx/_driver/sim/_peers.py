@@ -9,6 +9,10 @@ cuMemPoolGetAccess), in which the owning device always has read-write access.
 The sim's devices are NVLink-connected H100s: each can access every other one; no device
 is its own peer (cuDeviceCanAccessPeer(d, d) is 0, and enabling access to a context of the
 same device answers CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, as recorded on a real H100).
+
+Kernels are held to the grants (`_may_reach`, asked by `_library._kernel_view` for every
+view a twin makes): memory of another device is an illegal address for a kernel without
+them, as it is unmapped on a GPU. Copies between devices need neither (cuMemcpyPeerAsync).
 """
 
 from __future__ import annotations
@@ -77,6 +81,19 @@ class PeerModel:
                 return (PEER_ACCESS_NOT_ENABLED,)
             self._peer_access.discard((ctx.handle, peer.handle))
         return (OK,)
+
+    def _may_reach(self, ctx, block) -> bool:
+        """Whether a kernel running in ``ctx`` may touch ``block``: memory of its own device
+        always (any context of it); a pool's block of another device with that pool's
+        access granted to ``ctx``'s device; any other block of another device (from
+        cuMemAlloc, a library's variables) with peer access from ``ctx`` to the block's
+        context. Graph allocations carry their own access list, which the sim does not
+        model: they are let through."""
+        if block.device == ctx.device or block.graph is not None:
+            return True
+        if block.ordered:
+            return block.pool is not None and block.pool.access.get(ctx.device) == READWRITE
+        return (ctx.handle, block.ctx.handle) in self._peer_access
 
     def _release_context_resources(self, ctx):
         with self._lock:

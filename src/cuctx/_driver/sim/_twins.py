@@ -4,7 +4,8 @@ A launch copies the parameter bytes and queues `run_twin` on the stream, which c
 ``twin(grid, block, *args)`` with each argument decoded from its bytes (`decoders`): by the
 parameter's type where cuctx knows it from the PTX (``simSetKernelTwin``'s ``kinds``), by
 the twin's annotation, and else by the parameter's size. Twins reach memory only through
-`SimPointer`, whose views are checked against the live allocations.
+`SimPointer`, whose views are checked against the live allocations and, for another
+device's memory, against the peer access of the context the twin runs in.
 
 A twin that faults (`_Fault`: an illegal or misaligned address) or raises fails the launch
 with the sticky code, as a GPU kernel does. The first such failure of a context is kept
@@ -36,8 +37,9 @@ class SimTwinWarning(RuntimeWarning):
 
 
 class _Fault(Exception):
-    def __init__(self, code: CUresult):
+    def __init__(self, code: CUresult, why: str | None = None):
         self.code = code
+        self.why = why  # what made the access illegal, where more than "no allocation there"
 
 
 class SimPointer(int):
@@ -63,7 +65,7 @@ class SimPointer(int):
             return np.empty(0, dtype)
         err, raw = self._driver._kernel_view(int(self), int(count) * dtype.itemsize)
         if err:
-            raise _Fault(err)
+            raise _Fault(err, raw)  # raw: None, or why in words
         self._driver._touched += raw.nbytes  # the kernel's cost (`_timing`)
         return raw.view(dtype)
 
@@ -121,6 +123,7 @@ def decode_args(driver, kinds: list[str], raw: list[bytes]) -> list:
 
 def run_twin(driver, ctx, name: str, twin, grid, block, kinds, raw):
     """Run one launch's twin; None, or the sticky CUresult its failure gives."""
+    driver._twin_ctx = ctx  # what its views may reach depends on it (`_kernel_view`)
     try:
         args = decode_args(driver, kinds, raw)
         twin(grid, block, *args)
@@ -129,8 +132,9 @@ def run_twin(driver, ctx, name: str, twin, grid, block, kinds, raw):
             driver._declared = int(declared(grid, block, *args) if callable(declared)
                                    else declared)
     except _Fault as fault:
+        what = fault.why or "memory it may not"
         _remember(ctx, None, f"the sim twin of kernel {name!r} ({where(twin)}) accessed "
-                  f"memory it may not at {_line_of(fault, twin)}")
+                  f"{what} at {_line_of(fault, twin)}")
         return fault.code
     except Exception as exc:  # noqa: BLE001 - a twin's bug fails the launch, as a trap
         at = _line_of(exc, twin)
@@ -139,6 +143,8 @@ def run_twin(driver, ctx, name: str, twin, grid, block, kinds, raw):
                       f"fails with CUDA_ERROR_LAUNCH_FAILED\n{traceback.format_exc()}",
                       SimTwinWarning, stacklevel=2)
         return LAUNCH_FAILED
+    finally:
+        driver._twin_ctx = None
     return None
 
 
