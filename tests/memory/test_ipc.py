@@ -138,7 +138,7 @@ def test_memory_of_any_other_kind_refuses_to_be_shared(device):
     class Foreign:
         __cuda_array_interface__ = default.__cuda_array_interface__
     foreign = cuctx.asarray(Foreign())
-    for arr, what in [(plain, "MemoryPool of device 0"), (default, "default pool"),
+    for arr, what in [(plain, "memory of <MemoryPool 0x"), (default, "default pool"),
                       (managed, "managed memory"), (foreign, "another library")]:
         with pytest.raises(TypeError, match=r"allocate it from a MemoryPool\(device, ipc=True\)"
                            ) as info:

@@ -120,7 +120,8 @@ def test_the_default_pool_is_where_plain_allocations_go(backend):
 
 def test_the_repr_says_what_the_pool_holds(pool):
     a = cuctx.empty(100, np.uint8, pool=pool)
-    assert repr(pool).startswith("<MemoryPool of device 0: used 100 B, reserved ")
+    assert repr(pool).startswith(f"<MemoryPool {int(pool._handle):#x} of device 0: used 100 B, "
+                                 "reserved ")
     assert "ipc" in repr(MemoryPool(0, ipc=True)) and "max_size 5" in repr(MemoryPool(0,
                                                                                      max_size=5))
     del a
@@ -272,7 +273,8 @@ def test_a_pool_allocates_only_on_its_device(backend):
         pytest.skip("needs two devices")
     with Device(0):
         pool = MemoryPool(0)
-        with pytest.raises(ValueError, match="device=<Device 1 .* but <MemoryPool of device 0"):
+        with pytest.raises(ValueError,
+                           match="device=<Device 1 .* but <MemoryPool 0x[0-9a-f]+ of device 0"):
             cuctx.empty(4, device=1, pool=pool)
         other = Device(1).create_stream()
         with pytest.raises(ValueError, match="allocate on a stream of the pool's device"):

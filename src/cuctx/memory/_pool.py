@@ -245,15 +245,16 @@ class MemoryPool:
         call(self._backend, "cuMemPoolTrimTo", self._handle, keep)
 
     def __repr__(self) -> str:
-        kind = " (default)" if self._default else " ipc" if self._ipc else ""
+        head = f"<MemoryPool {self._key:#x} of device {self._device.ordinal}"
         if self._imported:
-            return f"<MemoryPool of device {self._device.ordinal} imported, key {self._ipc_key}>"
+            return f"{head} imported, key {self._ipc_key}>"
+        kind = " (default)" if self._default else " ipc" if self._ipc else ""
+        limit = f", max_size {self._max_size}" if self._max_size is not None else ""
         try:
             state = f"used {self.used} B, reserved {self.reserved} B"
         except CudaError as exc:  # a repr must not raise
             state = f"unreadable: {type(exc).__name__}"
-        limit = f", max_size {self._max_size}" if self._max_size is not None else ""
-        return f"<MemoryPool of device {self._device.ordinal}{kind}{limit}: {state}>"
+        return f"{head}{kind}{limit}: {state}>"
 
     # -- IPC (the worker executor's seam; see the module's docstring) ----------------------
 
