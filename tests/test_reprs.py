@@ -54,7 +54,7 @@ def surface(lib: cuctx.Library) -> dict[str, object]:
         "Capture": s.capture(), "AutoGraph": step, "RaceCheck": rc, "Finding": rc.findings[0],
         "Timeline": tl, "Record": tl.records[0], "Summary": tl.summary(),
         "Operation": tl.records[0].operation, "Access": tl.records[0].operation.accesses[0],
-        "Backend": cuctx.backend(),
+        "Backend": cuctx.backend(), "MemoryPool": cuctx.MemoryPool(ctx.device, max_size=1),
     }
 
 
@@ -104,6 +104,7 @@ def test_reprs_name_kind_state_context_and_hex_handles(lib):
         "Summary": ["'s'", f"'context': {ctx.handle:#x}", f"'stream': {s.handle:#x}"],
         "Operation": ["memset", f"{s.handle:#x}", __file__],
         "Access": [f"ptr={made['DeviceArray'].ptr:#x}", "nbytes=32", "mode='w'"],
+        "MemoryPool": [handle(made["MemoryPool"]), "device 0, max_size 1: used 0 B, reserved 0 B"],
     }
     for name, parts in expect.items():
         text = repr(made[name])
@@ -112,7 +113,7 @@ def test_reprs_name_kind_state_context_and_hex_handles(lib):
 
 
 def handle(obj: object) -> str:
-    """The driver handle of a Graph or Module (they have no public ``handle``), in hex."""
+    """The driver handle of a Graph, Module or MemoryPool (no public ``handle``), in hex."""
     return f"{int(obj._handle):#x}"
 
 

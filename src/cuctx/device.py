@@ -141,7 +141,7 @@ class Device:
     backend. ``with device:`` makes its primary context current for the block."""
 
     __slots__ = ("_backend", "ordinal", "_handle", "_primary", "_runtime_primary",
-                 "_properties", "_lock", "_peers", "_peer_holds", "__weakref__")
+                 "_properties", "_lock", "_peers", "_peer_holds", "_memory_pool", "__weakref__")
 
     def __new__(cls, ordinal: int | Device = 0) -> Device:
         if isinstance(ordinal, Device):
@@ -172,6 +172,7 @@ class Device:
             device._lock = threading.Lock()
             device._peers = set()  # devices whose memory kernels on this one may use
             device._peer_holds = {}  # peer -> the two primary contexts the access lives in
+            device._memory_pool = None  # its default pool's MemoryPool, once asked for
             backend.devices[ordinal] = device
         return device
 
@@ -318,7 +319,9 @@ class Device:
         """The device's default memory pool as a `cuctx.MemoryPool` (where ``cuctx.empty``
         allocates unless given ``pool=``): its ``used``, ``reserved``, ``high_water``,
         ``release_threshold`` and ``trim()``."""
-        return upper.memory_pool._default_of(self)
+        if self._memory_pool is None:
+            self._memory_pool = upper.memory_pool._default_of(self)
+        return self._memory_pool
 
     def mem_info(self) -> MemInfo:
         """Free and total memory of the device, as seen from its primary context (or the

@@ -30,7 +30,7 @@ from ._alloc import Allocation, allocate, pool_device
 from ._copy import copy_device, copy_host, fill_pattern, memset
 from ._host import pinned_empty, register_host
 from .._lifetimes import defer_cleanup
-from .._resource import Resource, upper
+from .._resource import Resource
 from ..context import ACTIVE, Context, context_for, fail
 from ..device import Device
 from ..stream import LEGACY, Stream, current_stream, resolve_stream
@@ -112,7 +112,7 @@ class DeviceArray(Resource):
         ``cuctx.empty``); None for managed memory and memory of other libraries."""
         if self._alloc is None:
             return None
-        return self._alloc.pool or upper.memory_pool._default_of(self._ctx._device)
+        return self._alloc.pool or self._ctx._device.memory_pool
 
     @property
     def host(self) -> np.ndarray:

@@ -59,18 +59,21 @@ def _size(value: Any, name: str, *, positive: bool) -> int:
 class SharedPool:
     """A pool exported for another process: ``fd`` (an OS file descriptor, this object's;
     send it over a Unix socket, never by pickle) and ``key`` (names the pool there). The
-    descriptor is closed by `close()`, at the end of a ``with`` block, or when this goes."""
+    descriptor is closed by `close()`, at the end of a ``with`` block, or when this goes;
+    until then it keeps the pool, so no pool is destroyed with a descriptor of it open."""
 
-    __slots__ = ("fd", "key", "device", "_closer", "__weakref__")
+    __slots__ = ("fd", "key", "device", "_pool", "_closer", "__weakref__")
 
-    def __init__(self, fd: int, key: str, device: int):
+    def __init__(self, fd: int, key: str, pool: MemoryPool):
         self.fd = fd
         self.key = key
-        self.device = device
+        self.device = pool.device.ordinal
+        self._pool: MemoryPool | None = pool
         self._closer = weakref.finalize(self, os.close, fd)
 
     def close(self) -> None:
         self._closer()
+        self._pool = None
 
     def __enter__(self) -> SharedPool:
         return self
@@ -111,9 +114,9 @@ class _Import:
         self.holder: weakref.ref | None = None
 
 
-_defaults: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Device -> its pool
 _imported: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (backend, key)
-_lock = threading.Lock()
+_made: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # key -> ipc pool made here
+_lock = threading.RLock()  # (a collection inside may run an import's free, which takes it)
 
 
 class MemoryPool:
@@ -152,6 +155,8 @@ class MemoryPool:
         props.maxSize = limit
         handle = call(device._backend, "cuMemPoolCreate", props)
         self._init(device, handle, ipc=ipc, max_size=max_size, key=uuid.uuid4().hex)
+        if ipc:
+            _made[self._ipc_key] = self
         if release_threshold is not None:
             self.release_threshold = release_threshold
 
@@ -172,15 +177,12 @@ class MemoryPool:
             self, _destroy, self._backend, handle)
 
     @classmethod
-    def _default_of(cls, device: Device | int) -> MemoryPool:
-        """The default pool of ``device`` (cuDeviceGetDefaultMemPool): one object each."""
-        device = upper.device(device)
-        with _lock:
-            pool = _defaults.get(device)
-            if pool is None:
-                handle = call(device._backend, "cuDeviceGetDefaultMemPool", device._handle)
-                pool = _defaults[device] = object.__new__(cls)
-                pool._init(device, handle, default=True)
+    def _default_of(cls, device: Device) -> MemoryPool:
+        """A MemoryPool for the default pool of ``device`` (cuDeviceGetDefaultMemPool);
+        `Device.memory_pool` keeps the one object of each device."""
+        handle = call(device._backend, "cuDeviceGetDefaultMemPool", device._handle)
+        pool = object.__new__(cls)
+        pool._init(device, handle, default=True)
         return pool
 
     # -- what it is --------------------------------------------------------------------------
@@ -243,15 +245,16 @@ class MemoryPool:
         call(self._backend, "cuMemPoolTrimTo", self._handle, keep)
 
     def __repr__(self) -> str:
-        kind = " (default)" if self._default else " ipc" if self._ipc else ""
+        head = f"<MemoryPool {self._key:#x} of device {self._device.ordinal}"
         if self._imported:
-            return f"<MemoryPool of device {self._device.ordinal} imported, key {self._ipc_key}>"
+            return f"{head} imported, key {self._ipc_key}>"
+        kind = " (default)" if self._default else " ipc" if self._ipc else ""
+        limit = f", max_size {self._max_size}" if self._max_size is not None else ""
         try:
             state = f"used {self.used} B, reserved {self.reserved} B"
         except CudaError as exc:  # a repr must not raise
             state = f"unreadable: {type(exc).__name__}"
-        limit = f", max_size {self._max_size}" if self._max_size is not None else ""
-        return f"<MemoryPool of device {self._device.ordinal}{kind}{limit}: {state}>"
+        return f"{head}{kind}{limit}: {state}>"
 
     # -- IPC (the worker executor's seam; see the module's docstring) ----------------------
 
@@ -260,7 +263,7 @@ class MemoryPool:
         self._shareable("share")
         fd = call(self._backend, "cuMemPoolExportToShareableHandle", self._handle, _POSIX_FD, 0)
         self._shared = True
-        return SharedPool(int(fd), self._ipc_key, self._device.ordinal)
+        return SharedPool(int(fd), self._ipc_key, self)
 
     def _shareable(self, operation: str) -> None:
         if self._imported:
@@ -320,6 +323,9 @@ class MemoryPool:
         if not self._imported or desc.key != self._ipc_key:
             raise ValueError(f"{desc.key} names another pool than {self!r}: import it with "
                              f"MemoryPool._import(device, fd, {desc.key!r})")
+        if desc.key in _made:  # the sim refuses it; an H100 maps the memory a second time
+            raise ValueError(f"{self!r} is a pool of this very process: use the array itself "
+                             "rather than an import of it")
         ctx = context_for(self._device)
         stream = resolve_stream(stream, ctx, "MemoryPool._import_array")
         with _lock:

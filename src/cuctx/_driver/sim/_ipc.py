@@ -16,13 +16,16 @@ What an H100 answered (driver 580, scripts/probe_ipc.py), and the sim answers al
   the same each time (and again for a later allocation at the same address);
 - an import lands at the exporter's address; importing it again returns the same pointer,
   and one free unmaps it for both (no reference count); importing the pool twice gives the
-  same pool; importing into one's own process: the pool yes, a pointer no;
+  same pool, also in its own process; destroying an import succeeds each time;
 - an imported pool allocates nothing, exports nothing and answers no attribute
-  (CUDA_ERROR_INVALID_VALUE); an imported pointer cannot be exported again;
+  (CUDA_ERROR_INVALID_VALUE); an imported pointer cannot be exported again; importing a
+  descriptor of a file that is no pool is CUDA_ERROR_UNKNOWN;
 - the exporter may free or destroy what is imported: its calls succeed, and the importer
   still reads the bytes it had. The sim differs there: once the exporter's pool gives the
   block back to the device, the importer reads zeros, and before that, the exporter's next
   allocation there. Either way it is a use after free: importers free first.
+- The sim's choice: a pointer imported into a pool that its own process exported is
+  CUDA_ERROR_INVALID_VALUE (an H100 accepts it; what it maps was not measured).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import weakref
 import numpy as np
 from cuda.bindings.driver import CUdeviceptr, CUmemoryPool, CUmemPoolPtrExportData
 
-from ._common import INVALID_VALUE, NOT_INITIALIZED, NOT_PERMITTED, OK
+from ._common import INVALID_VALUE, NOT_INITIALIZED, NOT_PERMITTED, OK, UNKNOWN
 from ._memory import Block
 from ._pools import POSIX_FD, SimPool
 
@@ -166,9 +169,11 @@ class IpcModel:
                             f"{type(None)}, {int} or object with Buffer Protocol")
         if not self._initialized:
             return (NOT_INITIALIZED, None)
-        found = Segment.header(handle) if handleType == POSIX_FD and not flags else None
-        if found is None or self._device(found[1]) is None:
+        if handleType != POSIX_FD or flags:
             return (INVALID_VALUE, None)
+        found = Segment.header(handle)
+        if found is None or self._device(found[1]) is None:
+            return (UNKNOWN, None)  # an H100's answer for a file that is no pool
         key, device, base = found
         with self._lock:
             pool = self._imported_pools.get(key)

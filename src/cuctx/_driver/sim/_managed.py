@@ -73,6 +73,10 @@ class ManagedModel:
             return (NOT_SUPPORTED,)
         return super().cuMemFreeAsync(dptr, hStream)
 
+    def _may_reach(self, ctx, block) -> bool:
+        # Managed memory is reachable from every device (concurrent managed access: H100).
+        return block.base in self._managed or super()._may_reach(ctx, block)
+
     def _block_dropped(self, block) -> None:
         if block.base in self._managed:  # not by cuMemFree: its context went
             self._managed.discard(block.base)
