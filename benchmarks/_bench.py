@@ -4,20 +4,41 @@ output format, so scripts/gpu-check's log reads the same for all of them.
 Each benchmark measures cuctx and its baselines in the same process, interleaved round by
 round, and prints ``ratio = cuctx / baseline``: lower is better for costs, higher for
 bandwidths. No benchmark asserts anything about time; machines are noisy.
+
+A benchmark's ``main`` runs through `run`: on the sim cuctx checks stream order by default
+(docs/checks.md), and a benchmark times cuctx as a GPU runs it, so the race checker is off
+unless ``CUCTX_RACECHECK`` asks for it (benchmarks/racecheck.py times the checker itself).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable
 
 
-def start(sim_note: str):
-    """Print the backend; return it and the name of the raw baseline ("cuda.bindings" on a
-    GPU; on the sim, its driver, with ``sim_note`` saying what the ratios then mean)."""
+def run(main: Callable[[], None]) -> None:
+    """Run a benchmark's ``main``, with the race checker off (in the processes it starts
+    too) unless CUCTX_RACECHECK is set (then it decides, as for any program)."""
     import cuctx
+    if os.environ.get("CUCTX_RACECHECK"):
+        main()
+        return
+    os.environ["CUCTX_RACECHECK"] = "off"  # for worker processes
+    with cuctx.racecheck("off"):
+        main()
+
+
+def start(sim_note: str):
+    """Print the backend and whether the race checker runs; return the backend and the name
+    of the raw baseline ("cuda.bindings" on a GPU; on the sim, its driver, with
+    ``sim_note`` saying what the ratios then mean)."""
+    import cuctx
+    from cuctx import _trace
     backend = cuctx.backend()
     print(f"backend: {backend}")
+    print("race checker: " + ("on" if _trace.sinks else "off") +
+          " (CUCTX_RACECHECK=warn|off decides; benchmarks/racecheck.py times the checker)")
     if backend.name != "cuda":
         print(f"note: {sim_note}")
     return backend, "cuda.bindings" if backend.name == "cuda" else "sim driver"

@@ -44,7 +44,7 @@ import numpy as np
 from cuda.bindings.driver import CUstream_flags, CUstreamCaptureMode
 
 import cuctx
-from _bench import compare, start
+from _bench import compare, run, start
 from _autograph_loops import (capture_and_update, end_to_end, small_token, torch_decoder,
                               torch_small)
 from graphs import STEP_SOURCE, best_us, c_program, step_twin, update_costs
@@ -490,4 +490,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

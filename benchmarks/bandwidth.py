@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 import cuctx
-from _bench import best_time, compare, start
+from _bench import best_time, compare, run, start
 
 NBYTES = 64 << 20
 REPEAT = 10  # copies per measurement, then one synchronize
@@ -201,4 +201,4 @@ def host_cost(backend, raw: str) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from cuda.bindings.driver import CUevent_flags, CUstream_flags
 
 import cuctx
-from _bench import best_time, compare, start
+from _bench import best_time, compare, run, start
 
 INNER = 20_000
 
@@ -105,4 +105,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 import cuctx
-from _bench import best_time, start
+from _bench import best_time, run, start
 
 # A kernel that stores one int at the address it is given (0: an illegal address). PTX, so
 # the driver needs no compiler; the sim runs the twin, which faults the same way.
@@ -206,4 +206,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 import cuctx
-from _bench import start
+from _bench import run, start
 
 SOURCE = r"""
 extern "C" __global__ void scale(float* out, const float* in, float factor, int n) {
@@ -125,4 +125,4 @@ def compare_with_timeline(pipeline: Pipeline, untimed: dict[int, tuple[float, fl
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

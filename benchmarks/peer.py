@@ -25,7 +25,7 @@ import numpy as np
 from cuda.bindings.driver import CUevent_flags, CUstream_flags
 
 import cuctx
-from _bench import best_time, compare, start
+from _bench import best_time, compare, run, start
 
 NBYTES = 256 << 20
 REPEAT = 10  # copies per measurement, then one synchronize
@@ -225,4 +225,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

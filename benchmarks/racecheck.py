@@ -12,7 +12,7 @@ import numpy as np
 
 import cuctx
 from cuctx import _trace
-from _bench import best_time, start
+from _bench import best_time, run, start
 
 INNER = 2_000
 SOURCE = r"""
@@ -53,14 +53,15 @@ def main() -> None:
                     return best_time(op, inner=INNER, rounds=3) * 1e6
                 finally:
                     cuctx.synchronize()
-            off = measure()
-            with _trace.sink(lambda operation: None):
-                traced = measure()
-            with cuctx.racecheck("raise"):
-                checked = measure()
+            with cuctx.racecheck("off"):  # each column as named, whatever CUCTX_RACECHECK says
+                off = measure()
+                with _trace.sink(lambda operation: None):
+                    traced = measure()
+                with cuctx.racecheck("raise"):
+                    checked = measure()
             print(f"  {name:<26}{off:9.2f}{traced:12.2f}{checked:12.2f}"
                   f"{checked - traced:10.2f}")
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import cuctx
-from _bench import start
+from _bench import run, start
 from overlap import STREAMS, Pipeline, speedups
 
 
@@ -41,4 +41,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -5,9 +5,17 @@ test, so no state leaks) and checks afterwards that the test left this thread's 
 stack as it found it: a test that leaks a pushed context fails.
 
 The hot paths (launch, record, wait, context switches) have a compiled path and the checked
-Python paths. A module marked ``pytest.mark.paths("python", "native")`` runs each of its
-tests on both (ids ``[sim-native]``, ``[sim-python]``); others run on what the backend loaded
-(the compiled path where it is built, unless ``CUCTX_NATIVE=0``).
+Python paths. A module marked ``pytest.mark.paths()`` runs each of its tests on the compiled
+path, the generated Python fast paths and the checked paths with the race checker watching
+(ids ``[sim-native]``, ``[sim-python]``, ``[sim-checked]``); ``paths("python", "native")``
+names some of them. Others run on what the backend loaded (the compiled path where it is
+built, unless ``CUCTX_NATIVE=0``).
+
+On the sim the race checker watches every test, as it watches every run by default
+(docs/checks.md; run the suite with ``CUCTX_RACECHECK`` unset): pyproject's
+``filterwarnings`` makes a `cuctx.RaceWarning` fail the test that caused it. Only the
+"native" and "python" variants step it aside, since under a trace sink every call takes the
+checked path and they would not reach the path they name.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import gc
 import sys
 import time
 from collections import Counter, defaultdict
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import pytest
 
@@ -68,13 +76,15 @@ def _empty_stack(backend) -> list[int]:
         handles.append(int(handle))
 
 
-PATHS = ("python", "native")
+PATHS = ("python", "native", "checked")
 
 
 @pytest.fixture
 def path(request) -> str:
     """Which path the hot paths take: "native" (compiled), "python" (the checked paths and
-    their generated fast paths) or "default" (what the backend loaded)."""
+    their generated fast paths), both with the race checker off; "checked" (the checked
+    paths, under the race checker, as on the sim by default), or "default" (what the
+    backend loaded, and the race checker as the backend has it)."""
     return getattr(request, "param", "default")
 
 
@@ -92,8 +102,10 @@ def on_path(b: _driver.Backend, path: str):
         b.native = None
     elif path == "native" and native is None:
         pytest.skip(f"the compiled fast path is off: {b.native_reason}")
+    checker = {"python": "off", "native": "off", "checked": "warn"}.get(path)
     try:
-        yield b
+        with cuctx.racecheck(checker) if checker else nullcontext():
+            yield b
     finally:
         b.native = native
 

@@ -37,8 +37,11 @@ def add(grid, block, out, x, a: float, n):
 
 
 def add_arrays(n: int = 8) -> tuple[cuctx.DeviceArray, cuctx.DeviceArray]:
-    """`add`'s output (zeros) and input (0, 1, ..., n-1), float32 on the current context."""
-    return cuctx.zeros(n, np.float32), cuctx.to_device(np.arange(n, dtype=np.float32))
+    """`add`'s output (zeros) and input (0, 1, ..., n-1), float32 on the current context,
+    ready for work on any of its streams (made on the current stream, then synchronized)."""
+    arrays = cuctx.zeros(n, np.float32), cuctx.to_device(np.arange(n, dtype=np.float32))
+    cuctx.current_stream().synchronize()
+    return arrays
 
 
 def library_fixture(source: str, **twins: Callable[..., Any]) -> Any:

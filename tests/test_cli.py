@@ -171,6 +171,7 @@ def test_a_reader_that_leaves_early_gets_no_error_message(command):
 def test_demo_runs_every_example_and_says_what_it_shows(name):
     proc = cli("demo", backend=name)
     assert proc.returncode == 0, proc.stderr
+    assert "RaceWarning" not in proc.stderr, proc.stderr  # the sim checks every run
     out = proc.stdout
     for example in EXAMPLES.values():  # each one introduced: what it is, what to look at
         assert f"== {example.title} (python -m cuctx demo {example.name})" in out
@@ -183,6 +184,7 @@ def test_demo_runs_every_example_and_says_what_it_shows(name):
     assert f"launches counted in managed memory: {out.count(': [0.0, 2.0, 4.0, 6.0]')}" in out
     assert "copy/compute/copy on 4 streams: correct" in out
     assert "sum on another stream, with the wait: 1.0000 (correct)" in out
+    assert out.count("cuctx.racecheck: read-after-write race; fix: side.wait(") == 1
     assert "outputs of eager and AutoGraph: equal" in out  # the decoding loop
     assert "AutoGraph: 192 calls: " in out
     if name == "sim":  # deterministic on the sim; a race on a GPU

@@ -12,6 +12,8 @@ The rule, for whoever writes docs:
   ```python sim: it runs on the sim only.
 - Other fences (```sh, ```text, no language) are not run: use them for shell commands, output
   and pseudo-code, never for Python a reader would paste.
+- A race between streams fails the page, as it fails a test (the sim checks every run): a
+  block that shows one collects it (``cuctx.racecheck("collect")``) or catches the warning.
 """
 
 import json
@@ -55,7 +57,9 @@ def python_blocks(page: pathlib.Path) -> list[dict]:
 # Runs in the page's own process: each block compiled with the page's name and the block's
 # line numbers, so a traceback points into the page.
 _RUNNER = r"""
-import json, sys, traceback
+import json, sys, traceback, warnings
+from cuctx.errors import RaceWarning
+warnings.filterwarnings("error", category=RaceWarning)
 page, blocks = json.load(sys.stdin)
 namespace = {"__name__": "__main__"}
 for block in blocks:

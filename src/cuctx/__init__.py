@@ -23,11 +23,12 @@ from .stream import HostFunctionError, Stream, current_stream, legacy_stream, pe
 from .errors import RaceError, RaceWarning
 from .tools import racecheck, timeline
 from .isolated import IsolatedExecutor
-from .tools._racecheck import from_env as _racecheck_from_env
+from .tools._racecheck_run import from_env as _racecheck_from_env
 
 __version__ = "0.1.0"
 
-# CUCTX_RACECHECK=raise|warn: the race checker watches the whole run (docs/checks.md).
+# The race checker watches the whole run on the sim ("warn"), or as CUCTX_RACECHECK=raise|
+# warn|off says (docs/checks.md).
 _racecheck_from_env()
 
 

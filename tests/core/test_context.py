@@ -9,7 +9,7 @@ import pytest
 import cuctx
 from cuctx import Context, ContextDestroyedError, InvalidContextError
 
-pytestmark = pytest.mark.paths("python", "native")
+pytestmark = pytest.mark.paths()
 
 
 def primary_active(device) -> bool:

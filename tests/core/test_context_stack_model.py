@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import cuctx
 from cuctx import Context, InvalidContextError
 
-pytestmark = pytest.mark.paths("python", "native")
+pytestmark = pytest.mark.paths()
 
 OPS = st.lists(st.one_of(
     st.tuples(st.just("push"), st.integers(0, 2)),

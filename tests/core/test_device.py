@@ -9,7 +9,7 @@ from cuda.bindings.driver import CUdevice_attribute
 import cuctx
 from cuctx.device import ATTRIBUTE_NAMES
 
-pytestmark = pytest.mark.paths("python", "native")
+pytestmark = pytest.mark.paths()
 
 
 def test_one_object_per_ordinal(backend):

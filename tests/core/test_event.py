@@ -11,7 +11,7 @@ from cuctx import Context, ContextDestroyedError, Device, Event, Stream
 from conftest import busy
 from scenarios import Handoff
 
-pytestmark = pytest.mark.paths("python", "native")
+pytestmark = pytest.mark.paths()
 
 
 def test_an_event_belongs_to_the_current_context(backend):

@@ -16,7 +16,7 @@ from cuctx import Context, ContextDestroyedError, ContextPoisonedError, StickyFa
 from cuctx._resource import Resource
 from cuctx.sim import inject_fault
 
-pytestmark = pytest.mark.paths("python", "native")
+pytestmark = pytest.mark.paths()
 
 SOURCE = r"""
 extern "C" __global__ void fill(int* out, int v) { out[threadIdx.x] = v; }

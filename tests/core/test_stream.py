@@ -14,7 +14,7 @@ from cuctx import Context, ContextDestroyedError, ContextPoisonedError, Device, 
 from conftest import busy, fresh
 from scenarios import Handoff, run_python
 
-pytestmark = pytest.mark.paths("python", "native")
+pytestmark = pytest.mark.paths()
 
 
 # -- creating streams ---------------------------------------------------------------------

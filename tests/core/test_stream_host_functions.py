@@ -11,7 +11,7 @@ from cuctx import Context, Device, Stream
 
 from conftest import requires_nvrtc
 
-pytestmark = pytest.mark.paths("python", "native")
+pytestmark = pytest.mark.paths()
 
 
 def calls(ctx: Context, stream: Stream, other: Stream, event: cuctx.Event, arr):

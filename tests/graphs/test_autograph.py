@@ -17,7 +17,7 @@ from cuctx.graphs import _autograph, _autograph_policy
 from scenarios import ADD_SOURCE, add, library_fixture
 
 pytestmark = [pytest.mark.usefixtures("nvrtc_cache", "graphs_pay"),
-              pytest.mark.paths("python", "native")]
+              pytest.mark.paths()]
 
 lib = library_fixture(ADD_SOURCE, add=add)
 N = 8
@@ -209,6 +209,7 @@ def test_recorded_events_copies_fills_and_host_functions(lib):
         stream.record(done)
 
     x = arange(100)
+    stream.wait(cuctx.current_stream())  # after x's upload
     for _ in range(4):
         out = cuctx.zeros(N, np.float32, stream=stream)
         step(out, x)
@@ -692,6 +693,7 @@ def test_threads_calling_one_function_get_their_own_results(lib):
             for i in range(8):
                 out = cuctx.zeros(N, np.float32, stream=stream)
                 inputs.append(arange(100 * t + i))
+                stream.wait(cuctx.current_stream())  # after its upload
                 step(out, inputs[-1], stream)
                 outs.append(out)
             stream.synchronize()

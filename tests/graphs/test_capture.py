@@ -70,7 +70,7 @@ def test_capture_holds_launches_copies_fills_host_functions_and_a_joined_stream(
     assert isinstance(graph, cuctx.Graph)
     assert sorted(node.kind for node in graph.nodes) == ["copy", "fill", "host", "kernel",
                                                          "kernel"]
-    assert out.to_host().tolist() == [0.0] * N and seen == []  # nothing ran yet
+    assert out.to_host(stream=s).tolist() == [0.0] * N and seen == []  # nothing ran yet
     for node in graph.nodes:  # each node names the line that queued it
         text = {"fill": "scratch.fill(", "host": "launch_host_func(", "copy": "cuctx.copy("}
         assert (text.get(node.kind) or 'lib["add"]') in line_of(node)
@@ -290,7 +290,7 @@ def test_an_exception_in_the_block_discards_the_capture(lib):
         with s.capture():
             lib["add"][1, N, 0, s](out, x, 1.0, N)
             raise KeyError("user code failed")
-    assert out.to_host().tolist() == [0.0] * N  # the captured launch never ran
+    assert out.to_host(stream=s).tolist() == [0.0] * N  # the captured launch never ran
     usable(lib, s)
 
 

@@ -231,6 +231,7 @@ def test_record_and_wait_nodes_order_work_across_streams(lib):
     consumer.launch(lib["add"], 1, N, out, y, 1.0, N, after=waited)
     first, second = cuctx.Stream(), cuctx.Stream()
     first.wait(cuctx.current_stream())  # after the arrays' upload
+    second.wait(cuctx.current_stream())  # (it writes `out`)
     p, c = producer.instantiate(), consumer.instantiate()
     assert not done.recorded
     p.launch(first)

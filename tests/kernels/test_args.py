@@ -21,7 +21,7 @@ from cuctx.kernels._compiler import compile_source
 from scenarios import ADD_SOURCE, add, add_arrays, library_fixture
 
 pytestmark = [requires_nvrtc, pytest.mark.usefixtures("nvrtc_cache"),
-              pytest.mark.paths("python", "native")]
+              pytest.mark.paths()]
 
 SOURCE = r"""
 struct C8 { float re, im; };
@@ -170,6 +170,7 @@ def test_an_array_of_another_context_on_the_same_device_is_accepted(lib):
     """The driver maps every context's memory of a device into one address space: a kernel
     in context B reads context A's allocation (measured on an H100, docs/kernels.md)."""
     x = cuctx.to_device(np.arange(8, dtype=np.float32))  # in the primary context
+    x.context.synchronize()  # uploaded on its stream: `other`'s streams do not wait for it
     other = cuctx.Context.create(0)
     try:
         out = cuctx.zeros(8, np.float32)
@@ -186,6 +187,7 @@ def test_an_array_of_another_device_needs_peer_access(lib):
         pytest.skip("needs two devices (the sim has two)")
     with cuctx.Device(1):
         x = cuctx.to_device(np.arange(8, dtype=np.float32))
+        cuctx.synchronize()  # uploaded on device 1's stream; the launches run on device 0's
     out = cuctx.zeros(8, np.float32)
     launcher = lib["add"][1, 8]
     launcher(out, cuctx.to_device(np.arange(8, dtype=np.float32)), 1.0, 8)  # the fast path

@@ -13,7 +13,7 @@ from cuctx import LaunchConfigError
 from scenarios import library_fixture
 
 pytestmark = [requires_nvrtc, pytest.mark.usefixtures("nvrtc_cache"),
-              pytest.mark.paths("python", "native")]
+              pytest.mark.paths()]
 
 SOURCE = r"""
 __device__ int counter[4];

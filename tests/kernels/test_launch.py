@@ -50,7 +50,7 @@ def dynamic(grid, block, out, n):
     out.view(np.float32, n)[:] = np.arange(n, dtype=np.float32)
 
 
-pytestmark = [pytest.mark.usefixtures("nvrtc_cache"), pytest.mark.paths("python", "native")]
+pytestmark = [pytest.mark.usefixtures("nvrtc_cache"), pytest.mark.paths()]
 
 lib = library_fixture(SOURCE, add=add, store=store, bounded=bounded, dynamic=dynamic)
 

@@ -254,7 +254,7 @@ def test_unload_waits_for_queued_work_and_blocks_later_use(backend):
     scale = lib["scale"]
     with cuctx.Device(0):
         stream = cuctx.Stream()
-        data = cuctx.to_device(np.ones(1 << 12, np.float32))
+        data = cuctx.to_device(np.ones(1 << 12, np.float32), stream=stream)
         launcher = scale[16, 256, 0, stream]
         for _ in range(8):
             launcher(data, 1.0, 1 << 12)

@@ -154,6 +154,7 @@ def test_copies_between_contexts_of_one_device(backend):
     """The driver lets every context of a device use the others' memory (unified
     addressing); cuctx allows it, as docs/memory.md explains."""
     a = cuctx.to_device(HOST)  # in the primary context
+    a.context.synchronize()  # the upload is on its stream; `other`'s streams do not wait for it
     other = Context.create(Device(0))
     try:
         b = cuctx.zeros(HOST.shape, HOST.dtype)
@@ -164,6 +165,7 @@ def test_copies_between_contexts_of_one_device(backend):
         c.copy_from(a.T)  # strided, between contexts
         a.fill(0)
         a.context.synchronize()  # the fill is on another context's stream: order it
+        other.synchronize()  # and c's copy: a created stream does not wait for the legacy one
         a.copy_from(c.T, stream=Stream(Device(0)))  # a stream of the source's context
         other.synchronize()
     finally:

@@ -107,6 +107,7 @@ def test_copy_between_devices_is_a_peer_copy(backend):
     a = cuctx.to_device(host, device=d0)
     b = cuctx.empty(1000, np.int64, device=d1)
     assert b.device is d1
+    d0.synchronize()  # the upload is on d0's stream; the copy below runs on d1's
     cuctx.copy(b, a)  # on the current stream of dst's device
     np.testing.assert_array_equal(b.to_host(), host)
     c = cuctx.empty(1000, np.int64, device=d0)
@@ -225,7 +226,8 @@ def test_sum_waiting_for_the_normalisation_is_correct(backend):
 
 
 def test_sum_without_the_wait_reads_stale_data_on_the_sim(sim):
-    assert normalise_then_sum(wait=False) == 0.0  # the zeros from before normalising
+    with pytest.warns(cuctx.RaceWarning, match=r"fix: s_sum\.wait\(s_norm\) before line"):
+        assert normalise_then_sum(wait=False) == 0.0  # the zeros from before normalising
 
 
 # -- stream-ordered frees -------------------------------------------------------------------
@@ -248,7 +250,7 @@ def use_on_another_stream_then_free(keep) -> tuple[np.ndarray, int, int]:
         again = cuctx.full(4096, -1.0, np.float32, stream=s_alloc)
         second = again.ptr
         s_alloc.synchronize()
-    s_use.synchronize()
+        s_use.synchronize()  # the read is done before memory held by keep() is freed
     return out, first, second
 
 
@@ -276,7 +278,10 @@ def test_defer_cleanup_holds_frees_until_the_block_ends(backend):
 
 def test_without_record_stream_a_reused_block_is_overwritten_on_the_sim(sim):
     import contextlib
-    out, first, second = use_on_another_stream_then_free(lambda arr, s: contextlib.nullcontext())
+    with pytest.warns(cuctx.RaceWarning, match="free while in use .*\n.*\n.*\n.*\n"
+                      r"  fix: call array.record_stream\(s_use\)"):
+        out, first, second = use_on_another_stream_then_free(
+            lambda arr, s: contextlib.nullcontext())
     assert first == second  # the same stream reused the block at once
     assert (out == -1).all()  # and the late reader saw the new owner's data
 
@@ -362,8 +367,9 @@ def test_a_use_after_free_is_an_illegal_address_on_the_sim(sim):
     out = cuctx.pinned_empty(64)
     s_use.wait(s_alloc)
     cuctx.copy(out, arr, stream=s_use)  # queued on s_use; arr is not recorded there
-    del arr
-    gc.collect()
+    with pytest.warns(cuctx.RaceWarning, match="free while in use"):
+        del arr
+        gc.collect()
     s_alloc.synchronize()  # the free runs
     with pytest.raises(StickyFaultError, match="ILLEGAL_ADDRESS"):
         s_use.synchronize()  # now the read runs, on freed memory
@@ -542,7 +548,7 @@ def test_implicit_streams_follow_the_array_context_not_the_current_stream(backen
 def test_foreign_array_makes_the_given_stream_wait_for_its_producer(backend):
     with Device(0):
         producer, consumer = cuctx.Stream(), cuctx.Stream()
-        x = cuctx.zeros(4, np.float32)
+        x = cuctx.zeros(4, np.float32, stream=producer)  # zeroed where it is written next
         busy(producer, 20)
         x.fill(5, stream=producer)  # the producer's last write, still queued
 

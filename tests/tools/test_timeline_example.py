@@ -19,6 +19,7 @@ def test_the_example_writes_timelines_and_prints_the_overlaps(name, tmp_path):
     proc = run_python("-m", "cuctx.examples.contexts_on_one_gpu", "--out", str(tmp_path),
                       CUCTX_BACKEND=name)
     assert proc.returncode == 0, proc.stderr
+    assert "RaceWarning" not in proc.stderr, proc.stderr  # the sim checks every run
     out = proc.stdout
     assert f"timelines written to {tmp_path}" in out
     assert "two contexts on one device: kernels of both at once 0.000 ms (they take turns)" \

@@ -26,7 +26,7 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import BackendUnavailableError, called_from_host_function
 from . import native
@@ -114,6 +114,17 @@ class Backend:
 _lock = threading.Lock()
 _loaded: dict[str, Backend] = {}
 _active: Backend | None = None
+# Told of each backend `select` makes active, from above the seam (the race checker, which
+# is on by default on the sim): see `on_select`.
+_listeners: list[Callable[[Backend], None]] = []
+
+
+def on_select(listener: Callable[[Backend], None]) -> None:
+    """Call ``listener`` with the active backend now, if one is chosen, and with each one
+    `select` makes active from now on (a switch, or the first use choosing one)."""
+    _listeners.append(listener)
+    if _active is not None:
+        listener(_active)
 
 
 def active() -> Backend:
@@ -141,7 +152,9 @@ def select(name: str, source: str = "") -> Backend:
         else:
             backend = _load_sim("selected by CUCTX_BACKEND=sim or set_backend('sim')")
         _active = backend
-        return backend
+    for listener in _listeners:
+        listener(backend)
+    return backend
 
 
 _cuda_missing_reason = ""

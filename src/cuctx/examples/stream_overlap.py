@@ -56,16 +56,21 @@ def missing_wait(scale: cuctx.Kernel) -> None:
     for waits in (False, True):
         normalized.fill(0)
         cuctx.current_stream().synchronize()
-        scale[CHUNK // 256, 256](normalized, data, 1.0 / CHUNK, CHUNK)  # on the current stream
-        if waits:
-            side.wait(cuctx.current_stream())  # the fix: torch's wait_stream
-        out = cuctx.pinned_empty(CHUNK, np.float32)
-        normalized.to_host(out=out, stream=side)  # the "sum" reads on another stream
-        side.synchronize()
+        # The race is the point here: the checker collects what it finds (on the sim it would
+        # warn by default), and the fix it names is printed.
+        with cuctx.racecheck("collect") as check:
+            scale[CHUNK // 256, 256](normalized, data, 1.0 / CHUNK, CHUNK)  # the current stream
+            if waits:
+                side.wait(cuctx.current_stream())  # the fix: torch's wait_stream
+            out = cuctx.pinned_empty(CHUNK, np.float32)
+            normalized.to_host(out=out, stream=side)  # the "sum" reads on another stream
+            side.synchronize()
         total = float(out.sum(dtype=np.float64))
         verdict = "correct" if abs(total - 1.0) < 1e-3 else "stale: it ran before the scale"
         print(f"sum on another stream, {'with' if waits else 'without'} the wait: "
               f"{total:.4f} ({verdict})")
+        for finding in check.findings:
+            print(f"  cuctx.racecheck: {finding.kind} race; fix: {finding.fix}")
         cuctx.current_stream().synchronize()
 
 

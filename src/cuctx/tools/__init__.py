@@ -4,7 +4,7 @@ Nothing below this package imports it: each tool is a trace sink (or reads the s
 activity feed), so it costs nothing while it is off.
 """
 
-from ._racecheck import RaceCheck, racecheck
+from ._racecheck_run import RaceCheck, racecheck
 from ._racecheck_shadow import Finding
 from ._timeline import Record, Timeline, timeline
 

@@ -1,23 +1,29 @@
 """The race checker: a trace sink keeping happens-before between streams with vector clocks.
 
 Actors are streams, per (context, stream; the per-thread default stream per host thread
-too), and host threads. Each actor has a vector clock (actor id -> epoch); an operation on a
+too), and the host. Each actor has a vector clock (actor id -> epoch); an operation on a
 stream takes the stream's epoch and then advances it, so an earlier operation (actor a, epoch
 e) happens before a later one on a stream whose clock says ``clock[a] > e``. The edges:
 
-- submission: a stream's work comes after what its submitting thread has seen finish;
+- submission: a stream's work comes after what the host has seen finish;
 - an event record snapshots the recording stream's clock; a wait (event or stream) joins it;
 - stream, event and context synchronize, and a copy to pageable host memory (it returns once
-  complete: CUDA's "API synchronization behavior"), join the host thread's clock;
+  complete: CUDA's "API synchronization behavior"), join the host's clock;
 - the legacy default stream and the blocking streams of its context join each other's clocks
   at each operation (its implicit barrier, both ways);
 - a free is a write of the whole allocation on its stream; what frees release is remembered,
   so a later access there is a use after free, until a new allocation takes the range (pool
   reuse: a fresh history, ordered after the free).
 
-A host thread seen for the first time starts from what every host thread has seen (cuctx
-cannot see Python's locks and thread starts; this keeps "synchronize, then start workers"
-free of false reports). Work captured into a graph is skipped: it runs when the graph does.
+The host is one actor for all threads: what one thread saw finish orders what every thread
+submits after it. cuctx cannot see Python's thread starts, joins, locks and queues, which is
+how programs hand work between threads once it is done ("synchronize, then start workers",
+"synchronize, then put it in the queue"); a clock per thread would report those as races.
+Work captured into a graph is skipped: it runs when the graph does.
+
+One `Watch` keeps this history for every checker at once; what a finding then does (raise,
+warn, collect) is the business of the scopes it reports to (`cuctx.racecheck` blocks and the
+whole run's checker: _racecheck_run.py).
 """
 
 from __future__ import annotations
@@ -26,42 +32,43 @@ import bisect
 import os
 import sys
 import threading
-import warnings
 from typing import Any
 
 from ..memory import _host
 from .. import _lifetimes, _trace
-from ..errors import RaceError, RaceWarning
+from .._resource import ACTIVE
 from ..stream import LEGACY, PER_THREAD
 from ._racecheck_shadow import (FREE_IN_USE, USE_AFTER_FREE, Finding, OpInfo, Region, Stamp)
-from ._racecheck_words import explain
+from ._racecheck_words import explain, label, node_what, what
 
-MODES = ("raise", "warn", "collect")
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_ACCESSING = frozenset({"copy", "memset", "launch", "graph_launch"})
 
 
-class RaceCheck:
-    """``with cuctx.racecheck(mode) as rc:`` checks every operation in the block (on every
-    thread) for races between streams. ``mode``: "raise" (`RaceError` from the operation
-    that completes a race), "warn" (a `RaceWarning`), "collect" (only ``rc.findings``).
-    ``rc.findings`` lists every finding, each reported once per pair of lines."""
+class Watch:
+    """The race checker's history and its trace sink (`see`): every operation it is shown
+    is checked against what it saw before, and each finding goes to ``scopes`` (objects
+    with ``mode``, ``findings`` and ``_seen``: `RaceCheck`; the innermost last), which
+    `_racecheck_run` keeps. ``lock`` guards the history and ``scopes``."""
 
-    def __init__(self, mode: str = "raise") -> None:
-        if mode not in MODES:
-            raise ValueError(f"racecheck mode {mode!r}: use 'raise', 'warn' or 'collect'")
-        self.mode = mode
-        self.findings: list[Finding] = []
-        self._lock = threading.RLock()
-        self._seen: set = set()  # (kind, first site, second site): reported once
-        self._pending: dict[int, list[Finding]] = {}  # frees' findings, raised by the next op
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.scopes: list[Any] = []
+        self.on = False  # registered as a trace sink
+        self.backend: Any = None  # the active backend: only its operations are checked
+        self._handlers = {kind: getattr(self, "_" + kind) for kind in _trace.KINDS}
+        self.reset(None)
+
+    def reset(self, backend: Any) -> None:
+        """Forget everything seen (a new backend, or the checker was off for a while): work
+        it did not see is never reported."""
+        self.backend = backend
         self._actors: dict[tuple, int] = {}
         self._clocks: list[dict[int, int]] = []
-        self._threads: dict[int, int] = {}
+        # The host: what any thread saw finish (it synchronized), one actor for all threads.
+        self._host = self._actor(("host",))
         self._blocking: dict[int, list[int]] = {}  # context key -> its blocking stream actors
         self._legacy: dict[int, int] = {}  # context key -> its legacy stream's actor
         self._streams: dict[int, list[int]] = {}  # context key -> its stream actors
-        self._flags: dict[tuple, bool] = {}
         self._events: dict[int, dict[int, int]] = {}  # event key -> snapshot
         self._starts: list[int] = []  # live regions, sorted by start
         self._regions: dict[int, Region] = {}
@@ -71,55 +78,25 @@ class RaceCheck:
         self._freed_starts: list[int] = []  # freed regions no allocation took again
         self._freed: dict[int, tuple[int, int, OpInfo, Region]] = {}
         self._graph_checked: dict[int, tuple] = {}
-        # Host threads' clocks change only at synchronizations: each stream remembers the
-        # version of its submitting thread's clock it joined last, and skips joining it again.
-        self._thread_versions: dict[int, int] = {}  # thread actor -> version of its clock
-        self._joined: dict[int, tuple[int, int]] = {}  # stream actor -> (thread actor, version)
-        self._handlers = {kind: getattr(self, "_" + kind) for kind in _trace.KINDS}
-
-    def __repr__(self) -> str:
-        watching = "watching" if self._see in _trace.sinks else "not watching"
-        n = len(self.findings)
-        return f"<RaceCheck mode={self.mode!r}, {watching}, {n} finding{'s' * (n != 1)}>"
+        # The host's clock changes only at synchronizations: each stream remembers the
+        # version of it that it joined last, and skips joining it again.
+        self._host_version = 0
+        self._joined: dict[int, int] = {}  # stream actor -> host version
 
     # -- the sink ---------------------------------------------------------------------------
 
-    def __enter__(self) -> RaceCheck:
-        _trace.add_sink(self._see)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        _trace.remove_sink(self._see)
-        if exc[0] is None:
-            self._raise_pending(None)
-
-    def _see(self, op: _trace.Operation) -> None:
+    def see(self, op: _trace.Operation) -> None:
+        if op.context._backend is not self.backend:
+            return  # an object of another backend (made before a switch): another address space
         stream = op.stream
         if stream is not None and _lifetimes.capturing and \
                 (op.context._key, stream._key) in _lifetimes.capturing:
             return  # captured into a graph: it runs when the graph is launched
-        with self._lock:
+        with self.lock:
             found = self._handlers[op.kind](op)
-        if found and self.mode == "raise" and op.kind == "free":
-            # A free runs from a finalizer, which cannot raise to anyone: the next
-            # operation of this thread (or the end of the block) raises it.
-            self._pending.setdefault(op.thread, []).extend(found)
-            return
-        if self._pending:
-            self._raise_pending(op.thread)
-        if not found:
-            return
-        if self.mode == "raise":
-            raise RaceError(found)
-        for f in found if self.mode == "warn" else ():
-            warnings.warn(str(f), RaceWarning, stacklevel=3)
-
-    def _raise_pending(self, thread: int | None) -> None:
-        pending = self._pending.pop(thread, None) if thread is not None else \
-            [f for fs in self._pending.values() for f in fs]
-        self._pending.clear() if thread is None else None
-        if pending:
-            raise RaceError(pending)
+            scope = self.scopes[-1] if self.scopes else None
+        if scope is not None and (found or scope._pending):
+            scope._tell(found, op)
 
     # -- clocks -----------------------------------------------------------------------------
 
@@ -130,27 +107,16 @@ class RaceCheck:
             self._clocks.append({actor: 1})
         return actor
 
-    def _thread_actor(self, ident: int) -> int:
-        actor = self._threads.get(ident)
-        if actor is None:
-            actor = self._threads[ident] = self._actor(("thread", ident))
-            self._thread_versions[actor] = 0
-            clock = self._clocks[actor]
-            for other in self._threads.values():
-                _join(clock, self._clocks[other])
-        return actor
-
-    def _host_joins(self, ident: int, *clocks: dict[int, int]) -> None:
-        """The host thread ``ident`` has seen what ``clocks`` say (it synchronized)."""
-        actor = self._thread_actor(ident)
-        host = self._clocks[actor]
+    def _host_joins(self, *clocks: dict[int, int]) -> None:
+        """The host has seen what ``clocks`` say (a thread synchronized)."""
+        host = self._clocks[self._host]
         for clock in clocks:
             _join(host, clock)
-        self._thread_versions[actor] += 1
+        self._host_version += 1
 
     def _stream(self, op: _trace.Operation, stream: Any = None) -> tuple[int, dict[int, int]]:
-        """The stream's actor and clock, after the edges into it: the submitting thread's
-        clock, and the legacy stream's barrier."""
+        """The stream's actor and clock, after the edges into it: the host's clock, and the
+        legacy stream's barrier."""
         stream = stream or op.stream
         ctx_key, key = stream._ctx._key, stream._key
         key = LEGACY if key == 0 else key
@@ -164,11 +130,9 @@ class RaceCheck:
             if self._is_blocking(stream, key):
                 self._blocking.setdefault(ctx_key, []).append(actor)
         clock = self._clocks[actor]
-        thread = self._thread_actor(op.thread)
-        seen = (thread, self._thread_versions[thread])
-        if self._joined.get(actor) != seen:
-            _join(clock, self._clocks[thread])
-            self._joined[actor] = seen
+        if self._joined.get(actor) != self._host_version:
+            _join(clock, self._clocks[self._host])
+            self._joined[actor] = self._host_version
         legacy = self._legacy.get(ctx_key)
         if legacy is not None and legacy != actor:
             if actor in self._blocking.get(ctx_key, ()):
@@ -224,7 +188,7 @@ class RaceCheck:
         dst = op.accesses[1] if len(op.accesses) == 2 else None
         if dst is not None and dst.host and not _host.page_locked(dst.ptr, dst.nbytes):
             # To pageable memory: the call returned once the copy was done.
-            self._host_joins(op.thread, self._clocks[self._stream(op)[0]])
+            self._host_joins(self._clocks[self._stream(op)[0]])
         return found
 
     def _launch(self, op: _trace.Operation) -> list[Finding]:
@@ -233,18 +197,30 @@ class RaceCheck:
     _memset = _launch
 
     def _graph_launch(self, op: _trace.Operation) -> list[Finding]:
-        return self._accesses(op) + self._inside_graph(op)
+        """The nodes' accesses; the graph's event wait nodes count as waits before them, its
+        record nodes as records after them (ordering no more than the graph does)."""
+        events = [(node.kind, node.keep[0]) for node in op.fields["graph"].nodes
+                  if node.kind in ("record", "wait") and node.keep]
+        _, clock = self._stream(op)
+        for kind, event in events:
+            if kind == "wait":
+                _join(clock, self._events.get(event._key, {}))
+        found = self._accesses(op) + self._inside_graph(op)
+        for kind, event in events:
+            if kind == "record":
+                self._events[event._key] = dict(clock)
+        return found
 
     def _accesses(self, op: _trace.Operation) -> list[Finding]:
         actor, clock = self._stream(op)
         found: list[Finding] = []
         epoch = clock[actor]
         if op.kind == "graph_launch":  # each access names its node
-            stamps = [Stamp(actor, epoch, OpInfo(_node_what(node), op.stream, op.site,
+            stamps = [Stamp(actor, epoch, OpInfo(node_what(node), op.stream, op.site,
                                                  op.thread))
                       for node, acc in op.fields["nodes"] for _ in acc]
         else:
-            stamps = [Stamp(actor, epoch, OpInfo(_what(op), op.stream, op.site,
+            stamps = [Stamp(actor, epoch, OpInfo(what(op), op.stream, op.site,
                                                  op.thread))] * len(op.accesses)
         for acc, stamp in zip(op.accesses, stamps):
             nbytes = acc.nbytes
@@ -286,15 +262,15 @@ class RaceCheck:
         return []
 
     def _sync_stream(self, op: _trace.Operation) -> list[Finding]:
-        self._host_joins(op.thread, self._stream(op)[1])
+        self._host_joins(self._stream(op)[1])
         return []
 
     def _sync_event(self, op: _trace.Operation) -> list[Finding]:
-        self._host_joins(op.thread, self._events.get(op.event._key, {}))
+        self._host_joins(self._events.get(op.event._key, {}))
         return []
 
     def _sync_context(self, op: _trace.Operation) -> list[Finding]:
-        self._host_joins(op.thread, *(self._clocks[actor]
+        self._host_joins(*(self._clocks[actor]
                                       for actor in self._streams.get(op.context._key, ())))
         return []
 
@@ -325,7 +301,7 @@ class RaceCheck:
             region = Region(lo, min(hi, nxt), None)
             self._add(region)
         if not region.label and acc.array is not None:
-            region.label = _label(acc.array)
+            region.label = label(acc.array)
         if region.ptr == lo and region.end == hi and region.label:
             self._exact[lo, hi] = region
         return region
@@ -367,8 +343,8 @@ class RaceCheck:
         found: list[Finding] = []
         for a, b in conflicts:
             if not (_reaches(after, a, b) or _reaches(after, b, a)):
-                first = OpInfo(_node_what(a), op.stream, a.site, op.thread)
-                second = OpInfo(_node_what(b), op.stream, b.site, op.thread)
+                first = OpInfo(node_what(a), op.stream, a.site, op.thread)
+                second = OpInfo(node_what(b), op.stream, b.site, op.thread)
                 found += self._report("unordered nodes of one graph", None, first, second)
         return found
 
@@ -376,14 +352,21 @@ class RaceCheck:
 
     def _report(self, kind: str, region: Region | None, first: OpInfo,
                 second: OpInfo) -> list[Finding]:
+        """A finding for the innermost scope, unless it reported this pair of lines already;
+        every open scope lists it once."""
+        if kind != USE_AFTER_FREE and first.stream._ctx._state is not ACTIVE:
+            return []  # its context was destroyed (its work ended) or faulted (work dropped)
         key = (kind, first.site, first.what, second.site, second.what)
-        if key in self._seen:
+        scopes = self.scopes
+        if not scopes or key in scopes[-1]._seen:
             return []
-        self._seen.add(key)
         array = region.describe() if region is not None else "memory two nodes share"
         missing, fix = explain(kind, first, second, sys._getframe(3))
         finding = Finding(kind, array, first, second, missing, fix)
-        self.findings.append(finding)
+        for scope in scopes:
+            if key not in scope._seen:
+                scope._seen.add(key)
+                scope.findings.append(finding)
         return [finding]
 
 
@@ -407,26 +390,6 @@ def _join(into: dict[int, int], other: dict[int, int]) -> None:
             into[actor] = epoch
 
 
-def _what(op: _trace.Operation) -> str:
-    if op.kind == "launch":
-        return f"launch of {op.kernel.name!r}"
-    return {"memset": "fill", "copy": "copy"}.get(op.kind, op.kind)
-
-
-def _node_what(node: Any) -> str:
-    return f"graph launch, node {node.description!r} added at {_line(node.site)}"
-
-
-def _line(site: Any) -> str:
-    return f"{site[0]}:{site[1]}" if site else "?"
-
-
-def _label(array: Any) -> str:
-    dtype, shape = getattr(array, "dtype", None), getattr(array, "shape", None)
-    return f"a {dtype} array of shape {tuple(shape)}" if dtype is not None and \
-        shape is not None else ""
-
-
 def _conflict(a: tuple, b: tuple) -> bool:
     return any(x.ptr < y.ptr + y.nbytes and y.ptr < x.ptr + x.nbytes and
                ("w" in x.mode or "w" in y.mode) for x in a for y in b if not x.host)
@@ -443,20 +406,3 @@ def _reaches(after: dict, a: Any, b: Any) -> bool:
                 seen.add(m)
                 todo.append(m)
     return False
-
-
-def racecheck(mode: str = "raise") -> RaceCheck:
-    """``with cuctx.racecheck(mode="raise") as rc:``: check the stream ordering of every
-    operation in the block; see docs/checks.md."""
-    return RaceCheck(mode)
-
-
-def from_env() -> RaceCheck | None:
-    """``CUCTX_RACECHECK=raise|warn`` (read when cuctx is imported): a checker for the whole
-    run."""
-    mode = os.environ.get("CUCTX_RACECHECK", "").strip().lower()
-    if mode in ("", "0", "off"):
-        return None
-    if mode not in ("raise", "warn"):
-        raise ValueError(f"CUCTX_RACECHECK={mode!r}: use 'raise' or 'warn' (or unset it)")
-    return RaceCheck(mode).__enter__()

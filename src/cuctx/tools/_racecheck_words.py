@@ -14,6 +14,11 @@ def explain(kind: str, first: OpInfo, second: OpInfo, frame: Any) -> tuple[str, 
     ``frame`` is the checker's caller, below the user's frames it names streams from."""
     scope = user_scope(frame, second.site)
     a, b = _name(first.stream, scope), _name(second.stream, scope)
+    fix = f"{b}.wait({a})"
+    if a == b and first.stream is not second.stream:  # default streams of two contexts
+        ctx = _name(first.stream._ctx, scope)
+        a, b = f"{a} of {ctx}", f"{b} of {_name(second.stream._ctx, scope)}"
+        fix = f"{ctx}.synchronize()"
     at_a = f" at line {first.site[1]}" if first.site else ""
     before_b = f" before line {second.site[1]}" if second.site else ""
     if kind == USE_AFTER_FREE:
@@ -33,10 +38,31 @@ def explain(kind: str, first: OpInfo, second: OpInfo, frame: Any) -> tuple[str, 
     return (f"nothing orders the {second.what} on {b} after the {first.what} on {a}{at_a}: "
             f"{b} did not wait for {a} (or for an event recorded on {a} after it), and the "
             f"host did not synchronize {a} in between",
-            f"{b}.wait({a}){before_b}")
+            fix + before_b)
+
+
+def what(op: Any) -> str:
+    """An operation as a finding names it: "fill", "copy", "launch of 'total'"."""
+    if op.kind == "launch":
+        return f"launch of {op.kernel.name!r}"
+    return {"memset": "fill", "copy": "copy"}.get(op.kind, op.kind)
+
+
+def node_what(node: Any) -> str:
+    site = node.site
+    return f"graph launch, node {node.description!r} added at " + \
+        (f"{site[0]}:{site[1]}" if site else "?")
+
+
+def label(array: Any) -> str:
+    """An array as a finding names it: "a float32 array of shape (1024,)" ("" if unknown)."""
+    dtype, shape = getattr(array, "dtype", None), getattr(array, "shape", None)
+    return f"a {dtype} array of shape {tuple(shape)}" if dtype is not None and \
+        shape is not None else ""
 
 
 def _name(stream: Any, scope: dict[str, Any]) -> str:
+    """A stream (or a context) as the user's code names it, else in words."""
     if stream is None:
         return "the host"
     names = names_of(stream, scope)
@@ -50,4 +76,4 @@ def _name(stream: Any, scope: dict[str, Any]) -> str:
     return repr(stream)
 
 
-__all__ = ["explain", "line"]
+__all__ = ["explain", "label", "line", "node_what", "what"]
