@@ -55,7 +55,16 @@ def surface(lib: cuctx.Library) -> dict[str, object]:
         "Timeline": tl, "Record": tl.records[0], "Summary": tl.summary(),
         "Operation": tl.records[0].operation, "Access": tl.records[0].operation.accesses[0],
         "Backend": cuctx.backend(), "MemoryPool": cuctx.MemoryPool(ctx.device, max_size=1),
+        "IsolatedExecutor": executor(),
     }
+
+
+def executor() -> cuctx.IsolatedExecutor:
+    """An executor of one worker, shut down (its repr says so) before it is printed."""
+    ex = cuctx.IsolatedExecutor(devices=[0])
+    assert "shut down" not in repr(ex)
+    ex.shutdown()
+    return ex
 
 
 def public_classes() -> set[type]:
@@ -105,6 +114,7 @@ def test_reprs_name_kind_state_context_and_hex_handles(lib):
         "Operation": ["memset", f"{s.handle:#x}", __file__],
         "Access": [f"ptr={made['DeviceArray'].ptr:#x}", "nbytes=32", "mode='w'"],
         "MemoryPool": [handle(made["MemoryPool"]), "device 0, max_size 1: used 0 B, reserved 0 B"],
+        "IsolatedExecutor": ["process", "devices=[0]", "workers=1", "shut down"],
     }
     for name, parts in expect.items():
         text = repr(made[name])

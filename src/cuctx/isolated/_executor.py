@@ -114,8 +114,9 @@ class IsolatedExecutor(Executor):
         self._engine.shutdown(wait, cancel_futures)
 
     def __repr__(self) -> str:
+        state = " shut down" if self._core.shutting_down else ""
         return (f"<IsolatedExecutor {type(self._engine).__name__.removesuffix('Engine').lower()}"
-                f" devices={self._devices} workers={len(self._core.slots)}>")
+                f" devices={self._devices} workers={len(self._core.slots)}{state}>")
 
 
 class _Options:
