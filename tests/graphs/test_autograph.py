@@ -382,12 +382,9 @@ def test_a_temporary_keeps_its_address_on_every_call(lib):
     assert step.stats()["temp_bytes"] == N * 4
 
 
-def test_a_step_with_a_new_input_output_and_temporary_patches_only_their_nodes(lib):
-    """The issue's 50-kernel step: a new input and a new output array each call and one
-    temporary inside: the graph calls patch the first and the last node, never the 48
-    between them that touch only the temporary."""
-    k = lib["add"]
-
+def fifty_kernel_step(k: cuctx.Kernel) -> cuctx.AutoGraph:
+    """The issue's step: 50 kernels, a new input and output array each call, one temporary
+    inside (out = x + 50)."""
     @cuctx.autograph
     def step(out, x):
         tmp = cuctx.empty(N, np.float32)
@@ -395,6 +392,14 @@ def test_a_step_with_a_new_input_output_and_temporary_patches_only_their_nodes(l
         for _ in range(48):
             k[1, 32](tmp, tmp, np.float32(1), N)
         k[1, 32](out, tmp, np.float32(1), N)
+    return step
+
+
+def test_a_step_with_a_new_input_output_and_temporary_patches_only_their_nodes(lib):
+    """The issue's 50-kernel step: a new input and a new output array each call and one
+    temporary inside: the graph calls patch the first and the last node, never the 48
+    between them that touch only the temporary."""
+    step = fifty_kernel_step(lib["add"])
 
     kept = []  # every call's input and output stay alive: each has a new address
     for i in range(8):
@@ -541,15 +546,7 @@ def test_a_decoding_like_loop_runs_mostly_as_graph_calls(lib, backend, costs_dec
 
 
 def test_the_50_kernel_step_runs_mostly_as_graph_calls(lib, backend, costs_decide):
-    k = lib["add"]
-
-    @cuctx.autograph
-    def step(out, x):
-        tmp = cuctx.empty(N, np.float32)
-        k[1, 32](tmp, x, np.float32(1), N)
-        for _ in range(48):
-            k[1, 32](tmp, tmp, np.float32(1), N)
-        k[1, 32](out, tmp, np.float32(1), N)
+    step = fifty_kernel_step(lib["add"])
 
     kept = []
     for i in range(20):
