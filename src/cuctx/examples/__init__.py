@@ -38,7 +38,7 @@ EXAMPLES: dict[str, Example] = {e.name: e for e in (
         "the four-stream result is correct; the sum read without the wait is stale (every time "
         "on the simulated GPU, now and then on a real one) and 1.0000 with the wait."),
     Example(
-        "decoding_loop", "AutoGraph on a llama.cpp-style decoding loop",
+        "decoding_loop", "AutoGraph on a token-by-token decoding loop",
         "A token loop of a few dozen small kernels per token, whose sequence length changes "
         "every token and whose structure changes every 64 tokens, run eagerly and with "
         "@cuctx.autograph on the same inputs.",

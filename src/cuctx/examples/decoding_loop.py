@@ -1,4 +1,4 @@
-"""A decoding loop in the style of llama.cpp, run eagerly and with `@cuctx.autograph`.
+"""A token-by-token decoding loop, run eagerly and with `@cuctx.autograph`.
 
 Each token is a few dozen small kernels: an embedding, then per layer a norm, a projection,
 a store into the KV cache, attention over the cache in chunks of 64 positions, a combine, a
