@@ -252,9 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         kind, message = _describe_error(exc)
         if as_json:
             print(json.dumps({"error": message, "type": kind}), file=sys.stderr)
-        else:  # a usage error is the message alone, as a command line's errors usually are
-            line = message if isinstance(exc, UsageError) else \
-                f"{kind}: {message}" if message else kind  # e.g. a bare KeyboardInterrupt
+        elif isinstance(exc, UsageError):  # the message alone, as command lines' errors are
+            print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        else:
+            line = f"{kind}: {message}" if message else kind  # e.g. a bare KeyboardInterrupt
             print(f"{parser.prog}: error: {line}", file=sys.stderr)
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
