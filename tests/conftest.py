@@ -33,6 +33,7 @@ import cuctx.sim
 from cuctx import _driver
 from cuctx._driver import ThreadState
 from cuctx._driver.cuda import probe
+from cuctx.kernels import _codegen
 from cuctx.kernels._compiler import nvrtc_version
 
 _cuda_driver, CUDA_REASON = probe()
@@ -49,6 +50,9 @@ def _nvrtc_missing() -> str | None:
 NVRTC_MISSING = _nvrtc_missing()
 requires_nvrtc = pytest.mark.skipif(NVRTC_MISSING is not None,
                                     reason=f"NVRTC cannot be loaded: {NVRTC_MISSING}")
+# For tests of what a launch fast path does: CUCTX_FASTPATH=0 turns them off (both kinds).
+requires_fast_paths = pytest.mark.skipif(
+    not _codegen.ENABLED, reason="launch fast paths are turned off (CUCTX_FASTPATH=0)")
 
 BACKENDS = [
     pytest.param("sim", id="sim"),

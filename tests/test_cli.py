@@ -5,13 +5,14 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 
 import pytest
 
 from conftest import BACKENDS, HAVE_GPU
-from scenarios import run_python
+from scenarios import child_env, run_python
 
 from cuctx._driver import native
 from cuctx.examples import EXAMPLES
@@ -119,9 +120,57 @@ def test_version():
     assert proc.returncode == 0 and proc.stdout.strip() == f"cuctx {cuctx.__version__}"
 
 
-def test_unknown_command_fails_with_usage():
-    proc = cli("frobnicate", backend="sim")
-    assert proc.returncode == 2 and "usage:" in proc.stderr
+EXAMPLE_NAMES = ", ".join(EXAMPLES)
+
+
+@pytest.mark.parametrize("args, wrong, see", [
+    ([], "say which command to run: info or demo", "--help"),
+    (["nosuchcommand"], "there is no command 'nosuchcommand': the commands are info and demo",
+     "--help"),
+    (["--bogus"], "unrecognized arguments: --bogus", "--help"),
+    (["info", "--bogus"], "unrecognized arguments: --bogus", "info --help"),
+    (["info", "--js"], "unrecognized arguments: --js", "info --help"),  # no abbreviations
+    (["info", "extra"], "unrecognized arguments: extra", "info --help"),
+    (["demo", "nope"], f"there is no example 'nope': the examples are {EXAMPLE_NAMES}",
+     "demo --help"),
+    (["demo", "nope", "x"], f"there is no example 'nope' or 'x': the examples are "
+     f"{EXAMPLE_NAMES}", "demo --help"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_a_mistake_on_the_command_line_is_one_line_naming_the_help_to_read(args, wrong, see):
+    proc = cli(*args, backend="sim")
+    assert one_line_error(proc) == f"python -m cuctx: error: {wrong}; see 'python -m cuctx {see}'"
+    assert proc.stdout == ""
+    helped = cli(*see.split(), backend="sim")  # the advice works
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: python -m cuctx")
+
+
+@pytest.mark.parametrize("args", [["info", "--json", "--bogus"], ["info", "--json=yes"]])
+def test_a_mistake_on_the_command_line_with_json_is_a_json_object(args):
+    proc = cli(*args, backend="sim")
+    error = json.loads(one_line_error(proc))
+    assert error["type"] == "UsageError"
+    assert error["error"].endswith("; see 'python -m cuctx info --help'")
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_ctrl_c_is_one_line_and_exit_status_130(json_flag):
+    # `info` stands in for any command that is running when the user presses Ctrl-C: it says
+    # it runs and waits for a signal, so SIGINT arrives while it runs, whatever the timing.
+    code = ("import signal, sys, cuctx.__main__ as cli\n"
+            "cli._info = lambda args: (print('running', flush=True), signal.pause())\n"
+            f"sys.exit(cli.main(['info', *{json_flag!r}]))")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=child_env(CUCTX_BACKEND="sim"))
+    assert proc.stdout.readline() == "running\n"
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    if json_flag:
+        assert json.loads(stderr) == {"error": "", "type": "KeyboardInterrupt"}
+    else:
+        assert stderr == "python -m cuctx: error: KeyboardInterrupt\n"
 
 
 @pytest.mark.parametrize("command", [["info"], ["demo"]])
@@ -195,8 +244,6 @@ def test_demo_runs_every_example_and_says_what_it_shows(name):
     else:  # timings are the GPU's, not modelled
         assert "ms of GPU time" in out and "ms of simulated GPU time" not in out
         assert "time per token: eager" in out
-    bad = cli("demo", "nope", backend=name)
-    assert bad.returncode == 2 and "no example named nope" in bad.stderr
 
 
 def test_demo_runs_the_examples_named():
@@ -211,6 +258,10 @@ def test_help_names_examples_by_what_they_show(args):
     proc = cli(*args, backend="sim")
     assert proc.returncode == 0, proc.stderr
     assert "seed" not in proc.stdout.lower()
+    if args == ["--help"]:  # what happens on an error (the tests above hold it to that)
+        text = " ".join(proc.stdout.split())
+        assert "one line on stderr and exit status 1, for a mistake on the command line too" \
+            in text and '"type": "UsageError"' in text and "exit status 130" in text
     if args[0] == "demo":
         for example in EXAMPLES.values():
             assert f"{example.name}: {example.title}" in proc.stdout

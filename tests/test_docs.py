@@ -5,11 +5,15 @@ The rule, for whoever writes docs:
   Python process of their own, so a block may use what an earlier block *of the same page*
   imported or defined (as a reader who types the page into one session would), never what
   another page did.
-- Each page runs on every backend: the sim everywhere, the cuda backend where there is a GPU.
-- A block that needs a real GPU (e.g. interop with PyTorch) is marked ```python gpu: it runs on
-  the cuda backend only. Use it sparingly: everything else must run on the sim.
+- Each page runs on every backend: the sim everywhere (CI has no GPU), the cuda backend where
+  there is a GPU. A block runs on both unless marked.
+- A block the sim cannot run (interop with PyTorch's CUDA tensors, say) is marked
+  ```python gpu-only: REASON, the reason in words: it runs on the cuda backend only, so CI never
+  runs it. A test holds the marker to its word: a gpu-only block that runs on the sim fails it
+  (drop the marker, and CI runs the block).
 - A block that shows what only the sim does (its deterministic ordering, say) is marked
   ```python sim: it runs on the sim only.
+- Nothing else may follow ```python: a misspelt marker would silently run the block everywhere.
 - Other fences (```sh, ```text, no language) are not run: use them for shell commands, output
   and pseudo-code, never for Python a reader would paste.
 - A race between streams fails the page, as it fails a test (the sim checks every run): a
@@ -34,24 +38,37 @@ _FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>.*)$")
 
 def python_blocks(page: pathlib.Path) -> list[dict]:
     """The page's ```python blocks: {"line": first code line (1-based), "code", "only"},
-    ``only`` the backend a ``gpu`` or ``sim`` block is for (None: every backend)."""
+    ``only`` the backend a ``gpu-only`` or ``sim`` block is for (None: every backend)."""
     blocks, lines, i = [], page.read_text().splitlines(), 0
     while i < len(lines):
         fence = _FENCE.match(lines[i])
         i += 1
         if not fence:
             continue
-        info = fence["info"].split()
         start, indent = i, fence["indent"]
         while i < len(lines) and lines[i].strip() != "```":  # the closing fence
             i += 1
-        if info[:1] == ["python"]:
+        language, _, marker = fence["info"].strip().partition(" ")
+        if language == "python":
             # A block inside a list item is indented like its fence; the code is not.
             code = "\n".join(line.removeprefix(indent) for line in lines[start:i])
-            only = "cuda" if "gpu" in info[1:] else "sim" if "sim" in info[1:] else None
-            blocks.append({"line": start + 1, "code": code, "only": only})
+            blocks.append({"line": start + 1, "code": code,
+                           "only": _only(marker.strip(), f"{page.name}:{start}")})
         i += 1
     return blocks
+
+
+def _only(marker: str, where: str) -> str | None:
+    """The backend a block's marker keeps it to (None: every backend)."""
+    if marker == "":
+        return None
+    if marker == "sim":
+        return "sim"
+    if marker.startswith("gpu-only") and marker.removeprefix("gpu-only").strip(" :"):
+        return "cuda"
+    raise ValueError(f"{where}: ```python {marker!r} is no marker: a block runs on every "
+                     "backend; mark it `sim` (the sim only) or `gpu-only: why the sim cannot "
+                     "run it` (see tests/test_docs.py)")
 
 
 # Runs in the page's own process: each block compiled with the page's name and the block's
@@ -73,11 +90,27 @@ for block in blocks:
 """
 
 
-def run_page(page: pathlib.Path, backend: str, tmp_path) -> subprocess.CompletedProcess:
-    blocks = [b for b in python_blocks(page) if b["only"] in (None, backend)]
-    return run_python("-c", _RUNNER, input=json.dumps([str(page.relative_to(ROOT)), blocks]),
+def run_page(page: pathlib.Path, backend: str, tmp_path,
+             blocks: list[dict] | None = None) -> subprocess.CompletedProcess:
+    """The page's blocks for ``backend`` in one process (or the ``blocks`` given)."""
+    if blocks is None:
+        blocks = [b for b in python_blocks(page) if b["only"] in (None, backend)]
+    name = str(page.relative_to(ROOT) if page.is_relative_to(ROOT) else page)
+    return run_python("-c", _RUNNER, input=json.dumps([name, blocks]),
                       cwd=tmp_path, timeout=300, CUCTX_BACKEND=backend,
                       CUCTX_CACHE_DIR=str(tmp_path / "cache"))
+
+
+def gpu_only_blocks_the_sim_runs(page: pathlib.Path, tmp_path) -> list[int]:
+    """The lines of the page's gpu-only blocks that run on the sim after the blocks the sim
+    runs before them (a reader's session up to that block)."""
+    blocks, wrong = python_blocks(page), []
+    for k, block in enumerate(blocks):
+        if block["only"] == "cuda":
+            before = [b for b in blocks[:k] if b["only"] in (None, "sim")]
+            if run_page(page, "sim", tmp_path, [*before, block]).returncode == 0:
+                wrong.append(block["line"])
+    return wrong
 
 
 @pytest.mark.parametrize("name", BACKENDS)
@@ -96,12 +129,34 @@ def test_the_readme_kernel_example_prints_what_it_says(tmp_path):
 
 def test_blocks_are_found_as_the_rule_says(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("text\n```python\na = 1\n```\n```sh\nls\n```\n- item\n\n  ```python gpu\n"
-                    "  if a:\n      b = 2\n  ```\n```\nnot python\n```\n"
-                    "```python sim\nc = 3\n```\n")
+    page.write_text("text\n```python\na = 1\n```\n```sh\nls\n```\n- item\n\n"
+                    "  ```python gpu-only: PyTorch\n  if a:\n      b = 2\n  ```\n"
+                    "```\nnot python\n```\n```python sim\nc = 3\n```\n")
     assert python_blocks(page) == [{"line": 3, "code": "a = 1", "only": None},
                                    {"line": 11, "code": "if a:\n    b = 2", "only": "cuda"},
                                    {"line": 18, "code": "c = 3", "only": "sim"}]
+
+
+@pytest.mark.parametrize("marker", ["gpu", "gpu-only", "gpu-only:", "simulator"])
+def test_a_marker_the_rule_does_not_know_is_refused(tmp_path, marker):
+    page = tmp_path / "page.md"
+    page.write_text(f"```python {marker}\na = 1\n```\n")
+    with pytest.raises(ValueError, match=r"page.md:1: .*gpu-only: why the sim cannot run it"):
+        python_blocks(page)
+
+
+def test_a_gpu_only_block_the_sim_runs_is_found(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```python\nimport cuctx\n```\n"
+                    "```python gpu-only: the sim has no such device\ncuctx.Device(0)\n```\n"
+                    "```python gpu-only: the sim has no such device\ncuctx.Device(99)\n```\n")
+    assert gpu_only_blocks_the_sim_runs(page, tmp_path) == [5]  # Device(0) exists on the sim
+
+
+def test_gpu_only_blocks_are_those_the_sim_cannot_run(tmp_path):
+    wrong = [f"{page.relative_to(ROOT)}:{line}" for page in PAGES
+             for line in gpu_only_blocks_the_sim_runs(page, tmp_path)]
+    assert not wrong, f"these gpu-only blocks run on the sim: drop the marker ({wrong})"
 
 
 # Examples are named by what they show; where they came from means nothing to a reader.

@@ -3,7 +3,12 @@
   python -m cuctx info [--json]   versions, the backend, the driver and each device
   python -m cuctx demo [NAME...]  run the examples, saying what each one shows
 
-An error is one line on stderr (a JSON object with --json) and exit status 1.
+Errors: one line on stderr and exit status 1, for a mistake on the command line too; the
+line says what was wrong and what to do ("python -m cuctx: error: ..."), and an example that
+fails names itself and the command that shows its traceback. With --json on the command line
+the line is a JSON object, {"error": message, "type": "ValueError"} ("type": "UsageError" for
+a mistake on the command line), so stdout holds only results. Ctrl-C: one line, exit status
+130. A reader that leaves early (| head): no message, exit status 1.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import os
 import platform
 import sys
 import textwrap
+from typing import NoReturn
 
 import numpy as np
 
@@ -162,22 +168,62 @@ def _prog() -> str:
     return "cuctx" if os.path.basename(sys.argv[0]) == "cuctx" else "python -m cuctx"
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=_prog(), description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+class UsageError(Exception):
+    """A mistake on the command line: the message says what was wrong and which --help to
+    read. (Its name is the "type" of `--json`'s error object.)"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors raised to `main` (which prints them as one line, exit
+    status 1) instead of printed with the usage text and exit status 2."""
+
+    commands: dict[str, argparse.ArgumentParser]  # the sub-commands, by name
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _parser() -> _Parser:
+    # No abbreviated options: `main` looks for --json before parsing, to know how to print a
+    # usage error, so --json has to be its one spelling.
+    parser = _Parser(prog=_prog(), description=__doc__, allow_abbrev=False,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"cuctx {cuctx.__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    info = sub.add_parser("info", help="show versions, the backend, the driver and each device")
+    sub = parser.add_subparsers(dest="command")  # none given: `_parse` says which there are
+    info = sub.add_parser("info", help="show versions, the backend, the driver and each device",
+                          allow_abbrev=False)
     info.add_argument("--json", action="store_true",
                       help="print JSON for scripts (an error too: {\"error\": ..., \"type\": ...})")
     info.set_defaults(run=_info)
     demo = sub.add_parser("demo", help="run the examples, saying what each one shows",
-                          epilog=_examples_epilog(),
+                          epilog=_examples_epilog(), allow_abbrev=False,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("names", nargs="*", metavar="NAME",
                       help=f"which examples (default: all of {', '.join(EXAMPLES)})")
     demo.set_defaults(run=_demo)
+    parser.commands = sub.choices
     return parser
+
+
+def _parse(parser: _Parser, argv: list[str]) -> argparse.Namespace:
+    """The command line parsed, or a `UsageError` that ends with the --help to read."""
+    # Before the command only flags are taken, so the first word that is not one is the command.
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    if command is not None and command not in parser.commands:
+        raise UsageError(f"there is no command {command!r}: the commands are "
+                         f"{' and '.join(parser.commands)}; see '{parser.prog} --help'")
+    see = f"see '{parser.prog} {command} --help'" if command else f"see '{parser.prog} --help'"
+    try:
+        args = parser.parse_args(argv)  # --help and --version print and exit with status 0
+    except UsageError as exc:
+        raise UsageError(f"{exc}; {see}") from None
+    if args.command is None:
+        raise UsageError(f"say which command to run: {' or '.join(parser.commands)}; {see}")
+    unknown = [name for name in getattr(args, "names", []) if name not in EXAMPLES]
+    if unknown:
+        raise UsageError(f"there is no example {' or '.join(map(repr, unknown))}: the examples "
+                         f"are {', '.join(EXAMPLES)}; {see}")
+    return args
 
 
 def _describe_error(exc: BaseException) -> tuple[str, str]:
@@ -191,12 +237,11 @@ def _describe_error(exc: BaseException) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = _parser()
-    args = parser.parse_args(argv)  # usage errors: argparse's own message, exit status 2
-    unknown = [n for n in getattr(args, "names", []) if n not in EXAMPLES]
-    if unknown:
-        parser.error(f"no example named {', '.join(unknown)}; choose from {', '.join(EXAMPLES)}")
+    as_json = any(arg.split("=", 1)[0] == "--json" for arg in argv)  # --json=x is a mistake too
     try:
+        args = _parse(parser, argv)
         args.run(args)
         sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
         return 0
@@ -205,8 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (Exception, KeyboardInterrupt) as exc:
         kind, message = _describe_error(exc)
-        if getattr(args, "json", False):
+        if as_json:
             print(json.dumps({"error": message, "type": kind}), file=sys.stderr)
+        elif isinstance(exc, UsageError):  # the message alone, as command lines' errors are
+            print(f"{parser.prog}: error: {message}", file=sys.stderr)
         else:
             line = f"{kind}: {message}" if message else kind  # e.g. a bare KeyboardInterrupt
             print(f"{parser.prog}: error: {line}", file=sys.stderr)

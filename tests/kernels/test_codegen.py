@@ -15,6 +15,7 @@ import pytest
 import cuctx
 from cuctx.kernels import _codegen, _launcher, _plan
 
+from conftest import requires_fast_paths
 from scenarios import ADD_SOURCE, add, add_arrays, library_fixture, run_python
 
 pytestmark = [pytest.mark.usefixtures("nvrtc_cache"), pytest.mark.paths("python")]
@@ -31,6 +32,7 @@ def packs(monkeypatch):
     return calls
 
 
+@requires_fast_paths
 def test_the_source_is_kept_named_and_readable(lib):
     out, x = add_arrays()
     launcher = lib["add"][1, 8]
@@ -44,6 +46,7 @@ def test_the_source_is_kept_named_and_readable(lib):
     assert inspect.getsource(launcher._fast) == source
 
 
+@requires_fast_paths
 def test_a_traceback_from_inside_the_fast_path_shows_its_line(lib):
     out, x = add_arrays()
     launcher = lib["add"][1, 8]
@@ -80,6 +83,7 @@ def test_cuctx_fastpath_0_in_the_environment_turns_them_off():
         assert proc.stdout.strip() == expected
 
 
+@requires_fast_paths
 def test_one_launcher_serves_every_thread_on_its_fast_path(lib, packs):
     out, x = add_arrays()
     launcher = lib["add"][1, 8]
@@ -105,6 +109,7 @@ def test_one_launcher_serves_every_thread_on_its_fast_path(lib, packs):
         assert mine.to_host().tolist() == (np.arange(8) + k).tolist()
 
 
+@requires_fast_paths
 def test_the_fast_path_follows_argument_types_that_changed(lib, packs):
     out, x = add_arrays()
     launcher = lib["add"][1, 8]

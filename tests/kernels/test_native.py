@@ -14,6 +14,7 @@ import pytest
 import cuctx
 from cuctx.kernels import _launcher
 
+from conftest import requires_fast_paths
 from scenarios import ADD_SOURCE, add, add_arrays, library_fixture, run_python
 
 pytestmark = pytest.mark.usefixtures("nvrtc_cache")
@@ -51,6 +52,7 @@ def on_each_path(backend, make_calls) -> tuple[list, list]:
     return python, [outcome(call) for call in make_calls()]
 
 
+@requires_fast_paths
 def test_the_compiled_path_launches(lib, native):
     out, x = add_arrays()
     launcher = lib["add"][1, 8, 0, cuctx.Stream()]
@@ -61,6 +63,7 @@ def test_the_compiled_path_launches(lib, native):
     assert out.to_host().tolist() == [k + 2.0 for k in range(8)]
 
 
+@requires_fast_paths
 def test_a_recording_thread_gets_the_launch_with_the_bytes_the_python_path_packs(lib, native):
     """An autograph call records launches: the compiled path hands the recorder the packed
     parameter bytes itself, equal to what the generated path hands it (so calls recorded
@@ -98,6 +101,7 @@ def test_a_recording_thread_gets_the_launch_with_the_bytes_the_python_path_packs
     assert out.to_host().tolist() == [k + 0.0 for k in range(8)]  # nothing more ran
 
 
+@requires_fast_paths
 def test_launch_errors_are_the_same_on_both_paths(lib, native):
     out, x = add_arrays()
     ints = cuctx.to_device(np.arange(8, dtype=np.int32))
@@ -164,6 +168,7 @@ def test_a_default_stream_runs_with_its_context_current(lib, native):
         other.destroy()
 
 
+@requires_fast_paths
 @pytest.mark.parametrize("kind", [{"cooperative": True}, {"cluster": 2}])
 def test_cluster_and_cooperative_launches_take_the_compiled_path(lib, native, kind):
     out, x = add_arrays(16)
@@ -177,6 +182,7 @@ def test_cluster_and_cooperative_launches_take_the_compiled_path(lib, native, ki
     assert out.to_host().tolist() == [k + 2.0 for k in range(16)]
 
 
+@requires_fast_paths
 def test_one_compiled_launcher_serves_every_thread(lib, native):
     stream = cuctx.Stream()
     launcher = lib["add"][1, 8, 0, stream]

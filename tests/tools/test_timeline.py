@@ -321,7 +321,11 @@ def test_a_path_it_cannot_write_raises_the_oserror_open_raises(backend, tmp_path
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
                     reason="matplotlib is not installed (pip install 'cuctx[timeline]')")
-def test_the_picture_is_a_png_with_short_lane_labels(backend, tmp_path, monkeypatch):
+def test_the_picture_is_a_png_with_a_lane_per_stream_and_short_labels(backend, tmp_path,
+                                                                      monkeypatch):
+    from matplotlib.colors import to_rgb
+    from matplotlib.image import imread
+    from cuctx.tools._timeline_export import COLOURS
     saved = figures(monkeypatch)
     tl, _ = recorded(backend)
     path = tl.save(tmp_path / "timeline.png")
@@ -329,6 +333,17 @@ def test_the_picture_is_a_png_with_short_lane_labels(backend, tmp_path, monkeypa
     (ax,) = saved[0].axes
     assert sorted(t.get_text() for t in ax.get_yticklabels()) == ["s1", "s2"]
     assert ax.get_position().x0 < 0.15  # the lanes have the width (long labels took 0.45)
+    pixels = imread(path)[..., :3]  # what was written: rows x columns x RGB in 0..1
+    height, width, _ = pixels.shape
+    assert width >= 800 and height >= 150  # readable on a screen
+    # The two copies (s1's in, s2's out) are bars in the copy colour, each in its stream's
+    # lane: two bands of rows where a wide run of pixels has that colour. (The legend's patch
+    # in the same colour is far narrower than a bar.)
+    copy = np.all(np.abs(pixels - to_rgb(COLOURS["copy"])) < 1.5 / 255, axis=-1)
+    rows = np.flatnonzero(copy.sum(axis=1) > 0.05 * width)
+    bands = np.split(rows, np.flatnonzero(np.diff(rows) > 1) + 1)
+    assert len(bands) == 2, [(b[0], b[-1]) for b in bands]
+    assert all(len(band) >= 10 for band in bands)  # lanes tall enough to see
 
 
 def test_without_matplotlib_the_error_names_the_extra(backend, tmp_path, monkeypatch):

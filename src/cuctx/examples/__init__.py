@@ -50,7 +50,8 @@ EXAMPLES: dict[str, Example] = {e.name: e for e in (
         "contexts_on_one_gpu", "streams and contexts on one GPU, on a timeline",
         "The same long kernels recorded with cuctx.timeline() on two streams of one context "
         "(with copies in and out), in two contexts on one device, and in two green contexts "
-        "that split the device's SMs, each written as a Chrome trace and a picture.",
+        "that split the device's SMs, each written as a Chrome trace and, with matplotlib, a "
+        "picture.",
         "the copy/compute overlap of the two streams is above zero, two contexts run kernels "
         "at once for 0.000 ms (they take turns) while green contexts do (side by side); open "
         "the .json files named at the end in https://ui.perfetto.dev."),

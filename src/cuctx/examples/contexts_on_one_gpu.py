@@ -9,7 +9,8 @@ Three timelines of the same kind of work:
    side by side, where two ordinary contexts took turns.
 
 Each writes a Chrome trace (open it in https://ui.perfetto.dev) and, with matplotlib, a
-picture; the summary's numbers say the same thing. ``--out DIR`` keeps the files there.
+picture (without it, one line says the pictures are skipped and how to get them); the
+summary's numbers say the same thing. ``--out DIR`` keeps the files there.
 """
 
 from __future__ import annotations
@@ -40,16 +41,25 @@ def spin_twin(grid, block, x, n, iters):
     v[:] = 1 + (v - 1) * np.float32(0.999) ** iters
 
 
-def save(tl: cuctx.tools.Timeline, out: str, name: str) -> None:
-    written = [tl.save(os.path.join(out, f"{name}.json"))]
-    try:
-        written.append(tl.save(os.path.join(out, f"{name}.png")))
-    except ImportError:
-        pass  # the picture needs matplotlib (pip install 'cuctx[timeline]'); the trace does not
-    print(f"  written: {', '.join(written)}")
+class Output:
+    """Where the timelines go: a Chrome trace each and, while matplotlib can draw, a picture."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.pictures = True
+
+    def save(self, tl: cuctx.tools.Timeline, name: str) -> None:
+        written = [tl.save(os.path.join(self.directory, f"{name}.json"))]
+        if self.pictures:
+            try:
+                written.append(tl.save(os.path.join(self.directory, f"{name}.png")))
+            except ImportError as exc:  # matplotlib is optional: say why once, keep the traces
+                self.pictures = False
+                print(f"  pictures skipped: {exc}")
+        print(f"  written: {', '.join(written)}")
 
 
-def two_streams(spin: cuctx.Kernel, out: str) -> None:
+def two_streams(spin: cuctx.Kernel, out: Output) -> None:
     host = cuctx.pinned_empty((2, N), np.float32)
     host[:] = 0
     streams = [cuctx.Stream() for _ in range(2)]
@@ -65,10 +75,10 @@ def two_streams(spin: cuctx.Kernel, out: str) -> None:
     print(f"two streams of one context: copy/compute overlap "
           f"{device['copy_compute_overlap_ns'] / 1e6:.3f} ms "
           f"({device['copy_compute_overlap']:.0%} of the shorter of copies and kernels)")
-    save(tl, out, "two_streams")
+    out.save(tl, "two_streams")
 
 
-def kernels_in(contexts: list, spin: cuctx.Kernel, out: str, name: str) -> dict:
+def kernels_in(contexts: list, spin: cuctx.Kernel, out: Output, name: str) -> dict:
     work = []
     for ctx in contexts:
         with ctx:
@@ -84,13 +94,14 @@ def kernels_in(contexts: list, spin: cuctx.Kernel, out: str, name: str) -> dict:
                 with ctx:
                     spin[N // 256, 256, 0, s](x, N, ITERS)
     device = tl.summary()["devices"][0]
-    save(tl, out, name)
+    out.save(tl, name)
     return device
 
 
-def main(out: str | None = None) -> None:
-    out = out or tempfile.mkdtemp(prefix="cuctx-timeline-")
-    os.makedirs(out, exist_ok=True)
+def main(directory: str | None = None) -> None:
+    directory = directory or tempfile.mkdtemp(prefix="cuctx-timeline-")
+    os.makedirs(directory, exist_ok=True)
+    out = Output(directory)
     library = cuctx.Library.from_source(SOURCE, sim_kernels={"spin": spin_twin})
     spin = library["spin"]
     device = cuctx.Device(0)
@@ -114,7 +125,7 @@ def main(out: str | None = None) -> None:
             side = kernels_in(list(greens), spin, out, "green_contexts")
         print(f"two green contexts ({half} SMs each): kernels of both at once "
               f"{side['contexts_overlap_ns'] / 1e6:.3f} ms (side by side)")
-    print(f"timelines written to {out} (open the .json files in https://ui.perfetto.dev)")
+    print(f"timelines written to {directory} (open the .json files in https://ui.perfetto.dev)")
 
 
 if __name__ == "__main__":
