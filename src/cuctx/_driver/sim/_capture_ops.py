@@ -203,41 +203,35 @@ class CaptureOps:
 
     def cuMemAllocAsync(self, bytesize, hStream):
         nbytes = size_t(bytesize)
-        made = []
-
-        def make(stream):
-            if nbytes == 0:
-                return OK, None
-            err, work = self._graph_alloc(self._captures[stream].graph, stream.ctx, nbytes)
-            made.append(work)
-            return err, work
-        result = self._capture_node(hStream, make, lambda: super(CaptureOps, self)
-                                    .cuMemAllocAsync(nbytes, hStream))
-        if len(result) == 2:
-            return result  # not capturing: the eager allocation's answer
-        if result[0]:
-            return (result[0], None)
-        return (OK, CUdeviceptr(made[0].block.base if made and made[0] else 0))
+        return self._captured_alloc(hStream, nbytes, lambda: OK, lambda: super(
+            CaptureOps, self).cuMemAllocAsync(nbytes, hStream))
 
     def cuMemAllocFromPoolAsync(self, bytesize, pool, hStream):
         """Captured: a memory node the graph owns, as cuMemAllocAsync; an IPC pool's is
         CUDA_ERROR_NOT_SUPPORTED and leaves the capture valid (both measured on an H100)."""
         nbytes = size_t(bytesize)
+
+        def usable():
+            found = self._pool(pool)
+            if found is None or found.imported:
+                return INVALID_VALUE
+            return NOT_SUPPORTED if found.ipc else OK
+        return self._captured_alloc(hStream, nbytes, usable, lambda: super(
+            CaptureOps, self).cuMemAllocFromPoolAsync(nbytes, pool, hStream))
+
+    def _captured_alloc(self, hStream, nbytes: int, usable, eager):
+        """A stream-ordered allocation: a memory node of the capture when ``hStream`` is
+        captured (after ``usable()`` said OK), else ``eager()``'s answer."""
         made = []
 
         def make(stream):
-            found = self._pool(pool)
-            if found is None or found.imported:
-                return INVALID_VALUE, None
-            if found.ipc:
-                return NOT_SUPPORTED, None
-            if nbytes == 0:
-                return OK, None
+            err = usable()
+            if err or nbytes == 0:
+                return err, None
             err, work = self._graph_alloc(self._captures[stream].graph, stream.ctx, nbytes)
             made.append(work)
             return err, work
-        result = self._capture_node(hStream, make, lambda: super(CaptureOps, self)
-                                    .cuMemAllocFromPoolAsync(nbytes, pool, hStream))
+        result = self._capture_node(hStream, make, eager)
         if len(result) == 2:
             return result  # not capturing: the eager allocation's answer
         if result[0]:
