@@ -88,7 +88,8 @@ class Watch:
         self._starts: list[int] = []  # live regions, sorted by start
         self._regions: dict[int, Region] = {}
         self._freed_starts: list[int] = []  # freed regions no allocation took again
-        self._freed: dict[int, tuple[int, tuple, Region]] = {}  # oldest first
+        # start -> (end, the free's info, the region's label and where): oldest first
+        self._freed: dict[int, tuple[int, tuple, Any, Any]] = {}
         self._graph_checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._whats: dict[str, str] = {}  # kernel name -> "launch of 'name'"
         self._sweep_after = SWEEP_EVERY  # operations (`Clocks.advanced`)
@@ -138,9 +139,8 @@ class Watch:
             for _, earlier in races or ():
                 found += self._report(FREE_IN_USE, region, earlier[2], info)
             self._forget(region.ptr, region.end)
-            region.segments = ()  # (its history: only what it was is kept)
             bisect.insort(self._freed_starts, region.ptr)
-            self._freed[region.ptr] = (region.end, info, region)
+            self._freed[region.ptr] = (region.end, info, region.label, region.where)
             if len(self._freed) > FREES_KEPT:
                 self._unfree(next(iter(self._freed)))
         clock[actor.id] += 1
@@ -250,7 +250,10 @@ class Watch:
         if region is None or region.end != hi:
             region = self._region(lo, hi)
             if region is None:  # freed memory
-                _, free, freed = self._freed_at(lo, hi)
+                start = self._freed_in(lo, hi)[0]
+                end, free, label, where = self._freed[start]
+                freed = Region(start, end, where)  # (what it was, for the finding's words)
+                freed.label = label
                 return self._report(USE_AFTER_FREE, freed, free, stamp[2])
             hi = min(hi, region.end)
         if region.label is None and array is not None:
@@ -361,7 +364,7 @@ class Watch:
         i = bisect.bisect_right(self._starts, lo) - 1
         region = self._regions[self._starts[i]] if i >= 0 else None
         if region is None or region.end <= lo:
-            if self._freed_at(lo, hi) is not None:
+            if self._freed_in(lo, hi):
                 return None
             nxt = self._starts[i + 1] if i + 1 < len(self._starts) else hi
             region = Region(lo, min(hi, nxt), None)
@@ -378,10 +381,6 @@ class Watch:
         while j < len(starts) and starts[j] < hi:
             j += 1
         return starts[i:j]
-
-    def _freed_at(self, lo: int, hi: int) -> tuple[int, tuple, Region] | None:
-        found = self._freed_in(lo, hi)
-        return self._freed[found[0]] if found else None
 
     def _unfree(self, start: int) -> None:
         del self._freed_starts[bisect.bisect_left(self._freed_starts, start)]
