@@ -3,7 +3,6 @@ pointer and the host through a NumPy view of the same bytes (`DeviceArray.host`)
 
 from __future__ import annotations
 
-from math import prod
 from typing import Any
 
 import numpy as np
@@ -13,7 +12,7 @@ from .._lifetimes import finalize
 from ..context import ACTIVE, Context, context_for, fail, in_context
 from ..device import Device
 from ._array import DeviceArray
-from ._layout import dtype_of, shape_of
+from ._layout import dtype_of, nbytes_of, shape_of
 
 
 class _ManagedMemory:
@@ -58,7 +57,7 @@ def managed_empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
     reset (the memory is gone, as in CUDA)."""
     shape, dtype = shape_of(shape), dtype_of(dtype)
     ctx = context_for(device, primary=True)
-    nbytes = prod(shape) * dtype.itemsize
+    nbytes = nbytes_of(shape, dtype, "managed array")
     if nbytes == 0:  # the driver refuses 0 bytes; an empty array needs no memory
         return DeviceArray._make(ctx, 0, shape, dtype, None, None, _ManagedMemory(None, 0, 0))
     with in_context(ctx, "managed_empty"):

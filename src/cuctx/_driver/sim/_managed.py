@@ -46,7 +46,10 @@ class ManagedModel:
         if nbytes == 0 or flags not in _FLAGS:
             return (INVALID_VALUE, None)
         size = self._block_size(nbytes)
-        data = np.frombuffer(mmap.mmap(-1, size), np.uint8)  # page-aligned, zeroed
+        try:
+            data = np.frombuffer(mmap.mmap(-1, size), np.uint8)  # page-aligned, zeroed
+        except (OSError, OverflowError):  # more than the host can map: the driver's answer
+            return (OUT_OF_MEMORY, None)
         base = data.ctypes.data
         with self._lock:
             if self._block_at(base) is not None or self._block_at(base + size - 1) is not None:
