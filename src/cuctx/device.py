@@ -176,6 +176,20 @@ class Device:
             backend.devices[ordinal] = device
         return device
 
+    @classmethod
+    def _with_uuid(cls, uuid: str, what: str) -> Device:
+        """This process's device of the GPU ``uuid`` (as `uuid` prints it), for ``what``
+        another process sent: the GPU may have another ordinal here, or none."""
+        backend = _driver.active()
+        count = call(backend, "cuDeviceGetCount")
+        for ordinal in range(count):
+            device = cls._for_backend(backend, ordinal)
+            if device.uuid == uuid:
+                return device
+        raise ValueError(f"{what} is on a GPU this process does not see (its {count} "
+                         "device(s) have other UUIDs): make that GPU visible here "
+                         "(CUDA_VISIBLE_DEVICES; Ray's num_gpus)")
+
     def _query(self, operation: str, *args):
         return call(self._backend, operation, *args)
 

@@ -195,11 +195,11 @@ def test_recording_on_a_stream_of_another_context_is_refused(backend):
         created.destroy()
 
 
-def test_interprocess_events_cannot_time(backend):
+def test_ipc_events_cannot_time(backend):
     with Device(0):
-        with pytest.raises(ValueError, match="interprocess event cannot measure time"):
-            Event(timing=True, interprocess=True)
-        Event(interprocess=True, blocking=True).record(Stream()).synchronize()
+        with pytest.raises(ValueError, match="ipc event cannot measure time"):
+            Event(timing=True, ipc=True)
+        Event(ipc=True, blocking=True).record(Stream()).synchronize()
 
 
 def test_events_of_a_destroyed_context_raise(backend):
