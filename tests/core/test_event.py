@@ -200,6 +200,22 @@ def test_ipc_events_cannot_time(backend):
         with pytest.raises(ValueError, match="ipc event cannot measure time"):
             Event(timing=True, ipc=True)
         Event(ipc=True, blocking=True).record(Stream()).synchronize()
+        event = Event(ipc=True)
+        with pytest.raises(ValueError, match="does not measure time"):
+            event.elapsed_ms(event)
+
+
+def test_an_ipc_event_may_be_recorded_by_another_process_so_waits_are_not_refused(backend):
+    """Another process may have recorded it (tests/memory/test_pickle.py): cuctx cannot tell
+    it was never recorded, and the driver treats a never-recorded event as complete."""
+    with Device(0):
+        event = Event(ipc=True)
+        assert event.ipc and not event.timing and repr(event).startswith("<Event ipc ")
+        stream = Stream()
+        stream.wait(event)
+        event.synchronize()
+        assert event.done
+        assert not Event().ipc
 
 
 def test_events_of_a_destroyed_context_raise(backend):
