@@ -246,6 +246,7 @@ class Device:
         (memory cuctx allocates, in any context of this device) and cuCtxEnablePeerAccess
         from this device's primary context to ``other``'s (memory allocated with cuMemAlloc,
         such as other libraries'). Both primary contexts stay retained while it is enabled.
+        An explicit `MemoryPool` has its own access list: `MemoryPool.set_access`.
         """
         other = self._peer_of(other, "enable_peer_access")
         if other in self._peers:

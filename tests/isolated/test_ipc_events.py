@@ -1,7 +1,9 @@
 """Events across processes with IsolatedExecutor, on both backends: an ``Event(ipc=True)``
-passed to a worker call pickles into the worker, whose stream waits on the caller's record of
-it; the worker records the caller's other event, and the caller's stream waits on that. Work
-is ordered across the two processes by the events alone, with no synchronize in the caller."""
+passed to a worker call pickles into the worker (opened there, as an ipc event), whose stream
+waits on the caller's record of it; the worker records the caller's other event, and the
+caller's stream waits on that. (Today `submit` also synchronizes the context of the arrays a
+call shares, and the worker its device after the call; tests/memory/test_pickle.py shows the
+events alone ordering two processes.)"""
 
 from __future__ import annotations
 
@@ -46,3 +48,14 @@ def test_a_worker_and_the_caller_order_their_work_by_ipc_events(ex, backend):
     assert ex.submit(wait_add_one_record, array, ready, done).result()
     stream.wait(done)  # the worker's writes, ordered by the event it recorded
     assert array.to_host(stream=stream).tolist() == [2.0, 3.0, 4.0, 5.0]
+
+
+def same(array: cuctx.DeviceArray) -> cuctx.DeviceArray:
+    return array
+
+
+def test_an_ipc_array_a_worker_returns_is_the_callers_own(ex):
+    array = cuctx.to_device(np.arange(4.0), pool=MemoryPool(0, ipc=True))
+    back = ex.submit(same, array[1:3]).result()
+    assert back._alloc is array._alloc and back.ptr == array.ptr + 8
+    assert back.to_host().tolist() == [1.0, 2.0]

@@ -12,8 +12,9 @@ same device answers CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, as recorded on a real H1
 
 Kernels are held to the grants (`_reach`, asked by `_library._kernel_view` for every view a
 twin makes): memory of another device is an illegal address for a kernel without them, as
-it is unmapped on a GPU, and a write to memory granted read-only (CU_MEM_ACCESS_FLAGS_PROT_
-READ) is too. Copies between devices need neither (cuMemcpyPeerAsync). A host pool's memory
+it is unmapped on a GPU, and so is a write to memory granted read-only
+(CU_MEM_ACCESS_FLAGS_PROT_READ; whether a GPU's driver takes it for a pool was not
+measured). Copies between devices need neither (cuMemcpyPeerAsync). A host pool's memory
 belongs to no device: every device needs a grant (the CUDA 13 documentation: its default
 accessibility is from the host only).
 """
