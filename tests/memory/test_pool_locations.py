@@ -61,13 +61,20 @@ def test_device_memory_has_no_host_view(backend):
             _ = arr.host
 
 
-def test_a_host_pool_serves_another_device_once_granted(backend, lib):
+def on_device_0(location: str) -> tuple[MemoryPool, cuctx.DeviceArray]:
+    """A pool of ``location`` made on device 0 and an array of it (0, 1, ...), written; or a
+    skip where there is no second device to use it from."""
     if len(cuctx.devices()) < 2:
-        pytest.skip(f"needs two devices; the {backend.name} backend has one")
+        pytest.skip(f"needs two devices; the {cuctx.backend().name} backend has one")
     with Device(0):
-        pool = made("host")
+        pool = made(location)
         x = cuctx.to_device(np.arange(N, dtype=np.float32), pool=pool)
         cuctx.synchronize()
+    return pool, x
+
+
+def test_a_host_pool_serves_another_device_once_granted(backend, lib):
+    pool, x = on_device_0("host")
     assert pool.access(0) == "rw" and pool.access(1) is None  # the host's memory
     with Device(1):
         out = cuctx.zeros(N, np.float32)
@@ -79,12 +86,7 @@ def test_a_host_pool_serves_another_device_once_granted(backend, lib):
 
 
 def test_managed_memory_is_every_devices(backend, lib):
-    if len(cuctx.devices()) < 2:
-        pytest.skip(f"needs two devices; the {backend.name} backend has one")
-    with Device(0):
-        pool = made("managed")
-        x = cuctx.to_device(np.arange(N, dtype=np.float32), pool=pool)
-        cuctx.synchronize()
+    pool, x = on_device_0("managed")
     assert pool.access(1) == "rw"
     with pytest.raises(ValueError, match="every device may use"):
         pool.set_access(1, None)
