@@ -1,7 +1,7 @@
 """Pickling by descriptor into a Ray task on this machine: an array of an ipc pool passed to a
 task is the same memory there (Ray pickles its arguments; the task's process fetches the
 pool's descriptor from this one), and an ipc event orders the task's stream after this
-process's work. A local cluster, kept light (one CPU, no dashboard)."""
+process's work. A local cluster for the module, kept light (two CPUs, no dashboard)."""
 
 from __future__ import annotations
 
@@ -22,15 +22,24 @@ ray = pytest.importorskip("ray", reason="needs Ray: pip install -e '.[test]' (or
 pytestmark = pytest.mark.usefixtures("pools_on_gpu_opt_in")
 
 
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local cluster for this module (one already running is used and left running)."""
+    started = not ray.is_initialized()
+    if started:  # as tests/isolated/test_ray.py starts its own: two CPUs, the GPUs there are
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
 @pytest.fixture
-def cluster(backend):
-    """A local Ray cluster (one this run started already is reused); a GPU task gets the GPU
-    (Ray's num_gpus), a sim task none."""
+def cluster(backend, ray_cluster):
+    """The options of a task on ``backend``: a GPU task gets the GPU (Ray's num_gpus), a sim
+    task none; the task's process runs this cuctx on the same backend."""
     gpus = 0 if backend.sim is not None else 1
-    if not ray.is_initialized():
-        ray.init(num_cpus=1, num_gpus=gpus, include_dashboard=False, log_to_driver=False)
     if ray.cluster_resources().get("GPU", 0) < gpus:
-        pytest.skip("the Ray cluster this run started has no GPU")
+        pytest.skip("the Ray cluster of this run has no GPU")
     yield {"num_gpus": gpus, "runtime_env": {"env_vars": {
         "CUCTX_BACKEND": backend.name,
         "PYTHONPATH": str(Path(cuctx.__file__).resolve().parents[1])}}}
