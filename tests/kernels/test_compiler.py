@@ -20,7 +20,8 @@ import cuctx.kernels._compile_cache as cache_format
 import cuctx.kernels._compiler as compiler
 from conftest import requires_nvrtc
 from scenarios import child_env
-from cuctx.kernels._cubin import is_cubin, is_ptx, read_kernels
+from cuctx.devcode._elf import read_kernels
+from cuctx.devcode._kinds import is_cubin, is_ptx
 from cuctx.kernels._compiler import (
     CacheWarning,
     CompileError,

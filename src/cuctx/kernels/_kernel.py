@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 import numpy as np
 from cuda.bindings.driver import CUfunction, CUfunction_attribute
 
-from . import _access, _dtypes, _ptx
+from . import _access, _dtypes
 from ._launch_config import LaunchConfigError
 from ._launcher import Launcher, make_launcher
 from ._plan import Packer
 from .._resource import Resource
+from ..devcode import _ptx
 from ..context import Context, context_for, fail, in_context
 from ..device import Device
 from ..errors import INVALID_VALUE, NOT_SUPPORTED, NotSupportedError

@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
-from . import _cubin, _ptx
 from .. import _driver
 from ._kernel import BlockSizeSuggestion, Kernel, KernelAttributes
 from ..memory._layout import dtype_of, shape_of
 from .._lifetimes import finalize
 from .._resource import Resource
-from ._twin_check import check_twin
+from ..devcode import _kinds
+from ..devcode._ptx import param_types
+from ..devcode._twin_check import check_twin
 from ._compiler import CompileError, compile_source, declared_name, pick_arch
 from ..context import ACTIVE, Context, context_for, fail, in_context
 from ..device import Device, devices
@@ -50,9 +51,9 @@ def _image_from(data: bytes | bytearray | memoryview) -> bytes:
         raise TypeError(f"device code must be bytes (a cubin, fatbin or PTX), not "
                         f"{type(data).__name__}")
     data = bytes(data)
-    if _cubin.is_cubin(data) or _cubin.is_fatbin(data):
+    if _kinds.is_cubin(data) or _kinds.is_fatbin(data):
         return data
-    if _cubin.is_ptx(data):
+    if _kinds.is_ptx(data):
         return data if data.endswith(b"\0") else data + b"\0"
     raise ValueError("not device code: the data is neither a cubin (ELF for CUDA), a fatbin "
                      "nor PTX text (with .version and .target)")
@@ -85,9 +86,9 @@ class _Code(Resource):
         self._names = dict(names)  # user's name (e.g. "axpy<float>") -> mangled name
         # Parameter types by mangled kernel name, from the program's PTX (none for a cubin
         # that came without it: its kernels' arguments are checked by size only).
-        if ptx is None and _cubin.is_ptx(image):
+        if ptx is None and _kinds.is_ptx(image):
             ptx = image
-        self._types = _ptx.param_types(ptx) if ptx is not None else {}
+        self._types = param_types(ptx) if ptx is not None else {}
         self._kernels: dict[str, Kernel] = {}
         self._lock = threading.Lock()
         self._loaded = True

@@ -1,6 +1,6 @@
 """Libraries, modules and kernels of the sim.
 
-Images are read, never run: `cuctx.kernels._cubin.read_image` gives kernel names, parameter layouts,
+Images are read, never run: `cuctx.devcode._image.read_image` gives kernel names, parameter layouts,
 resources and variables from a cubin or PTX (fatbins are not unpacked: loading one answers
 CUDA_ERROR_NOT_SUPPORTED). Behaviour comes from a kernel's *twin* (`_twins`, registered
 through ``backend.sim.set_kernel_twin``); launches are in `_launches`, occupancy in
@@ -22,7 +22,9 @@ import numpy as np
 from cuda.bindings.driver import (CUdevice_attribute, CUdeviceptr, CUfunction,
                                   CUfunction_attribute, CUkernel, CUlibrary, CUmodule, CUresult)
 
-from ...kernels._cubin import Image, KernelImage, is_fatbin, is_ptx, read_image
+from ...devcode._image import read_image
+from ...devcode._kinds import is_fatbin, is_ptx
+from ...devcode._layout import Image, KernelImage
 from ._common import (ILLEGAL_ADDRESS, INVALID_DEVICE, INVALID_HANDLE, INVALID_IMAGE,
                       INVALID_PTX, INVALID_VALUE, NOT_FOUND, NOT_INITIALIZED, NOT_SUPPORTED, OK,
                       OUT_OF_MEMORY)

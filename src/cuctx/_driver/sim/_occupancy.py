@@ -11,7 +11,7 @@ from cuda.bindings.driver import CUdevice_attribute
 from ._common import INVALID_HANDLE, NOT_SUPPORTED, OK
 
 if TYPE_CHECKING:
-    from ...kernels._cubin import KernelImage
+    from ...devcode._layout import KernelImage
     from ._library import SimKernel
 
 A = CUdevice_attribute
