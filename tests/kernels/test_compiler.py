@@ -238,7 +238,7 @@ def test_argument_validation(kwargs, error, message, cache):
 
 
 def test_source_must_be_str():
-    with pytest.raises(TypeError, match="src must be str"):
+    with pytest.raises(TypeError, match="C\\+\\+ source must be str"):
         compile_source(SRC.encode(), arch="sm_90", cache_dir=False)
 
 
@@ -405,7 +405,7 @@ def _blob(data: bytes) -> bytes:
 
 def _meta(**fields) -> bytes:
     meta = {"key": "k" * 64, "kind": "cubin", "arch": "sm_90", "lowered_names": {}, "log": "",
-            "ptx": "none", **fields}
+            "ptx": "none", "name": "k.cu", **fields}
     return json.dumps(meta).encode()
 
 
