@@ -52,12 +52,20 @@ def _image_from(data: bytes | bytearray | memoryview) -> bytes:
         raise TypeError(f"device code must be bytes (a cubin, fatbin or PTX), not "
                         f"{type(data).__name__}")
     data = bytes(data)
-    if _kinds.is_cubin(data) or _kinds.is_fatbin(data):
+    kind = _kinds.kind_of(data)
+    if kind in ("cubin", "fatbin"):
         return data
-    if _kinds.is_ptx(data):
+    if kind == "ptx":
         return data if data.endswith(b"\0") else data + b"\0"
+    if kind is not None:  # LTO-IR, NVVM IR, host objects and libraries are linked first
+        raise ValueError(f"this is {_UNLOADED[kind]}, which the driver does not load: link it "
+                         "into a Library with cuctx.Library.link([...]) (docs/kernels.md)")
     raise ValueError("not device code: the data is neither a cubin (ELF for CUDA), a fatbin "
                      "nor PTX text (with .version and .target)")
+
+
+_UNLOADED = {"ltoir": "LTO-IR", "nvvm": "NVVM IR", "object": "a host object file",
+             "library": "a library of host objects"}
 
 
 def _arch_of_devices() -> str:
