@@ -23,8 +23,8 @@ import warnings
 import numpy as np
 from cuda.bindings.driver import CUresult
 
-from ...kernels import _cubin
-from ...kernels._twin_check import where
+from ...devcode._layout import Param
+from ...devcode._twin_check import where
 from ._common import LAUNCH_FAILED, MISALIGNED_ADDRESS
 
 _FLOAT = {2: "<e", 4: "<f", 8: "<d"}
@@ -73,7 +73,7 @@ class SimPointer(int):
         return f"SimPointer({int(self):#x})"
 
 
-def decoders(fn, params: tuple[_cubin.Param, ...], kinds: tuple | None) -> list[str]:
+def decoders(fn, params: tuple[Param, ...], kinds: tuple | None) -> list[str]:
     """How each parameter reaches the twin. An annotation decides first: ``float`` -> a
     float of the parameter's size (half, float, double); ``complex`` -> two floats or two
     doubles; ``bytes`` -> the raw bytes; ``int`` -> a signed integer. Without one, the
