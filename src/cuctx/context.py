@@ -55,28 +55,21 @@ def fail(backend: _driver.Backend, err, operation: str, ctx: Context | None = No
     if code in CAPTURE_CODES and _lifetimes.capturing:  # end what the driver invalidated
         where = _lifetimes.capture_failed(operation, code)
         hint = f"{hint}; {where}" if hint else where
-    exc = error_for(code, operation, message, hint)
+    cause, where = None, ""
     if code in STICKY_CODES:
         ctx = ctx or _registered_current(backend)
-        if ctx is not None:
-            if ctx._state is ACTIVE:
-                exc = _with_twin_cause(backend, ctx, exc, code, operation, message, hint)
-            ctx._poison(exc)
+        if ctx is not None and ctx._state is ACTIVE and backend.sim:
+            # the sim says what faulted: a kernel twin that raised, a WHILE node it stopped
+            _, cause, where = backend.sim.fault_cause(ctx._handle)
+            hint = f"{hint}; {where}" if hint and where else hint or where
+    exc = error_for(code, operation, message, hint)
+    if where:
+        exc.__cause__ = cause  # a twin's exception (None for a stopped WHILE node)
+    if code in STICKY_CODES and ctx is not None:
+        ctx._poison(exc)
     elif code == CONTEXT_IS_DESTROYED and ctx is not None:
         ctx._mark_destroyed("(the driver reports it destroyed)")
     raise exc
-
-
-def _with_twin_cause(backend: _driver.Backend, ctx: Context, exc: CudaError, code: int,
-                     operation: str, message: str, hint: str) -> CudaError:
-    """On the sim, a sticky fault may come from a kernel twin that raised: name the twin's
-    file and line in the message and chain its exception (``__cause__``)."""
-    _, cause, where = backend.sim.fault_cause(ctx._handle) if backend.sim else (0, None, "")
-    if not where:
-        return exc
-    exc = error_for(code, operation, message, f"{hint}; {where}" if hint else where)
-    exc.__cause__ = cause
-    return exc
 
 
 def call(backend: _driver.Backend, operation: str, *args, ctx: Context | None = None):
@@ -132,8 +125,6 @@ def in_context(ctx: Context, operation: str) -> _InContext:
     ``ctx`` and that no host function runs, pushes it unless it is current, pops it after;
     the shadow stack is left alone (users write ``with ctx:``)."""
     return _InContext(ctx, operation)
-
-
 
 
 class Context(Resource):
