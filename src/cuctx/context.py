@@ -282,11 +282,20 @@ class Context(Resource):
             fail(self._backend, err, "cuCtxPushCurrent", self)
         stack.append(self)
 
-    @staticmethod
-    def pop() -> Context:
-        """Pop the calling thread's current context and return it."""
-        backend = _driver._active or _driver.active()
+    def pop(self: Context | None = None) -> Context:
+        """``Context.pop()``: pop the calling thread's current context and return it.
+        ``ctx.pop()``: pop ``ctx``, which must be the current one; with another on top it
+        raises ValueError naming that one, and pops nothing."""
+        backend = (_driver._active or _driver.active()) if self is None else self._backend
         stack = backend.tls.state.stack
+        if self is not None:
+            top = live_current(backend)
+            if top is not None and top is not self:
+                raise ValueError(
+                    f"Context.pop: {self!r} is not the current context of this thread; "
+                    f"{top!r} is (the top of its context stack), and ctx.pop() pops only "
+                    "the context it names, so nothing was popped. Pop the top with "
+                    "Context.pop(), or use `with ctx:` blocks, which restore the stack")
         err, handle = backend.driver.cuCtxPopCurrent()
         if err:
             fail(backend, err, "cuCtxPopCurrent",

@@ -1,4 +1,4 @@
-/* cuctx._native (see native.h): the context switches: ctx.push(), Context.pop(),
+/* cuctx._native (see native.h): the context switches: ctx.push(), Context.pop(), ctx.pop(),
  * `with ctx:` and `with device:`, mirrored on the thread's shadow stack. */
 #include "native.h"
 
@@ -142,8 +142,35 @@ static PyObject *pop(PyObject *backend, int block)
     return result;
 }
 
+/* ctx.pop(): pop ``ctx`` when it is the driver's current context and the shadow stack's
+ * top. Anything else (another context on top, an empty stack) takes the checked path, which
+ * raises naming the top and pops nothing. */
+static PyObject *pop_named(PyObject *ctx)
+{
+    if (!Py_IS_TYPE(ctx, L.Context))
+        return PYTHON_PATH;
+    PyObject *backend = SLOT(ctx, L.backend);
+    Driver *d = native_of(backend);
+    PyObject *state = d ? thread_state(backend) : NULL;
+    if (state == NULL)
+        return PYTHON_PATH;
+    PyObject *stack = SLOT(state, L.stack);
+    Py_ssize_t n = stack != NULL && PyList_CheckExact(stack) ? PyList_GET_SIZE(stack) : 0;
+    int on_top = n > 0 && PyList_GET_ITEM(stack, n - 1) == ctx;
+    Py_DECREF(state);
+    if (!on_top)
+        return PYTHON_PATH;
+    void *current = NULL;
+    int err = drv_current(d, &current);
+    if (err)
+        return err < 0 ? NULL : PYTHON_PATH;
+    return current == key_of(ctx) ? pop(backend, 0) : PYTHON_PATH;
+}
+
 PyObject *context_pop(PyObject *const *args, Py_ssize_t nargs)
 {
+    if (nargs == 1)
+        return pop_named(args[0]);
     PyObject *backend = nargs == 0 ? PyDict_GetItemWithError(L.driver_dict, S_active) : NULL;
     if (backend == NULL || backend == Py_None) {
         PyErr_Clear();
