@@ -19,7 +19,7 @@ from cuda.bindings import driver as d
 import cuctx
 from cuctx import Context, StickyFaultError
 
-from scenarios import ADD_SOURCE, SRC, add, library_fixture
+from scenarios import ADD_SOURCE, SRC, add, library_fixture, run_graph as run
 
 pytestmark = [pytest.mark.usefixtures("nvrtc_cache"), pytest.mark.paths("python", "native")]
 
@@ -30,13 +30,6 @@ N = 8
 def arange(n: int = N) -> cuctx.DeviceArray:
     return cuctx.to_device(np.arange(n, dtype=np.float32))
 
-
-def run(graph: cuctx.Graph, times: int = 1) -> None:
-    """Launch on the current stream (ordered after the arrays' allocation and upload)."""
-    exe = graph.instantiate()
-    for _ in range(times):
-        exe.launch()
-    cuctx.current_stream().synchronize()
 
 def has_conditionals(backend, version: int = 12040) -> None:
     """Skip on a driver older than ``version``: conditional nodes came with CUDA 12.4,

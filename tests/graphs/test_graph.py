@@ -14,7 +14,7 @@ import pytest
 import cuctx
 from cuctx import KernelArgumentError, LaunchConfigError
 
-from scenarios import ADD_SOURCE, add, library_fixture
+from scenarios import ADD_SOURCE, add, library_fixture, run_graph as run
 
 pytestmark = [pytest.mark.usefixtures("nvrtc_cache"), pytest.mark.paths("python", "native")]
 
@@ -24,14 +24,6 @@ N = 8
 
 def arange(n: int = N) -> cuctx.DeviceArray:
     return cuctx.to_device(np.arange(n, dtype=np.float32))
-
-
-def run(graph: cuctx.Graph, times: int = 1) -> None:
-    """Launch on the current stream (ordered after the arrays' allocation and upload)."""
-    exe = graph.instantiate()
-    for _ in range(times):
-        exe.launch()
-    cuctx.current_stream().synchronize()
 
 
 def line_of(node: cuctx.GraphNode) -> str:
