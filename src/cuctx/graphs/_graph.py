@@ -273,7 +273,7 @@ class Graph(Resource):
 
     def record(self, event: Event, after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
         """An event record node: each launch records ``event`` (of the graph's context)."""
-        self._event("Graph.record", event)
+        self._event("Graph.record", "record", event)
         if event._ctx is not self._ctx:
             raise ValueError(f"Graph.record: {event!r} belongs to {event._ctx!r}, the graph to "
                              f"{self._ctx!r}; record an event of the graph's context")
@@ -284,14 +284,14 @@ class Graph(Resource):
     def wait(self, event: Event, after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
         """An event wait node: the nodes after it wait for the event's latest record at the
         time the graph runs (of any context or device)."""
-        self._event("Graph.wait", event)
+        self._event("Graph.wait", "wait", event)
         return self._add("Graph.wait", "wait", self._backend.driver.cuGraphAddEventWaitNode,
                          (event._handle,), after,
                          NodeInfo(keep=(event,), description="wait event"), event)
 
-    def _event(self, operation: str, event: Any) -> None:
+    def _event(self, operation: str, kind: str, event: Any) -> None:
         self._check(operation)
-        check_body_kind(self, "record" if operation == "Graph.record" else "wait", operation)
+        check_body_kind(self, kind, operation)
         if not isinstance(event, Event):
             raise TypeError(f"{operation} takes a cuctx.Event, not {type(event).__name__}")
         if event._backend is not self._backend:
