@@ -64,6 +64,10 @@ def two_streams(spin: cuctx.Kernel, out: Output) -> None:
     host[:] = 0
     streams = [cuctx.Stream() for _ in range(2)]
     arrays = [cuctx.empty(N, np.float32, stream=s) for s in streams]
+    # Warm up: the first launch in a context loads the kernel there (lazily, synchronously),
+    # which inside the timeline kept the second stream's copy waiting for the first's.
+    spin[1, 1, 0, streams[0]](arrays[0], 1, 1)
+    cuctx.current_context().synchronize()
     with cuctx.timeline() as tl:
         for i, (s, x) in enumerate(zip(streams, arrays)):
             cuctx.copy(x, host[i], stream=s)
