@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from cuda.bindings import driver as d
-from probe_graphs_capture import capture, graphs_in_a_capture
+from probe_graphs_capture import capture, graphs_in_a_capture, instantiating_beside_captures
 from probe_graphs_common import Recorder, Setup
 from probe_graphs_conditionals import conditional_kinds, conditional_rules
 from probe_graphs_explicit import explicit, memory_and_conditionals, updates
@@ -46,6 +46,7 @@ def transcript(backend) -> list[list]:
         conditional_kinds(r, setup, backend)
         graphs_in_a_capture(r, setup)
         conditional_rules(r, setup)
+        instantiating_beside_captures(r, setup)
     finally:
         drv.cuCtxSynchronize()
         drv.cuCtxPopCurrent()

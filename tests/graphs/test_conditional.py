@@ -2,7 +2,8 @@
 condition a kernel sets; conditions are checked where they are made and used. What CUDA
 refuses around them is refused where the user adds it, naming the body, the node and what to
 do: a node a body cannot run (a host node, event nodes), a conditional node in a child
-graph, a made-up number where a kernel takes a condition. The nodes of bodies can be updated
+graph, a made-up number where a kernel takes a condition, a second node driven by one
+condition. The nodes of bodies can be updated
 in an executable. A "while" node that never ends stops on the sim at a documented cap,
 naming the node. Sim and GPU (the cap: the sim alone; a GPU would loop for ever)."""
 
@@ -115,7 +116,7 @@ def test_a_kernel_added_before_an_if_else_node_picks_its_body(setters, backend):
     then, otherwise = branch.bodies
     then.launch(setters["put"], 1, 1, out[0:1], 1.0)
     otherwise.launch(setters["put"], 1, 1, out[1:2], 2.0)
-    assert branch.condition == condition and condition.nodes == 1
+    assert branch.condition == condition and condition.node is branch
     exe = g.instantiate()
     exe.launch()
     assert out.to_host().tolist() == [1.0, 0.0]
@@ -178,9 +179,30 @@ def test_conditional_arguments_are_checked(backend):
     inner = outer.bodies[0].conditional("if", condition=top)
     with pytest.raises(ValueError, match="of another graph"):  # not the other way round
         g.conditional("if", condition=outer.bodies[0].condition())
-    assert inner.condition is top and top.nodes == 1
+    assert inner.condition is top and top.node is inner
     with pytest.raises(AttributeError, match="not a conditional"):
         assert g.empty().bodies is None  # raises first
+
+
+def test_a_condition_drives_one_node(backend):
+    """CUDA lets a condition drive one conditional node (an H100 refuses a second
+    cuGraphAddNode with the same handle, CUDA_ERROR_INVALID_VALUE): cuctx refuses it where
+    it is added, in the graph or in a body, naming the node the condition drives."""
+    has_conditionals(backend)
+    out = cuctx.zeros(2, np.float32)
+    g = cuctx.Graph()
+    condition = g.condition(default=True)
+    first = g.conditional("if", condition=condition)
+    first.body.fill(out[0:1], 1.0)
+    own = g.conditional("if", default=False)  # with a condition of its own
+    assert condition.node is first and own.condition.node is own
+    for graph in (g, first.body):
+        with pytest.raises(ValueError, match="drive one conditional node") as info:
+            graph.conditional("while", condition=condition)
+        assert repr(first) in str(info.value) and "g.condition()" in str(info.value)
+    assert len(g.nodes) == 2 and first.body.nodes[0].kind == "fill"  # nothing was added
+    run(g)  # and the graph is whole
+    assert out.to_host().tolist() == [1.0, 0.0]
 
 
 def test_a_condition_no_node_uses_is_named_at_instantiate(backend):

@@ -19,8 +19,10 @@ graph calls in a row costing more than eager ones the structure runs eagerly, an
 many eager calls in a row for which graph calls are predicted cheaper by `MARGIN` it goes
 back to its graph. A call that does what a graph cannot hold (a synchronize, a query, a
 pageable copy) runs eagerly from the start: what was recorded before it is enqueued first;
-so does a call whose streams are being captured. Where the backend has the compiled path,
-recording, comparing, patching and launching run in C (`cuctx._native`, csrc/autograph.c).
+so does a call whose streams are being captured, and one that would build a graph while a
+capture forbids instantiating one (it would break that capture). Where the backend has the
+compiled path, recording, comparing, patching and launching run in C (`cuctx._native`,
+csrc/autograph.c).
 Everything is counted, timed and explained: `AutoGraph.stats`, `AutoGraph.explain`.
 """
 from __future__ import annotations
@@ -44,6 +46,7 @@ from ._autograph_arena import Arena
 from ._autograph_build import construct, patch, patchable, patcher, unbuildable
 from ._autograph_policy import MARGIN, SWITCH_AFTER, Policy, us
 from ._autograph_record import WAIT, Recording
+from ._exec import forbidding_instantiation
 
 REASONS_KEPT = 256  # the latest reasons stats() lists
 GRAPH, EAGER = "graph", "eager"
@@ -230,6 +233,11 @@ class AutoGraph:
         self._note("eager", reason)
 
     def _build(self, entry: _Entry, recording: Recording, reason: str | None = None) -> None:
+        if _lifetimes.capturing and forbidding_instantiation():  # it would break the capture
+            return self._eager(entry, recording, (
+                "a capture forbids instantiating a graph now (a \"thread_local\" or "
+                "\"global\" one of this thread, or a \"global\" one of another): ran "
+                "eagerly, and a later call builds it"))
         t0 = perf_counter()
         try:
             graph, nodes, size = construct(recording)

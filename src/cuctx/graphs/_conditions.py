@@ -1,8 +1,9 @@
 """Conditional nodes and what CUDA allows around them, checked where the user adds a node:
 
-- conditions (`Condition`: a cudaGraphConditionalHandle with its graph, default and line),
-  cuctx's kinds ("if", "if_else", "while", "switch") as the driver's type and number of
-  bodies, and which graphs may use a condition;
+- conditions (`Condition`: a cudaGraphConditionalHandle with its graph, default, line and
+  the node it drives), cuctx's kinds ("if", "if_else", "while", "switch") as the driver's
+  type and number of bodies, which graphs may use a condition, and that it drives one node
+  (cuGraphAddNode refuses a second with CUDA_ERROR_INVALID_VALUE, as an H100 does);
 - what a body holds: kernel, copy, fill, empty, child graph and conditional nodes, inside
   its child graphs too (the documented list of CUDA_CONDITIONAL_NODE_PARAMS::phGraph_out;
   the driver adds any other node to a body and refuses the graph at cuGraphInstantiate with
@@ -35,19 +36,25 @@ class Condition(int):
     """A graph's condition handle (cudaGraphConditionalHandle), made by `Graph.condition`
     (or by `Graph.conditional` without ``condition=``): pass it to the kernel that sets it
     (an ``unsigned long long`` parameter; the kernel calls ``cudaGraphSetConditional(handle,
-    value)``) and to the conditional node it drives. ``default``: the value each launch
+    value)``) and to the one conditional node it drives. ``default``: the value each launch
     starts from (None: the value last set, 0 at first); ``site``: the user's line that made
-    it; ``nodes``: how many conditional nodes use it (CUDA refuses to instantiate a graph
-    with a condition no node uses)."""
+    it; ``node``: the conditional node it drives, None until there is one (CUDA refuses to
+    instantiate a graph with a condition no node uses, and to add a second node with it)."""
 
     def __new__(cls, handle: int, graph: Any, default: int | None,
                 site: tuple[str, int, str] | None) -> Condition:
         self = super().__new__(cls, handle)
         self.default = default
         self.site = site
-        self.nodes = 0
-        self._graph = weakref.ref(graph)  # not kept: its nodes' arguments may keep this
+        # Neither is kept: the graph holds its nodes, whose arguments may keep this.
+        self._graph = weakref.ref(graph)
+        self._node: weakref.ref | None = None
         return self
+
+    @property
+    def node(self) -> GraphNode | None:
+        """The conditional node this condition drives, or None."""
+        return self._node() if self._node is not None else None
 
     @property
     def where(self) -> str:
@@ -134,6 +141,13 @@ def check_condition(condition: Any, default: Any, graph: Graph, operation: str) 
         raise ValueError(f"{operation}: {condition!r} is of another graph; a conditional node "
                          "takes a condition of its own graph, or of a graph its own lies in "
                          "as a body")
+    if condition.node is not None:
+        raise ValueError(
+            f"{operation}: {condition!r} drives {condition.node!r} already, and CUDA lets a "
+            "condition drive one conditional node (the driver refuses a second, naming "
+            "nothing): make a condition for this node (g.condition(), or leave condition= "
+            "out and use node.condition) and have the kernel set both, or put this node's "
+            "work in the body of the node the condition drives")
 
 
 def check_condition_args(handles: tuple[tuple[int, str], ...], args: tuple, graph: Graph,

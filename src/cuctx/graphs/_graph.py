@@ -10,6 +10,7 @@ keeps its nodes (so their objects) alive; an executable copies that set when it 
 from __future__ import annotations
 
 import os
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from cuda.bindings.driver import CUgraphDebugDot_flags
@@ -369,7 +370,7 @@ class Graph(Resource):
             body._setup(ctx, handle, (node, index))
             bodies.append(body)
         node._extra = (condition, tuple(bodies))
-        condition.nodes += 1
+        condition._node = weakref.ref(node)
         self._parts.extend(bodies)
         if kind == "while" and self._backend.sim is not None:  # named where the sim stops it
             self._backend.sim.name_node(node._handle, repr(node))
@@ -406,7 +407,7 @@ class Graph(Resource):
         right away (else the first launch does); ``auto_free``: memory the graph allocates
         and does not free is freed at its next launch; ``priority``: kernel nodes run with
         their own priority attributes."""
-        unused = [c for c in self._conditions if not c.nodes]
+        unused = [c for c in self._conditions if c.node is None]
         if unused:
             raise ValueError(
                 f"Graph.instantiate: {', '.join(map(repr, unused))} drives no conditional "

@@ -7,7 +7,9 @@ A condition's value is set by a kernel: on a GPU with ``cudaGraphSetConditional(
 value)``; in the sim, the kernel's twin (which receives the handle as its 8-byte argument)
 calls ``cuctx.backend().sim.set_conditional(handle, value)`` (`SimControls`). A handle
 created with CU_GRAPH_COND_ASSIGN_DEFAULT takes its default value at the start of each
-launch of a graph that uses it, in stream order; without it, it keeps its last value.
+launch of a graph that uses it, in stream order; without it, it keeps its last value. A
+handle drives one conditional node: adding a second node with it is
+CUDA_ERROR_INVALID_VALUE (H100), as is a handle of a graph the node's graph does not lie in.
 
 A conditional node runs as one operation of the launch: when it runs, it reads the value
 and runs the chosen body's nodes inline, in a dependency order, adding their cost to the
@@ -52,7 +54,7 @@ BODY_TYPES = (T.CU_GRAPH_NODE_TYPE_KERNEL, T.CU_GRAPH_NODE_TYPE_MEMCPY,
 
 
 class SimCondition:
-    __slots__ = ("handle", "graph", "ctx", "default", "assign", "value")
+    __slots__ = ("handle", "graph", "ctx", "default", "assign", "value", "node")
 
     def __init__(self, handle: int, graph, ctx, default: int, assign: bool):
         self.handle = handle
@@ -61,6 +63,7 @@ class SimCondition:
         self.default = default
         self.assign = assign  # CU_GRAPH_COND_ASSIGN_DEFAULT: reset at each launch
         self.value = default
+        self.node = None  # the conditional node it drives, once added
 
 
 class CondWork:
@@ -131,8 +134,8 @@ class ConditionalModel:
             size = int(params.size)
             fits = {C.CU_GRAPH_COND_TYPE_IF: size in (1, 2), C.CU_GRAPH_COND_TYPE_WHILE: size == 1,
                     C.CU_GRAPH_COND_TYPE_SWITCH: size >= 1}
-            if condition is None or not fits.get(params.type, False) \
-                    or not _within(graph, condition.graph) \
+            if condition is None or condition.node is not None \
+                    or not fits.get(params.type, False) or not _within(graph, condition.graph) \
                     or (int(params.ctx) and int(params.ctx) != condition.ctx.handle):
                 return INVALID_VALUE, None
             work = CondWork(params.type, condition, [], condition.ctx)
@@ -142,6 +145,7 @@ class ConditionalModel:
         if err:
             return (err, None)
         node, work = self._graph_node(handle), made[0]
+        work.condition.node = node
         work.bodies = [self._new_graph(node) for _ in range(int(params.size))]
         work.out = (ctypes.c_void_p * len(work.bodies))(*[b.handle for b in work.bodies])
         ctypes.c_void_p.from_address(params.getPtr() + _OUT_OFFSET).value = \
