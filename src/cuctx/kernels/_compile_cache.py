@@ -30,7 +30,7 @@ class CacheWarning(RuntimeWarning):
     """The compile cache could not be used; compilation went ahead without it."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class CompileResult:
     """A compiled (or linked) image.
 
@@ -51,6 +51,11 @@ class CompileResult:
     from_cache: bool
     ptx: bytes | None = None
     name: str = ""
+
+    def __repr__(self) -> str:  # (the image and the log can be megabytes: not printed)
+        name = f" {self.name!r}" if self.name else ""
+        cached = ", from the cache" if self.from_cache else ""
+        return f"<CompileResult {self.kind}{name} for {self.arch}, {len(self.image)} bytes{cached}>"
 
 
 # Where an entry's PTX is: none, the image itself (kind "ptx"), or its own blob.
