@@ -149,11 +149,18 @@ class Stream(Resource):
             return fn(*args)
 
     def _call(self, fn, *args):
-        """Call a driver function that takes this stream (off the hot paths)."""
+        """Call a driver function that takes this stream, with the stream's context current
+        (copies, memsets, allocations, host functions, ...). The driver resolves a default
+        stream's handle, and checks a copy's device pointers, against the *current* context,
+        not the stream's: a copy of device 1's memory on a stream of device 1 fails with
+        CUDA_ERROR_INVALID_VALUE while device 0's context is current (two H200s). When the
+        context is current already it costs one cuCtxGetCurrent, from C where the compiled
+        path is built."""
         if in_host_function:
             refuse_in_host_function(getattr(fn, "__name__", "a driver call"))
-        if self._key not in (0, LEGACY, PER_THREAD):
-            return fn(*args)
+        native = self._backend.native
+        if native is not None and self._ctx._state is ACTIVE:
+            return native.call_in(self._ctx, fn, *args)
         return self._in_context(fn, *args)
 
     def record(self, event: Event | None = None) -> Event:

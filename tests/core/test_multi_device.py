@@ -14,6 +14,7 @@ import json
 
 import numpy as np
 import pytest
+from cuda.bindings.driver import CUresult
 
 import cuctx
 from conftest import busy
@@ -230,6 +231,71 @@ def test_without_the_wait_device_1_reads_what_was_there_on_the_sim(sim_pair):
     cuctx.copy(b, a, stream=s1)  # nothing orders it after the fill: it runs first
     assert (b.to_host(stream=s1) == 0.0).all()
     s0.synchronize()
+
+
+# -- every copy in its stream's context ------------------------------------------------------
+
+def test_the_driver_checks_a_copys_memory_against_the_current_context(backend, pair):
+    """What cuctx works around, in raw driver calls: a copy of device 1's memory on a stream
+    of device 1 is CUDA_ERROR_INVALID_VALUE while device 0's context is current (two H200s,
+    driver 580), and runs with device 1's. The sim refuses it as the driver does."""
+    d0, d1 = pair
+    drv = backend.driver
+    s1 = Stream(d1)
+    b = cuctx.full(N, 3.0, np.float32, stream=s1)
+    out = cuctx.pinned_empty(N, np.float32)
+    for device, expected in ((d0, CUresult.CUDA_ERROR_INVALID_VALUE),
+                             (d1, CUresult.CUDA_SUCCESS)):
+        with device:
+            assert drv.cuMemcpyDtoHAsync(out.ctypes.data, b.ptr, b.nbytes, s1._handle) \
+                == (expected,), device
+    s1.synchronize()
+    assert out.tolist() == [3.0] * N
+
+
+def test_on_the_sim_only_copies_are_checked_against_the_current_context(sim, sim_pair):
+    """The sim's model (docs/memory.md, "The sim's memory"; scripts/probe_multi_device.py
+    asks a GPU each case): a copy's device memory must be reachable from the current
+    context (its device's, or by peer access), or from the stream's when none is current;
+    memsets and cuMemcpyPeerAsync, which name their memory's contexts, are not checked so."""
+    d0, d1 = sim_pair
+    drv = sim.driver
+    s1 = Stream(d1)
+    a = cuctx.zeros(N, np.float32, stream=s1)
+    b = cuctx.zeros(N, np.float32, stream=s1)
+    ok, refused = (CUresult.CUDA_SUCCESS,), (CUresult.CUDA_ERROR_INVALID_VALUE,)
+    with d0:
+        assert drv.cuMemcpyDtoDAsync(b.ptr, a.ptr, a.nbytes, s1._handle) == refused
+        assert drv.cuMemsetD32Async(b.ptr, 7, N, s1._handle) == ok
+        assert drv.cuMemcpyPeerAsync(b.ptr, d1.primary_context._handle, a.ptr,
+                                     d1.primary_context._handle, a.nbytes, s1._handle) == ok
+        d0.enable_peer_access(d1)
+        try:
+            assert drv.cuMemcpyDtoDAsync(b.ptr, a.ptr, a.nbytes, s1._handle) == ok
+        finally:
+            d0.disable_peer_access(d1)
+    cuctx.Context.pop()  # the primary context lazy initialisation left current: none now
+    assert cuctx.current_context() is None
+    assert drv.cuMemcpyDtoDAsync(b.ptr, a.ptr, a.nbytes, s1._handle) == ok
+    s1.synchronize()
+
+
+def test_copies_and_fills_on_a_stream_of_device_1_work_whatever_context_is_current(pair):
+    d0, d1 = pair
+    s1 = Stream(d1)
+    host = np.arange(64, dtype=np.float32).reshape(8, 8)
+    pinned = cuctx.pinned_empty(host.shape, np.float32)
+    with d0:  # every call below with device 0's context current
+        a = cuctx.empty(host.shape, np.float32, stream=s1)
+        cuctx.copy(a, host, stream=s1)  # host to device, pageable
+        b = cuctx.zeros(host.shape, np.float32, stream=s1)  # an allocation and a memset
+        cuctx.copy(b[:, :4], a[:, 4:], stream=s1)  # device to device, strided: a 2D copy
+        b[:, 4:].fill(-1.0, stream=s1)  # a fill of a strided view
+        b.to_host(out=pinned, stream=s1)  # device to host, page-locked
+        s1.synchronize()
+    expected = np.full(host.shape, -1.0, np.float32)
+    expected[:, :4] = host[:, 4:]
+    np.testing.assert_array_equal(pinned, expected)
 
 
 # -- kernels and another device's memory --------------------------------------------------

@@ -109,7 +109,8 @@ class CaptureOps:
                 getattr(copy, prefix + "MemoryType")
             except ValueError:
                 return INVALID_VALUE, None
-        return copy_work(self, copy, CUcontext(stream.ctx.handle))
+        return copy_work(self, copy, CUcontext(stream.ctx.handle),
+                         self._copy_context(stream.ctx))
 
     def cuMemcpyHtoDAsync(self, dstDevice, srcHost, ByteCount, hStream):
         n = size_t(ByteCount)

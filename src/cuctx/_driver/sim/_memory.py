@@ -7,7 +7,8 @@ of addresses with NumPy bytes behind it); block addresses are never handed out t
 stale pointer into a released block stays invalid for ever.
 
 Checking accesses: driver calls (cuMemcpy*, cuMemset*) check their ranges when called and
-answer CUDA_ERROR_INVALID_VALUE, as the real driver does. The work they queue remembers the
+answer CUDA_ERROR_INVALID_VALUE, as the real driver does; so is a copy's device memory that
+the *current* context does not reach, whatever its stream's context (`_copy_context`). The work they queue remembers the
 allocation it was checked against and checks again when it runs: valid while that
 allocation's free has not run (even if the block already holds a later, smaller allocation
 on the freeing stream); after it has run, valid only where a later allocation of the block
@@ -288,16 +289,33 @@ class MemoryModel(PitchedCopies, HostMemory):
             return (err,)
         return (self._drain(hStream),)
 
-    def _checked(self, hStream, *device_ranges):
-        """The call-time checks of a copy: a usable stream, live device ranges. Returns
-        (CUresult, [DeviceSpan per range])."""
-        err, _ = self._stream_context(hStream)
+    def _checked(self, hStream, *device_ranges, in_current: bool = True):
+        """The call-time checks of a copy or memset: a usable stream, live device ranges
+        that, ``in_current``, the context a copy is checked against reaches
+        (`_copy_context`; memsets and peer copies, which name their contexts, are not
+        checked so). Returns (CUresult, [DeviceSpan per range])."""
+        err, ctx = self._stream_context(hStream)
         if err:
             return err, None
         spans = [self._device_span(p, n) for p, n in device_ranges]
         if any(span is None for span in spans):
             return INVALID_VALUE, None
+        if in_current:
+            checker = self._copy_context(ctx)
+            if not all(self._may_reach(checker, span.alloc.block) for span in spans):
+                return INVALID_VALUE, None
         return OK, spans
+
+    def _copy_context(self, stream_ctx):
+        """The context a copy's device memory is checked against: the *current* one, not the
+        stream's; the stream's only while no context is current. NVIDIA's CCCL found that the
+        driver's memcpy entry points validate device pointers against the current context
+        (NVIDIA/cccl#9997: CUDA_ERROR_INVALID_VALUE for another device's context; #9615:
+        fine with an empty context stack, and memsets are not affected), as two H200s
+        answered cuctx (issue 21). Memory of that context's device, or that it has peer or
+        pool access to (`_may_reach`), passes."""
+        stack = self._stack()
+        return stack[-1] if stack else stream_ctx
 
     def _host_copy(self, hStream, device: int, host: int, n: int, to_device: bool):
         err, spans = self._checked(hStream, (device, n))
@@ -327,8 +345,11 @@ class MemoryModel(PitchedCopies, HostMemory):
     def cuMemcpyDtoHAsync(self, dstHost, srcDevice, ByteCount, hStream):
         return self._host_copy(hStream, int(srcDevice), int(dstHost), size_t(ByteCount), False)
 
-    def _device_copy(self, hStream, dst: int, src: int, n: int, label: str):
-        err, spans = self._checked(hStream, (dst, n), (src, n))
+    def _device_copy(self, hStream, dst: int, src: int, n: int, label: str,
+                     peer: bool = False):
+        """A copy between device pointers; ``peer``: cuMemcpyPeerAsync's, which names the
+        contexts of its memory, so it is not checked against the current context."""
+        err, spans = self._checked(hStream, (dst, n), (src, n), in_current=not peer)
         if err or n == 0:
             return (err,)
         target, source = spans
@@ -357,7 +378,7 @@ class MemoryModel(PitchedCopies, HostMemory):
             block = self._live_range(ptr, n)
             if n and (block is None or block.device != target.device):
                 return (INVALID_VALUE,)
-        return self._device_copy(hStream, dst, src, n, "peer")
+        return self._device_copy(hStream, dst, src, n, "peer", peer=True)
 
     def cuMemcpyHtoD(self, dstDevice, srcHost, ByteCount):
         return self._synchronous(self.cuMemcpyHtoDAsync(dstDevice, srcHost, ByteCount, 0))
@@ -379,7 +400,7 @@ class MemoryModel(PitchedCopies, HostMemory):
             return (INVALID_VALUE,)
         if span == 0:  # as on an H100: cuMemsetD8Async(0, 0, 0, stream) succeeds
             return (self._stream_context(hStream)[0],)
-        err, spans = self._checked(hStream, (dst, span))
+        err, spans = self._checked(hStream, (dst, span), in_current=False)
         if err:
             return (err,)
         target = spans[0]
