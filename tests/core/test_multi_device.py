@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 import pytest
-from cuda.bindings.driver import CUresult
+from cuda.bindings.driver import CUresult, CUstreamCaptureMode, CUstreamCaptureStatus
 
 import cuctx
 from conftest import busy
@@ -78,6 +78,20 @@ def gpus(gpu) -> tuple[Device, Device]:
     if len(devices) < 2:
         pytest.skip(f"needs two GPUs; this machine has {len(devices)}")
     return devices[0], devices[1]
+
+
+@pytest.fixture
+def peers(pair) -> tuple[Device, Device]:
+    """The two devices with peer access enabled both ways for the test (skips where the
+    hardware has none)."""
+    d0, d1 = pair
+    if not (d0.can_access_peer(d1) and d1.can_access_peer(d0)):
+        pytest.skip("these devices cannot access each other (cuDeviceCanAccessPeer is 0)")
+    d0.enable_peer_access(d1)
+    d1.enable_peer_access(d0)
+    yield d0, d1
+    d0.disable_peer_access(d1)
+    d1.disable_peer_access(d0)
 
 
 def three_contexts(d0: Device, d1: Device) -> list[Context]:
@@ -427,28 +441,81 @@ def test_graphs_run_on_streams_of_their_own_device_only(pair):
             exe.upload(foreign)
 
 
-def test_a_copy_between_devices_captured_on_one_device_replays(pair):
+def test_a_copy_between_devices_captured_on_one_device_replays(peers):
+    d0, d1 = peers
+    s0 = Stream(d0)
+    a = cuctx.to_device(np.arange(N, dtype=np.float32), stream=s0)
+    b = cuctx.zeros(N, np.float32, device=d1)
+    cuctx.Device(1).synchronize()
+    with s0.capture() as graph:
+        a.fill(3.0, stream=s0)
+        cuctx.copy(b, a, stream=s0)
+    assert b.to_host().tolist() == [0.0] * N  # captured, not run
+    with graph.instantiate() as exe:
+        exe.launch(s0)
+        s0.synchronize()
+    assert b.to_host().tolist() == [3.0] * N
+
+
+def test_a_strided_copy_between_devices_captured_on_the_destinations_device_replays(peers):
+    """A graph cannot hold cuMemcpyPeerAsync: the copy is the 2D device-to-device copy a
+    strided copy within a device is, here of device 0's memory by device 1."""
+    d0, d1 = peers
+    s1 = Stream(d1)
+    a = cuctx.to_device(np.arange(2 * N, dtype=np.float32), device=d0)
+    b = cuctx.zeros(2 * N, np.float32, stream=s1)
+    d0.synchronize()
+    with s1.capture() as graph:
+        cuctx.copy(b[::2], a[1::2], stream=s1)
+    with graph.instantiate() as exe:
+        exe.launch(s1)
+        s1.synchronize()
+    expected = np.zeros(2 * N, np.float32)
+    expected[::2] = np.arange(1, 2 * N, 2)
+    np.testing.assert_array_equal(b.to_host(stream=s1), expected)
+
+
+def test_a_copy_between_devices_in_a_capture_needs_peer_access(pair):
     d0, d1 = pair
-    if not (d0.can_access_peer(d1) and d1.can_access_peer(d0)):
-        pytest.skip("these devices cannot access each other (cuDeviceCanAccessPeer is 0)")
-    d0.enable_peer_access(d1)  # pool memory of the other device in a graph (see memory.md)
-    d1.enable_peer_access(d0)
-    try:
-        s0 = Stream(d0)
-        a = cuctx.to_device(np.arange(N, dtype=np.float32), stream=s0)
-        b = cuctx.zeros(N, np.float32, device=d1)
-        cuctx.Device(1).synchronize()
-        with s0.capture() as graph:
-            a.fill(3.0, stream=s0)
-            cuctx.copy(b, a, stream=s0)
-        assert b.to_host().tolist() == [0.0] * N  # captured, not run
-        with graph.instantiate() as exe:
-            exe.launch(s0)
-            s0.synchronize()
-        assert b.to_host().tolist() == [3.0] * N
-    finally:
-        d0.disable_peer_access(d1)
-        d1.disable_peer_access(d0)
+    s0 = Stream(d0)
+    a = cuctx.full(N, 2.0, np.float32, stream=s0)
+    b = cuctx.zeros(N, np.float32, stream=s0)
+    with d1:
+        c = cuctx.zeros(N, np.float32)
+    cuctx.Device(1).synchronize()
+    with pytest.raises(ValueError, match=r"CUDA cannot capture cuMemcpyPeerAsync, and the copy "
+                       r"a graph holds is made by device 0, which needs peer access to device "
+                       r"1: call cuctx\.Device\(0\)\.enable_peer_access\(1\) before the "
+                       r"capture"):
+        with s0.capture():
+            cuctx.copy(b, a, stream=s0)  # within device 0: captured
+            cuctx.copy(c, a, stream=s0)
+    cuctx.copy(c, a, stream=s0)  # outside a capture: cuMemcpyPeerAsync, no access needed
+    s0.synchronize()
+    assert c.to_host().tolist() == [2.0] * N
+
+
+def test_cuMemcpyPeerAsync_in_a_capture_is_refused_and_invalidates_it(backend, pair):
+    """What cuctx works around, in raw driver calls (two H200s: CUDA_ERROR_STREAM_CAPTURE_
+    UNSUPPORTED), and the sim refuses alike: the capture is invalidated, its end gives no
+    graph."""
+    d0, d1 = pair
+    drv = backend.driver
+    s0 = Stream(d0)
+    a = cuctx.zeros(N, np.float32, stream=s0)
+    b = cuctx.zeros(N, np.float32, device=d1)
+    d1.synchronize()
+    s0.synchronize()
+    with d0:
+        mode = CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        assert drv.cuStreamBeginCapture(s0._handle, mode) == (CUresult.CUDA_SUCCESS,)
+        assert drv.cuMemcpyPeerAsync(b.ptr, d1.primary_context._handle, a.ptr,
+                                     d0.primary_context._handle, a.nbytes, s0._handle) \
+            == (CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,)
+        assert drv.cuStreamIsCapturing(s0._handle) == (
+            CUresult.CUDA_SUCCESS, CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+        err, graph = drv.cuStreamEndCapture(s0._handle)
+        assert err == CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and not int(graph or 0)
 
 
 # -- the timeline of two devices ----------------------------------------------------------

@@ -7,9 +7,10 @@ H100 captures such a copy, which then reads or writes that memory at every launc
 -> memset nodes; host functions -> host nodes; cuMemAllocAsync / cuMemFreeAsync -> memory
 alloc / free nodes (a free must be of a graph allocation); cuEventRecord / cuStreamWaitEvent
 -> dependencies (see `_capture`), no nodes. cuGraphLaunch into a capturing stream is
-CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture (H100), as is any other
-work reaching the engine on a capturing stream (the sim has no node for it). Empty work (a
-zero size) adds no node.
+CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture (H100), as do
+cuMemcpyPeerAsync (two H200s: a copy between devices is captured as a device to device copy
+instead) and any other work reaching the engine on a capturing stream (the sim has no node
+for it). Empty work (a zero size) adds no node.
 """
 
 from __future__ import annotations
@@ -133,10 +134,13 @@ class CaptureOps:
 
     def cuMemcpyPeerAsync(self, dstDevice, dstContext, srcDevice, srcContext, ByteCount,
                           hStream):
+        """Not capturable: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (two H200s, driver 580, issue
+        21), the capture invalidated as by other unsupported work (scripts/
+        probe_multi_device.py asks a GPU both). A copy between devices in a graph is a memcpy
+        node of device pointers (cuMemcpyDtoDAsync, under unified addressing)."""
         n = size_t(ByteCount)
         return self._capture_node(
-            hStream, lambda s: self._linear_copy(s, DEVICE, int(dstDevice), DEVICE,
-                                                 int(srcDevice), n),
+            hStream, lambda s: (CAPTURE_UNSUPPORTED, None),
             lambda: super(CaptureOps, self).cuMemcpyPeerAsync(
                 dstDevice, dstContext, srcDevice, srcContext, n, hStream))
 
