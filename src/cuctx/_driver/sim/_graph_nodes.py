@@ -91,7 +91,8 @@ class CopyWork:
 
     @property
     def activity(self) -> str:
-        return copy_kind(self.devices[0] is None, self.devices[1] is None)
+        source, target = self.devices
+        return copy_kind(source is None, target is None, source != target)
 
     def cost(self) -> int:
         return duration(self.activity, self.nbytes, 1.0)

@@ -38,7 +38,7 @@ from ._common import (CONTEXT_IS_DESTROYED, ILLEGAL_ADDRESS, INVALID_CONTEXT, IN
                       NOT_PERMITTED, NOT_SUPPORTED, OK, OUT_OF_MEMORY)
 from ._host import HostMemory, HostSide
 from ._pitched import PitchedCopies
-from ._timing import DTOD, DTOH, HTOD, MEMSET
+from ._timing import DTOD, DTOH, HTOD, MEMSET, PTOP, peer_copy_time
 
 ADDRESS_BASE = 0x7000_0000_0000  # where the device address space starts (CUDA's is similar)
 ALIGNMENT = 512  # cuMemAlloc's alignment
@@ -278,13 +278,14 @@ class MemoryModel(PitchedCopies, HostMemory):
 
     # -- copies ---------------------------------------------------------------------------
 
-    def _copy(self, hStream, nbytes: int, run, host: HostSide | None, label: str, kind: str):
+    def _copy(self, hStream, nbytes: int, run, host: HostSide | None, label: str, kind: str,
+              cost_ns: int | None = None):
         """Queue ``run`` (which copies); drain the stream when the host side is pageable."""
         pageable = host is not None and not host.pinned
         if pageable and self._in_host_function():
             return (NOT_PERMITTED,)  # a synchronous copy would wait for this host function
         err = self._enqueue(hStream, run, nbytes=nbytes, label=label, kind=kind,
-                            pageable=pageable)
+                            pageable=pageable, cost_ns=cost_ns)
         if err or not pageable:
             return (err,)
         return (self._drain(hStream),)
@@ -346,10 +347,13 @@ class MemoryModel(PitchedCopies, HostMemory):
         return self._host_copy(hStream, int(srcDevice), int(dstHost), size_t(ByteCount), False)
 
     def _device_copy(self, hStream, dst: int, src: int, n: int, label: str,
-                     peer: bool = False):
-        """A copy between device pointers; ``peer``: cuMemcpyPeerAsync's, which names the
-        contexts of its memory, so it is not checked against the current context."""
-        err, spans = self._checked(hStream, (dst, n), (src, n), in_current=not peer)
+                     peer_contexts=None):
+        """A copy between device pointers; with ``peer_contexts`` (the destination's and the
+        source's SimContext), cuMemcpyPeerAsync's, which names them: its memory is not
+        checked against the current context, and it goes over the link only where one of the
+        two reaches the other's memory (else staged, `_timing`)."""
+        err, spans = self._checked(hStream, (dst, n), (src, n),
+                                   in_current=peer_contexts is None)
         if err or n == 0:
             return (err,)
         target, source = spans
@@ -361,7 +365,13 @@ class MemoryModel(PitchedCopies, HostMemory):
             if err:
                 return err
             dst_bytes[:] = src_bytes  # NumPy copies through a buffer when the ranges overlap
-        return self._copy(hStream, n, run, None, label, DTOD)
+        if target.alloc.block.device == source.alloc.block.device:
+            return self._copy(hStream, n, run, None, label, DTOD)
+        # Between devices: checked against a context that reaches both sides, or a peer copy.
+        direct = peer_contexts is None or any(
+            self._may_reach(ctx, span.alloc.block)
+            for ctx, span in zip(peer_contexts, (source, target)))
+        return self._copy(hStream, n, run, None, label, PTOP, peer_copy_time(n, direct))
 
     def cuMemcpyDtoDAsync(self, dstDevice, srcDevice, ByteCount, hStream):
         return self._device_copy(hStream, int(dstDevice), int(srcDevice), size_t(ByteCount),
@@ -369,6 +379,7 @@ class MemoryModel(PitchedCopies, HostMemory):
 
     def cuMemcpyPeerAsync(self, dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream):
         n, dst, src = size_t(ByteCount), int(dstDevice), int(srcDevice)
+        contexts = []
         for ctx, ptr in ((dstContext, dst), (srcContext, src)):
             target = self._lookup(ctx)
             if target is None:
@@ -378,7 +389,8 @@ class MemoryModel(PitchedCopies, HostMemory):
             block = self._live_range(ptr, n)
             if n and (block is None or block.device != target.device):
                 return (INVALID_VALUE,)
-        return self._device_copy(hStream, dst, src, n, "peer", peer=True)
+            contexts.append(target)
+        return self._device_copy(hStream, dst, src, n, "peer", tuple(contexts))
 
     def cuMemcpyHtoD(self, dstDevice, srcHost, ByteCount):
         return self._synchronous(self.cuMemcpyHtoDAsync(dstDevice, srcHost, ByteCount, 0))

@@ -113,7 +113,10 @@ class PitchedCopies:
             dst[...] = src  # NumPy copies through a buffer when the two overlap
         hosts = [s.bytes for s in sides if s.host]  # pageable if either side is
         host = next((h for h in hosts if not h.pinned), hosts[0] if hosts else None)
-        return OK, (width * height * depth, run, host, copy_kind(source.host, target.host))
+        between = not (source.host or target.host) \
+            and source.bytes.alloc.block.device != target.bytes.alloc.block.device
+        return OK, (width * height * depth, run, host,
+                    copy_kind(source.host, target.host, between))
 
     def _pitched_side(self, copy, prefix: str, width: int, height: int, depth: int,
                       three_d: bool, reach_from=None):
