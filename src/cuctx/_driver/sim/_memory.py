@@ -8,8 +8,9 @@ stale pointer into a released block stays invalid for ever.
 
 Checking accesses: driver calls (cuMemcpy*, cuMemset*) check their ranges when called and
 answer CUDA_ERROR_INVALID_VALUE, as the real driver does; so is a copy's device memory that
-the *current* context does not reach, whatever its stream's context (`_copy_context`). The work they queue remembers the
-allocation it was checked against and checks again when it runs: valid while that
+the *current* context does not reach, whatever its stream's context (`_copy_context`). The
+work they queue remembers the allocation it was checked against and checks again when it
+runs: valid while that
 allocation's free has not run (even if the block already holds a later, smaller allocation
 on the freeing stream); after it has run, valid only where a later allocation of the block
 covers the bytes (the GPU would touch the new owner's data: a race the sim shows as such).
