@@ -495,6 +495,34 @@ def test_a_copy_between_devices_in_a_capture_needs_peer_access(pair):
     assert c.to_host().tolist() == [2.0] * N
 
 
+def test_a_graphs_copy_node_copies_between_devices_with_peer_access(pair):
+    d0, d1 = pair
+    a = cuctx.to_device(np.arange(N, dtype=np.float32), device=d0)
+    b = cuctx.zeros(N, np.float32, device=d1)
+    d0.synchronize()
+    d1.synchronize()
+    with d0:
+        g = cuctx.Graph()
+        with pytest.raises(ValueError, match=r"a copy between devices in a graph is made by "
+                           r"device 0, which needs peer access to device 1: call "
+                           r"cuctx\.Device\(0\)\.enable_peer_access\(1\) first"):
+            g.copy(b, a)
+        if not d0.can_access_peer(d1):
+            pytest.skip("these devices cannot access each other (cuDeviceCanAccessPeer is 0)")
+        d0.enable_peer_access(d1)
+        try:
+            g.copy(b, a)
+            with pytest.raises(ValueError, match="a graph fills memory of its own device"):
+                g.fill(b, 1.0)
+            s0 = Stream()
+            with g.instantiate() as exe:
+                exe.launch(s0)
+                s0.synchronize()
+        finally:
+            d0.disable_peer_access(d1)
+    assert b.to_host().tolist() == list(range(N))
+
+
 def test_cuMemcpyPeerAsync_in_a_capture_is_refused_and_invalidates_it(backend, pair):
     """What cuctx works around, in raw driver calls (two H200s: CUDA_ERROR_STREAM_CAPTURE_
     UNSUPPORTED), and the sim refuses alike: the capture is invalidated, its end gives no
