@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -69,6 +70,19 @@ def behind_long_work(stream, copy):
     return code, query
 def capture_mode():
     return cb.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+def captured_dtod(peer_access):
+    # device 0's memory copied to device 1's by a graph captured on s0
+    current(c0)
+    if peer_access:
+        out["enable_c0_to_c1"] = name(d.cuCtxEnablePeerAccess(c1, 0))
+    out["begin"] = name(d.cuStreamBeginCapture(s0, capture_mode()))
+    out["copy"] = name(d.cuMemcpyDtoDAsync(q1, p0, N, s0))
+    err, graph = d.cuStreamEndCapture(s0); out["end"] = name(err)
+    if not err:
+        err, exe = d.cuGraphInstantiate(graph, 0); out["instantiate"] = name(err)
+        if not err:
+            out["launch"] = name(d.cuGraphLaunch(exe, s0)); out["sync"] = synced(s0)
+            current(c1); out["value"] = first(q1)
 """
 
 CASES = {
@@ -127,11 +141,13 @@ out["dtoh"] = name(d.cuMemcpyDtoHAsync(portable, p1, N, s1)); out["sync"] = sync
 out["dtod_on_s1"] = name(d.cuMemcpyDtoDAsync(q1, p1, N, s1)); out["sync2"] = synced(s1)
 out["disable"] = name(d.cuCtxDisablePeerAccess(c1))
 """,
-    "dtod_between_devices_on_s0": r"""
-current(c0)
-out["no_peer_access"] = name(d.cuMemcpyDtoDAsync(p1, p0, N, s0)); out["sync"] = synced(s0)
-out["enable_c0_to_c1"] = name(d.cuCtxEnablePeerAccess(c1, 0))
-out["peer_access"] = name(d.cuMemcpyDtoDAsync(q1, p0, N, s0)); out["sync2"] = synced(s0)
+    "dtod_between_devices_on_s0_without_peer_access": r"""
+current(c0); out["dtod"] = name(d.cuMemcpyDtoDAsync(q1, p0, N, s0)); out["sync"] = synced(s0)
+current(c1); out["value"] = first(q1)
+""",
+    "dtod_between_devices_on_s0_with_peer_access": r"""
+current(c0); out["enable_c0_to_c1"] = name(d.cuCtxEnablePeerAccess(c1, 0))
+out["dtod"] = name(d.cuMemcpyDtoDAsync(q1, p0, N, s0)); out["sync"] = synced(s0)
 current(c1); out["value"] = first(q1)
 """,
     # -- page-locked memory without the portable flag, used by the other device -----------
@@ -162,27 +178,20 @@ err, status = d.cuStreamIsCapturing(s0); out["status"] = name(err) if err else s
 err, graph = d.cuStreamEndCapture(s0); out["end"] = name(err); out["graph"] = bool(int(graph or 0))
 out["query_after"] = name(d.cuStreamQuery(s0))
 """,
-    "dtod_between_devices_in_capture": r"""
-current(c0)
-for access in ("no_peer_access", "peer_access"):
-    if access == "peer_access":
-        out["enable_c0_to_c1"] = name(d.cuCtxEnablePeerAccess(c1, 0))
-    fill(p0, 11 if access == "peer_access" else 10, s0)
-    out[access + "_begin"] = name(d.cuStreamBeginCapture(s0, capture_mode()))
-    out[access + "_copy"] = name(d.cuMemcpyDtoDAsync(q1, p0, N, s0))
-    err, graph = d.cuStreamEndCapture(s0); out[access + "_end"] = name(err)
-    if err:
-        continue
-    err, exe = d.cuGraphInstantiate(graph, 0); out[access + "_instantiate"] = name(err)
-    if not err:
-        out[access + "_launch"] = name(d.cuGraphLaunch(exe, s0)); out[access + "_sync"] = synced(s0)
-        current(c1); out[access + "_value"] = first(q1); current(c0)
+    "dtod_between_devices_in_capture_without_peer_access": r"""
+captured_dtod(peer_access=False)
+""",
+    "dtod_between_devices_in_capture_with_peer_access": r"""
+captured_dtod(peer_access=True)
 """,
 }
 
 
 def run_case(body: str, backend: str) -> dict:
-    code = f"BACKEND = {backend!r}\n" + PRELUDE + body + "\nprint(json.dumps(out))\n"
+    # what a case saw up to an exception (a sticky fault fails every later call) is kept
+    code = (f"BACKEND = {backend!r}\n" + PRELUDE + "try:\n" + textwrap.indent(body, "    ")
+            + "\nexcept Exception as exc:\n    out['raised'] = repr(exc)[:300]\n"
+            + "print(json.dumps(out))\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
     try:
         run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
