@@ -669,6 +669,26 @@ def test_a_function_that_enqueues_nothing_runs_as_itself(lib):
     assert "enqueues no work" in nothing.stats()["reasons"][-1]["reason"]
 
 
+def test_generator_and_async_functions_are_refused_at_decoration():
+    """Their bodies run after the call returns, outside what AutoGraph records."""
+    def steps():
+        yield
+
+    async def step():
+        pass
+
+    async def stream_of_steps():
+        yield
+
+    for fn, what in ((steps, "a generator function"), (step, "an async function"),
+                     (stream_of_steps, "an async generator function")):
+        refused = f"autograph: '{fn.__qualname__}' is {what}: calling it returns"
+        with pytest.raises(TypeError, match=refused.replace(".", r"\.")):
+            cuctx.autograph(fn)
+        with pytest.raises(TypeError, match=what):
+            cuctx.autograph(max_graphs=2)(fn)
+
+
 def test_threads_calling_one_function_get_their_own_results(lib):
     import threading
 

@@ -48,7 +48,7 @@ int py_result(PyObject *result, PyObject **second)
     return (int)code;
 }
 
-static int drv_current(Driver *d, void **ctx)
+int drv_current(Driver *d, void **ctx)
 {
     if (d->compiled)
         return ((current_fn)d->c[F_CURRENT])(ctx);

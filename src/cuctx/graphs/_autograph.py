@@ -26,6 +26,7 @@ Everything is counted, timed and explained: `AutoGraph.stats`, `AutoGraph.explai
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 import types
 from collections import OrderedDict, deque
@@ -80,6 +81,12 @@ class _Entry:
                         if k.__class__ is tuple and k[0] is WAIT and len(k) == 2]
 
 
+# Functions whose call returns before their body runs: (test, what it is, what a call gives).
+_DEFERRED = ((inspect.isasyncgenfunction, "an async generator function", "an async generator"),
+             (inspect.iscoroutinefunction, "an async function", "a coroutine"),
+             (inspect.isgeneratorfunction, "a generator function", "a generator"))
+
+
 class AutoGraph:
     """A function whose cuctx work runs as a CUDA graph when that pays (see
     `cuctx.autograph`). Call it as the function; `stats` and `explain` tell what happened."""
@@ -87,6 +94,13 @@ class AutoGraph:
     def __init__(self, fn: Callable, max_graphs: int = 16, max_bytes: int = 256 << 20) -> None:
         if not callable(fn):
             raise TypeError(f"autograph decorates a function, not {type(fn).__name__}")
+        for test, what, returns in _DEFERRED:
+            if test(fn):  # its body runs after the call returns: nothing would be recorded
+                raise TypeError(
+                    f"autograph: {getattr(fn, '__qualname__', fn)!r} is {what}: calling it "
+                    f"returns {returns} and runs its body later, outside the call autograph "
+                    "records, so nothing would be recorded; decorate a plain function that "
+                    "enqueues the GPU work and returns, and call that from it")
         for name, value in (("max_graphs", max_graphs), ("max_bytes", max_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"autograph: {name} must be an int >= 1, not {value!r}")

@@ -10,14 +10,18 @@ created with CU_GRAPH_COND_ASSIGN_DEFAULT takes its default value at the start o
 launch of a graph that uses it, in stream order; without it, it keeps its last value.
 
 A conditional node runs as one operation of the launch: when it runs, it reads the value
-and runs the chosen body's nodes inline, in a dependency order (the body of a WHILE again
-while the value is non-zero; after 2**16 rounds the launch fails with the sticky
-CUDA_ERROR_LAUNCH_TIMEOUT, as a hung kernel would be stopped), adding their cost to the
-operation's. Bodies may hold kernel, memcpy, memset, empty, child graph and conditional
-nodes (the documented list, recursively): the driver accepts any node when it is added to a
-body (the H100 adds a host node), and cuGraphInstantiate refuses a graph whose bodies hold
-another kind with CUDA_ERROR_INVALID_VALUE, as it refuses a handle no conditional node of
-the graph uses.
+and runs the chosen body's nodes inline, in a dependency order, adding their cost to the
+operation's. The body of a WHILE runs again while the value is non-zero; where a GPU would
+loop for ever, the sim stops after `MAX_ROUNDS` rounds: the launch fails with the sticky
+CUDA_ERROR_LAUNCH_TIMEOUT (as a display GPU's watchdog stops a kernel that hangs), and
+``fault_cause`` names the node (by the name cuctx gave it, `SimControls.name_node`).
+
+Bodies may hold kernel, memcpy, memset, empty, child graph and conditional nodes (the
+documented list, recursively): the driver accepts any node when it is added to a body (the
+H100 adds a host node), and cuGraphInstantiate refuses a graph whose bodies hold another
+kind with CUDA_ERROR_INVALID_VALUE, as it refuses a handle no conditional node of the graph
+uses. The nodes of bodies are the executable's too: the per-node calls
+(cuGraphExec*NodeSetParams, cuGraphNodeSetEnabled) take them (`SimGraphExec.index`).
 """
 
 from __future__ import annotations
@@ -34,10 +38,11 @@ from ._common import INVALID_VALUE, NOT_INITIALIZED, NOT_SUPPORTED, OK
 from ._graph_nodes import ChildWork, EmptyWork
 from ._graphs import order
 from ._timing import LAUNCH_NS
+from ._twins import remember_fault
 
 T = CUgraphNodeType
 C = CUgraphConditionalNodeType
-MAX_ROUNDS = 1 << 16
+MAX_ROUNDS = 1 << 16  # of a WHILE node's body in one run: docs/graphs.md says so too
 LAUNCH_TIMEOUT = CUresult.CUDA_ERROR_LAUNCH_TIMEOUT
 _OUT_OFFSET = 16  # of phGraph_out in CUDA_CONDITIONAL_NODE_PARAMS (handle, type, size, ...)
 # What a conditional node's body may hold.
@@ -60,17 +65,18 @@ class SimCondition:
 
 class CondWork:
     type = T.CU_GRAPH_NODE_TYPE_CONDITIONAL
-    __slots__ = ("kind", "condition", "bodies", "ctx", "out")
+    __slots__ = ("kind", "condition", "bodies", "ctx", "out", "name")
 
-    def __init__(self, kind, condition: SimCondition, bodies: list, ctx):
+    def __init__(self, kind, condition: SimCondition, bodies: list, ctx, name: str = ""):
         self.kind = kind
         self.condition = condition
         self.bodies = bodies
         self.ctx = ctx
         self.out = None  # the phGraph_out array handed to the caller
+        self.name = name  # for messages (SimControls.name_node)
 
     def with_bodies(self, bodies: list) -> CondWork:
-        return CondWork(self.kind, self.condition, bodies, self.ctx)
+        return CondWork(self.kind, self.condition, bodies, self.ctx, self.name)
 
     def label(self) -> str:
         return f"conditional node ({self.kind.name.removeprefix('CU_GRAPH_COND_TYPE_')})"
@@ -175,6 +181,7 @@ class ConditionalModel:
                     err = self._run_inline(exe, work.bodies[0], stream)
                     if err:
                         return err
+                remember_fault(stream.ctx, None, _stopped(work))
                 return LAUNCH_TIMEOUT
             if work.kind == C.CU_GRAPH_COND_TYPE_IF:
                 index = 0 if condition.value else 1
@@ -203,6 +210,14 @@ class ConditionalModel:
             if err:
                 return err
         return None
+
+
+def _stopped(work: CondWork) -> str:
+    """The sentence for a WHILE node the sim stopped."""
+    node = work.name or f"a WHILE conditional node (condition {work.condition.handle:#x})"
+    return (f"the sim stopped {node} after {MAX_ROUNDS} rounds with its condition still "
+            "non-zero, where a GPU would loop for ever: a kernel must set the condition to 0 "
+            "(cudaGraphSetConditional(handle, 0)) for the loop to end")
 
 
 def _within(graph, home) -> bool:
