@@ -173,17 +173,22 @@ def describe_kernel(kernel: Kernel, config: Config) -> str:
 _HOST, _DEVICE = CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE
 
 
-def _side(obj: Any, ctx: Context, operation: str, role: str, written: bool) -> bool:
-    """Check one side of a graph copy; True for device memory."""
+def _side(obj: Any, ctx: Context, operation: str, role: str, written: bool,
+          copy: bool = True) -> bool:
+    """Check one side of a graph copy (or fill: not ``copy``); True for device memory."""
     if isinstance(obj, DeviceArray):
         obj._check(operation)
         if obj._backend is not ctx._backend:
             raise ValueError(f"{operation}: the {role} {obj!r} is of another backend")
-        if obj._ctx._device is not ctx._device:
+        here, there = ctx._device, obj._ctx._device
+        if there is not here and not (copy and there in here._peers):
             raise ValueError(
-                f"{operation}: the {role} {obj!r} is on device {obj._ctx._device.ordinal}, the "
-                f"graph's context on device {ctx._device.ordinal}; a graph copies within its "
-                "device (copy between devices eagerly with cuctx.copy)")
+                f"{operation}: the {role} {obj!r} is on device {there.ordinal}, the graph's "
+                f"context on device {here.ordinal}; " + (
+                    f"a copy between devices in a graph is made by device {here.ordinal}, "
+                    f"which needs peer access to device {there.ordinal}: call cuctx.Device("
+                    f"{here.ordinal}).enable_peer_access({there.ordinal}) first" if copy else
+                    "a graph fills memory of its own device"))
         return True
     if not isinstance(obj, np.ndarray):
         raise TypeError(f"{operation}: the {role} must be a DeviceArray or a page-locked "
@@ -201,8 +206,9 @@ def _side(obj: Any, ctx: Context, operation: str, role: str, written: bool) -> b
 
 
 def copy_params(dst: Any, src: Any, ctx: Context, operation: str) -> tuple[CUDA_MEMCPY3D, str]:
-    """The one 3D copy from ``src`` to ``dst`` (device arrays of the graph's device, or
-    page-locked host arrays), checked as `cuctx.copy` checks; and its description."""
+    """The one 3D copy from ``src`` to ``dst`` (device arrays of the graph's device or of a
+    device it has peer access to, or page-locked host arrays), checked as `cuctx.copy`
+    checks; and its description."""
     dst_dev = _side(dst, ctx, operation, "destination", True)
     src_dev = _side(src, ctx, operation, "source", False)
     if not (dst_dev or src_dev):
@@ -258,7 +264,7 @@ def fill_params(arr: Any, value: Any, ctx: Context,
     if not isinstance(arr, DeviceArray):
         raise TypeError(f"{operation} fills a DeviceArray, not {type(arr).__name__}")
     arr._check(operation)
-    _side(arr, ctx, operation, "array", True)
+    _side(arr, ctx, operation, "array", True, copy=False)
     pattern = fill_pattern(value, arr.dtype)
     if not arr.size:
         raise ValueError(f"{operation}: the array is empty; a graph holds no empty memset")

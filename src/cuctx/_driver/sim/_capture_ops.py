@@ -8,8 +8,9 @@ H100 captures such a copy, which then reads or writes that memory at every launc
 alloc / free nodes (a free must be of a graph allocation); cuEventRecord / cuStreamWaitEvent
 -> dependencies (see `_capture`), no nodes. cuGraphLaunch and cuGraphUpload onto a
 capturing stream are CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate the capture (H100),
-as is any other work reaching the engine on a capturing stream (the sim has no node for it).
-Empty work (a zero size) adds no node.
+as do cuMemcpyPeerAsync (a copy between devices is captured as a device to device copy
+instead) and any other work reaching the engine on a capturing stream (the sim has no node
+for it). Empty work (a zero size) adds no node.
 
 cuGraphInstantiate is one of the "potentially unsafe" calls (`CaptureModel._refuse_unsafe`):
 while the calling thread captures in thread-local or global mode, or another thread in
@@ -132,7 +133,8 @@ class CaptureOps:
                 getattr(copy, prefix + "MemoryType")
             except ValueError:
                 return INVALID_VALUE, None
-        return copy_work(self, copy, CUcontext(stream.ctx.handle))
+        return copy_work(self, copy, CUcontext(stream.ctx.handle),
+                         self._copy_context(stream.ctx))
 
     def cuMemcpyHtoDAsync(self, dstDevice, srcHost, ByteCount, hStream):
         n = size_t(ByteCount)
@@ -155,10 +157,13 @@ class CaptureOps:
 
     def cuMemcpyPeerAsync(self, dstDevice, dstContext, srcDevice, srcContext, ByteCount,
                           hStream):
+        """Not capturable: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (two H200s, driver 580, issue
+        21), the capture invalidated as by other unsupported work (scripts/
+        probe_multi_device.py asks a GPU both). A copy between devices in a graph is a memcpy
+        node of device pointers (cuMemcpyDtoDAsync, under unified addressing)."""
         n = size_t(ByteCount)
         return self._capture_node(
-            hStream, lambda s: self._linear_copy(s, DEVICE, int(dstDevice), DEVICE,
-                                                 int(srcDevice), n),
+            hStream, lambda s: (CAPTURE_UNSUPPORTED, None),
             lambda: super(CaptureOps, self).cuMemcpyPeerAsync(
                 dstDevice, dstContext, srcDevice, srcContext, n, hStream))
 

@@ -12,7 +12,9 @@ same device answers CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, as recorded on a real H1
 
 Kernels are held to the grants (`_may_reach`, asked by `_library._kernel_view` for every
 view a twin makes): memory of another device is an illegal address for a kernel without
-them, as it is unmapped on a GPU. Copies between devices need neither (cuMemcpyPeerAsync).
+them, as it is unmapped on a GPU. Copies between devices need neither with cuMemcpyPeerAsync,
+which names both contexts; a copy of device pointers (cuMemcpyDtoDAsync, 2D, 3D) needs the
+current context to reach both sides (`_memory._copy_context`).
 """
 
 from __future__ import annotations
