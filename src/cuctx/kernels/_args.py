@@ -1,7 +1,7 @@
 """Kernel arguments: how one Python value becomes the bytes of one kernel parameter.
 
 The layout (offset and size of each parameter) comes from the driver. The types come from
-the PTX of the same program where there is one (`cuctx.kernels._ptx`: code compiled from source, or
+the PTX of the same program where there is one (`cuctx.devcode._ptx`: code compiled from source, or
 loaded as PTX), and numbers are converted to them: an int to a ``float`` parameter becomes
 a float, a float to an ``int`` parameter is an error. A foreign cubin has no PTX: there,
 a Python number packs by its own type and the size is all that is checked. docs/kernels.md
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from . import _dtypes
-from ._ptx import ParamType
+from ..devcode._ptx import ParamType
 from ..context import ACTIVE
 from ..device import Device
 from ..memory._array import DeviceArray, asarray

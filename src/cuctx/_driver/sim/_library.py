@@ -1,6 +1,6 @@
 """Libraries, modules and kernels of the sim.
 
-Images are read, never run: `cuctx.kernels._cubin.read_image` gives kernel names, parameter layouts,
+Images are read, never run: `cuctx.devcode._image.read_image` gives kernel names, parameter layouts,
 resources and variables from a cubin or PTX (fatbins are not unpacked: loading one answers
 CUDA_ERROR_NOT_SUPPORTED). Behaviour comes from a kernel's *twin* (`_twins`, registered
 through ``backend.sim.set_kernel_twin``); launches are in `_launches`, occupancy in
@@ -22,10 +22,12 @@ import numpy as np
 from cuda.bindings.driver import (CUdevice_attribute, CUdeviceptr, CUfunction,
                                   CUfunction_attribute, CUkernel, CUlibrary, CUmodule, CUresult)
 
-from ...kernels._cubin import Image, KernelImage, is_fatbin, is_ptx, read_image
+from ...devcode._image import read_image
+from ...devcode._kinds import is_fatbin, is_ptx
+from ...devcode._layout import Image, KernelImage
 from ._common import (ILLEGAL_ADDRESS, INVALID_DEVICE, INVALID_HANDLE, INVALID_IMAGE,
-                      INVALID_PTX, INVALID_VALUE, NOT_FOUND, NOT_INITIALIZED, NOT_SUPPORTED, OK,
-                      OUT_OF_MEMORY)
+                      INVALID_PTX, INVALID_VALUE, JIT_COMPILER_NOT_FOUND, NOT_FOUND,
+                      NOT_INITIALIZED, NOT_SUPPORTED, OK, OUT_OF_MEMORY)
 from ._occupancy import dynamic_limit, max_threads
 
 A = CUdevice_attribute
@@ -202,6 +204,13 @@ class LibraryModel:
                 library.kernels[name] = self._new_kernel(name, library, kernel)
             self._libraries[library.handle] = library
         return (OK, CUlibrary(library.handle))
+
+    def cuLinkCreate(self, numOptions, options, optionValues):
+        """The sim has no linker of its own: cuctx links with nvJitLink, which runs on the
+        CPU, and loads the cubin it makes. Asked for the driver's (nvJitLink is not
+        installed), the sim answers as a driver without its PTX JIT compiler library."""
+        err, _ = self._work_context()
+        return (err or JIT_COMPILER_NOT_FOUND, None)
 
     def _new_kernel(self, name: str, owner, kernel: KernelImage) -> SimKernel:
         sim_kernel = SimKernel(next(self._library_handles), name, owner, kernel)

@@ -14,9 +14,11 @@ Kernels are held to the grants (`_reach`, asked by `_library._kernel_view` for e
 twin makes): memory of another device is an illegal address for a kernel without them, as
 it is unmapped on a GPU, and so is a write to memory granted read-only
 (CU_MEM_ACCESS_FLAGS_PROT_READ; whether a GPU's driver takes it for a pool was not
-measured). Copies between devices need neither (cuMemcpyPeerAsync). A host pool's memory
-belongs to no device: every device needs a grant (the CUDA 13 documentation: its default
-accessibility is from the host only).
+measured). A host pool's memory belongs to no device: every device needs a grant (the CUDA
+13 documentation: its default accessibility is from the host only). Copies between devices
+need neither with cuMemcpyPeerAsync, which names both contexts; a copy of device pointers
+(cuMemcpyDtoDAsync, 2D, 3D) needs the current context to reach both sides
+(`_memory._copy_context`, `_may_reach`).
 """
 
 from __future__ import annotations
@@ -106,6 +108,11 @@ class PeerModel:
         if pool is not None:  # the default pool's or an explicit one's access list
             return _GRANTS.get(pool.access.get(ctx.device))
         return "rw" if (ctx.handle, block.ctx.handle) in self._peer_access else None
+
+    def _may_reach(self, ctx, block) -> bool:
+        """Whether a copy checked against ``ctx`` (`_memory._copy_context`) may use ``block``:
+        where `_reach` says "rw" (the sim's choice for "r": copies are refused, not measured)."""
+        return self._reach(ctx, block) == "rw"
 
     def _release_context_resources(self, ctx):
         with self._lock:
