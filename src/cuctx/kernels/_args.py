@@ -247,7 +247,10 @@ def _device_array_pointer(arr, stream: Stream) -> int:
         raise ctx._unusable("launch (a DeviceArray argument)")
     # Memory of another context on the same device is fine: the driver maps every
     # context's allocations into the device's one address space (docs/kernels.md).
-    if ctx._device is not device:
+    pool = arr._alloc.pool if arr._alloc is not None else None
+    if pool is not None and (pool._location == "host" or pool._device is not device):
+        _pool_reachable(pool, device, arr)  # an explicit pool's own access list
+    elif ctx._device is not device:
         _reachable(ctx.device, device, arr)
     if not arr._c:
         _not_contiguous(arr)
@@ -317,6 +320,18 @@ def _reachable(owner: Device, device: Device, arr) -> None:
     raise KernelArgumentError(
         f"{what} needs peer access: call cuctx.Device({device.ordinal}).enable_peer_access("
         f"cuctx.Device({owner.ordinal})) first, or copy it to device {device.ordinal}")
+
+
+def _pool_reachable(pool, device: Device, arr) -> None:
+    """Kernels on ``device`` may use memory of an explicit pool (of another device, or host
+    memory) once the pool grants it (`MemoryPool.set_access`): `Device.enable_peer_access`
+    covers the default pools only."""
+    if pool.access(device) is None:
+        raise KernelArgumentError(
+            f"{type(arr).__name__} of {pool!r} passed to a launch on device {device.ordinal}, "
+            f"which has no access to that pool's memory: call pool.set_access("
+            f"cuctx.Device({device.ordinal}), 'rw') first ('r' to read only), or copy it to "
+            f"device {device.ordinal}")
 
 
 def _not_contiguous(arr) -> None:

@@ -36,7 +36,7 @@ from cuda.bindings.driver import CUdeviceptr, CUpointer_attribute
 
 from ._cargs import size_t, unsigned
 from ._common import (CONTEXT_IS_DESTROYED, ILLEGAL_ADDRESS, INVALID_CONTEXT, INVALID_VALUE,
-                      NOT_PERMITTED, NOT_SUPPORTED, OK, OUT_OF_MEMORY)
+                      NOT_FOUND, NOT_PERMITTED, NOT_SUPPORTED, OK, OUT_OF_MEMORY)
 from ._host import HostMemory, HostSide
 from ._pitched import PitchedCopies
 from ._timing import DTOD, DTOH, HTOD, MEMSET, PTOP, peer_copy_time
@@ -459,6 +459,18 @@ class MemoryModel(PitchedCopies, HostMemory):
         return self._memset(hStream, int(dstDevice), span, 4, write, "memset2D32")
 
     # -- pointer queries ------------------------------------------------------------------
+
+    def cuMemGetAddressRange(self, dptr):
+        """The base and size of the live allocation holding ``dptr`` (CUDA_ERROR_NOT_FOUND
+        where none does)."""
+        err, _ = self._work_context()
+        if err:
+            return (err, None, None)
+        block = self._block_at(int(dptr or 0))
+        if block is None or not block.live or block.pooled \
+                or int(dptr) >= block.base + block.length:
+            return (NOT_FOUND, None, None)
+        return (OK, CUdeviceptr(block.base), block.length)
 
     def cuPointerGetAttribute(self, attribute, ptr):
         if attribute != CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
