@@ -34,7 +34,7 @@ from ._args import (
     slot,
     traced_array,
 )
-from ._ptx import ParamType
+from ..devcode._ptx import ParamType
 from ..memory._array import DeviceArray
 
 if TYPE_CHECKING:
