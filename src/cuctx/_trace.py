@@ -9,8 +9,10 @@ the checked path while a sink is registered, so everything is announced exactly 
 An `Operation` carries what a consumer needs to reason about ordering and memory: its kind,
 context and stream, the byte ranges it reads and writes (`Access`), the kernel and launch
 configuration, the event, the other stream of a wait, and the user's call site (the first
-frame outside cuctx). Sinks are called on the submitting thread, after the operation was
-enqueued; a sink that raises makes the call raise (a checker in "raise" mode does that).
+frame outside cuctx: kept as ``where``, (code, instruction offset), and put as (file, line,
+function) in ``site`` only when asked, since a line number costs a walk of the code's line
+table). Sinks are called on the submitting thread, after the operation was enqueued; a sink
+that raises makes the call raise (a checker in "raise" mode does that).
 """
 
 from __future__ import annotations
@@ -76,7 +78,9 @@ Where = tuple  # (code object, offset of an instruction in it): `user_where`
 
 class Operation:
     """One announced operation. ``accesses`` is worked out the first time a sink asks for it
-    (a timeline never does), from what the announcing path handed over."""
+    (a timeline never does), from what the announcing path handed over; a launch's
+    ``launch`` is (plan, args, modes), what they are worked out from (the race checker reads
+    the arrays there, without making Accesses)."""
 
     __slots__ = ("kind", "context", "stream", "kernel", "config", "event", "other", "where",
                  "thread", "time_ns", "fields", "launch", "_accesses", "_accesses_of", "_site")
