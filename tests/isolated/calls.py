@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -81,6 +82,22 @@ def fault_in_own_context() -> None:
 
 def exit_with(status: int) -> None:
     os._exit(status)
+
+
+def sys_exit(status) -> None:
+    sys.exit(status)
+
+
+def interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+class Stop(BaseException):
+    """An exception that is not an Exception (as asyncio.CancelledError is not)."""
+
+
+def raise_stop() -> None:
+    raise Stop("stopped")
 
 
 def kill_self() -> None:

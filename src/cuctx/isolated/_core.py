@@ -12,10 +12,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from concurrent.futures import BrokenExecutor, Future
+from concurrent.futures import BrokenExecutor, CancelledError, Future
 from typing import Callable, NamedTuple
 
-from ..errors import WorkerDiedError
+from ..errors import WorkerDiedError, WorkerFaultError
+from ._wire import RemoteTraceback
 
 
 class WorkerInfo(NamedTuple):
@@ -71,6 +72,26 @@ def resolve(call: Call, value=None, error: BaseException | None = None) -> None:
         call.future.set_exception(error)
 
 
+def last_line(traceback: str) -> str:
+    """The exception a traceback ends with (its last line that is not blank)."""
+    lines = [line for line in traceback.splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no error text"
+
+
+def cancelled(call: Call) -> CancelledError:
+    """What a call that was running when Ctrl-C killed its worker raises."""
+    return CancelledError(f"{call.name} was running when Ctrl-C (KeyboardInterrupt) ended "
+                          "the executor: its worker was killed")
+
+
+def fault_error(report: dict, call: Call, device: int, worker: int | None) -> WorkerFaultError:
+    """The `WorkerFaultError` of a worker's fault report (`_worker.fault_report`)."""
+    error = WorkerFaultError(report["code"], report["operation"], report["message"],
+                             report["hint"], device=device, worker=worker, call=call.name)
+    error.__cause__ = RemoteTraceback(report["traceback"])
+    return error
+
+
 class Core:
     """Slots, the waiting calls and the shutdown state of one executor. The engine calls
     `ready` when a slot's worker can take a call and `finished` when its call is over;
@@ -81,7 +102,9 @@ class Core:
         self.slots = [Slot(d) for d in devices for _ in range(workers_per_device)]
         self.pending: deque[Call] = deque()
         self.shutting_down = False
+        self.aborted = False  # Ctrl-C ended the calls: a running call's loss is no fault
         self.broken = ""  # why no worker can start, once one could not
+        self.broken_cause = ""  # the worker's traceback, if it told one
         self.all_closed = threading.Event()
 
     # -- under the lock ---------------------------------------------------------------------
@@ -105,7 +128,10 @@ class Core:
         """Queue ``call``; the slot to send it to now (marked busy), or None: it waits."""
         with self.lock:
             if self.broken:
-                raise BrokenExecutor(self.broken)
+                error = BrokenExecutor(f"{self.broken}; make a new IsolatedExecutor once "
+                                       "that is fixed")
+                raise error from (RemoteTraceback(self.broken_cause) if self.broken_cause
+                                  else None)
             if self.shutting_down:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             for slot in self.slots:
@@ -152,11 +178,14 @@ class Core:
                 return True
             return False
 
-    def break_(self, why: str, device: int, pid: int | None) -> list[Call]:
-        """A worker could not start: the executor stops taking calls. Returns the waiting
-        calls, which the engine fails."""
+    def break_(self, why: str, device: int, pid: int | None, cause: str = "") -> list[Slot]:
+        """A worker could not start (``why``: its own error in one line; ``cause``: its
+        traceback, if it told one): the executor takes no more calls, the waiting ones
+        fail. Returns the idle slots, which the engine tells to close."""
         with self.lock:
-            self.broken = self.broken or why
+            if not self.broken:
+                self.broken = f"no worker could start on device {device}: {why}"
+                self.broken_cause = cause
             self.shutting_down = True
             waiting, self.pending = list(self.pending), deque()
             idle = [s for s in self.slots if s.state == "idle"]
@@ -164,9 +193,10 @@ class Core:
                 slot.state = "closing"
         for call in waiting:
             if call.future.set_running_or_notify_cancel():
-                resolve(call, error=WorkerDiedError(call.name, device, pid or 0,
-                                                    f"a worker could not start: {why}"))
-        return [s for s in idle]
+                error = WorkerDiedError(call.name, device, pid or 0, why, started=False)
+                error.__cause__ = RemoteTraceback(cause) if cause else None
+                resolve(call, error=error)
+        return idle
 
     def shutdown(self, cancel_futures: bool) -> list[Slot]:
         """Stop taking calls; cancel the waiting ones if asked. Returns the idle slots, which
@@ -181,6 +211,19 @@ class Core:
             for slot in idle:
                 slot.state = "closing"
             return idle
+
+    def abort(self) -> list:
+        """Ctrl-C: take no more calls, cancel the waiting ones, close every slot. Returns
+        the engine's handles of the live workers, which the engine kills, calls and all."""
+        with self.lock:
+            self.shutting_down = self.aborted = True
+            for call in self.pending:
+                call.future.cancel()
+            self.pending.clear()
+            for slot in self.slots:
+                if slot.state != "closed":
+                    slot.state = "closing"
+            return [s.worker for s in self.slots if s.worker is not None]
 
     def workers(self) -> list[WorkerInfo]:
         with self.lock:

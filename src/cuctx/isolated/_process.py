@@ -20,10 +20,11 @@ import threading
 from pathlib import Path
 
 from .. import _driver
-from ..errors import WorkerDiedError, WorkerFaultError, WorkerTimeoutError
+from ..errors import WorkerDiedError, WorkerTimeoutError
 from ..memory import DeviceArray
 from . import _wire, _worker
-from ._core import Call, Core, Slot, Watchdog, resolve
+from ._core import (Call, Core, Slot, Watchdog, cancelled, fault_error, last_line,
+                    resolve)
 
 # The cuctx the caller runs is the one its workers import. On a GPU the worker starts
 # making its device's primary context in a thread (cuda.bindings releases the GIL in driver
@@ -41,13 +42,30 @@ def warm(ordinal):
 if os.environ.get("CUCTX_BACKEND") == "cuda":
     threading.Thread(target=warm, args=(int(sys.argv[3]),), daemon=True).start()
 sys.path.insert(0, {_SOURCE!r})
-from cuctx.isolated._worker import main
+try:
+    from cuctx.isolated._worker import main
+except BaseException:
+    # Told to the caller as the worker's FAILED message (framed as _wire.Channel frames
+    # it), so that the error the caller raises carries it, not only this process's stderr.
+    import struct, traceback
+    text = traceback.format_exc().encode()
+    os.write(int(sys.argv[1]), struct.pack({_wire.HEADER.format!r}, {_wire.FAILED!r},
+                                           len(text)) + text)
+    raise
 main(int(sys.argv[1]), int(sys.argv[2]))
 """
 
 
+_EXIT_GRACE_S = 2.0  # how long a worker that closed its socket has to exit by itself
+
+
 class _StartFailed(Exception):
-    pass
+    """A worker could not start: its error in one line, and its traceback if it sent one."""
+
+    def __init__(self, why: str, traceback: str = "") -> None:
+        super().__init__(why)
+        self.why, self.traceback = why, traceback
+
 
 
 class ProcessWorker:
@@ -79,12 +97,17 @@ class ProcessWorker:
         return self.proc.pid
 
     def wait_ready(self) -> None:
+        """Return once the worker is ready; `_StartFailed` with its own error if it cannot
+        start (an import that fails, say), or how it ended if it said nothing."""
         try:
             tag, message = self.channel.recv()
         except (EOFError, OSError):
-            raise _StartFailed(f"the worker exited while starting ({self.reap()})") from None
+            raise _StartFailed(f"it exited before saying why ({self.retire(_EXIT_GRACE_S)}; "
+                               "its stderr may say more)") from None
         if tag != _wire.READY:
-            raise _StartFailed(bytes(message).decode(errors="replace"))
+            text = bytes(message).decode(errors="replace")
+            self.retire(_EXIT_GRACE_S)
+            raise _StartFailed(last_line(text), text)
 
     def send(self, tag: bytes, *parts: bytes) -> None:
         """Send, or nothing if the worker is gone (its slot's thread sees the end of the
@@ -115,8 +138,14 @@ class ProcessWorker:
                 return f"signal {-code}"
         return f"exit status {code}"
 
-    def retire(self) -> str:
-        """Kill, reap, close: nothing of this worker is left."""
+    def retire(self, grace: float = 0.0) -> str:
+        """Kill (after ``grace`` seconds for it to end by itself), reap, close: nothing of
+        this worker is left."""
+        if grace:
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
         self.kill()
         how = self.reap()
         self.channel.close()
@@ -217,23 +246,21 @@ class ProcessEngine:
                 worker.wait_ready()
                 return worker
             except _StartFailed:
-                worker.retire()  # a standby that died waiting: start one cold instead
+                pass  # a standby that died waiting: start one cold instead
         if self.core.broken:
             return None
         try:
             worker = self._spawn(slot.device)
         except OSError as exc:  # too many processes or descriptors, say
-            return self._break(slot, f"device {slot.device}: {exc}", None)
+            return self._break(slot, _StartFailed(str(exc)), None)
         try:
             worker.wait_ready()
             return worker
         except _StartFailed as exc:
-            pid = worker.pid
-            worker.retire()
-            return self._break(slot, f"device {slot.device}: {exc}", pid)
+            return self._break(slot, exc, worker.pid)
 
-    def _break(self, slot: Slot, why: str, pid: int | None) -> None:
-        for idle in self.core.break_(why, slot.device, pid):
+    def _break(self, slot: Slot, failed: _StartFailed, pid: int | None) -> None:
+        for idle in self.core.break_(failed.why, slot.device, pid, failed.traceback):
             idle.worker.send(_wire.EXIT)
 
     def _next(self, slot: Slot, worker: ProcessWorker, call: Call | None) -> None:
@@ -263,12 +290,16 @@ class ProcessEngine:
             call = core.lost(slot)
             if tag == _wire.FAULT:
                 if call is not None:
-                    resolve(call, error=_fault_error(pickle.loads(message), call, slot, worker))
+                    resolve(call, error=fault_error(pickle.loads(message), call, slot.device,
+                                                     worker.pid))
                 worker.retire()
             else:
-                how = worker.retire()
+                # Its end of the socket closes before the process has quite exited: a kill
+                # now would hide how it ended (sys.exit(4) in a call: "exit status 4").
+                how = worker.retire(grace=_EXIT_GRACE_S)
                 if call is not None:
-                    resolve(call, error=_death_error(call, slot, worker, how))
+                    resolve(call, error=cancelled(call) if core.aborted
+                            else _death_error(call, slot, worker, how))
             return slot.state != "closing"
 
     def _release(self) -> None:
@@ -287,6 +318,18 @@ class ProcessEngine:
 
     # -- shutdown ---------------------------------------------------------------------------
 
+    def abort(self, wait: bool) -> None:
+        """Ctrl-C: kill every worker now, in the middle of its call or not."""
+        self._retire_standbys()
+        workers = self.core.abort()
+        for worker in workers:
+            worker.kill()
+        for worker in workers:  # none is left a zombie, whether its slot's thread runs on
+            worker.reap()
+        if wait:
+            for slot in self.core.slots:
+                slot.thread.join()
+
     def shutdown(self, wait: bool, cancel_futures: bool) -> None:
         self._retire_standbys()
         for slot in self.core.shutdown(cancel_futures):
@@ -294,14 +337,6 @@ class ProcessEngine:
         if wait:
             for slot in self.core.slots:
                 slot.thread.join()
-
-
-def _fault_error(report: dict, call: Call, slot: Slot, worker: ProcessWorker) -> BaseException:
-    error = WorkerFaultError(report["code"], report["operation"], report["message"],
-                             report["hint"], device=slot.device, worker=worker.pid,
-                             call=call.name)
-    error.__cause__ = _wire.RemoteTraceback(report["traceback"])
-    return error
 
 
 def _death_error(call: Call, slot: Slot, worker: ProcessWorker, how: str) -> BaseException:
