@@ -165,3 +165,9 @@ def write_then_fault(array: cuctx.DeviceArray, value: float) -> None:
     array.fill(value)
     cuctx.synchronize()
     cuctx.sim.inject_fault(cuctx.current_context())
+
+
+def imported_pools() -> list[str]:
+    """The keys of the caller's ipc pools this worker has imported."""
+    from cuctx.isolated import _worker
+    return sorted(_worker._pools)

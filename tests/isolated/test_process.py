@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -84,6 +85,30 @@ def test_a_fault_ends_the_worker_however_the_call_met_it(ex, fn):
         ex.options(device=1).submit(fn).result()
     assert info.value.sticky and info.value.device == 1
     assert ex.options(device=1).submit(calls.where).result()[0] != before[1]
+
+
+def test_a_wait_with_a_timeout_gives_up_and_the_call_goes_on(ex):
+    # result() reads the worker's answer in the waiting thread: it stops at its timeout
+    # without a trace, and a later wait (or the slot's own thread) gets the answer.
+    before = settled(ex)
+    call = ex.options(device=0).submit(calls.sleep, 1.0)
+    with pytest.raises(TimeoutError):
+        call.result(timeout=0.05)
+    with pytest.raises(TimeoutError):
+        call.exception(timeout=0.05)
+    assert call.result() == 1.0 and call.exception() is None and pids(ex) == before
+
+
+def test_a_done_callback_may_wait_for_another_call_of_the_same_worker(ex):
+    settled(ex)
+    on0, seen = ex.options(device=0), []
+    first = on0.submit(calls.square, 2)
+    first.add_done_callback(lambda f: seen.append(on0.submit(calls.square, 3).result()))
+    assert first.result() == 4
+    deadline = time.monotonic() + 60
+    while not seen and time.monotonic() < deadline:  # the callback runs in the thread that
+        time.sleep(0.01)  # resolved the call: this one, or the slot's
+    assert seen == [9]
 
 
 def test_a_call_past_its_timeout_kills_its_worker(ex):

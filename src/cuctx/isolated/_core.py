@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import BrokenExecutor, CancelledError, Future
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from ..errors import WorkerDiedError, WorkerFaultError
 from ._wire import RemoteTraceback
@@ -27,6 +27,34 @@ class WorkerInfo(NamedTuple):
     replaced: int
 
 
+class CallFuture(Future):
+    """A call's Future. While the call runs, the engine may set ``attend(future, timeout)``:
+    `result` and `exception` call it first, so that the waiting thread reads the worker's
+    answer itself (the process engine's round trip then wakes no other thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attend: Callable[[CallFuture, float | None], None] | None = None
+
+    def result(self, timeout: float | None = None) -> Any:
+        return super().result(self._attended(timeout))
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return super().exception(self._attended(timeout))
+
+    def _attended(self, timeout: float | None) -> float | None:
+        """Attend (if the engine says how), then what is left of ``timeout``."""
+        attend = self.attend
+        if attend is None or self.done():
+            return timeout
+        if timeout is None:
+            attend(self, None)
+            return None
+        deadline = time.monotonic() + timeout
+        attend(self, timeout)
+        return max(0.0, deadline - time.monotonic())
+
+
 class Call:
     """One submitted call: its future, its name for messages, its pickles, where it may run
     and for how long. ``timed_out`` is set (under the core's lock) by the watchdog."""
@@ -34,7 +62,7 @@ class Call:
     __slots__ = ("future", "name", "fn_bytes", "args_bytes", "arrays", "device", "timeout",
                  "timed_out")
 
-    def __init__(self, future: Future, name: str, fn_bytes: bytes, args_bytes: bytes,
+    def __init__(self, future: CallFuture, name: str, fn_bytes: bytes, args_bytes: bytes,
                  arrays: list, device: int | None, timeout: float | None) -> None:
         self.future = future
         self.name = name
@@ -66,6 +94,7 @@ def _run_on(slot: Slot, call: Call) -> None:  # under the core's lock
 
 
 def resolve(call: Call, value=None, error: BaseException | None = None) -> None:
+    call.future.attend = None  # nothing more to read for it
     if error is None:
         call.future.set_result(value)
     else:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable
 from ..device import Device, devices as all_devices
 from ..memory import DeviceArray
 from . import _wire
-from ._core import Call, Core, WorkerInfo
+from ._core import Call, CallFuture, Core, WorkerInfo
 from ._unsendable import unsendable
 
 _UNSET: Any = object()
@@ -76,7 +76,7 @@ class IsolatedExecutor(Executor):
         # The worker sees shared arrays as the caller left them: its queued work first.
         for ctx in {id(a.context): a.context for a, _ in arrays}.values():
             ctx.synchronize()
-        call = Call(Future(), name, fn_bytes, args_bytes, arrays, device, timeout)
+        call = Call(CallFuture(), name, fn_bytes, args_bytes, arrays, device, timeout)
         slot = self._core.submit(call)
         if slot is not None:
             self._engine.dispatch(slot, call)

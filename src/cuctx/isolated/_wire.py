@@ -15,6 +15,7 @@ import functools
 import io
 import marshal
 import pickle
+import select
 import socket
 import struct
 import traceback
@@ -39,10 +40,24 @@ class Channel:
     """Framed messages on one end of a socket pair. One thread sends and one receives at a
     time (the executor's dispatch rules see to it); either may run while the other does."""
 
-    __slots__ = ("sock",)
+    __slots__ = ("sock", "_reading", "_watching")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        # A poll object serves one thread at a time: one for the thread that reads (it holds
+        # the worker's reader lock), one for the thread that watches without reading.
+        self._reading, self._watching = select.poll(), select.poll()
+        for poll in (self._reading, self._watching):
+            poll.register(sock, select.POLLIN)
+
+    def wait(self, timeout: float | None) -> bool:
+        """For the thread that reads: True once a message (or the other end's close) can be
+        read; False when ``timeout`` seconds (None: no limit) passed first."""
+        return bool(self._reading.poll(None if timeout is None else max(timeout, 0) * 1000))
+
+    def watch(self) -> None:
+        """For one other thread: return once a message (or the close) can be read."""
+        self._watching.poll()
 
     def send(self, tag: bytes, *parts: bytes | memoryview) -> None:
         size = sum(len(p) for p in parts)

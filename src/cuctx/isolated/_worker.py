@@ -192,6 +192,8 @@ def main(fd: int, lifeline: int) -> None:
         setup = pickle.loads(message)
         sys.path[:] = setup["path"]  # what the caller can import, the worker can
         runner = Runner(setup["device"])
+        for key, device in setup["pools"]:  # the caller's ipc pools, each with its descriptor
+            _import_pool(key, device, channel.recv_fd())
     except EOFError:
         return
     except BaseException:  # noqa: BLE001 - told to the caller, which gives up on this device
