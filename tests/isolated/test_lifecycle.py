@@ -184,11 +184,21 @@ def test_ctrl_c_in_a_with_block_ends_the_running_calls_as_cancelled():
     assert ex.workers[0].pid is None
 
 
-def test_a_worker_has_the_callers_ipc_pools_before_its_first_call():
-    cuctx.set_backend("sim")
+def test_a_worker_has_the_callers_ipc_pools_before_its_first_call(backend):
     pool = cuctx.MemoryPool(0, ipc=True)
     array = cuctx.to_device(np.arange(4.0), pool=pool)
     with cuctx.IsolatedExecutor(devices=[0]) as ex:
         assert pool._ipc_key in ex.submit(calls.imported_pools).result()
         assert ex.submit(calls.add_one, array).result() == (4,)
+    assert array.to_host().tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_pool_made_after_the_worker_started_goes_with_its_first_call(backend):
+    with cuctx.IsolatedExecutor(devices=[0]) as ex:
+        ex.submit(calls.where).result()  # the worker runs
+        pool = cuctx.MemoryPool(0, ipc=True)
+        array = cuctx.to_device(np.arange(4.0), pool=pool)
+        assert pool._ipc_key not in ex.submit(calls.imported_pools).result()
+        assert ex.submit(calls.add_one, array).result() == (4,)
+        assert pool._ipc_key in ex.submit(calls.imported_pools).result()
     assert array.to_host().tolist() == [1.0, 2.0, 3.0, 4.0]

@@ -177,19 +177,24 @@ class Core:
             slot.worker, slot.pid = worker, pid
             return self._take(slot)
 
-    def finished(self, slot: Slot) -> tuple[Call | None, Call | None]:
-        """``slot``'s call is over: (that call, or None if the watchdog timed it out first;
-        the next call for the slot, or None)."""
+    def finished(self, slot: Slot, expected: Call | None = None
+                 ) -> tuple[Call | None, Call | None]:
+        """``slot``'s call is over: (that call, or None if the watchdog timed it out first,
+        or if it is not ``expected``, which another thread finished already; the next call
+        for the slot, or None)."""
         with self.lock:
             call = slot.call
-            if call is not None and call.timed_out:
+            if call is not None and call.timed_out or expected not in (None, call):
                 return None, None
             return call, self._take(slot)
 
-    def lost(self, slot: Slot) -> Call | None:
+    def lost(self, slot: Slot, expected: Call | None = None) -> Call | None:
         """``slot``'s worker is gone: the call it was running (now the engine's to fail), or
-        None. The slot starts a new worker unless it was closing."""
+        None. The slot starts a new worker unless it was closing. With ``expected``: None,
+        and nothing done, if the slot runs another call now (that one was answered)."""
         with self.lock:
+            if expected is not None and slot.call is not expected:
+                return None
             call, slot.call, slot.deadline = slot.call, None, None
             slot.worker, slot.pid = None, None
             if slot.state != "closing":

@@ -10,6 +10,7 @@ its contents (zero copy needs one machine: the process engine).
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import queue
@@ -23,7 +24,8 @@ from .. import _driver
 from ..errors import WorkerDiedError, WorkerTimeoutError
 from ..memory import DeviceArray, to_device
 from . import _wire
-from ._core import Call, Core, Slot, cancelled, fault_error, last_line, resolve
+from ._core import (Call, CallFuture, Core, Slot, cancelled, fault_error, last_line,
+                    resolve)
 
 _RESTART_LIMIT_S = 120.0  # how long a slot waits for Ray to bring an actor back
 
@@ -54,8 +56,11 @@ class RayWorker:
     def ready(self) -> tuple[int, str]:
         return os.getpid(), self._token
 
-    def run(self, message: bytes) -> tuple[bytes, bytes]:
-        return self._runner.run(memoryview(message))
+    def run(self, message: bytes) -> bytes:
+        """The call's answer: its tag, then its body (one bytes object: Ray sends that with
+        the least work)."""
+        tag, body = self._runner.run(memoryview(message))
+        return tag + body
 
 
 def _device_array(host) -> DeviceArray:
@@ -180,7 +185,37 @@ class RayEngine:
         return {DeviceArray: _by_value}
 
     def dispatch(self, slot: Slot, call: Call) -> None:
-        self._queues[id(slot)].put(call)
+        """Send ``call`` to ``slot``'s actor from the thread that hands it out. The slot's
+        thread waits for its answer, and so does a caller waiting in ``future.result()``
+        (`_attend`): whichever has it first resolves it, so the round trip wakes no other
+        thread of the caller."""
+        try:
+            ref = slot.worker.run.remote(b"".join(_wire.call_message(call.fn_bytes,
+                                                                     call.args_bytes)))
+        except Exception as exc:  # noqa: BLE001 - Ray's: the slot's thread says it died
+            ref = exc
+        else:
+            call.future.attend = functools.partial(self._attend, slot, call, ref)
+        self._queues[id(slot)].put((call, ref))
+
+    def _attend(self, slot: Slot, call: Call, ref, future: CallFuture,
+                timeout: float | None) -> None:
+        try:
+            answer = self._ray.get(ref, timeout=timeout)
+        except Exception:  # noqa: BLE001 - past the timeout, or a loss: the slot's thread's
+            return
+        if answer[:1] == _wire.RESULT:  # anything else is a loss: the slot's thread's
+            self._finish(slot, call, memoryview(answer)[1:])
+
+    def _finish(self, slot: Slot, call: Call, message: memoryview) -> None:
+        """``call`` answered ``message``: unless the other waiter took it, send the slot's
+        next call and resolve this one."""
+        done, following = self.core.finished(slot, call)
+        if done is None:
+            return
+        if following is not None:
+            self.dispatch(slot, following)
+        resolve(done, *_wire.outcome(message))
 
     # -- a slot's thread --------------------------------------------------------------------
 
@@ -237,41 +272,46 @@ class RayEngine:
     def _run(self, slot: Slot, actor, call: Call | None) -> bool:
         """Serve calls until the actor is lost (True) or the slot closes (False)."""
         ray, core, pid = self._ray, self.core, slot.pid
+        if call is not None:
+            self.dispatch(slot, call)
+        calls = self._queues[id(slot)]
         while True:
-            if call is None:
-                if slot.state == "closing":
-                    return False
-                call = self._queues[id(slot)].get()
-                if call is None:  # shutdown: the slot was idle
-                    return False
-            ref = actor.run.remote(b"".join(_wire.call_message(call.fn_bytes,
-                                                               call.args_bytes)))
+            if slot.state == "closing":
+                return False
+            item = calls.get()
+            if item is None:  # shutdown: the slot was idle
+                return False
+            call, ref = item
             remaining = None if slot.deadline is None else max(0.0, slot.deadline
                                                                - time.monotonic())
             try:
-                tag, message = ray.get(ref, timeout=remaining)
+                if isinstance(ref, Exception):  # .remote() itself failed
+                    raise ref
+                answer = ray.get(ref, timeout=remaining)
+                tag, message = answer[:1], memoryview(answer)[1:]
             except ray.exceptions.GetTimeoutError:
+                if core.lost(slot, call) is None:
+                    continue  # a waiting caller had its answer just in time
                 self._kill(actor, restart=True)  # Ray brings it back
-                core.lost(slot)
                 resolve(call, error=WorkerTimeoutError(call.name, slot.device, pid,
                                                        call.timeout))
                 return True
-            except ray.exceptions.RayError as exc:
-                core.lost(slot)
+            except Exception as exc:  # noqa: BLE001 - Ray's errors: the actor is lost
+                if core.lost(slot, call) is None:
+                    continue
                 resolve(call, error=cancelled(call) if core.aborted else WorkerDiedError(
                     call.name, slot.device, pid, f"Ray: {type(exc).__name__}"))
                 return True
             if tag in (_wire.FAULT, _wire.ENDING):  # the actor cannot go on: Ray restarts it
                 self._kill(actor, restart=True)
-                core.lost(slot)
+                core.lost(slot, call)
                 report = pickle.loads(message)
                 resolve(call, error=fault_error(report, call, slot.device, pid)
                         if tag == _wire.FAULT
                         else WorkerDiedError(call.name, slot.device, pid, report[1]))
                 return True
-            done, call = core.finished(slot)
-            resolve(done, *_wire.outcome(memoryview(message)))
-            done = message = ref = None  # the caller's arrays are the caller's to free
+            self._finish(slot, call, message)
+            call = item = answer = message = ref = None  # the caller's arrays are the caller's
 
     # -- shutdown ---------------------------------------------------------------------------
 

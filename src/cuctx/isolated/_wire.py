@@ -240,11 +240,17 @@ def raised(exc: BaseException) -> bytes:
     return data
 
 
-def returned(value: Any, call: str) -> bytes:
-    """The outcome of a call that returned ``value``."""
+_RETURNED_NONE = pickle.dumps(("ok", None), pickle.HIGHEST_PROTOCOL)
+
+
+def returned(value: Any, fn: Callable) -> bytes:
+    """The outcome of a call of ``fn`` that returned ``value``."""
+    if value is None:  # the usual answer of a call that writes its results into arrays
+        return _RETURNED_NONE
     try:
         return dumps(("ok", value))
     except Exception as err:  # noqa: BLE001 - the caller gets it as the call's exception
+        call = getattr(fn, "__qualname__", type(fn).__qualname__)
         return raised(TypeError(
             f"{call} returned a {type(value).__qualname__}, which cannot be sent back from "
             f"the worker ({err}): return host values (a DeviceArray's to_host(), say), or "

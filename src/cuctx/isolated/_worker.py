@@ -56,7 +56,6 @@ class Runner:
                 args, kwargs = pickle.loads(args_bytes)
             except Exception as exc:  # noqa: BLE001 - the call's error, the worker is fine
                 return _wire.RESULT, _wire.raised(exc)
-            name = getattr(fn, "__qualname__", type(fn).__qualname__)
             value = error = None
             try:
                 value = fn(*args, **kwargs)
@@ -76,7 +75,7 @@ class Runner:
         if fault is not None:
             return _wire.FAULT, fault_report(fault, error)
         try:
-            return _wire.RESULT, (_wire.returned(value, name) if error is None
+            return _wire.RESULT, (_wire.returned(value, fn) if error is None
                                   else _wire.raised(error))
         finally:
             # Before the answer goes: the call's views of shared arrays die here, not at a
