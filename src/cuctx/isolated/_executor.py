@@ -202,7 +202,7 @@ def _ordinal(device: Device | int) -> int:
 
 
 def _ordinals(devices: Iterable[Device | int] | None) -> list[int]:
-    if devices is not None and (isinstance(devices, (str, bytes, Device)) or _whole(devices)
+    if devices is not None and (isinstance(devices, (str, bytes, Device))
                                 or not hasattr(devices, "__iter__")):
         raise TypeError(f"devices is a list of ordinals or cuctx.Device objects (devices=[0] "
                         f"for device 0 alone), or None for every device; not the "
