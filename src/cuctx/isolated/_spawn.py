@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import _driver
 from ..kernels._compiler import cache_directory
-from ..memory._pool import _made as _made_pools  # the ipc pools this process made
+from ..memory._ipc import _made as _made_pools  # the ipc pools this process made
 from . import _wire
 from ._core import last_line
 
