@@ -180,6 +180,14 @@ def test_a_bad_backend_name_is_one_line_not_a_traceback(command):
     assert "'no-such-backend'" in line and "CUCTX_BACKEND" in line
 
 
+def test_a_bad_racecheck_setting_is_one_line_and_a_json_object_with_json():
+    line = one_line_error(cli("info", backend="sim", CUCTX_RACECHECK="bogus"))
+    assert line.startswith("python -m cuctx: error: ValueError: CUCTX_RACECHECK='bogus': use ")
+    error = json.loads(one_line_error(cli("info", "--json", backend="sim",
+                                          CUCTX_RACECHECK="bogus")))
+    assert error["type"] == "ValueError" and "CUCTX_RACECHECK='bogus'" in error["error"]
+
+
 def test_errors_are_a_json_object_with_json():
     proc = cli("info", "--json", backend="no-such-backend")
     error = json.loads(one_line_error(proc))

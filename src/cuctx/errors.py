@@ -183,16 +183,26 @@ class WorkerDiedError(RuntimeError):
     """The worker process of `cuctx.IsolatedExecutor` running a call died of something other
     than a CUDA fault or a timeout: a signal, ``os._exit``, ``sys.exit``, the out-of-memory
     killer. A new worker takes its place. ``device``, ``worker`` (the process id), ``call``
-    and ``how`` (``"exit status 3"``, ``"signal SIGKILL"``, ...) say which and how."""
+    and ``how`` (``"exit status 3"``, ``"signal SIGKILL"``, ...) say which and how.
 
-    def __init__(self, call: str, device: int, worker: int, how: str):
+    ``started`` is False for a call that waited for a worker that could not start (a broken
+    environment): ``how`` is the worker's own error, its traceback the ``__cause__``, and
+    the executor takes no more calls."""
+
+    def __init__(self, call: str, device: int, worker: int, how: str, started: bool = True):
         self.call, self.device, self.worker, self.how = call, device, worker, how
-        super().__init__(
-            f"{_worker_words(call, device, worker)} died ({how}): a new worker takes its "
-            "place; the call was not retried")
+        self.started = started
+        if started:
+            text = (f"{_worker_words(call, device, worker)} died ({how}): a new worker takes "
+                    "its place; the call was not retried")
+        else:
+            text = (f"{call} did not run: the worker process {worker} on device {device} could "
+                    f"not start ({how}), so the executor is broken; fix what the workers "
+                    "inherit (the environment, sys.path) and make a new IsolatedExecutor")
+        super().__init__(text)
 
     def __reduce__(self):
-        return (type(self), (self.call, self.device, self.worker, self.how))
+        return (type(self), (self.call, self.device, self.worker, self.how, self.started))
 
 
 class HostFunctionError(RuntimeError):

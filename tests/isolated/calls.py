@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -83,6 +84,22 @@ def exit_with(status: int) -> None:
     os._exit(status)
 
 
+def sys_exit(status) -> None:
+    sys.exit(status)
+
+
+def interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+class Stop(BaseException):
+    """An exception that is not an Exception (as asyncio.CancelledError is not)."""
+
+
+def raise_stop() -> None:
+    raise Stop("stopped")
+
+
 def kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -148,3 +165,9 @@ def write_then_fault(array: cuctx.DeviceArray, value: float) -> None:
     array.fill(value)
     cuctx.synchronize()
     cuctx.sim.inject_fault(cuctx.current_context())
+
+
+def imported_pools() -> list[str]:
+    """The keys of the caller's ipc pools this worker has imported."""
+    from cuctx.isolated import _worker
+    return sorted(_worker._pools)

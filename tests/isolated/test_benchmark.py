@@ -12,7 +12,8 @@ def test_the_isolation_benchmark_prints_each_goal():
     proc = run_python(str(BENCHMARK), "--quick", "--no-ray", timeout=300, CUCTX_BACKEND="sim")
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stdout.splitlines() if "[goal <=" in line]
-    for what in ("worker processes", "first use (pool and array imported)",
+    assert "first use (a pool made after the worker)" in proc.stdout
+    for what in ("worker processes", "first use (a pool made before the worker)",
                  "fault -> exception", "fault -> next call served, cold",
                  "fault -> next call served, warm standby", "file descriptors leaked",
                  "zombie processes", "device memory not given back"):

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
+import warnings
 
 import numpy as np
 import pytest
@@ -84,6 +87,30 @@ def test_a_fault_ends_the_worker_however_the_call_met_it(ex, fn):
     assert ex.options(device=1).submit(calls.where).result()[0] != before[1]
 
 
+def test_a_wait_with_a_timeout_gives_up_and_the_call_goes_on(ex):
+    # result() reads the worker's answer in the waiting thread: it stops at its timeout
+    # without a trace, and a later wait (or the slot's own thread) gets the answer.
+    before = settled(ex)
+    call = ex.options(device=0).submit(calls.sleep, 1.0)
+    with pytest.raises(TimeoutError):
+        call.result(timeout=0.05)
+    with pytest.raises(TimeoutError):
+        call.exception(timeout=0.05)
+    assert call.result() == 1.0 and call.exception() is None and pids(ex) == before
+
+
+def test_a_done_callback_may_wait_for_another_call_of_the_same_worker(ex):
+    settled(ex)
+    on0, seen = ex.options(device=0), []
+    first = on0.submit(calls.square, 2)
+    first.add_done_callback(lambda f: seen.append(on0.submit(calls.square, 3).result()))
+    assert first.result() == 4
+    deadline = time.monotonic() + 60
+    while not seen and time.monotonic() < deadline:  # the callback runs in the thread that
+        time.sleep(0.01)  # resolved the call: this one, or the slot's
+    assert seen == [9]
+
+
 def test_a_call_past_its_timeout_kills_its_worker(ex):
     before = settled(ex)
     slow = ex.options(device=0, timeout=0.5)
@@ -97,13 +124,52 @@ def test_a_call_past_its_timeout_kills_its_worker(ex):
 
 
 @pytest.mark.parametrize("fn, how", [((calls.exit_with, 3), "exit status 3"),
-                                     ((calls.kill_self,), "signal SIGKILL")])
+                                     ((calls.kill_self,), "signal SIGKILL"),
+                                     # as they would end a Python program:
+                                     ((calls.sys_exit, 4), "exit status 4"),
+                                     ((calls.sys_exit, "a message"), "exit status 1"),
+                                     ((calls.sys_exit, None), "exit status 0"),
+                                     ((calls.interrupt,), "signal SIGINT")])
 def test_any_other_death_is_worker_died_error(ex, fn, how):
     before = settled(ex)
     with pytest.raises(cuctx.WorkerDiedError) as info:
         ex.options(device=1).submit(*fn).result()
     assert info.value.how == how and info.value.worker == before[1]
+    assert info.value.started and f"died ({how}): a new worker takes its place" \
+        in str(info.value)
+    assert (before[1], "Z") not in calls.children(os.getpid())  # reaped
     assert ex.options(device=1).submit(calls.square, 3).result() == 9
+
+
+def test_a_base_exception_that_ends_no_program_is_the_calls_exception(ex):
+    before = settled(ex)
+    with pytest.raises(calls.Stop, match="stopped"):
+        ex.options(device=0).submit(calls.raise_stop).result()
+    assert pids(ex) == before
+
+
+def test_a_worker_traceback_names_the_callers_file_and_line(ex):
+    def fails():  # a local function: it goes by value (cloudpickle)
+        raise ValueError("where?")
+    with pytest.raises(ValueError, match="where") as info:
+        ex.submit(fails).result()
+    line = fails.__code__.co_firstlineno + 1
+    assert f'File "{__file__}", line {line}, in fails' in str(info.value.__cause__)
+    assert 'raise ValueError("where?")' in str(info.value.__cause__)  # its source line too
+
+
+def test_a_race_warning_in_a_worker_names_the_callers_file_and_line(ex):
+    def racy():  # by value, as above
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with cuctx.racecheck("warn"):
+                s = cuctx.Stream()
+                x = cuctx.zeros(64, np.float32)  # on the legacy stream
+                x.fill(2.0, stream=s)  # no wait: a race
+                cuctx.synchronize()
+        return [(w.category.__name__, w.filename, w.lineno) for w in seen]
+    line = racy.__code__.co_firstlineno + 6
+    assert ex.submit(racy).result() == [("RaceWarning", __file__, line)]
 
 
 def test_nothing_is_retried_and_waiting_calls_go_to_the_new_worker(ex, tmp_path):
@@ -135,13 +201,37 @@ def test_results_that_cannot_go_back_are_the_calls_error(ex):
 
 
 def test_arguments_that_cannot_go_are_refused_by_submit(ex, sim):
-    import threading
-    with pytest.raises(TypeError, match="cannot send square and its arguments"):
+    with pytest.raises(TypeError, match="cannot send argument 0 of square to a worker process: "
+                                        "cannot pickle '_thread.lock' object"):
         ex.submit(calls.square, threading.Lock())
-    with pytest.raises(TypeError, match=r"MemoryPool\(device, ipc=True\).*to_host\(\)"):
+    with pytest.raises(TypeError, match=r"argument 0 of square .*MemoryPool\(device, "
+                                        r"ipc=True\).*to_host\(\)"):
         ex.submit(calls.square, cuctx.zeros(4))
     with pytest.raises(TypeError, match="needs a callable"):
         ex.submit(42)
+
+
+def test_cuctx_objects_that_cannot_go_are_named_with_the_way(ex, sim):
+    library = cuctx.Library.from_bytes(calls.STORE_PTX, sim_kernels={"store": calls.store})
+    kernel, stream = library["store"], cuctx.Stream()
+    way = "Make such objects in the worker instead (load the Library"
+    for (args, kwargs), where, what in [
+            (((kernel,), {}), "argument 0 of square", "Kernel"),
+            (((1, library), {}), "argument 1 of square", "Library"),
+            (((), {"x": stream}), "the keyword argument x= of square", "Stream"),
+            ((([1, {"a": cuctx.Event()}],), {}), "argument 0 of square", "Event"),
+            (((cuctx.current_context(),), {}), "argument 0 of square", "Context")]:
+        with pytest.raises(TypeError) as info:
+            ex.submit(calls.square, *args, **kwargs)
+        text = str(info.value)  # cuctx's words, or the object's own refusal that names it
+        assert text.startswith(f"cannot send {where} to a worker process: ") and what in text
+        if f"is a cuctx.{what}, which lives in this process" in text:
+            assert way in text
+
+    def launch():  # by value, with what it uses
+        kernel[1, 1](0)
+    with pytest.raises(TypeError, match=r"cannot send \S*launch \(it uses kernel\) .*Kernel"):
+        ex.submit(launch)
 
 
 def test_settings_are_checked():
@@ -149,11 +239,32 @@ def test_settings_are_checked():
     for kwargs, match in [({"engine": "threads"}, "engine must be one of"),
                           ({"workers_per_device": 0}, "workers_per_device"),
                           ({"timeout": -1}, "timeout must be"),
+                          ({"timeout": float("nan")}, "timeout must be"),
                           ({"devices": [7]}, "there is no device 7"),
+                          ({"devices": [-1]}, "there is no device -1"),
                           ({"devices": [0, 0]}, "twice"),
                           ({"devices": []}, "none was given"),
                           ({"address": "auto"}, "needs engine='ray'")]:
         with pytest.raises(ValueError, match=match):
+            cuctx.IsolatedExecutor(**kwargs)
+    # the wrong kind of value: what was given, and what is accepted
+    for kwargs, match in [
+            ({"devices": 0}, r"devices is a list of ordinals or cuctx.Device objects "
+                             r"\(devices=\[0\] for device 0 alone\), or None for every "
+                             r"device; not the int 0"),
+            ({"devices": cuctx.Device(1)}, r"devices is a list .* not the Device <Device 1"),
+            ({"devices": "01"}, r"devices is a list .* not the str '01'"),
+            ({"devices": ["0"]}, r"a device is a cuctx.Device or an ordinal \(int\), not the "
+                                 r"str '0'"),
+            ({"devices": [True]}, "a device is .* not the bool True"),
+            ({"engine": None}, "engine is 'process' or 'ray', not the NoneType None"),
+            ({"workers_per_device": 1.5}, "workers_per_device is a whole number >= 1, not the "
+                                          "float 1.5"),
+            ({"standby": 1}, "standby is True or False, not the int 1"),
+            ({"timeout": "5"}, "timeout is a number of seconds > 0, or None; not the str '5'"),
+            ({"engine": "ray", "address": 6379}, "address is a Ray cluster's address, a str "
+                                                 ".* not the int 6379")]:
+        with pytest.raises(TypeError, match=match):
             cuctx.IsolatedExecutor(**kwargs)
 
 

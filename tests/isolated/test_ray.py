@@ -1,10 +1,18 @@
-"""IsolatedExecutor(engine="ray") on a local Ray cluster with sim devices: the same API,
-errors and timeouts as worker processes; arrays by value. One cluster for the whole run
-(starting one takes seconds), kept light: two CPUs, no dashboard."""
+"""IsolatedExecutor(engine="ray") with sim devices, on a local Ray cluster this process starts
+and on one that already runs (a head started apart, as `ray start --head` starts one, which
+the executor joins by its address): the same API, errors and timeouts as worker processes;
+arrays by value. Each cluster kept light: two CPUs, no dashboard, its own ports and
+temporary directory, so that test runs beside this one do not meet it."""
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -17,20 +25,80 @@ ray = pytest.importorskip("ray", reason="needs Ray: pip install -e '.[test]' (or
 
 pytestmark = pytest.mark.usefixtures("sim")
 
+HEAD_PORTS = ("port", "node-manager-port", "object-manager-port", "dashboard-port",
+              "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+              "metrics-export-port", "runtime-env-agent-port")
 
-@pytest.fixture(scope="session")
-def ray_cluster():
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_head(temp_dir: str) -> tuple[subprocess.Popen, str]:
+    """`ray start --head --block` on free ports: (its process, the head's address) once the
+    head answers. SIGTERM to the process stops the whole cluster (and nothing else)."""
+    ports = {name: free_port() for name in HEAD_PORTS}
+    head = subprocess.Popen(
+        [sys.executable, "-c", "from ray.scripts.scripts import main; main()", "start",
+         "--head", "--block", "--num-cpus=2", "--num-gpus=0", "--include-dashboard=false",
+         "--disable-usage-stats", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}",
+         *(f"--{name}={port}" for name, port in ports.items())],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    give_up = time.monotonic() + 120
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", ports["port"]), timeout=1).close()
+            return head, f"127.0.0.1:{ports['port']}"
+        except OSError:
+            if head.poll() is not None or time.monotonic() > give_up:
+                stop_head(head)
+                pytest.fail(f"ray start --head did not start:\n{head.stdout.read()}")
+            time.sleep(0.2)
+
+
+def stop_head(head: subprocess.Popen) -> None:
+    head.send_signal(signal.SIGTERM)
+    try:
+        head.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        head.kill()
+        head.wait()
 
 
 @pytest.fixture(scope="module")
-def ex(ray_cluster):
+def no_token_auth():
+    """Ray's token authentication off, in this process and the heads it starts: Ray turns it
+    on where ~/.ray/auth_token exists (a local cluster writes it), and a driver whose first
+    cluster had it on cannot create actors on a later one that has it off."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_AUTH_MODE", "disabled")
+        yield
+
+
+@pytest.fixture(scope="module", params=["local", "joined"])
+def ex(request, no_token_auth):
+    """An executor on a local cluster that ray.init starts here, or joined to a cluster that
+    runs already (address=)."""
     cuctx.set_backend("sim")
-    with cuctx.IsolatedExecutor(engine="ray") as executor:
-        yield executor
+    if ray.is_initialized():
+        ray.shutdown()
+    if request.param == "local":
+        ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
+        with cuctx.IsolatedExecutor(engine="ray") as executor:
+            yield executor
+        ray.shutdown()
+        return
+    with tempfile.TemporaryDirectory(prefix="cuctx-ray-") as temp_dir:  # short: Ray's
+        head, address = start_head(temp_dir)  # sockets live in it
+        try:
+            with cuctx.IsolatedExecutor(engine="ray", address=address) as executor:
+                assert ray.get_runtime_context().gcs_address.endswith(address.split(":")[1])
+                yield executor
+        finally:
+            ray.shutdown()
+            stop_head(head)
 
 
 def settled(ex) -> dict[int, int]:
@@ -82,3 +150,10 @@ def test_device_arrays_travel_by_value(ex):
     assert ex.submit(lambda a: a.to_host().tolist(), array).result() == [0.0, 1.0, 2.0, 3.0]
     ex.submit(calls.fill, array, 7.0).result()
     assert array.to_host().tolist() == [0.0, 1.0, 2.0, 3.0]  # the actor wrote its own copy
+
+
+
+def test_an_executor_cannot_join_another_cluster_than_the_one_this_process_is_on(ex):
+    with pytest.raises(ValueError, match=r"connected to the Ray cluster at \S+ already, and "
+                                         r"address='127\.0\.0\.1:1' names another"):
+        cuctx.IsolatedExecutor(engine="ray", address="127.0.0.1:1")

@@ -121,7 +121,9 @@ _listeners: list[Callable[[Backend], None]] = []
 
 def on_select(listener: Callable[[Backend], None]) -> None:
     """Call ``listener`` with the active backend now, if one is chosen, and with each one
-    `select` makes active from now on (a switch, or the first use choosing one)."""
+    `select` makes active from now on (a switch, or the first use choosing one), just before
+    it becomes active: an exception it raises leaves the backend unchosen, and is raised by
+    the use that chose it (and by each later one)."""
     _listeners.append(listener)
     if _active is not None:
         listener(_active)
@@ -151,9 +153,9 @@ def select(name: str, source: str = "") -> Backend:
             backend = _load_cuda(required=True)
         else:
             backend = _load_sim("selected by CUCTX_BACKEND=sim or set_backend('sim')")
-        _active = backend
-    for listener in _listeners:
+    for listener in _listeners:  # before it is active: one may refuse (a bad CUCTX_RACECHECK)
         listener(backend)
+    _active = backend
     return backend
 
 

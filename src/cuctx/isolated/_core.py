@@ -12,10 +12,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from concurrent.futures import BrokenExecutor, Future
-from typing import Callable, NamedTuple
+from concurrent.futures import BrokenExecutor, CancelledError, Future
+from typing import Any, Callable, NamedTuple
 
-from ..errors import WorkerDiedError
+from ..errors import WorkerDiedError, WorkerFaultError
+from ._wire import RemoteTraceback
 
 
 class WorkerInfo(NamedTuple):
@@ -26,6 +27,34 @@ class WorkerInfo(NamedTuple):
     replaced: int
 
 
+class CallFuture(Future):
+    """A call's Future. While the call runs, the engine may set ``attend(future, timeout)``:
+    `result` and `exception` call it first, so that the waiting thread reads the worker's
+    answer itself (the process engine's round trip then wakes no other thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attend: Callable[[CallFuture, float | None], None] | None = None
+
+    def result(self, timeout: float | None = None) -> Any:
+        return super().result(self._attended(timeout))
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return super().exception(self._attended(timeout))
+
+    def _attended(self, timeout: float | None) -> float | None:
+        """Attend (if the engine says how), then what is left of ``timeout``."""
+        attend = self.attend
+        if attend is None or self.done():
+            return timeout
+        if timeout is None:
+            attend(self, None)
+            return None
+        deadline = time.monotonic() + timeout
+        attend(self, timeout)
+        return max(0.0, deadline - time.monotonic())
+
+
 class Call:
     """One submitted call: its future, its name for messages, its pickles, where it may run
     and for how long. ``timed_out`` is set (under the core's lock) by the watchdog."""
@@ -33,7 +62,7 @@ class Call:
     __slots__ = ("future", "name", "fn_bytes", "args_bytes", "arrays", "device", "timeout",
                  "timed_out")
 
-    def __init__(self, future: Future, name: str, fn_bytes: bytes, args_bytes: bytes,
+    def __init__(self, future: CallFuture, name: str, fn_bytes: bytes, args_bytes: bytes,
                  arrays: list, device: int | None, timeout: float | None) -> None:
         self.future = future
         self.name = name
@@ -65,10 +94,31 @@ def _run_on(slot: Slot, call: Call) -> None:  # under the core's lock
 
 
 def resolve(call: Call, value=None, error: BaseException | None = None) -> None:
+    call.future.attend = None  # nothing more to read for it
     if error is None:
         call.future.set_result(value)
     else:
         call.future.set_exception(error)
+
+
+def last_line(traceback: str) -> str:
+    """The exception a traceback ends with (its last line that is not blank)."""
+    lines = [line for line in traceback.splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no error text"
+
+
+def cancelled(call: Call) -> CancelledError:
+    """What a call that was running when Ctrl-C killed its worker raises."""
+    return CancelledError(f"{call.name} was running when Ctrl-C (KeyboardInterrupt) ended "
+                          "the executor: its worker was killed")
+
+
+def fault_error(report: dict, call: Call, device: int, worker: int | None) -> WorkerFaultError:
+    """The `WorkerFaultError` of a worker's fault report (`_worker.fault_report`)."""
+    error = WorkerFaultError(report["code"], report["operation"], report["message"],
+                             report["hint"], device=device, worker=worker, call=call.name)
+    error.__cause__ = RemoteTraceback(report["traceback"])
+    return error
 
 
 class Core:
@@ -81,7 +131,9 @@ class Core:
         self.slots = [Slot(d) for d in devices for _ in range(workers_per_device)]
         self.pending: deque[Call] = deque()
         self.shutting_down = False
+        self.aborted = False  # Ctrl-C ended the calls: a running call's loss is no fault
         self.broken = ""  # why no worker can start, once one could not
+        self.broken_cause = ""  # the worker's traceback, if it told one
         self.all_closed = threading.Event()
 
     # -- under the lock ---------------------------------------------------------------------
@@ -105,7 +157,10 @@ class Core:
         """Queue ``call``; the slot to send it to now (marked busy), or None: it waits."""
         with self.lock:
             if self.broken:
-                raise BrokenExecutor(self.broken)
+                error = BrokenExecutor(f"{self.broken}; make a new IsolatedExecutor once "
+                                       "that is fixed")
+                raise error from (RemoteTraceback(self.broken_cause) if self.broken_cause
+                                  else None)
             if self.shutting_down:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             for slot in self.slots:
@@ -122,19 +177,24 @@ class Core:
             slot.worker, slot.pid = worker, pid
             return self._take(slot)
 
-    def finished(self, slot: Slot) -> tuple[Call | None, Call | None]:
-        """``slot``'s call is over: (that call, or None if the watchdog timed it out first;
-        the next call for the slot, or None)."""
+    def finished(self, slot: Slot, expected: Call | None = None
+                 ) -> tuple[Call | None, Call | None]:
+        """``slot``'s call is over: (that call, or None if the watchdog timed it out first,
+        or if it is not ``expected``, which another thread finished already; the next call
+        for the slot, or None)."""
         with self.lock:
             call = slot.call
-            if call is not None and call.timed_out:
+            if call is not None and call.timed_out or expected not in (None, call):
                 return None, None
             return call, self._take(slot)
 
-    def lost(self, slot: Slot) -> Call | None:
+    def lost(self, slot: Slot, expected: Call | None = None) -> Call | None:
         """``slot``'s worker is gone: the call it was running (now the engine's to fail), or
-        None. The slot starts a new worker unless it was closing."""
+        None. The slot starts a new worker unless it was closing. With ``expected``: None,
+        and nothing done, if the slot runs another call now (that one was answered)."""
         with self.lock:
+            if expected is not None and slot.call is not expected:
+                return None
             call, slot.call, slot.deadline = slot.call, None, None
             slot.worker, slot.pid = None, None
             if slot.state != "closing":
@@ -152,11 +212,14 @@ class Core:
                 return True
             return False
 
-    def break_(self, why: str, device: int, pid: int | None) -> list[Call]:
-        """A worker could not start: the executor stops taking calls. Returns the waiting
-        calls, which the engine fails."""
+    def break_(self, why: str, device: int, pid: int | None, cause: str = "") -> list[Slot]:
+        """A worker could not start (``why``: its own error in one line; ``cause``: its
+        traceback, if it told one): the executor takes no more calls, the waiting ones
+        fail. Returns the idle slots, which the engine tells to close."""
         with self.lock:
-            self.broken = self.broken or why
+            if not self.broken:
+                self.broken = f"no worker could start on device {device}: {why}"
+                self.broken_cause = cause
             self.shutting_down = True
             waiting, self.pending = list(self.pending), deque()
             idle = [s for s in self.slots if s.state == "idle"]
@@ -164,9 +227,10 @@ class Core:
                 slot.state = "closing"
         for call in waiting:
             if call.future.set_running_or_notify_cancel():
-                resolve(call, error=WorkerDiedError(call.name, device, pid or 0,
-                                                    f"a worker could not start: {why}"))
-        return [s for s in idle]
+                error = WorkerDiedError(call.name, device, pid or 0, why, started=False)
+                error.__cause__ = RemoteTraceback(cause) if cause else None
+                resolve(call, error=error)
+        return idle
 
     def shutdown(self, cancel_futures: bool) -> list[Slot]:
         """Stop taking calls; cancel the waiting ones if asked. Returns the idle slots, which
@@ -181,6 +245,19 @@ class Core:
             for slot in idle:
                 slot.state = "closing"
             return idle
+
+    def abort(self) -> list:
+        """Ctrl-C: take no more calls, cancel the waiting ones, close every slot. Returns
+        the engine's handles of the live workers, which the engine kills, calls and all."""
+        with self.lock:
+            self.shutting_down = self.aborted = True
+            for call in self.pending:
+                call.future.cancel()
+            self.pending.clear()
+            for slot in self.slots:
+                if slot.state != "closed":
+                    slot.state = "closing"
+            return [s.worker for s in self.slots if s.worker is not None]
 
     def workers(self) -> list[WorkerInfo]:
         with self.lock:

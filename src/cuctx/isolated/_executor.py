@@ -4,6 +4,7 @@ one device each, so that a fault, a hang or a crash costs one worker and not the
 from __future__ import annotations
 
 import atexit
+import sys
 import weakref
 from concurrent.futures import Executor, Future
 from typing import Any, Callable, Iterable
@@ -11,7 +12,8 @@ from typing import Any, Callable, Iterable
 from ..device import Device, devices as all_devices
 from ..memory import DeviceArray
 from . import _wire
-from ._core import Call, Core, WorkerInfo
+from ._core import Call, CallFuture, Core, WorkerInfo
+from ._unsendable import unsendable
 
 _UNSET: Any = object()
 ENGINES = ("process", "ray")
@@ -37,19 +39,9 @@ class IsolatedExecutor(Executor):
     def __init__(self, devices: Iterable[Device | int] | None = None, engine: str = "process",
                  workers_per_device: int = 1, standby: bool = False,
                  timeout: float | None = None, *, address: str | None = None) -> None:
-        if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))}, not "
-                             f"{engine!r}")
-        if isinstance(workers_per_device, bool) or not isinstance(workers_per_device, int) \
-                or workers_per_device < 1:
-            raise ValueError(f"workers_per_device must be a whole number >= 1, not "
-                             f"{workers_per_device!r}")
-        if not isinstance(standby, bool):
-            raise TypeError(f"standby must be True or False, not {standby!r}")
-        if address is not None and engine != "ray":
-            raise ValueError("address= names a Ray cluster: it needs engine='ray'")
-        self._timeout = _seconds(timeout)
         self._devices = _ordinals(devices)
+        _check_settings(engine, workers_per_device, standby, address)
+        self._timeout = _seconds(timeout)
         core = Core(self._devices, workers_per_device)
         if engine == "ray":
             from ._ray import RayEngine  # Ray is an optional extra
@@ -78,13 +70,13 @@ class IsolatedExecutor(Executor):
             fn_bytes = _wire.function_bytes(fn)
             args_bytes = _wire.arguments(args, kwargs,
                                          lambda: self._engine.reductions(arrays))
-        except (TypeError, AttributeError, ValueError) as exc:
-            raise TypeError(f"cannot send {name} and its arguments to a worker process: "
-                            f"{exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - a pickling error may be of any type
+            raise unsendable(fn, name, args, kwargs, self._engine.reductions([]), exc) \
+                from exc
         # The worker sees shared arrays as the caller left them: its queued work first.
         for ctx in {id(a.context): a.context for a, _ in arrays}.values():
             ctx.synchronize()
-        call = Call(Future(), name, fn_bytes, args_bytes, arrays, device, timeout)
+        call = Call(CallFuture(), name, fn_bytes, args_bytes, arrays, device, timeout)
         slot = self._core.submit(call)
         if slot is not None:
             self._engine.dispatch(slot, call)
@@ -112,6 +104,15 @@ class IsolatedExecutor(Executor):
         worker. ``wait``: return when every call is done and every worker has exited;
         otherwise the workers exit by themselves once their calls are done."""
         self._engine.shutdown(wait, cancel_futures)
+
+    def __exit__(self, exc_type, exc_val, exc_tb) -> bool:
+        # Ctrl-C in the block: its calls are not waited for (one may hang); the workers are
+        # killed, calls and all. Anything else: `shutdown`, as concurrent.futures does.
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            self._engine.abort(True)
+        else:
+            self.shutdown(wait=True)
+        return False
 
     def __repr__(self) -> str:
         state = " shut down" if self._core.shutting_down else ""
@@ -149,10 +150,44 @@ class _Options:
         return f"<{self._executor!r} options device={self._device} timeout={self._timeout}>"
 
 
+def _given(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_settings(engine: Any, workers_per_device: Any, standby: Any, address: Any) -> None:
+    """Each setting of `IsolatedExecutor` but devices and timeout: TypeError for the wrong
+    kind of value, ValueError for a wrong value; each says what it accepts."""
+    accepted = " or ".join(map(repr, ENGINES))
+    if not isinstance(engine, str):
+        raise TypeError(f"engine is {accepted}, not the {_given(engine)}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {accepted}, not {engine!r}")
+    if not _whole(workers_per_device):
+        raise TypeError(f"workers_per_device is a whole number >= 1, not the "
+                        f"{_given(workers_per_device)}")
+    if workers_per_device < 1:
+        raise ValueError(f"workers_per_device must be a whole number >= 1, not "
+                         f"{workers_per_device}")
+    if not isinstance(standby, bool):
+        raise TypeError(f"standby is True or False, not the {_given(standby)}")
+    if address is not None and not isinstance(address, str):
+        raise TypeError(f"address is a Ray cluster's address, a str such as "
+                        f"'10.0.0.5:6379', or None; not the {_given(address)}")
+    if address is not None and engine != "ray":
+        raise ValueError("address= names a Ray cluster: it needs engine='ray'")
+
+
 def _seconds(timeout: float | None) -> float | None:
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout is a number of seconds > 0, or None; not the "
+                        f"{_given(timeout)}")
+    if not timeout > 0:  # (NaN too)
         raise ValueError(f"timeout must be a number of seconds > 0, or None, not {timeout!r}")
     return float(timeout)
 
@@ -160,13 +195,18 @@ def _seconds(timeout: float | None) -> float | None:
 def _ordinal(device: Device | int) -> int:
     if isinstance(device, Device):
         return device.ordinal
-    if isinstance(device, bool) or not isinstance(device, int):
-        raise TypeError(f"a device is a cuctx.Device or an ordinal, not "
-                        f"{type(device).__name__}")
+    if not _whole(device):
+        raise TypeError(f"a device is a cuctx.Device or an ordinal (int), not the "
+                        f"{_given(device)}")
     return device
 
 
 def _ordinals(devices: Iterable[Device | int] | None) -> list[int]:
+    if devices is not None and (isinstance(devices, (str, bytes, Device))
+                                or not hasattr(devices, "__iter__")):
+        raise TypeError(f"devices is a list of ordinals or cuctx.Device objects (devices=[0] "
+                        f"for device 0 alone), or None for every device; not the "
+                        f"{_given(devices)}")
     count = len(all_devices())
     if devices is None:
         ordinals = list(range(count))
@@ -190,6 +230,13 @@ _live: weakref.WeakSet = weakref.WeakSet()
 
 @atexit.register
 def _shutdown_at_exit() -> None:
-    # As for concurrent.futures' executors: the program ends once submitted calls are done.
+    # As for concurrent.futures' executors, the program ends once submitted calls are done;
+    # unless Ctrl-C ends it (Python has then set sys.last_value, or last_exc, to the
+    # KeyboardInterrupt by the time atexit runs): the workers are killed, even in the
+    # middle of a call that hangs.
+    ended_by = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     for engine in list(_live):
-        engine.shutdown(True, False)
+        if isinstance(ended_by, KeyboardInterrupt):
+            engine.abort(False)
+        else:
+            engine.shutdown(True, False)

@@ -1,141 +1,33 @@
 """The process engine: one worker process per slot, on this machine.
 
-Workers are fresh interpreters (``python -c``, started by subprocess: no fork of a process
-that holds CUDA state), each with one end of a Unix socket pair and the read end of the
-executor's lifeline pipe. A thread per slot owns its worker: it starts it (or takes the
-device's warm standby), reads every message it sends, and replaces it when it dies. Calls
-are sent by whichever thread hands them out (the caller's, in `submit`, when a worker is
-idle), so a round trip wakes no thread of the caller but the one that reads the result.
+Workers (`_spawn.ProcessWorker`) each have one end of a Unix socket pair and the read end
+of the executor's lifeline pipe. A thread per slot owns its worker: it starts it (or takes
+the device's warm standby), reads what it sends, and replaces it when it dies. Calls are
+sent by whichever thread hands them out (the caller's, in `submit`, when a worker is idle),
+and a caller waiting in ``future.result()`` reads its answer itself (`_attend`), so a round
+trip wakes no thread of the caller: the slot's thread reads what no caller waits for, and
+every loss.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
-import signal
-import socket
-import subprocess
-import sys
 import threading
-from pathlib import Path
+import time
 
 from .. import _driver
-from ..errors import WorkerDiedError, WorkerFaultError, WorkerTimeoutError
+from ..errors import WorkerDiedError, WorkerTimeoutError
 from ..memory import DeviceArray
 from . import _wire, _worker
-from ._core import Call, Core, Slot, Watchdog, resolve
-
-# The cuctx the caller runs is the one its workers import. On a GPU the worker starts
-# making its device's primary context in a thread (cuda.bindings releases the GIL in driver
-# calls) while the main thread imports cuctx: a start costs the longer of the two, not
-# their sum. That retain is never released: it lasts as long as the worker.
-_SOURCE = str(Path(__file__).resolve().parents[2])
-_BOOT = f"""
-import os, sys, threading
-def warm(ordinal):
-    from cuda.bindings import driver
-    if not driver.cuInit(0)[0]:
-        err, device = driver.cuDeviceGet(ordinal)
-        if not err:
-            driver.cuDevicePrimaryCtxRetain(device)
-if os.environ.get("CUCTX_BACKEND") == "cuda":
-    threading.Thread(target=warm, args=(int(sys.argv[3]),), daemon=True).start()
-sys.path.insert(0, {_SOURCE!r})
-from cuctx.isolated._worker import main
-main(int(sys.argv[1]), int(sys.argv[2]))
-"""
-
-
-class _StartFailed(Exception):
-    pass
-
-
-class ProcessWorker:
-    """One worker process: its Popen and the caller's end of its socket."""
-
-    __slots__ = ("device", "proc", "channel", "pools")
-
-    def __init__(self, device: int, lifeline: int, env: dict[str, str]) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            fds = (theirs.fileno(), lifeline)
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, *map(str, fds), str(device)], pass_fds=fds,
-                env=env,
-                stdin=subprocess.DEVNULL)
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        self.device = device
-        self.pools: set[str] = set()  # keys of the ipc pools the worker has
-        self.channel = _wire.Channel(ours)
-        # Sent at once: the worker reads it once its imports are done.
-        self.channel.send(_wire.SETUP, pickle.dumps({"path": sys.path, "device": device}))
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def wait_ready(self) -> None:
-        try:
-            tag, message = self.channel.recv()
-        except (EOFError, OSError):
-            raise _StartFailed(f"the worker exited while starting ({self.reap()})") from None
-        if tag != _wire.READY:
-            raise _StartFailed(bytes(message).decode(errors="replace"))
-
-    def send(self, tag: bytes, *parts: bytes) -> None:
-        """Send, or nothing if the worker is gone (its slot's thread sees the end of the
-        socket and says why)."""
-        try:
-            self.channel.send(tag, *parts)
-        except OSError:
-            pass
-
-    def send_pool(self, key: str, device: int, fd: int) -> None:
-        """An ipc pool for the worker to import: its key, then its descriptor beside."""
-        try:
-            self.channel.send(_wire.POOL, pickle.dumps((key, device)))
-            self.channel.send_fd(fd)
-        except OSError:
-            pass
-
-    def kill(self) -> None:
-        self.proc.kill()  # a no-op once it was reaped
-
-    def reap(self) -> str:
-        """Wait for the process to end (it is not left a zombie); how it ended, in words."""
-        code = self.proc.wait()
-        if code < 0:
-            try:
-                return f"signal {signal.Signals(-code).name}"
-            except ValueError:
-                return f"signal {-code}"
-        return f"exit status {code}"
-
-    def retire(self) -> str:
-        """Kill, reap, close: nothing of this worker is left."""
-        self.kill()
-        how = self.reap()
-        self.channel.close()
-        return how
-
-
-def worker_env() -> dict[str, str]:
-    """The caller's environment, with the backend it runs on (and the sim's device count):
-    workers see the devices the caller sees."""
-    backend = _driver.active()
-    env = dict(os.environ, CUCTX_BACKEND=backend.name)
-    if backend.sim is not None:
-        env["CUCTX_SIM_DEVICES"] = str(backend.driver.cuDeviceGetCount()[1])
-    return env
-
+from ._core import Call, CallFuture, Core, Slot, Watchdog, cancelled, fault_error, resolve
+from ._spawn import EXIT_GRACE_S, ProcessWorker, StartFailed, worker_env
 
 class ProcessEngine:
     def __init__(self, core: Core, standby: bool) -> None:
         self.core = core
+        self._backend = _driver.active()  # the one the workers run (`worker_env`)
         self._env = worker_env()
         self._lifeline_r, self._lifeline_w = os.pipe()  # workers read; EOF when we are gone
         self._lock = threading.Lock()
@@ -152,7 +44,7 @@ class ProcessEngine:
             slot.thread.start()
 
     def _spawn(self, device: int) -> ProcessWorker:
-        return ProcessWorker(device, self._lifeline_r, self._env)
+        return ProcessWorker(device, self._lifeline_r, self._env, self._backend)
 
     # -- handing out calls ------------------------------------------------------------------
 
@@ -182,58 +74,134 @@ class ProcessEngine:
                 with shared:
                     worker.send_pool(shared.key, shared.device, shared.fd)
                 worker.pools.add(key)
+        call.future.attend = functools.partial(self._attend, slot, worker)
         worker.send(_wire.CALL, *_wire.call_message(call.fn_bytes, call.args_bytes))
         deadline = slot.deadline
         if deadline is not None:
             self.watchdog.watch(deadline)
 
+    def _attend(self, slot: Slot, worker: ProcessWorker, future: CallFuture,
+                timeout: float | None) -> None:
+        """A caller waits for ``future``: read the worker's answers in its thread until that
+        one is in (or ``timeout`` passed), so that it is not woken by the slot's thread
+        after that thread read the answer. A message that is not a result, or the end of
+        the socket, is left to the slot's thread, which replaces the worker."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if not worker.reader.acquire(timeout=-1 if left is None else max(left, 0)):
+                return
+            try:
+                # A result once taken, by either thread, clears its future's ``attend``.
+                if future.attend is None or worker.stash is not None or worker.closed:
+                    return
+                if not worker.channel.wait(left):
+                    return
+                try:
+                    tag, message = worker.channel.recv()
+                except (EOFError, OSError):
+                    return  # the end stays there for the slot's thread to read
+                except BaseException:  # Ctrl-C within a message: the next cannot be found
+                    worker.stash = (None, None)
+                    worker.kill()
+                    raise
+                if tag != _wire.RESULT:
+                    worker.stash = (tag, message)
+                    return
+                done = self._answered(slot)
+            finally:
+                worker.reader.release()
+            self._deliver(slot, worker, *done, message)
+
+    def _answered(self, slot: Slot) -> tuple[Call | None, Call | None]:
+        """Under the worker's reader lock, as its result was read: (the call, or None if it
+        timed out; the slot's next call)."""
+        call, following = self.core.finished(slot)
+        if call is not None:
+            call.future.attend = None  # a caller about to attend it must not wait to read
+        return call, following
+
+    def _deliver(self, slot: Slot, worker: ProcessWorker, call: Call | None,
+                 following: Call | None, message: memoryview) -> None:
+        """Outside the reader lock (a done-callback may wait for another call): send the
+        slot's next call, resolve this one."""
+        if call is None:
+            return  # it timed out: the watchdog is killing the worker
+        self._next(slot, worker, following)
+        resolve(call, *_wire.outcome(message))
+
     # -- a slot's thread --------------------------------------------------------------------
 
     def _serve(self, slot: Slot) -> None:
+        # A faulted worker is reaped once its replacement was sent its first call: its exit
+        # (a GPU context's teardown) takes time. Unless that call shared arrays, which the
+        # faulted one may map till it has exited: the caller may free them once it has the
+        # next call's answer, and the driver wants importers gone first.
+        faulted: tuple[ProcessWorker, Call | None] | None = None
+        first = True  # the slot's first worker starts beside the standby, not from it
         try:
             while True:
-                worker = self._start(slot)
+                worker, first = self._start(slot, standby=not first), False
+                if faulted is not None and (worker is None or faulted[1] is not None
+                                            and faulted[1].arrays):
+                    faulted[0].retire()
+                    faulted = None
+                if worker is not None:
+                    self._next(slot, worker, self.core.ready(slot, worker, worker.pid))
+                if faulted is not None:
+                    faulted[0].retire()
+                    faulted = None
                 if worker is None:
                     return
-                self._next(slot, worker, self.core.ready(slot, worker, worker.pid))
-                if not self._run(slot, worker):
+                self._refill(slot.device)
+                go_on, faulted = self._run(slot, worker)
+                if not go_on:
                     return
         finally:
+            if faulted is not None:
+                faulted[0].retire()
             if self.core.closed(slot):
                 self._release()
 
-    def _start(self, slot: Slot) -> ProcessWorker | None:
-        """A ready worker for ``slot``: the device's standby if there is a live one, else a
-        new process. None if a worker cannot start (the executor is then broken)."""
+    def _refill(self, device: int) -> None:
+        """With ``standby``: a new standby for ``device`` if it has none (its last took a
+        slot's place), started after that slot's next call was sent."""
+        if not self._standby:
+            return
         with self._lock:
-            worker = self._standbys.pop(slot.device, None)
-            if worker is not None and not self._closing:
-                try:
-                    self._standbys[slot.device] = self._spawn(slot.device)
-                except OSError:  # no standby for now; the next loss starts one cold
-                    pass
+            if self._closing or device in self._standbys:
+                return
+            try:
+                self._standbys[device] = self._spawn(device)
+            except OSError:  # no standby for now; the next loss starts one cold
+                pass
+
+    def _start(self, slot: Slot, standby: bool = True) -> ProcessWorker | None:
+        """A ready worker for ``slot``: the device's standby if there is a live one (and
+        ``standby``), else a new process. None if a worker cannot start (the executor is
+        then broken)."""
+        with self._lock:
+            worker = self._standbys.pop(slot.device, None) if standby else None
         if worker is not None:
             try:
                 worker.wait_ready()
                 return worker
-            except _StartFailed:
-                worker.retire()  # a standby that died waiting: start one cold instead
+            except StartFailed:
+                pass  # a standby that died waiting: start one cold instead
         if self.core.broken:
             return None
         try:
             worker = self._spawn(slot.device)
         except OSError as exc:  # too many processes or descriptors, say
-            return self._break(slot, f"device {slot.device}: {exc}", None)
+            return self._break(slot, StartFailed(str(exc)), None)
         try:
             worker.wait_ready()
             return worker
-        except _StartFailed as exc:
-            pid = worker.pid
-            worker.retire()
-            return self._break(slot, f"device {slot.device}: {exc}", pid)
+        except StartFailed as exc:
+            return self._break(slot, exc, worker.pid)
 
-    def _break(self, slot: Slot, why: str, pid: int | None) -> None:
-        for idle in self.core.break_(why, slot.device, pid):
+    def _break(self, slot: Slot, failed: StartFailed, pid: int | None) -> None:
+        for idle in self.core.break_(failed.why, slot.device, pid, failed.traceback):
             idle.worker.send(_wire.EXIT)
 
     def _next(self, slot: Slot, worker: ProcessWorker, call: Call | None) -> None:
@@ -242,34 +210,46 @@ class ProcessEngine:
         elif slot.state == "closing":
             worker.send(_wire.EXIT)
 
-    def _run(self, slot: Slot, worker: ProcessWorker) -> bool:
-        """Serve calls until the worker ends; True if the slot needs a new one."""
+    def _run(self, slot: Slot, worker: ProcessWorker
+             ) -> tuple[bool, tuple[ProcessWorker, Call | None] | None]:
+        """Serve calls until the worker ends: (whether the slot needs a new worker; after a
+        fault, the worker and its call, for `_serve` to retire; after a death, None: the
+        worker is reaped already, as how it died is in the call's error)."""
         core = self.core
         while True:
-            try:
-                tag, message = worker.channel.recv()
-            except (EOFError, OSError):
-                tag = message = None
+            worker.channel.watch()  # then read, unless a waiting caller reads it
+            with worker.reader:
+                taken = worker.take()
+                if taken is None:
+                    continue
+                tag, message = taken
+                if tag == _wire.RESULT:
+                    done = self._answered(slot)
             if tag == _wire.RESULT:
-                call, following = core.finished(slot)
-                if call is None:
-                    continue  # it timed out: the watchdog is killing the worker
-                self._next(slot, worker, following)
-                resolve(call, *_wire.outcome(message))
+                self._deliver(slot, worker, *done, message)
                 # Not kept while waiting for the next message: a finished call's arrays
                 # are the caller's to free.
-                call = following = message = None
+                taken = message = done = None
                 continue
             call = core.lost(slot)
             if tag == _wire.FAULT:
                 if call is not None:
-                    resolve(call, error=_fault_error(pickle.loads(message), call, slot, worker))
-                worker.retire()
+                    resolve(call, error=fault_error(pickle.loads(message), call, slot.device,
+                                                     worker.pid))
+                faulted = (worker, call)
             else:
-                how = worker.retire()
+                # Its end of the socket closes before the process has quite exited: a kill
+                # now would hide how it ended (sys.exit(4) in a call: "exit status 4").
+                how = worker.retire(grace=EXIT_GRACE_S)
                 if call is not None:
-                    resolve(call, error=_death_error(call, slot, worker, how))
-            return slot.state != "closing"
+                    resolve(call, error=cancelled(call) if core.aborted
+                            else _death_error(call, slot, worker, how))
+                faulted = None
+            if slot.state == "closing":
+                if faulted is not None:
+                    worker.retire()
+                return False, None
+            return True, faulted
 
     def _release(self) -> None:
         """The last slot closed: end the standbys, the watchdog and the lifeline."""
@@ -287,6 +267,18 @@ class ProcessEngine:
 
     # -- shutdown ---------------------------------------------------------------------------
 
+    def abort(self, wait: bool) -> None:
+        """Ctrl-C: kill every worker now, in the middle of its call or not."""
+        self._retire_standbys()
+        workers = self.core.abort()
+        for worker in workers:
+            worker.kill()
+        for worker in workers:  # none is left a zombie, whether its slot's thread runs on
+            worker.reap()
+        if wait:
+            for slot in self.core.slots:
+                slot.thread.join()
+
     def shutdown(self, wait: bool, cancel_futures: bool) -> None:
         self._retire_standbys()
         for slot in self.core.shutdown(cancel_futures):
@@ -294,14 +286,6 @@ class ProcessEngine:
         if wait:
             for slot in self.core.slots:
                 slot.thread.join()
-
-
-def _fault_error(report: dict, call: Call, slot: Slot, worker: ProcessWorker) -> BaseException:
-    error = WorkerFaultError(report["code"], report["operation"], report["message"],
-                             report["hint"], device=slot.device, worker=worker.pid,
-                             call=call.name)
-    error.__cause__ = _wire.RemoteTraceback(report["traceback"])
-    return error
 
 
 def _death_error(call: Call, slot: Slot, worker: ProcessWorker, how: str) -> BaseException:

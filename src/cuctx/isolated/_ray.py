@@ -10,19 +10,22 @@ its contents (zero copy needs one machine: the process engine).
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import queue
+import socket
 import sys
 import threading
 import time
 import uuid
 
 from .. import _driver
-from ..errors import WorkerDiedError, WorkerFaultError, WorkerTimeoutError
+from ..errors import WorkerDiedError, WorkerTimeoutError
 from ..memory import DeviceArray, to_device
 from . import _wire
-from ._core import Call, Core, Slot, resolve
+from ._core import (Call, CallFuture, Core, Slot, cancelled, fault_error, last_line,
+                    resolve)
 
 _RESTART_LIMIT_S = 120.0  # how long a slot waits for Ray to bring an actor back
 
@@ -53,8 +56,11 @@ class RayWorker:
     def ready(self) -> tuple[int, str]:
         return os.getpid(), self._token
 
-    def run(self, message: bytes) -> tuple[bytes, bytes]:
-        return self._runner.run(memoryview(message))
+    def run(self, message: bytes) -> bytes:
+        """The call's answer: its tag, then its body (one bytes object: Ray sends that with
+        the least work)."""
+        tag, body = self._runner.run(memoryview(message))
+        return tag + body
 
 
 def _device_array(host) -> DeviceArray:
@@ -66,11 +72,84 @@ def _by_value(array: DeviceArray) -> tuple:
     return _device_array, (array.to_host(),)
 
 
+# How long joining a cluster's head may take to answer (docs/isolation.md): Ray's own
+# ray.init retries an address where nothing answers for minutes.
+CONNECT_TIMEOUT_S = 10.0
+# What an HTTP/2 client sends first (gRPC speaks HTTP/2), and an empty SETTINGS frame: a
+# gRPC server answers with a SETTINGS frame of its own (type 4, the fourth byte).
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def join(ray, address: str | None) -> None:
+    """Connect this process to Ray: to the cluster at ``address`` (None: a new local one)
+    unless it is connected already (then ``address`` must name that cluster, if any)."""
+    if ray.is_initialized():
+        _same_cluster(ray, address)
+        return
+    if address is not None:
+        _answers(address)
+    ray.init(address=address)
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a "host:port" or "ray://host:port" address; None for "auto" and
+    "local", which Ray resolves on this machine."""
+    if address.strip().lower() in ("auto", "local"):
+        return None
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(
+            f"address={address!r} is not a Ray cluster's address: use 'host:port' (the head's "
+            "port, 6379 unless `ray start --head --port=...` chose another), "
+            "'ray://host:port' (Ray Client) or 'auto'")
+    return host.strip("[]"), int(port)
+
+
+def _answers(address: str) -> None:
+    """Fail within CONNECT_TIMEOUT_S, naming ``address``, where nothing answers there as a
+    Ray head does (a gRPC server); Ray's own connect would retry for minutes."""
+    where = _host_port(address)
+    if where is None:
+        return
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    try:
+        with socket.create_connection(where, timeout=CONNECT_TIMEOUT_S) as sock:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return  # a TLS head answers only after a handshake: what answers will do
+            sock.settimeout(max(deadline - time.monotonic(), 0.1))
+            sock.sendall(_HTTP2_HELLO)
+            answer = sock.recv(9)
+    except OSError as exc:
+        raise ConnectionError(
+            f"cannot join the Ray cluster at {address!r}: no Ray head answered at "
+            f"{where[0]}:{where[1]} ({exc}; it has {CONNECT_TIMEOUT_S:g} s); start its head "
+            f"there (ray start --head --port={where[1]}) or correct the address") from None
+    if len(answer) < 4 or answer[3] != 4:
+        raise ConnectionError(
+            f"cannot join the Ray cluster at {address!r}: {where[0]}:{where[1]} answers, but "
+            "not as a Ray head does (gRPC); the address is the head's port (6379 unless "
+            "`ray start --head --port=...` chose another), or ray://host:10001 for Ray Client")
+
+
+def _same_cluster(ray, address: str | None) -> None:
+    where = None if address is None or address.startswith("ray://") else _host_port(address)
+    if where is None:
+        return
+    try:
+        current = ray.get_runtime_context().gcs_address
+    except Exception:  # noqa: BLE001 - a Ray Client connection has none to compare
+        return
+    if not current.endswith(f":{where[1]}"):
+        raise ValueError(
+            f"this process is connected to the Ray cluster at {current} already, and "
+            f"address={address!r} names another: call ray.shutdown() first, or leave address "
+            "out to use that cluster")
+
+
 class RayEngine:
     def __init__(self, core: Core, standby: bool, address: str | None) -> None:
         ray = self._ray = _ray()
-        if not ray.is_initialized():
-            ray.init(address=address)
+        join(ray, address)
         backend = _driver.active()
         self._env = {"CUCTX_BACKEND": backend.name}
         if backend.sim is not None:
@@ -106,7 +185,37 @@ class RayEngine:
         return {DeviceArray: _by_value}
 
     def dispatch(self, slot: Slot, call: Call) -> None:
-        self._queues[id(slot)].put(call)
+        """Send ``call`` to ``slot``'s actor from the thread that hands it out. The slot's
+        thread waits for its answer, and so does a caller waiting in ``future.result()``
+        (`_attend`): whichever has it first resolves it, so the round trip wakes no other
+        thread of the caller."""
+        try:
+            ref = slot.worker.run.remote(b"".join(_wire.call_message(call.fn_bytes,
+                                                                     call.args_bytes)))
+        except Exception as exc:  # noqa: BLE001 - Ray's: the slot's thread says it died
+            ref = exc
+        else:
+            call.future.attend = functools.partial(self._attend, slot, call, ref)
+        self._queues[id(slot)].put((call, ref))
+
+    def _attend(self, slot: Slot, call: Call, ref, future: CallFuture,
+                timeout: float | None) -> None:
+        try:
+            answer = self._ray.get(ref, timeout=timeout)
+        except Exception:  # noqa: BLE001 - past the timeout, or a loss: the slot's thread's
+            return
+        if answer[:1] == _wire.RESULT:  # anything else is a loss: the slot's thread's
+            self._finish(slot, call, memoryview(answer)[1:])
+
+    def _finish(self, slot: Slot, call: Call, message: memoryview) -> None:
+        """``call`` answered ``message``: unless the other waiter took it, send the slot's
+        next call and resolve this one."""
+        done, following = self.core.finished(slot, call)
+        if done is None:
+            return
+        if following is not None:
+            self.dispatch(slot, following)
+        resolve(done, *_wire.outcome(message))
 
     # -- a slot's thread --------------------------------------------------------------------
 
@@ -118,7 +227,8 @@ class RayEngine:
                 if ready is None:
                     return
                 pid, token = ready
-                if not self._run(slot, actor, self.core.ready(slot, actor, pid)):
+                if not self._run(slot, actor, self.core.ready(slot, actor, pid)) \
+                        or slot.state == "closing":  # closed, or lost at Ctrl-C
                     self._kill(actor)
                     return
                 if self._standby:  # the spare takes over; this actor ends
@@ -155,60 +265,80 @@ class RayEngine:
 
     def _break(self, slot: Slot, actor, exc: BaseException) -> None:
         self._kill(actor)
-        for idle in self.core.break_(f"device {slot.device}: {exc}", slot.device, None):
+        text = str(exc)  # Ray's: the actor's own traceback, when its __init__ raised
+        for idle in self.core.break_(last_line(text), slot.device, None, text):
             self._queues[id(idle)].put(None)
 
     def _run(self, slot: Slot, actor, call: Call | None) -> bool:
         """Serve calls until the actor is lost (True) or the slot closes (False)."""
         ray, core, pid = self._ray, self.core, slot.pid
+        if call is not None:
+            self.dispatch(slot, call)
+        calls = self._queues[id(slot)]
         while True:
-            if call is None:
-                if slot.state == "closing":
-                    return False
-                call = self._queues[id(slot)].get()
-                if call is None:  # shutdown: the slot was idle
-                    return False
-            ref = actor.run.remote(b"".join(_wire.call_message(call.fn_bytes,
-                                                               call.args_bytes)))
+            if slot.state == "closing":
+                return False
+            item = calls.get()
+            if item is None:  # shutdown: the slot was idle
+                return False
+            call, ref = item
             remaining = None if slot.deadline is None else max(0.0, slot.deadline
                                                                - time.monotonic())
             try:
-                tag, message = ray.get(ref, timeout=remaining)
+                if isinstance(ref, Exception):  # .remote() itself failed
+                    raise ref
+                answer = ray.get(ref, timeout=remaining)
+                tag, message = answer[:1], memoryview(answer)[1:]
             except ray.exceptions.GetTimeoutError:
+                if core.lost(slot, call) is None:
+                    continue  # a waiting caller had its answer just in time
                 self._kill(actor, restart=True)  # Ray brings it back
-                core.lost(slot)
                 resolve(call, error=WorkerTimeoutError(call.name, slot.device, pid,
                                                        call.timeout))
                 return True
-            except ray.exceptions.RayError as exc:
-                core.lost(slot)
-                resolve(call, error=WorkerDiedError(call.name, slot.device, pid,
-                                                    f"Ray: {type(exc).__name__}"))
+            except Exception as exc:  # noqa: BLE001 - Ray's errors: the actor is lost
+                if core.lost(slot, call) is None:
+                    continue
+                resolve(call, error=cancelled(call) if core.aborted else WorkerDiedError(
+                    call.name, slot.device, pid, f"Ray: {type(exc).__name__}"))
                 return True
-            if tag == _wire.FAULT:
+            if tag in (_wire.FAULT, _wire.ENDING):  # the actor cannot go on: Ray restarts it
                 self._kill(actor, restart=True)
-                core.lost(slot)
+                core.lost(slot, call)
                 report = pickle.loads(message)
-                error = WorkerFaultError(report["code"], report["operation"],
-                                         report["message"], report["hint"],
-                                         device=slot.device, worker=pid, call=call.name)
-                error.__cause__ = _wire.RemoteTraceback(report["traceback"])
-                resolve(call, error=error)
+                resolve(call, error=fault_error(report, call, slot.device, pid)
+                        if tag == _wire.FAULT
+                        else WorkerDiedError(call.name, slot.device, pid, report[1]))
                 return True
-            done, call = core.finished(slot)
-            resolve(done, *_wire.outcome(memoryview(message)))
-            done = message = ref = None  # the caller's arrays are the caller's to free
+            self._finish(slot, call, message)
+            call = item = answer = message = ref = None  # the caller's arrays are the caller's
 
     # -- shutdown ---------------------------------------------------------------------------
 
     def shutdown(self, wait: bool, cancel_futures: bool) -> None:
+        self._kill_standbys()
+        for slot in self.core.shutdown(cancel_futures):
+            self._queues[id(slot)].put(None)
+        if wait:
+            self._join()
+
+    def abort(self, wait: bool) -> None:
+        """Ctrl-C: kill every actor now, in the middle of its call or not."""
+        self._kill_standbys()
+        for actor in self.core.abort():
+            self._kill(actor)
+        for slot in self.core.slots:
+            self._queues[id(slot)].put(None)  # an idle slot's thread waits on its queue
+        if wait:
+            self._join()
+
+    def _kill_standbys(self) -> None:
         with self._lock:
             self._closing = True
             standbys, self._standbys = list(self._standbys.values()), {}
         for actor in standbys:
             self._kill(actor)
-        for slot in self.core.shutdown(cancel_futures):
-            self._queues[id(slot)].put(None)
-        if wait:
-            for slot in self.core.slots:
-                slot.thread.join()
+
+    def _join(self) -> None:
+        for slot in self.core.slots:
+            slot.thread.join()

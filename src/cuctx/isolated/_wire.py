@@ -11,9 +11,11 @@ beside a message as SCM_RIGHTS, never in a pickle.
 from __future__ import annotations
 
 import copyreg
+import functools
 import io
 import marshal
 import pickle
+import select
 import socket
 import struct
 import traceback
@@ -25,10 +27,11 @@ from typing import Any, Callable
 
 # Tags: caller -> worker
 SETUP, CALL, EXIT, POOL = b"S", b"C", b"X", b"P"
-# Tags: worker -> caller
-READY, FAILED, RESULT, FAULT = b"Y", b"E", b"R", b"F"
+# Tags: worker -> caller (ENDING is the Runner's answer when a call asks its worker to end:
+# the process engine's worker ends without a message; a Ray actor's answer tells the caller)
+READY, FAILED, RESULT, FAULT, ENDING = b"Y", b"E", b"R", b"F", b"Q"
 
-_HEADER = struct.Struct("<cQ")  # tag, length
+HEADER = struct.Struct("<cQ")  # tag, length
 _CALL = struct.Struct("<I")  # the length of the function's pickle, before the arguments'
 _SMALL = 1 << 16  # below this, one send of header and body (one syscall, one copy)
 
@@ -37,14 +40,28 @@ class Channel:
     """Framed messages on one end of a socket pair. One thread sends and one receives at a
     time (the executor's dispatch rules see to it); either may run while the other does."""
 
-    __slots__ = ("sock",)
+    __slots__ = ("sock", "_reading", "_watching")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        # A poll object serves one thread at a time: one for the thread that reads (it holds
+        # the worker's reader lock), one for the thread that watches without reading.
+        self._reading, self._watching = select.poll(), select.poll()
+        for poll in (self._reading, self._watching):
+            poll.register(sock, select.POLLIN)
+
+    def wait(self, timeout: float | None) -> bool:
+        """For the thread that reads: True once a message (or the other end's close) can be
+        read; False when ``timeout`` seconds (None: no limit) passed first."""
+        return bool(self._reading.poll(None if timeout is None else max(timeout, 0) * 1000))
+
+    def watch(self) -> None:
+        """For one other thread: return once a message (or the close) can be read."""
+        self._watching.poll()
 
     def send(self, tag: bytes, *parts: bytes | memoryview) -> None:
         size = sum(len(p) for p in parts)
-        head = _HEADER.pack(tag, size)
+        head = HEADER.pack(tag, size)
         if size < _SMALL:
             self.sock.sendall(b"".join((head, *parts)))
         else:  # large arguments: no copy into one buffer
@@ -54,7 +71,7 @@ class Channel:
 
     def recv(self) -> tuple[bytes, memoryview]:
         """The next message; EOFError when the other end is gone."""
-        tag, size = _HEADER.unpack(self._exactly(_HEADER.size))
+        tag, size = HEADER.unpack(self._exactly(HEADER.size))
         return tag, memoryview(self._exactly(size))
 
     def _exactly(self, size: int) -> bytearray:
@@ -88,7 +105,7 @@ def dumps(obj: Any, reductions: dict | None = None) -> bytes:
     by value through cloudpickle where it names ``__main__`` or cannot be pickled by
     reference (lambdas, local functions). ``reductions``: extra ``dispatch_table`` entries."""
     try:
-        data = _dump(pickle.Pickler, obj, reductions)
+        data = _dump(_Pickler, obj, reductions)
     except (pickle.PicklingError, AttributeError):
         return _by_value(obj, reductions)
     # A reference to __main__ means the caller's script, which a worker does not import.
@@ -96,28 +113,44 @@ def dumps(obj: Any, reductions: dict | None = None) -> bytes:
     return _by_value(obj, reductions) if b"__main__" in data else data
 
 
+class _TableFirst:
+    """A pickler whose ``dispatch_table`` is set before the C pickler's ``__init__``, which is
+    when it reads the table: one set after is ignored by a subclass with a class-level table
+    (cloudpickle's), which is how marshal's reduction of code objects once went unused."""
+
+    def __init__(self, file: io.BytesIO, table: Mapping) -> None:
+        self.dispatch_table = table
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+
+
+class _Pickler(_TableFirst, pickle.Pickler):
+    own_table = copyreg.dispatch_table
+
+
 def _dump(pickler_class: type, obj: Any, reductions: dict | None) -> bytes:
-    if not reductions and pickler_class is pickle.Pickler:
+    if not reductions and pickler_class is _Pickler:
         return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
     buf = io.BytesIO()
-    pickler = pickler_class(buf, pickle.HIGHEST_PROTOCOL)
-    if reductions:  # on top of the pickler's own table (copyreg's, or cloudpickle's)
-        own = getattr(pickler_class, "dispatch_table", None)
-        pickler.dispatch_table = ChainMap(
-            reductions, own if isinstance(own, Mapping) else copyreg.dispatch_table)
-    pickler.dump(obj)
+    own = pickler_class.own_table
+    pickler_class(buf, ChainMap(reductions, own) if reductions else own).dump(obj)
     return buf.getvalue()
 
 
 def _by_value(obj: Any, reductions: dict | None) -> bytes:
+    return _dump(_by_value_pickler(), obj, reductions)
+
+
+@functools.cache
+def _by_value_pickler() -> type:
     import cloudpickle  # only for what the standard pickle cannot send
-    return _dump(cloudpickle.Pickler, obj, {types.CodeType: _code, **(reductions or {})})
+    return type("_ByValuePickler", (_TableFirst, cloudpickle.Pickler), {
+        "own_table": ChainMap({types.CodeType: _code}, cloudpickle.Pickler.dispatch_table)})
 
 
 def _code(code: types.CodeType) -> tuple:
     # cloudpickle's own reduction renames the file "<dynamic-code>"; marshal keeps it, so a
-    # traceback from the worker names the caller's file and line. (Workers run the caller's
-    # Python version: marshal's format is that version's.)
+    # traceback (or a RaceWarning) from the worker names the caller's file and line.
+    # (Workers run the caller's Python version: marshal's format is that version's.)
     return marshal.loads, (marshal.dumps(code),)
 
 
@@ -207,11 +240,17 @@ def raised(exc: BaseException) -> bytes:
     return data
 
 
-def returned(value: Any, call: str) -> bytes:
-    """The outcome of a call that returned ``value``."""
+_RETURNED_NONE = pickle.dumps(("ok", None), pickle.HIGHEST_PROTOCOL)
+
+
+def returned(value: Any, fn: Callable) -> bytes:
+    """The outcome of a call of ``fn`` that returned ``value``."""
+    if value is None:  # the usual answer of a call that writes its results into arrays
+        return _RETURNED_NONE
     try:
         return dumps(("ok", value))
     except Exception as err:  # noqa: BLE001 - the caller gets it as the call's exception
+        call = getattr(fn, "__qualname__", type(fn).__qualname__)
         return raised(TypeError(
             f"{call} returned a {type(value).__qualname__}, which cannot be sent back from "
             f"the worker ({err}): return host values (a DeviceArray's to_host(), say), or "

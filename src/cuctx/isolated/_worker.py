@@ -20,7 +20,7 @@ import socket
 import sys
 import threading
 import traceback
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from .._resource import POISONED
 from ..context import Context
@@ -47,7 +47,8 @@ class Runner:
         self._contexts = self.device._backend.contexts  # every Context of this process
 
     def run(self, message: memoryview) -> tuple[bytes, bytes]:
-        """Run the call in ``message``; (RESULT, outcome) or (FAULT, report)."""
+        """Run the call in ``message``; (RESULT, outcome), (FAULT, report) or (ENDING, how
+        the worker must end) when ``fn`` raised SystemExit or KeyboardInterrupt."""
         fn_bytes, args_bytes = _wire.split_call(message)
         with self.context:  # arguments are rebuilt here: shared arrays are imported into it
             try:
@@ -55,11 +56,12 @@ class Runner:
                 args, kwargs = pickle.loads(args_bytes)
             except Exception as exc:  # noqa: BLE001 - the call's error, the worker is fine
                 return _wire.RESULT, _wire.raised(exc)
-            name = getattr(fn, "__qualname__", type(fn).__qualname__)
             value = error = None
             try:
                 value = fn(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - sent to the caller
+            except (SystemExit, KeyboardInterrupt) as exc:
+                return _wire.ENDING, pickle.dumps(ending(exc))
+            except BaseException as exc:  # noqa: BLE001 - sent to the caller
                 error = exc
             del args, kwargs
             try:  # asynchronous faults surface here
@@ -73,7 +75,7 @@ class Runner:
         if fault is not None:
             return _wire.FAULT, fault_report(fault, error)
         try:
-            return _wire.RESULT, (_wire.returned(value, name) if error is None
+            return _wire.RESULT, (_wire.returned(value, fn) if error is None
                                   else _wire.raised(error))
         finally:
             # Before the answer goes: the call's views of shared arrays die here, not at a
@@ -95,6 +97,32 @@ class Runner:
             if ctx._state is POISONED:
                 return ctx.fault
         return None
+
+
+def ending(exc: SystemExit | KeyboardInterrupt) -> tuple[int, str]:
+    """How ``fn`` raising ``exc`` ends its worker, as it would end a Python program: (the
+    exit status, or minus the signal, and that in words). SystemExit's message, if it has
+    one, goes to stderr as Python prints it."""
+    if isinstance(exc, KeyboardInterrupt):
+        return -signal.SIGINT, "signal SIGINT"
+    code = exc.code
+    if code is None:
+        code = 0
+    elif isinstance(code, bool) or not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    code &= 0xFF  # what the parent sees, as for any exit status
+    return code, f"exit status {code}"
+
+
+def end(status: int) -> NoReturn:
+    """End this process with ``status`` (minus a signal: by that signal), at once."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if status < 0:
+        signal.signal(-status, signal.SIG_DFL)
+        signal.raise_signal(-status)
+    os._exit(status & 0xFF)
 
 
 def sticky(exc: BaseException) -> CudaError | None:
@@ -163,6 +191,8 @@ def main(fd: int, lifeline: int) -> None:
         setup = pickle.loads(message)
         sys.path[:] = setup["path"]  # what the caller can import, the worker can
         runner = Runner(setup["device"])
+        for key, device in setup["pools"]:  # the caller's ipc pools, each with its descriptor
+            _import_pool(key, device, channel.recv_fd())
     except EOFError:
         return
     except BaseException:  # noqa: BLE001 - told to the caller, which gives up on this device
@@ -180,8 +210,8 @@ def main(fd: int, lifeline: int) -> None:
             _import_pool(*pickle.loads(message), channel.recv_fd())
             continue
         tag, outcome = runner.run(message)
+        if tag == _wire.ENDING:  # the caller learns how when it reaps this process
+            end(pickle.loads(outcome)[0])
         channel.send(tag, outcome)
         if tag == _wire.FAULT:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)  # at once: nothing more can run in this process's contexts
+            end(1)  # at once: nothing more can run in this process's contexts

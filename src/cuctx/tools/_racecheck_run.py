@@ -154,15 +154,21 @@ def racecheck(mode: str = "raise") -> RaceCheck:
 
 def from_env() -> None:
     """Read ``CUCTX_RACECHECK`` (when cuctx is imported): "raise" or "warn" check the whole
-    run on any backend, "off" (or "0") nowhere; unset, the sim's runs are checked ("warn")."""
+    run on any backend, "off" (or "0") nowhere; unset, the sim's runs are checked ("warn").
+    Another value is a ValueError at the first use of a device (when the backend is chosen,
+    as for a wrong CUCTX_BACKEND), not at the import: `python -m cuctx info` says it in one
+    line."""
     global _env
     value = os.environ.get("CUCTX_RACECHECK", "")
     mode = value.strip().lower()
     mode = "off" if mode == "0" else mode
     if mode not in ("", "raise", "warn", "off"):
-        raise ValueError(f"CUCTX_RACECHECK={value!r}: use 'raise', 'warn' or 'off', or leave "
-                         "it unset (then the sim's runs are checked in 'warn' mode, a GPU's "
-                         "are not)")
+        def refuse(backend: _driver.Backend) -> None:
+            raise ValueError(f"CUCTX_RACECHECK={value!r}: use 'raise', 'warn' or 'off', or "
+                             "leave it unset (then the sim's runs are checked in 'warn' mode, "
+                             "a GPU's are not)")
+        _driver.on_select(refuse)
+        return
     _env = mode or None
     with _WATCH.lock:
         _check_whole_run(mode if mode in ("raise", "warn") else None)
