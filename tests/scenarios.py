@@ -1,6 +1,6 @@
 """Scenarios several test modules share: the `add` kernel with its sim twin, a library loaded
-for one test, a graph run to completion, a Python child process, and two streams handing a
-value over.
+for one test, a graph run to completion, a Python child process, two streams handing a
+value over, and the race checker retiring its history.
 
 Fixtures that every test may ask for by name (``backend``, ``sim``, ``gpu``, ``nvrtc_cache``)
 are in conftest.py; what a test module builds from, imports from here.
@@ -101,3 +101,13 @@ class Handoff:
         consumer.launch_host_func(lambda: seen.append(self.box[0]))
         consumer.synchronize()
         return seen
+
+
+def retire_history() -> None:
+    """The race checker forgets what the host has seen finish, as it does at a synchronize
+    once enough operations ran (twice: a stream idle since the first time loses its clock at
+    the second)."""
+    from cuctx.tools._racecheck_run import _WATCH
+    with _WATCH.lock:
+        _WATCH._sweep()
+        _WATCH._sweep()

@@ -9,8 +9,10 @@ the checked path while a sink is registered, so everything is announced exactly 
 An `Operation` carries what a consumer needs to reason about ordering and memory: its kind,
 context and stream, the byte ranges it reads and writes (`Access`), the kernel and launch
 configuration, the event, the other stream of a wait, and the user's call site (the first
-frame outside cuctx). Sinks are called on the submitting thread, after the operation was
-enqueued; a sink that raises makes the call raise (a checker in "raise" mode does that).
+frame outside cuctx: kept as ``where``, (code, instruction offset), and put as (file, line,
+function) in ``site`` only when asked, since a line number costs a walk of the code's line
+table). Sinks are called on the submitting thread, after the operation was enqueued; a sink
+that raises makes the call raise (a checker in "raise" mode does that).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import contextlib
 import os
 import sys
 import threading
+from math import prod
 from threading import get_ident
 from time import perf_counter_ns
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 
 READ, WRITE, READ_WRITE = "r", "w", "rw"
 
@@ -38,8 +42,8 @@ KINDS = frozenset({
     "record",       # event: the event recorded on stream
     "wait_event",   # event: the event stream waits for
     "wait_stream",  # other: the stream that stream waits for (through an internal event)
-    "sync_stream",  # the host waits for stream
-    "sync_event",   # the host waits for event
+    "sync_stream",  # the host waits for stream (fields["query"]: a query answered done)
+    "sync_event",   # the host waits for event (fields["query"]: a query answered done)
     "sync_context",  # the host waits for everything in context
 })
 
@@ -67,17 +71,24 @@ class Access(NamedTuple):  # (a tuple: one is made per array of every traced ope
                 f"array={self.array!r}, host={self.host})")
 
 
+_NO_FIELDS: Mapping[str, Any] = MappingProxyType({})  # (shared: no dict made per operation)
+_UNSET: Any = object()
+Where = tuple  # (code object, offset of an instruction in it): `user_where`
+
+
 class Operation:
     """One announced operation. ``accesses`` is worked out the first time a sink asks for it
-    (a timeline never does), from what the announcing path handed over."""
+    (a timeline never does), from what the announcing path handed over; a launch's
+    ``launch`` is (plan, args, modes), what they are worked out from (the race checker reads
+    the arrays there, without making Accesses)."""
 
-    __slots__ = ("kind", "context", "stream", "kernel", "config", "event", "other", "site",
-                 "thread", "time_ns", "fields", "_accesses", "_accesses_of")
+    __slots__ = ("kind", "context", "stream", "kernel", "config", "event", "other", "where",
+                 "thread", "time_ns", "fields", "launch", "_accesses", "_accesses_of", "_site")
 
     def __init__(self, kind: str, context: Any, stream: Any, accesses: tuple[Access, ...] = (),
                  kernel: Any = None, config: Any = None, event: Any = None, other: Any = None,
-                 site: tuple[str, int, str] | None = None, thread: int = 0, time_ns: int = 0,
-                 fields: dict[str, Any] | None = None) -> None:
+                 where: Where | None = None, thread: int = 0, time_ns: int = 0,
+                 fields: Mapping[str, Any] | None = None) -> None:
         self.kind = kind
         self.context = context
         self.stream = stream
@@ -87,10 +98,12 @@ class Operation:
         self.config = config
         self.event = event
         self.other = other
-        self.site = site  # the user's (file, line, function)
+        self.where = where  # the user's line, as `site_of` takes it (see `site`)
+        self._site: Any = _UNSET
         self.thread = thread
         self.time_ns = time_ns  # host submission time (time.perf_counter_ns)
-        self.fields = {} if fields is None else fields
+        self.fields = _NO_FIELDS if fields is None else fields
+        self.launch: tuple | None = None  # a launch's (plan, args, modes): `emit_launch`
 
     @property
     def accesses(self) -> tuple[Access, ...]:
@@ -101,12 +114,26 @@ class Operation:
             self._accesses = pending[0](*pending[1:])
         return self._accesses
 
+    @property
+    def site(self) -> tuple[str, int, str] | None:
+        """The user's (file, line, function) that submitted it, worked out when first asked
+        (from ``where``: a line number costs a walk of its code's line table)."""
+        site = self._site
+        if site is _UNSET:
+            site = self._site = site_of(self.where)
+        return site
+
     def __repr__(self) -> str:
-        where = f" at {self.site[0]}:{self.site[1]}" if self.site else ""
+        site = self.site
+        where = f" at {site[0]}:{site[1]}" if site else ""
         return f"<Operation {self.kind} on {self.stream!r}{where}>"
 
 
 Sink = Callable[[Operation], None]
+_new_operation = object.__new__
+# An Access made from all its fields: what Access(...) does, without its Python-level __new__
+# (an array's access is made for every operation that touches it while a sink listens).
+_new = tuple.__new__
 
 # Registered sinks. Hot paths test its truth value; it is replaced, never mutated in place,
 # so a thread iterating it never sees it change.
@@ -170,8 +197,9 @@ def _is_ours(filename: str) -> bool:
     return ours
 
 
-def user_site(depth: int = 2) -> tuple[str, int, str] | None:
-    """The first frame outside cuctx: where the user's code called in."""
+def user_where(depth: int = 2) -> Where | None:
+    """The first frame outside cuctx, where the user's code called in, as (code, offset of
+    its current instruction): `site_of` makes it (file, line, function)."""
     frame = sys._getframe(depth)
     ours = _ours.get
     while frame is not None:
@@ -179,9 +207,35 @@ def user_site(depth: int = 2) -> tuple[str, int, str] | None:
         filename = code.co_filename
         known = ours(filename)
         if not (_is_ours(filename) if known is None else known):
-            return filename, frame.f_lineno, code.co_name
+            return code, frame.f_lasti
         frame = frame.f_back
     return None
+
+
+def user_site(depth: int = 2) -> tuple[str, int, str] | None:
+    """The first frame outside cuctx: where the user's code called in."""
+    return site_of(user_where(depth + 1))
+
+
+# (code, offset) -> line; forgotten when it grows past _LINES_KEPT (code made at run time).
+_lines: dict[Where, int | None] = {}
+_LINES_KEPT = 4096
+
+
+def site_of(where: Where | None) -> tuple[str, int, str] | None:
+    """(file, line, function) of a `user_where`: the line of the instruction at the offset,
+    as the frame's ``f_lineno`` said then."""
+    if where is None:
+        return None
+    line = _lines.get(where, _UNSET)
+    if line is _UNSET:
+        code, offset = where
+        line = next((line for start, end, line in code.co_lines() if start <= offset < end),
+                    code.co_firstlineno)
+        if len(_lines) >= _LINES_KEPT:
+            _lines.clear()
+        _lines[where] = line
+    return where[0].co_filename, line, where[0].co_name
 
 
 def emit(kind: str, context: Any, stream: Any, accesses: tuple[Access, ...] = (),
@@ -194,7 +248,7 @@ def emit(kind: str, context: Any, stream: Any, accesses: tuple[Access, ...] = ()
     op = Operation(kind, context, stream, accesses,
                    fields.pop("kernel", None), fields.pop("config", None),
                    fields.pop("event", None), fields.pop("other", None),
-                   user_site(), get_ident(), perf_counter_ns(), fields)
+                   user_where(), get_ident(), perf_counter_ns(), fields)
     for fn in wanted:
         fn(op)
 
@@ -205,7 +259,7 @@ def emit_lazily(kind: str, context: Any, stream: Any, accesses_of: tuple) -> Non
     wanted = _by_kind[kind]
     if not wanted:
         return
-    op = Operation(kind, context, stream, (), None, None, None, None, user_site(),
+    op = Operation(kind, context, stream, (), None, None, None, None, user_where(),
                    get_ident(), perf_counter_ns())
     op._accesses_of = accesses_of
     for fn in wanted:
@@ -219,10 +273,24 @@ def emit_launch(launcher: Any, args: tuple, plan: Any) -> None:
     wanted = _by_kind["launch"]
     if not wanted:
         return
-    stream = launcher.stream
-    op = Operation("launch", launcher._ctx, stream, (), launcher.kernel, launcher.config,
-                   None, None, user_site(), get_ident(), perf_counter_ns())
-    op._accesses_of = (plan.accesses, args, stream, launcher._modes())
+    # (Operation's fields set here, not by its __init__: the hottest announcement, and a
+    # call of a class with a Python __init__ costs as much as the rest of it)
+    op = _new_operation(Operation)
+    op.kind = "launch"
+    op.context = launcher._ctx
+    op.stream = stream = launcher.stream
+    op._accesses = ()
+    modes = launcher._modes()
+    op._accesses_of = (plan.accesses, args, stream, modes)
+    op.launch = (plan, args, modes)
+    op.kernel = launcher.kernel
+    op.config = launcher.config
+    op.event = op.other = None
+    op.where = user_where()
+    op.thread = get_ident()
+    op.time_ns = perf_counter_ns()
+    op.fields = _NO_FIELDS
+    op._site = _UNSET
     for fn in wanted:
         fn(op)
 
@@ -231,9 +299,10 @@ def device_access(array: Any, mode: str) -> Access:
     """The bytes a device array (``ptr``, ``shape``, ``strides``, ``dtype``) spans, from
     its lowest to its highest address, for any strides (negative ones too)."""
     if getattr(array, "_c", False):  # a C-contiguous cuctx array: its own bytes
-        return Access(array.ptr, array.nbytes, mode, array)
+        return _new(Access, (array.ptr, prod(array.shape) * array.dtype.itemsize, mode, array,
+                             False))
     start, nbytes = extent(array.ptr, array.shape, array.strides, array.dtype.itemsize)
-    return Access(start, nbytes, mode, array)
+    return _new(Access, (start, nbytes, mode, array, False))
 
 
 def extent(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...],

@@ -156,6 +156,8 @@ class Event(Resource):
         err, = self._backend.driver.cuEventQuery(self._handle)
         if err and int(err) != NOT_READY:
             fail(self._backend, err, "cuEventQuery", self._ctx)
+        if not err and _trace.sinks:  # the host saw the work finish, as a synchronize does
+            _trace.emit("sync_event", self._ctx, None, event=self, query=True)
         return not err
 
     def elapsed_ms(self, end: Event) -> float:

@@ -46,7 +46,7 @@ class Stream(Resource):
     """
 
     __slots__ = ("kind", "_priority", "_sync_event", "_finalizer", "_record", "_wait", "_sync",
-                 "__weakref__")
+                 "_checked", "__weakref__")
 
     def __init__(self, device: Device | int | None = None, priority: int | None = None,
                  non_blocking: bool = True) -> None:
@@ -83,6 +83,7 @@ class Stream(Resource):
         self.kind = kind
         self._priority = priority
         self._sync_event = None
+        self._checked = None  # the race checker's actor for it (one look per operation)
         self._finalizer = None
         self._record = self._bind(drv.cuEventRecord)
         self._wait = self._bind(drv.cuStreamWaitEvent)
@@ -274,6 +275,8 @@ class Stream(Resource):
         err, = self._call(self._backend.driver.cuStreamQuery, self._handle)
         if err and int(err) != NOT_READY:
             fail(self._backend, err, "cuStreamQuery", self._ctx)
+        if not err and _trace.sinks:  # the host saw the work finish, as a synchronize does
+            _trace.emit("sync_stream", self._ctx, self, query=True)
         return not err
 
     @property

@@ -69,6 +69,18 @@ def test_record_wait_and_synchronize(backend, ops):
         assert [o.stream for o in ops if o.kind == "record"] == [a, b]
 
 
+def test_a_query_that_answered_done_is_announced_as_a_synchronize(backend, ops):
+    with cuctx.Device(0):
+        stream = Stream()
+        event = stream.record()
+        stream.synchronize()
+        ops.clear()
+        assert event.done and stream.done
+        assert [(op.kind, op.fields["query"]) for op in ops] == \
+            [("sync_event", True), ("sync_stream", True)]
+        assert (ops[0].event, ops[1].stream) == (event, stream)
+
+
 def test_host_functions(backend, ops):
     with cuctx.Device(0) as ctx:
         stream = Stream()

@@ -139,7 +139,9 @@ class Launcher:
     def _modes(self) -> tuple[str, ...]:
         """Each parameter's access mode for this launch (`_access.modes`: a mode given to
         `launch(access=)` for this call, the kernel's annotation, ``const``, else rw)."""
-        return _access.modes(self.kernel, getattr(_launch_access, "modes", None))
+        override = _launch_access.modes
+        modes = self.kernel._access_modes
+        return _access.modes(self.kernel, override) if modes is None or override else modes
 
     def _enqueue(self, data: bytes, args: tuple, plan: Plan) -> None:
         """Launch with parameter bytes packed before (from ``args`` by ``plan``): a recorded
@@ -242,9 +244,13 @@ def make_launcher(kernel: Kernel, grid: Any, block: Any, shared_mem: int = 0,
     return launcher
 
 
-# A launch's own access modes (``launch(..., access=...)``), read by the checked path while a
-# trace sink listens (the fast paths step aside then).
-_launch_access = threading.local()
+class _LaunchAccess(threading.local):
+    modes: Mapping[int, str] | None = None  # (a class default: no AttributeError to catch)
+
+
+# A launch's own access modes (``launch(..., access=...)``), read when the launch is announced
+# to a trace sink.
+_launch_access = _LaunchAccess()
 
 
 def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, shared_mem: int = 0,

@@ -19,6 +19,7 @@ import ctypes
 import struct
 import threading
 from dataclasses import dataclass
+from math import prod
 from typing import TYPE_CHECKING, NamedTuple
 
 from . import _dtypes
@@ -34,6 +35,7 @@ from ._args import (
     traced_array,
 )
 from ..devcode._ptx import ParamType
+from ..memory._array import DeviceArray
 
 if TYPE_CHECKING:
     import numpy as np
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
     from ._dtypes import Expect
     from ._kernel import Kernel
     from ..stream import Stream
+
+
+_new = tuple.__new__  # an Access from all its fields, without its Python-level __new__
 
 
 class Param(NamedTuple):
@@ -63,6 +68,7 @@ class Plan:
     params: tuple[Param, ...]
     layout: struct.Struct  # every parameter with its padding, packed in one call
     conversions: tuple[tuple[int, Convert], ...]  # (index, convert) of the params that have one
+    pointers: tuple[int, ...]  # the indices of the pointer parameters (ARRAY, POINTER)
 
     def pack(self, buffer: bytearray, stream: Stream, args: tuple) -> None:
         """Convert and pack ``args`` (of this plan's types) into ``buffer``; raises
@@ -78,9 +84,15 @@ class Plan:
         """The device memory the launch may touch, for the trace: every array argument in
         its parameter's mode (`cuctx.kernels._access.modes`). Plain ints are addresses the caller
         vouches for, with no known extent: none."""
-        return tuple(_trace.device_access(traced_array(arg, stream), mode)
-                     for p, arg, mode in zip(self.params, args, modes)
-                     if p.kind in (ARRAY, POINTER))
+        out = []
+        for i in self.pointers:
+            arg = args[i]
+            if type(arg) is DeviceArray and arg._c:  # (most launches: device_access inline)
+                out.append(_new(_trace.Access, (arg.ptr, prod(arg.shape) * arg.dtype.itemsize,
+                                                modes[i], arg, False)))
+            else:
+                out.append(_trace.device_access(traced_array(arg, stream), modes[i]))
+        return tuple(out)
 
 
 class Packer:
@@ -135,8 +147,9 @@ class Packer:
             pos = offset + size
             params.append(Param(offset, size, code, kind, convert, dtypes))
         conversions = tuple((i, p.convert) for i, p in enumerate(params) if p.convert)
+        pointers = tuple(i for i, p in enumerate(params) if p.kind in (ARRAY, POINTER))
         return Plan(self.kernel.name, types, tuple(params), struct.Struct("".join(fmt)),
-                    conversions)
+                    conversions, pointers)
 
     def buffers(self) -> tuple[bytearray, ctypes.Array | None]:
         """A parameter buffer and a ``void*`` array pointing into it (None without

@@ -7,13 +7,20 @@ e) happens before a later one on a stream whose clock says ``clock[a] > e``. The
 
 - submission: a stream's work comes after what the host has seen finish;
 - an event record snapshots the recording stream's clock; a wait (event or stream) joins it;
-- stream, event and context synchronize, and a copy to pageable host memory (it returns once
-  complete: CUDA's "API synchronization behavior"), join the host's clock;
+- stream, event and context synchronize, a query that answered "done" (`Event.done`,
+  `Stream.done`), and a copy to pageable host memory (it returns once complete: CUDA's "API
+  synchronization behavior"), join the host's clock;
 - the legacy default stream and the blocking streams of its context join each other's clocks
   at each operation (its implicit barrier, both ways);
 - a free is a write of the whole allocation on its stream; what frees release is remembered,
   so a later access there is a use after free, until a new allocation takes the range (pool
-  reuse: a fresh history, ordered after the free).
+  reuse: a fresh history, ordered after the free); the latest `FREES_KEPT` frees are.
+
+What the host has seen finish is retired (`Watch._sweep`, at a host join, amortized over the
+operations since the last one): every stream joins the host's clock at its next operation,
+so a stamp behind it can race nothing that comes later, and an event or actor whose clock
+it covers orders nothing the host's clock does not. So the history holds the work not yet
+known done, the live allocations and the latest frees, whatever ran before.
 
 The host is one actor for all threads: what one thread saw finish orders what every thread
 submits after it. cuctx cannot see Python's thread starts, joins, locks and queues, which is
@@ -32,16 +39,26 @@ import bisect
 import os
 import sys
 import threading
+import weakref
 from typing import Any
 
 from ..memory import _host
+from ..memory._array import DeviceArray
 from .. import _lifetimes, _trace
 from .._resource import ACTIVE
-from ..stream import LEGACY, PER_THREAD
-from ._racecheck_shadow import (FREE_IN_USE, USE_AFTER_FREE, Finding, OpInfo, Region, Stamp)
-from ._racecheck_words import explain, label, node_what, what
+from ._racecheck_clocks import Clocks, join, ordered
+from ._racecheck_shadow import (FREE_IN_USE, RAW, USE_AFTER_FREE, WAR, WAW, Finding, OpInfo,
+                                Region)
+from ._racecheck_words import explain, label_of, node_what
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# Freed ranges no allocation took again, kept to tell a use after free: the latest ones. A
+# GPU's allocator hands freed addresses out again (the new allocation then drops the
+# record); where it does not (the sim's, memory released at a synchronize) this bounds them.
+FREES_KEPT = 1024
+# Retired at a synchronize once this many operations touched memory since the last time,
+# or as many as there are regions, actors and events to look at (the work of a sweep).
+SWEEP_EVERY = 256
 
 
 class Watch:
@@ -55,33 +72,27 @@ class Watch:
         self.scopes: list[Any] = []
         self.on = False  # registered as a trace sink
         self.backend: Any = None  # the active backend: only its operations are checked
-        self._handlers = {kind: getattr(self, "_" + kind) for kind in _trace.KINDS}
+        self._handlers = {kind: getattr(self, "_" + kind, self._accesses)  # launch, memset
+                          for kind in _trace.KINDS}
         self.reset(None)
 
     def reset(self, backend: Any) -> None:
         """Forget everything seen (a new backend, or the checker was off for a while): work
         it did not see is never reported."""
         self.backend = backend
-        self._actors: dict[tuple, int] = {}
-        self._clocks: list[dict[int, int]] = []
-        # The host: what any thread saw finish (it synchronized), one actor for all threads.
-        self._host = self._actor(("host",))
-        self._blocking: dict[int, list[int]] = {}  # context key -> its blocking stream actors
-        self._legacy: dict[int, int] = {}  # context key -> its legacy stream's actor
-        self._streams: dict[int, list[int]] = {}  # context key -> its stream actors
-        self._events: dict[int, dict[int, int]] = {}  # event key -> snapshot
+        self.clocks = Clocks()
+        self._enter = self.clocks.enter
+        # event key -> (the recording stream's clock then, a weak reference to the event)
+        self._events: dict[int, tuple[dict[int, int], weakref.ref]] = {}
+        self._events_pruned_at = 64
         self._starts: list[int] = []  # live regions, sorted by start
         self._regions: dict[int, Region] = {}
-        # (start, end) -> the live region of exactly those bytes (whole arrays: most
-        # accesses); emptied whenever the regions change.
-        self._exact: dict[tuple[int, int], Region] = {}
         self._freed_starts: list[int] = []  # freed regions no allocation took again
-        self._freed: dict[int, tuple[int, int, OpInfo, Region]] = {}
-        self._graph_checked: dict[int, tuple] = {}
-        # The host's clock changes only at synchronizations: each stream remembers the
-        # version of it that it joined last, and skips joining it again.
-        self._host_version = 0
-        self._joined: dict[int, int] = {}  # stream actor -> host version
+        # start -> (end, the free's info, the region's label and where): oldest first
+        self._freed: dict[int, tuple[int, tuple, Any, Any]] = {}
+        self._graph_checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._whats: dict[str, str] = {}  # kernel name -> "launch of 'name'"
+        self._sweep_after = SWEEP_EVERY  # operations (`Clocks.advanced`)
 
     # -- the sink ---------------------------------------------------------------------------
 
@@ -92,95 +103,47 @@ class Watch:
         if stream is not None and _lifetimes.capturing and \
                 (op.context._key, stream._key) in _lifetimes.capturing:
             return  # captured into a graph: it runs when the graph is launched
-        with self.lock:
+        lock = self.lock
+        lock.acquire()  # (not `with`: it costs a launch more than the rest of this method)
+        try:
             found = self._handlers[op.kind](op)
-            scope = self.scopes[-1] if self.scopes else None
+            scopes = self.scopes
+            scope = scopes[-1] if scopes else None
+        finally:
+            lock.release()
         if scope is not None and (found or scope._pending):
             scope._tell(found, op)
-
-    # -- clocks -----------------------------------------------------------------------------
-
-    def _actor(self, key: tuple) -> int:
-        actor = self._actors.get(key)
-        if actor is None:
-            actor = self._actors[key] = len(self._clocks)
-            self._clocks.append({actor: 1})
-        return actor
-
-    def _host_joins(self, *clocks: dict[int, int]) -> None:
-        """The host has seen what ``clocks`` say (a thread synchronized)."""
-        host = self._clocks[self._host]
-        for clock in clocks:
-            _join(host, clock)
-        self._host_version += 1
-
-    def _stream(self, op: _trace.Operation, stream: Any = None) -> tuple[int, dict[int, int]]:
-        """The stream's actor and clock, after the edges into it: the host's clock, and the
-        legacy stream's barrier."""
-        stream = stream or op.stream
-        ctx_key, key = stream._ctx._key, stream._key
-        key = LEGACY if key == 0 else key
-        full = (ctx_key, key, op.thread if key == PER_THREAD else 0)
-        actor = self._actors.get(full)
-        if actor is None:
-            actor = self._actor(full)
-            self._streams.setdefault(ctx_key, []).append(actor)
-            if key == LEGACY:
-                self._legacy[ctx_key] = actor
-            if self._is_blocking(stream, key):
-                self._blocking.setdefault(ctx_key, []).append(actor)
-        clock = self._clocks[actor]
-        if self._joined.get(actor) != self._host_version:
-            _join(clock, self._clocks[self._host])
-            self._joined[actor] = self._host_version
-        legacy = self._legacy.get(ctx_key)
-        if legacy is not None and legacy != actor:
-            if actor in self._blocking.get(ctx_key, ()):
-                _join(clock, self._clocks[legacy])
-        elif legacy == actor:
-            for other in self._blocking.get(ctx_key, ()):
-                if other != actor:
-                    _join(clock, self._clocks[other])
-        return actor, clock
-
-    def _is_blocking(self, stream: Any, key: int) -> bool:
-        if key in (LEGACY, PER_THREAD):
-            return True
-        drv = stream._backend.driver
-        query = getattr(drv, "cuStreamGetFlags", None)
-        if query is None:  # the sim does not answer it yet: its own stream table does
-            sim = getattr(drv, "_streams", {}).get(stream._key)
-            return sim is not None and not sim.flags & 1
-        err, flags = query(stream._handle)
-        return not err and not int(flags) & 1  # CU_STREAM_NON_BLOCKING
 
     # -- operations ---------------------------------------------------------------------------
 
     def _alloc(self, op: _trace.Operation) -> list[Finding]:
-        self._stream(op)
+        self._enter(op.stream, op.thread)
         acc = op.accesses[0]
         lo, hi = acc.ptr, acc.ptr + acc.nbytes
         for start in self._freed_in(lo, hi):  # the pool reused it: a fresh history
-            self._freed_starts.remove(start)
-            del self._freed[start]
+            self._unfree(start)
         self._forget(lo, hi)
-        self._add(Region(lo, hi, op.site))
+        self._add(Region(lo, hi, op.where))
         return []
 
     def _free(self, op: _trace.Operation) -> list[Finding]:
-        actor, clock = self._stream(op)
+        actor = self._enter(op.stream, op.thread)
+        clock = actor.clock
         acc = op.accesses[0]
-        info = OpInfo("free", op.stream, _free_site(op.site), op.thread)
-        stamp = Stamp(actor, clock[actor], info)
+        info = ("free", op.stream, _free_where(op.where), op.thread)
         found = []
-        region = self._region(acc.ptr, acc.ptr + acc.nbytes, acc)
+        region = self._region(acc.ptr, acc.ptr + acc.nbytes)
         if region is not None:
-            for _, earlier in region.access(region.ptr, region.end, "w", stamp, clock):
-                found += self._report(FREE_IN_USE, region, earlier.op, info)
+            races = region.access(region.ptr, region.end, "w", (actor.id, clock[actor.id], info),
+                                  clock, self.clocks.host)
+            for _, earlier in races or ():
+                found += self._report(FREE_IN_USE, region, earlier[2], info)
             self._forget(region.ptr, region.end)
             bisect.insort(self._freed_starts, region.ptr)
-            self._freed[region.ptr] = (region.ptr, region.end, info, region)
-        clock[actor] += 1
+            self._freed[region.ptr] = (region.end, info, region.label, region.where)
+            if len(self._freed) > FREES_KEPT:
+                self._unfree(next(iter(self._freed)))
+        clock[actor.id] += 1
         return found
 
     def _copy(self, op: _trace.Operation) -> list[Finding]:
@@ -188,98 +151,205 @@ class Watch:
         dst = op.accesses[1] if len(op.accesses) == 2 else None
         if dst is not None and dst.host and not _host.page_locked(dst.ptr, dst.nbytes):
             # To pageable memory: the call returned once the copy was done.
-            self._host_joins(self._clocks[self._stream(op)[0]])
+            self._host_joins(self._enter(op.stream, op.thread).clock)
         return found
-
-    def _launch(self, op: _trace.Operation) -> list[Finding]:
-        return self._accesses(op)
-
-    _memset = _launch
 
     def _graph_launch(self, op: _trace.Operation) -> list[Finding]:
         """The nodes' accesses; the graph's event wait nodes count as waits before them, its
         record nodes as records after them (ordering no more than the graph does)."""
         events = [(node.kind, node.keep[0]) for node in op.fields["graph"].nodes
                   if node.kind in ("record", "wait") and node.keep]
-        _, clock = self._stream(op)
+        clock = self._enter(op.stream, op.thread).clock
         for kind, event in events:
             if kind == "wait":
-                _join(clock, self._events.get(event._key, {}))
+                join(clock, self._snapshot(event))
         found = self._accesses(op) + self._inside_graph(op)
         for kind, event in events:
             if kind == "record":
-                self._events[event._key] = dict(clock)
+                self._events[event._key] = (dict(clock), weakref.ref(event))
         return found
 
     def _accesses(self, op: _trace.Operation) -> list[Finding]:
-        actor, clock = self._stream(op)
-        found: list[Finding] = []
-        epoch = clock[actor]
-        if op.kind == "graph_launch":  # each access names its node
-            stamps = [Stamp(actor, epoch, OpInfo(node_what(node), op.stream, op.site,
-                                                 op.thread))
+        """Check and record the operation's accesses; one stamp for all of them (one per
+        node for a graph launch). The hot path: nothing is made per access but what a race
+        or memory first seen needs."""
+        stream = op.stream
+        clocks = self.clocks
+        entry = stream._checked  # (`Clocks.enter`'s common case, inline)
+        if entry is not None and entry[0] == clocks.generation and \
+                not entry[1].gone and not entry[1].blocking:
+            actor = entry[1]
+        else:
+            actor = self._enter(stream, op.thread)
+        host = clocks.host
+        clock = actor.clock
+        aid = actor.id
+        epoch = clock[aid]
+        kind = op.kind
+        stamps = None
+        if kind == "launch":
+            name = op.kernel.name
+            what = self._whats.get(name)
+            if what is None:
+                what = self._whats[name] = f"launch of {name!r}"
+        elif kind == "graph_launch":  # each access names its node
+            what = ""
+            stamps = [(aid, epoch, (node_what(node), stream, op.where, op.thread))
                       for node, acc in op.fields["nodes"] for _ in acc]
         else:
-            stamps = [Stamp(actor, epoch, OpInfo(what(op), op.stream, op.site,
-                                                 op.thread))] * len(op.accesses)
-        for acc, stamp in zip(op.accesses, stamps):
-            nbytes = acc.nbytes
-            if acc.host or not nbytes:
-                continue  # host memory is the host's business
-            lo = acc.ptr
-            hi = lo + nbytes
-            region = self._exact.get((lo, hi)) or self._region(lo, hi, acc)
+            what = "fill" if kind == "memset" else "copy"
+        stamp = (aid, epoch, (what, stream, op.where, op.thread))
+        found: list[Finding] = []
+        if kind == "launch":
+            # The common case inline: a C-contiguous cuctx array that is the whole of a region
+            # touched alike so far (no Access made); any other argument as `_access` checks
+            # it, in the order of the parameters.
+            plan, args, modes = op.launch
+            regions = self._regions
+            for n, i in enumerate(plan.pointers):
+                arg = args[i]
+                if type(arg) is DeviceArray and arg._c:
+                    region = regions.get(arg.ptr)
+                    exact = region.exact if region is not None else None
+                    if exact is not None and arg.dtype is exact[0] and arg.shape == exact[1] \
+                            and len(region.segments) == 1:
+                        # `touch` inline (a call costs as much): the last writer, and the
+                        # readers for a write, unless ordered before this
+                        seg = region.segments[0]
+                        mode = modes[i]
+                        w = seg.writer
+                        if w is not None and w[0] != aid and clock.get(w[0], 0) <= w[1] \
+                                and host.get(w[0], 0) <= w[1]:  # (`ordered` inline)
+                            found += self._races([(RAW if mode != "w" else WAW, w)], region,
+                                                 stamp)
+                        if mode == "r":
+                            seg.readers[aid] = stamp
+                            continue
+                        readers = seg.readers
+                        if readers:
+                            for r in readers.values():
+                                if r[0] != aid and not ordered(r[0], r[1], clock, host):
+                                    found += self._races([(WAR, r)], region, stamp)
+                            seg.readers = {}
+                        seg.writer = stamp
+                        continue
+                found += self._access(op.accesses[n], stamp, clock)
+        else:
+            for n, acc in enumerate(op.accesses):
+                found += self._access(acc, stamp if stamps is None else stamps[n], clock)
+        clock[aid] = epoch + 1
+        return found
+
+    def _access(self, acc: _trace.Access, stamp: tuple, clock: dict[int, int]) -> list[Finding]:
+        """Check and record one access of an operation (``stamp``; its actor's ``clock``)."""
+        lo, nbytes, mode, array, host = acc
+        if host or not nbytes:
+            return []  # host memory is the host's business
+        hi = lo + nbytes
+        region = self._regions.get(lo)
+        if region is None or region.end != hi:
+            region = self._region(lo, hi)
             if region is None:  # freed memory
-                freed = self._freed_at(lo, hi)
-                found += self._report(USE_AFTER_FREE, freed[3], freed[2], stamp.op)
-                continue
-            if lo < region.ptr or hi > region.end:
-                lo, hi = max(lo, region.ptr), min(hi, region.end)
-            races = region.access(lo, hi, acc.mode, stamp, clock)
-            for kind, earlier in races:
-                found += self._report(kind, region, earlier.op, stamp.op)
-        clock[actor] += 1
+                start = self._freed_in(lo, hi)[0]
+                end, free, label, where = self._freed[start]
+                freed = Region(start, end, where)  # (what it was, for the finding's words)
+                freed.label = label
+                return self._report(USE_AFTER_FREE, freed, free, stamp[2])
+            hi = min(hi, region.end)
+        if region.label is None and array is not None:
+            region.label = label_of(array)
+        if lo == region.ptr and hi == region.end and type(array) is DeviceArray and array._c:
+            region.exact = (array.dtype, array.shape)  # (what `_accesses` looks for)
+        races = region.access(lo, hi, mode, stamp, clock, self.clocks.host)
+        return self._races(races, region, stamp) if races else []
+
+    def _races(self, races: list[tuple[str, tuple]], region: Region,
+               stamp: tuple) -> list[Finding]:
+        found: list[Finding] = []
+        for kind, earlier in races:
+            found += self._report(kind, region, earlier[2], stamp[2])
         return found
 
     def _host_func(self, op: _trace.Operation) -> list[Finding]:
-        self._stream(op)
+        self._enter(op.stream, op.thread)
         return []
 
     def _record(self, op: _trace.Operation) -> list[Finding]:
-        _, clock = self._stream(op)
-        self._events[op.event._key] = dict(clock)
+        clock = self._enter(op.stream, op.thread).clock
+        self._events[op.event._key] = (dict(clock), weakref.ref(op.event))
+        if len(self._events) > self._events_pruned_at:  # events that went away
+            self._prune_events()
         return []
 
     def _wait_event(self, op: _trace.Operation) -> list[Finding]:
-        _, clock = self._stream(op)
-        _join(clock, self._events.get(op.event._key, {}))
+        join(self._enter(op.stream, op.thread).clock, self._snapshot(op.event))
         return []
 
     def _wait_stream(self, op: _trace.Operation) -> list[Finding]:
-        _, other = self._stream(op, op.other)
-        _, clock = self._stream(op)
-        _join(clock, other)
+        other = self._enter(op.other, op.thread).clock
+        join(self._enter(op.stream, op.thread).clock, other)
         return []
 
     def _sync_stream(self, op: _trace.Operation) -> list[Finding]:
-        self._host_joins(self._stream(op)[1])
+        self._host_joins(self._enter(op.stream, op.thread).clock)
         return []
 
     def _sync_event(self, op: _trace.Operation) -> list[Finding]:
-        self._host_joins(self._events.get(op.event._key, {}))
+        self._host_joins(self._snapshot(op.event))
         return []
 
     def _sync_context(self, op: _trace.Operation) -> list[Finding]:
-        self._host_joins(*(self._clocks[actor]
-                                      for actor in self._streams.get(op.context._key, ())))
+        self._host_joins(*(actor.clock for actor in self.clocks.of_context(op.context._key)))
         return []
+
+    def _snapshot(self, event: Any) -> dict[int, int]:
+        """The clock of the event's stream when it was last recorded ({}: nothing the host
+        has not seen, or never recorded)."""
+        entry = self._events.get(event._key)
+        return entry[0] if entry is not None else {}
+
+    # -- retiring ---------------------------------------------------------------------------
+
+    def _host_joins(self, *clocks: dict[int, int]) -> None:
+        self.clocks.host_joins(*clocks)
+        if self.clocks.advanced() >= self._sweep_after:
+            self._sweep()
+
+    def _sweep(self) -> None:
+        """Forget what the host has passed: stamps behind its clock (no later operation can
+        race them), regions first seen in an access with nothing left (a later access makes
+        them again), events whose clock it covers or that went away, and what
+        `Clocks.prune` drops."""
+        host = self.clocks.host
+        idle = [start for start, region in self._regions.items()
+                if region.retire(host) and region.where is None]
+        for start in idle:
+            del self._regions[start]
+        if idle:
+            self._starts = sorted(self._regions)
+        self._prune_events()
+        self.clocks.prune()
+        self._sweep_after = max(SWEEP_EVERY, len(self._regions) + len(self._events)
+                                + len(self.clocks))
+
+    def _prune_events(self) -> None:
+        """Events that went away, or whose clock the host's covers, are forgotten (a wait for
+        one adds nothing then); the others keep what the host has not seen."""
+        host = self.clocks.host
+        events = {}
+        for key, (snapshot, event) in self._events.items():
+            if event() is not None:
+                beyond = {a: e for a, e in snapshot.items() if e > host.get(a, 0)}
+                if beyond:
+                    events[key] = (beyond, event)
+        self._events = events
+        self._events_pruned_at = 2 * len(events) + 64
 
     # -- memory -----------------------------------------------------------------------------
 
     def _add(self, region: Region) -> None:
         bisect.insort(self._starts, region.ptr)
         self._regions[region.ptr] = region
-        self._exact.clear()
 
     def _forget(self, lo: int, hi: int) -> None:
         i = bisect.bisect_left(self._starts, lo)
@@ -287,39 +357,34 @@ class Watch:
             i -= 1
         while i < len(self._starts) and self._starts[i] < hi:
             del self._regions[self._starts.pop(i)]
-        self._exact.clear()
 
-    def _region(self, lo: int, hi: int, acc: _trace.Access) -> Region | None:
+    def _region(self, lo: int, hi: int) -> Region | None:
         """The live region holding ``lo`` (made for memory first seen here); None when the
         bytes were freed."""
         i = bisect.bisect_right(self._starts, lo) - 1
         region = self._regions[self._starts[i]] if i >= 0 else None
         if region is None or region.end <= lo:
-            if self._freed_at(lo, hi) is not None:
+            if self._freed_in(lo, hi):
                 return None
             nxt = self._starts[i + 1] if i + 1 < len(self._starts) else hi
             region = Region(lo, min(hi, nxt), None)
             self._add(region)
-        if not region.label and acc.array is not None:
-            region.label = label(acc.array)
-        if region.ptr == lo and region.end == hi and region.label:
-            self._exact[lo, hi] = region
         return region
 
     def _freed_in(self, lo: int, hi: int) -> list[int]:
         """The starts of the freed regions overlapping ``[lo, hi)``."""
         starts = self._freed_starts
         i = bisect.bisect_right(starts, lo) - 1
-        if i < 0 or self._freed[starts[i]][1] <= lo:
+        if i < 0 or self._freed[starts[i]][0] <= lo:
             i += 1
         j = i
         while j < len(starts) and starts[j] < hi:
             j += 1
         return starts[i:j]
 
-    def _freed_at(self, lo: int, hi: int) -> tuple | None:
-        found = self._freed_in(lo, hi)
-        return self._freed[found[0]] if found else None
+    def _unfree(self, start: int) -> None:
+        del self._freed_starts[bisect.bisect_left(self._freed_starts, start)]
+        del self._freed[start]
 
     # -- graphs -----------------------------------------------------------------------------
 
@@ -329,9 +394,9 @@ class Watch:
         nodes = op.fields["nodes"]
         key = tuple((a.ptr, a.nbytes, a.mode) for _, acc in nodes for a in acc)
         exe = op.fields["exec"]
-        if self._graph_checked.get(id(exe)) == key:
+        if self._graph_checked.get(exe) == key:
             return []
-        self._graph_checked[id(exe)] = key
+        self._graph_checked[exe] = key
         graph = op.fields["graph"]
         conflicts = [(a, b) for i, (a, acc_a) in enumerate(nodes) for b, acc_b in nodes[i + 1:]
                      if _conflict(acc_a, acc_b)]
@@ -350,10 +415,12 @@ class Watch:
 
     # -- findings ---------------------------------------------------------------------------
 
-    def _report(self, kind: str, region: Region | None, first: OpInfo,
-                second: OpInfo) -> list[Finding]:
+    def _report(self, kind: str, region: Region | None, first: tuple,
+                second: tuple) -> list[Finding]:
         """A finding for the innermost scope, unless it reported this pair of lines already;
-        every open scope lists it once."""
+        every open scope lists it once. ``first`` and ``second``: `OpInfo`s, or stamps'
+        infos (their where for the site)."""
+        first, second = _named(first), _named(second)
         if kind != USE_AFTER_FREE and first.stream._ctx._state is not ACTIVE:
             return []  # its context was destroyed (its work ended) or faulted (work dropped)
         key = (kind, first.site, first.what, second.site, second.what)
@@ -361,7 +428,7 @@ class Watch:
         if not scopes or key in scopes[-1]._seen:
             return []
         array = region.describe() if region is not None else "memory two nodes share"
-        missing, fix = explain(kind, first, second, sys._getframe(3))
+        missing, fix = explain(kind, first, second, sys._getframe(1))
         finding = Finding(kind, array, first, second, missing, fix)
         for scope in scopes:
             if key not in scope._seen:
@@ -370,24 +437,26 @@ class Watch:
         return [finding]
 
 
-def _free_site(site: tuple[str, int, str] | None) -> tuple[str, int, str] | None:
+def _free_where(where: _trace.Where | None) -> _trace.Where | None:
     """A free runs from the array's finalizer: its user's line is the first frame outside
     cuctx and outside the weakref machinery that called it (``del x``, a rebinding)."""
-    if site is None or not site[0].endswith("weakref.py"):
-        return site
+    if where is None or not where[0].co_filename.endswith("weakref.py"):
+        return where
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
         if not name.startswith((_PACKAGE, _trace.GENERATED)) and not name.endswith("weakref.py"):
-            return name, frame.f_lineno, frame.f_code.co_name
+            return frame.f_code, frame.f_lasti
         frame = frame.f_back
     return None
 
 
-def _join(into: dict[int, int], other: dict[int, int]) -> None:
-    for actor, epoch in other.items():
-        if into.get(actor, 0) < epoch:
-            into[actor] = epoch
+def _named(info: tuple) -> OpInfo:
+    """A stamp's info (what, stream, where, thread) as a finding names it."""
+    if isinstance(info, OpInfo):
+        return info
+    what, stream, where, thread = info
+    return OpInfo(what, stream, _trace.site_of(where), thread)
 
 
 def _conflict(a: tuple, b: tuple) -> bool:

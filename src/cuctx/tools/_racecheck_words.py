@@ -41,24 +41,17 @@ def explain(kind: str, first: OpInfo, second: OpInfo, frame: Any) -> tuple[str, 
             fix + before_b)
 
 
-def what(op: Any) -> str:
-    """An operation as a finding names it: "fill", "copy", "launch of 'total'"."""
-    if op.kind == "launch":
-        return f"launch of {op.kernel.name!r}"
-    return {"memset": "fill", "copy": "copy"}.get(op.kind, op.kind)
-
-
 def node_what(node: Any) -> str:
     site = node.site
     return f"graph launch, node {node.description!r} added at " + \
         (f"{site[0]}:{site[1]}" if site else "?")
 
 
-def label(array: Any) -> str:
-    """An array as a finding names it: "a float32 array of shape (1024,)" ("" if unknown)."""
+def label_of(array: Any) -> tuple[Any, Any] | None:
+    """(dtype, shape) of an array, which a finding puts in words ("a float32 array of shape
+    (1024,)"); None if unknown."""
     dtype, shape = getattr(array, "dtype", None), getattr(array, "shape", None)
-    return f"a {dtype} array of shape {tuple(shape)}" if dtype is not None and \
-        shape is not None else ""
+    return (dtype, shape) if dtype is not None and shape is not None else None
 
 
 def _name(stream: Any, scope: Scope) -> str:
@@ -76,4 +69,4 @@ def _name(stream: Any, scope: Scope) -> str:
     return repr(stream)
 
 
-__all__ = ["explain", "label", "line", "node_what", "what"]
+__all__ = ["explain", "label_of", "line", "node_what"]
