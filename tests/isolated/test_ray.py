@@ -1,6 +1,8 @@
 """IsolatedExecutor(engine="ray") on a local Ray cluster with sim devices: the same API,
 errors and timeouts as worker processes; arrays by value. One cluster for the whole run
-(starting one takes seconds), kept light: two CPUs, no dashboard."""
+(starting one takes seconds), kept light: two CPUs, no dashboard. Under pytest -n a test
+process that runs these starts its own (ray.init() without an address starts a new local
+cluster, on free ports); --dist loadfile keeps this module in one process."""
 
 from __future__ import annotations
 
