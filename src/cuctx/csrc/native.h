@@ -120,6 +120,7 @@ extern PyTypeObject DriverType;
 Driver *native_of(PyObject *backend);
 void *key_of(PyObject *resource);
 int py_result(PyObject *result, PyObject **second);
+int drv_current(Driver *d, void **ctx);
 int drv_push(Driver *d, PyObject *ctx);
 int drv_pop(Driver *d, void **ctx, PyObject **handle);
 int drv_record(Driver *d, PyObject *event, PyObject *stream);

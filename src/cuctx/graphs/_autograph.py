@@ -19,13 +19,16 @@ graph calls in a row costing more than eager ones the structure runs eagerly, an
 many eager calls in a row for which graph calls are predicted cheaper by `MARGIN` it goes
 back to its graph. A call that does what a graph cannot hold (a synchronize, a query, a
 pageable copy) runs eagerly from the start: what was recorded before it is enqueued first;
-so does a call whose streams are being captured. Where the backend has the compiled path,
-recording, comparing, patching and launching run in C (`cuctx._native`, csrc/autograph.c).
+so does a call whose streams are being captured, and one that would build a graph while a
+capture forbids instantiating one (it would break that capture). Where the backend has the
+compiled path, recording, comparing, patching and launching run in C (`cuctx._native`,
+csrc/autograph.c).
 Everything is counted, timed and explained: `AutoGraph.stats`, `AutoGraph.explain`.
 """
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 import types
 from collections import OrderedDict, deque
@@ -43,6 +46,7 @@ from ._autograph_arena import Arena
 from ._autograph_build import construct, patch, patchable, patcher, unbuildable
 from ._autograph_policy import MARGIN, SWITCH_AFTER, Policy, us
 from ._autograph_record import WAIT, Recording
+from ._exec import forbidding_instantiation
 
 REASONS_KEPT = 256  # the latest reasons stats() lists
 GRAPH, EAGER = "graph", "eager"
@@ -80,6 +84,12 @@ class _Entry:
                         if k.__class__ is tuple and k[0] is WAIT and len(k) == 2]
 
 
+# Functions whose call returns before their body runs: (test, what it is, what a call gives).
+_DEFERRED = ((inspect.isasyncgenfunction, "an async generator function", "an async generator"),
+             (inspect.iscoroutinefunction, "an async function", "a coroutine"),
+             (inspect.isgeneratorfunction, "a generator function", "a generator"))
+
+
 class AutoGraph:
     """A function whose cuctx work runs as a CUDA graph when that pays (see
     `cuctx.autograph`). Call it as the function; `stats` and `explain` tell what happened."""
@@ -87,6 +97,13 @@ class AutoGraph:
     def __init__(self, fn: Callable, max_graphs: int = 16, max_bytes: int = 256 << 20) -> None:
         if not callable(fn):
             raise TypeError(f"autograph decorates a function, not {type(fn).__name__}")
+        for test, what, returns in _DEFERRED:
+            if test(fn):  # its body runs after the call returns: nothing would be recorded
+                raise TypeError(
+                    f"autograph: {getattr(fn, '__qualname__', fn)!r} is {what}: calling it "
+                    f"returns {returns} and runs its body later, outside the call autograph "
+                    "records, so nothing would be recorded; decorate a plain function that "
+                    "enqueues the GPU work and returns, and call that from it")
         for name, value in (("max_graphs", max_graphs), ("max_bytes", max_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"autograph: {name} must be an int >= 1, not {value!r}")
@@ -216,6 +233,11 @@ class AutoGraph:
         self._note("eager", reason)
 
     def _build(self, entry: _Entry, recording: Recording, reason: str | None = None) -> None:
+        if _lifetimes.capturing and forbidding_instantiation():  # it would break the capture
+            return self._eager(entry, recording, (
+                "a capture forbids instantiating a graph now (a \"thread_local\" or "
+                "\"global\" one of this thread, or a \"global\" one of another): ran "
+                "eagerly, and a later call builds it"))
         t0 = perf_counter()
         try:
             graph, nodes, size = construct(recording)

@@ -57,6 +57,7 @@ class Lease(Allocation):
     def __init__(self, arena: Arena, slot: _Slot) -> None:
         block = slot.block
         self.ptr, self.stream, self.recorded = block.ptr, block.stream, []
+        self.pool = block.pool  # (the device's default pool's: arenas lend only its memory)
         self.block, self.slot, self.arena = block, slot, arena
 
     def __del__(self) -> None:
