@@ -21,6 +21,7 @@ checked path and they would not reach the path they name.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 from collections import Counter, defaultdict
@@ -114,10 +115,26 @@ def on_path(b: _driver.Backend, path: str):
         b.native = native
 
 
+# pytest -n: the other test processes allocate and free on the same GPU meanwhile.
+GPU_SHARED = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
+
+
+def _needs_the_gpu_alone(request) -> None:
+    """A test marked ``device_memory`` judges the GPU's free memory (cuMemGetInfo), which
+    every process on the GPU changes: on the cuda backend it skips under pytest -n, and
+    scripts/gpu-check runs it after its parallel pass, in one process. On the sim each
+    process has its own virtual GPU."""
+    if GPU_SHARED and request.node.get_closest_marker("device_memory"):
+        pytest.skip("judges the GPU's free memory, which the other test processes change: "
+                    "run it without -n (scripts/gpu-check does)")
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request, path):
     """The backend for one test, on an empty context stack (other libraries on the GPU,
     such as torch or cuda.core, leave their contexts current on the main thread)."""
+    if request.param == "cuda":
+        _needs_the_gpu_alone(request)
     with on_path(fresh(request.param), path) as b:
         yield from _checked_stack(b)
 
@@ -147,10 +164,11 @@ def sim(path):
 
 
 @pytest.fixture
-def gpu(path):
+def gpu(request, path):
     """The cuda backend for GPU-only tests (interop with torch, CuPy, Numba, cuda.core)."""
     if not HAVE_GPU:
         pytest.skip(f"needs a GPU: {CUDA_REASON}")
+    _needs_the_gpu_alone(request)
     with on_path(fresh("cuda"), path) as b:
         yield from _foreign_cleanup(b)
 
@@ -198,13 +216,43 @@ def busy(stream, ms: float) -> None:
         stream.launch_host_func(time.sleep, ms / 1000)
 
 
+def pytest_collection_finish(session):
+    """Freeze what collection made (modules, tests, their parameters: it lives for the whole
+    run), so that garbage collections skip it. Tests call gc.collect() often (every `backend`
+    teardown does, so finalizers run while its backend is current), and a full collection
+    visits every tracked object: with cuda.bindings imported one took about 50 ms, and they
+    were most of the suite's CPU time (91 of 107 s in tests/core and tests/memory). What
+    tests make is collected as before."""
+    gc.collect()
+    gc.freeze()
+
+
+# The tests running now, by node id (from every worker under pytest -n), to name them when
+# the run is interrupted: scripts/gpu-check stops a pass that runs too long with SIGINT.
+_running: dict[str, None] = {}
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _running[nodeid] = None
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":
+        _running.pop(report.nodeid, None)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Skipped tests grouped by reason, one line per reason with counts.
+    """The tests that were running if the run was interrupted; then skipped tests grouped by
+    reason, one line per reason with counts.
 
     Without a GPU about half the suite skips for one reason; pytest's ``-rs`` prints a line per
     skipped test, which buries failures. pyproject's ``-rfExX`` keeps pytest's own lines for
     failures, errors and xfails; asking for ``-rs``/``-ra`` brings back pytest's skip lines,
     and then this summary stays out of the way."""
+    if exitstatus == pytest.ExitCode.INTERRUPTED and _running:
+        terminalreporter.write_sep("=", f"{len(_running)} test(s) running when interrupted")
+        for nodeid in _running:
+            terminalreporter.write_line(nodeid)
     skipped = terminalreporter.stats.get("skipped", [])
     if not skipped or any(c in config.option.reportchars for c in "sSaA"):
         return

@@ -157,15 +157,22 @@ def test_a_mistake_on_the_command_line_with_json_is_a_json_object(args):
 def test_ctrl_c_is_one_line_and_exit_status_130(json_flag):
     # `info` stands in for any command that is running when the user presses Ctrl-C: it says
     # it runs and waits for a signal, so SIGINT arrives while it runs, whatever the timing.
+    # Python's own SIGINT handler, as in a terminal: a child inherits an ignored SIGINT from
+    # a parent started in the background (`pytest &` in a script), and would never see it.
     code = ("import signal, sys, cuctx.__main__ as cli\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "cli._info = lambda args: (print('running', flush=True), signal.pause())\n"
             f"sys.exit(cli.main(['info', *{json_flag!r}]))")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env=child_env(CUCTX_BACKEND="sim"))
-    assert proc.stdout.readline() == "running\n"
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    try:
+        assert proc.stdout.readline() == "running\n"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # nothing left behind if it failed
+        proc.wait()
     assert proc.returncode == 130
     if json_flag:
         assert json.loads(stderr) == {"error": "", "type": "KeyboardInterrupt"}

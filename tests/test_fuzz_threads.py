@@ -2,11 +2,14 @@
 thread's random program (tests/fuzz/threads.py); the invariants of tests/test_fuzz.py, and
 no worker hangs. ``CUCTX_FUZZ=long`` runs the long profile."""
 
+import pytest
+
 from conftest import requires_nvrtc
 from fuzz import run as fuzz
 from fuzz.threads import ThreadMachine
 
 
+@pytest.mark.device_memory
 @requires_nvrtc
 def test_random_programs_on_several_threads(backend, tmp_path_factory, request):
     env = fuzz.make_env(backend, str(tmp_path_factory.getbasetemp() / "nvrtc-cache"))

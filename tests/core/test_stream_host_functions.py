@@ -146,6 +146,7 @@ def test_destroying_a_context_inside_a_host_function_is_not_permitted(backend):
     doomed.destroy()
 
 
+@pytest.mark.device_memory
 def test_an_array_collected_inside_a_host_function_is_freed_afterwards(backend):
     """A garbage collection can run inside a host function, where CUDA must not be called:
     the array's free waits and runs at the next cuctx call outside one. Nothing leaks and

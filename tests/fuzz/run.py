@@ -8,6 +8,7 @@ random batches until the time budget is spent (scripts/gpu-check runs it on the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -96,12 +97,34 @@ def run(machine_cls, env: Env, weight: float, examples: int | None = None) -> No
         ci = settings.get_profile("cuctx-fuzz-ci")
         if examples is not None:
             ci = settings(ci, max_examples=examples)
-        run_state_machine_as_test(factory, settings=ci)
+        _run_frozen(factory, ci)
         return
     deadline = time.monotonic() + LONG_BUDGET_S * weight
     batch = settings.get_profile("cuctx-fuzz-long")
     while time.monotonic() < deadline:
-        run_state_machine_as_test(factory, settings=batch)
+        _run_frozen(factory, batch)
+
+
+def _run_frozen(factory, profile: settings) -> None:
+    """Run the examples, each with what was alive before it frozen (gc.freeze): Hypothesis
+    keeps every example's choices, tens of thousands of objects by the end, and without this
+    the examples' own gc.collect() calls, which visit them all, cost most of the run. Nothing
+    an example judges is frozen: the previous one was checked and released in its teardown,
+    and the next reads its memory baseline after the freeze. Afterwards what the examples left
+    is collected, and everything alive frozen again, as tests/conftest.py does."""
+
+    @functools.wraps(factory)  # Hypothesis derives the examples from the factory's source
+    def frozen_factory():
+        gc.collect()
+        gc.freeze()
+        return factory()
+
+    try:
+        run_state_machine_as_test(frozen_factory, settings=profile)
+    finally:
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
 
 
 @contextlib.contextmanager

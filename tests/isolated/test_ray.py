@@ -2,7 +2,8 @@
 and on one that already runs (a head started apart, as `ray start --head` starts one, which
 the executor joins by its address): the same API, errors and timeouts as worker processes;
 arrays by value. Each cluster kept light: two CPUs, no dashboard, its own ports and
-temporary directory, so that test runs beside this one do not meet it."""
+temporary directory, so that test runs beside this one do not meet it (under pytest -n,
+--dist loadfile keeps this module in one test process)."""
 
 from __future__ import annotations
 

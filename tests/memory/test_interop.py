@@ -247,6 +247,7 @@ def test_dlpack_capsule_version_follows_max_version(backend):
         arr.__dlpack__(max_version=1)
 
 
+@pytest.mark.device_memory
 def test_a_consumer_that_rejects_the_export_raises_its_own_error_and_nothing_leaks(backend):
     """np.from_dlpack cannot take device memory: its own error reaches the caller (not a
     SystemError), and the capsule it drops frees the array."""

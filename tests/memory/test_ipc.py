@@ -96,6 +96,7 @@ def device(backend):
     cuctx.synchronize()
 
 
+@pytest.mark.device_memory
 def test_another_process_writes_what_this_one_reads(device, backend):
     before = device.mem_info().free
     pool = MemoryPool(device, ipc=True)

@@ -590,6 +590,7 @@ def _device_memory_in_use(backend, device) -> int:
     return total - free
 
 
+@pytest.mark.device_memory
 def test_arrays_that_outlive_their_context_give_their_memory_back(backend):
     """Stream-ordered memory comes from the device's pool, which outlives contexts: the driver
     does not free it with a destroyed or reset context (measured on an H100), so cuctx frees

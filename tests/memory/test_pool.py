@@ -135,6 +135,7 @@ def test_the_repr_says_what_the_pool_holds(pool):
 
 # -- lifetime -----------------------------------------------------------------------------
 
+@pytest.mark.device_memory
 def test_arrays_hold_their_pool_which_goes_with_the_last_one(backend):
     with Device(0):
         before = Device(0).mem_info().free
