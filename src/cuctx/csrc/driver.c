@@ -48,11 +48,11 @@ int py_result(PyObject *result, PyObject **second)
     return (int)code;
 }
 
-static int drv_current(Driver *d, void **ctx)
+int drv_current(Driver *d, void **ctx)
 {
     if (d->compiled)
         return ((current_fn)d->c[F_CURRENT])(ctx);
-    PyObject *handle;
+    PyObject *handle = NULL;
     int err = py_result(PyObject_CallNoArgs(d->py[F_CURRENT]), &handle);
     if (err) { /* no handle to read */
         Py_XDECREF(handle);

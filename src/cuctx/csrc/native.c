@@ -7,7 +7,8 @@
 struct native_setup L;
 
 PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
-    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *S_array_struct, *ZERO;
+    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *S_array_struct,
+    *S_contexts, *S_legacy, *ZERO;
 
 /* The sentinel an implementation returns to hand the call to the checked Python path. */
 PyObject python_path_marker;
@@ -142,8 +143,11 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
         {&L.ptr, &L.DeviceArray, "ptr"}, {&L.c_contiguous, &L.DeviceArray, "_c"},
         {&L.dtype, &L.DeviceArray, "dtype"},
         {&L.stack, &L.ThreadState, "stack"}, {&L.blocks, &L.ThreadState, "blocks"},
+        {&L.streams, &L.ThreadState, "streams"},
+        {&L.default_streams, &L.Context, "_default_streams"},
         {&L.primary, &L.Device, "_primary"}, {&L.lock, &L.Device, "_lock"},
         {&L.device_backend, &L.Device, "_backend"}, {&L.launchers, &L.Kernel, "_launchers"},
+        {&L.launch_memo, &L.Kernel, "_launch_memo"},
         {&L.fast, &L.Launcher, "_fast"}, {&L.tape_keys, &L.Tape, "keys"},
         {&L.tape_values, &L.Tape, "values"}, {&L.tape_items, &L.Tape, "items"},
         {&L.tape_stream, &L.Tape, "_stream"}};
@@ -195,7 +199,8 @@ PyMODINIT_FUNC PyInit__native(void)
         {&S_dict, "__dict__"}, {&S_state, "state"}, {&S_loaded, "_loaded"},
         {&S_locked, "locked"}, {&S_getPtr, "getPtr"}, {&S_active, "_active"},
         {&S_shared_mem, "shared_mem"}, {&S_stream, "stream"}, {&S_launch, "launch"},
-        {&S_array_struct, "__array_struct__"}};
+        {&S_array_struct, "__array_struct__"}, {&S_contexts, "contexts"},
+        {&S_legacy, "legacy"}};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].s = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;

@@ -82,18 +82,19 @@ struct native_setup {
     PyObject *recording;   /* cuctx._record.threads: the recorders of the recording threads */
     /* slot offsets */
     Py_ssize_t backend, ctx, handle, key;          /* Resource */
-    Py_ssize_t state, device;                      /* Context */
+    Py_ssize_t state, device, default_streams;     /* Context */
     Py_ssize_t sync_event, recorded;               /* Stream, Event */
     Py_ssize_t ptr, c_contiguous, dtype;           /* DeviceArray */
-    Py_ssize_t stack, blocks;                      /* ThreadState */
+    Py_ssize_t stack, blocks, streams;             /* ThreadState */
     Py_ssize_t primary, lock, device_backend;      /* Device */
-    Py_ssize_t launchers, fast;                    /* Kernel, Launcher */
+    Py_ssize_t launchers, launch_memo, fast;       /* Kernel, Launcher */
     Py_ssize_t tape_keys, tape_values, tape_items, tape_stream; /* cuctx._record.Tape */
 };
 extern struct native_setup L;
 
 extern PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
-    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *S_array_struct, *ZERO;
+    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *S_array_struct,
+    *S_contexts, *S_legacy, *ZERO;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
@@ -120,6 +121,7 @@ extern PyTypeObject DriverType;
 Driver *native_of(PyObject *backend);
 void *key_of(PyObject *resource);
 int py_result(PyObject *result, PyObject **second);
+int drv_current(Driver *d, void **ctx);
 int drv_push(Driver *d, PyObject *ctx);
 int drv_pop(Driver *d, void **ctx, PyObject **handle);
 int drv_record(Driver *d, PyObject *event, PyObject *stream);
@@ -148,6 +150,8 @@ PyObject *context_pop(PyObject *const *args, Py_ssize_t nargs);
 PyObject *context_exit(PyObject *const *args, Py_ssize_t nargs);
 PyObject *device_enter(PyObject *const *args, Py_ssize_t nargs);
 PyObject *device_exit(PyObject *const *args, Py_ssize_t nargs);
+PyObject *thread_state(PyObject *backend);
+PyObject *current_stream(PyObject *backend, PyObject *ctx);
 
 /* -- a host array's address, for copies (copies.c) ------------------------------- */
 
