@@ -80,6 +80,7 @@ HOST_PATCH_NODE_NS = 1_000
 # cuGraphExecUpdate) and of a build (the same, then cuGraphInstantiate): estimates (not
 # measured), about 3x an eager launch for the Python that makes a node.
 HOST_WHOLE_NODE_NS = 20_000
+HOST_BUILD_FIXED_NS = 0
 HOST_BUILD_NODE_NS = 25_000
 
 KERNEL, HTOD, DTOH, DTOD, HTOH = "kernel", "memcpy HtoD", "memcpy DtoH", "memcpy DtoD", \
