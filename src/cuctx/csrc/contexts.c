@@ -233,10 +233,11 @@ static PyObject *current_context(PyObject *backend, Driver *d)
 
 /* The stream resolve_stream(None, ctx) gives (ctx: the given one, or NULL for the current
  * context of ``backend``), borrowed: this thread's innermost ``with stream:`` of the context's
- * device when it is of that context, else the context's legacy default stream. NULL (no
- * exception) where the Python path resolves it (a host function running, no context
- * current, a default stream not made yet, ...). */
-PyObject *current_stream(PyObject *backend, PyObject *ctx)
+ * device when it is of that context (of any context: ``any_context``, the rule of
+ * resolve_stream(None) without a context, for the current device), else the context's
+ * legacy default stream. NULL (no exception) where the Python path resolves it (a host
+ * function running, no context current, a default stream not made yet, ...). */
+PyObject *current_stream(PyObject *backend, PyObject *ctx, int any_context)
 {
     Driver *d = native_of(backend);
     if (d == NULL)
@@ -255,7 +256,7 @@ PyObject *current_stream(PyObject *backend, PyObject *ctx)
     PyObject *stack = PyDict_GetItemWithError(streams, SLOT(ctx, L.device));
     if (stack != NULL && PyList_CheckExact(stack) && PyList_GET_SIZE(stack) > 0) {
         PyObject *top = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
-        if (Py_IS_TYPE(top, L.Stream) && SLOT(top, L.ctx) == ctx)
+        if (Py_IS_TYPE(top, L.Stream) && (any_context || SLOT(top, L.ctx) == ctx))
             return top;
     }
     PyObject *defaults = SLOT(ctx, L.default_streams);

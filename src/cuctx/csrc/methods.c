@@ -66,7 +66,7 @@ static PyObject *stream_of(PyObject *kernel, PyObject *stream)
     if (stream != Py_None) /* a Stream; anything else make_launcher adopts */
         return Py_IS_TYPE(stream, L.Stream) ? Py_NewRef(stream) : NULL;
     PyObject *ctx = SLOT(kernel, L.ctx); /* a Module's kernel: its context; a Library's: None */
-    return Py_XNewRef(current_stream(SLOT(kernel, L.backend), ctx == Py_None ? NULL : ctx));
+    return Py_XNewRef(current_stream(SLOT(kernel, L.backend), ctx == Py_None ? NULL : ctx, 0));
 }
 
 /* kernel[grid, block], kernel[grid, block, shared_mem], kernel[grid, block, shared_mem,
@@ -133,13 +133,55 @@ static PyObject *launcher_call(PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
+/* A Launcher called: its type's call slot (see install_launcher_call), which takes the
+ * compiled launch without looking __call__ up. Anything else: the method in the class. */
+static PyObject *launcher_tp_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *fast = SLOT(self, L.fast);
+    if ((kwargs == NULL || PyDict_GET_SIZE(kwargs) == 0) && fast != NULL
+            && Py_IS_TYPE(fast, &LaunchType) && L.ready) {
+        Py_INCREF(fast); /* held while it runs, as in run_launcher */
+        PyObject *result = launch_run((Launch *)fast, &PyTuple_GET_ITEM(args, 0),
+                                      PyTuple_GET_SIZE(args), args);
+        Py_DECREF(fast);
+        return result;
+    }
+    PyObject *method = PyObject_GetAttr((PyObject *)Py_TYPE(self), S_call);
+    if (method == NULL)
+        return NULL;
+    PyObject *bound = PyMethod_New(method, self);
+    Py_DECREF(method);
+    if (bound == NULL)
+        return NULL;
+    PyObject *result = PyObject_Call(bound, args, kwargs);
+    Py_DECREF(bound);
+    return result;
+}
+
+/* Give Launcher a call slot in C (a launcher is called at every launch), as setup gives
+ * Stream a hash slot. Assigning Launcher.__call__ later puts Python's slot back; a class
+ * with subclasses keeps it (they copied the slot). */
+int install_launcher_call(void)
+{
+    PyObject *subclasses = PyObject_CallMethod((PyObject *)L.Launcher, "__subclasses__", NULL);
+    if (subclasses == NULL)
+        return -1;
+    if (PyList_GET_SIZE(subclasses) == 0) {
+        L.Launcher->tp_call = launcher_tp_call;
+        PyType_Modified(L.Launcher);
+    }
+    Py_DECREF(subclasses);
+    return 0;
+}
+
 /* -- Method: a compiled method standing in for a Python one ---------------------------- */
 
 typedef PyObject *(*impl_fn)(PyObject *const *args, Py_ssize_t nargs);
 typedef PyObject *(*impl_kw_fn)(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 
-/* Each compiled path by the name of what it stands in for; only cuctx.launch takes
- * keywords (a call with keywords to any other goes to the checked path). */
+/* Each compiled path by the name of what it stands in for; only cuctx.launch, cuctx.empty
+ * and an autograph call take keywords (a call with keywords to any other goes to the
+ * checked path). */
 static const struct {
     const char *name;
     impl_fn impl;
@@ -151,7 +193,8 @@ static const struct {
     {"Context.__enter__", context_enter}, {"Context.__exit__", context_exit},
     {"Device.__enter__", device_enter}, {"Device.__exit__", device_exit},
     {"Kernel.__getitem__", kernel_getitem}, {"Launcher.__call__", launcher_call},
-    {"launch", NULL, launch},
+    {"launch", NULL, launch}, {"empty", NULL, array_empty},
+    {"AutoGraph.__call__", NULL, autograph_call},
     {NULL}};
 
 typedef struct {

@@ -24,6 +24,8 @@
  *   methods.c   Method, and kernel[...], cuctx.launch, Launcher.__call__
  *   copies.c    host_address: a NumPy array's data address, for copies
  *   autograph.c an @autograph call's recorded launches, compared values, patches, launch
+ *   autograph_call.c  an @autograph call: recording it, serving it as a graph call
+ *   arrays.c    cuctx.empty inside an @autograph call: the arena's lease
  */
 #ifndef CUCTX_NATIVE_H
 #define CUCTX_NATIVE_H
@@ -69,6 +71,8 @@ struct native_setup {
     int ready;
     PyTypeObject *Context, *Stream, *Event, *DeviceArray, *ThreadState, *Device, *Kernel,
         *Launcher, *Tape;
+    /* an @autograph call's (cuctx/graphs/_autograph*.py) */
+    PyTypeObject *AutoGraph, *Recording, *Entry, *Policy, *Tally, *Arena, *Slot, *Lease;
     PyObject *ACTIVE;      /* cuctx._resource.ACTIVE: a context state, compared by identity */
     PyObject *CUresult;    /* makes the code of a failed call the enum fail() expects */
     PyObject *CUcontext;   /* a popped context's handle, for object_for */
@@ -80,6 +84,13 @@ struct native_setup {
     PyObject *announce;    /* ((namespace, name), ...): a launch is announced while any is true */
     PyObject *emit_launch; /* cuctx._trace.emit_launch(launcher, args, plan) */
     PyObject *recording;   /* cuctx._record.threads: the recorders of the recording threads */
+    PyObject *autograph_dict, *policy_dict; /* the namespaces of _autograph, _autograph_policy */
+    PyObject *GRAPH;       /* _autograph_state.GRAPH: an entry's mode, compared by identity */
+    PyObject *CudaError;   /* cuctx.errors.CudaError: a refused patch rebuilds the graph */
+    PyObject *defer;       /* _lifetimes.defer_cleanup(): the block an autograph call runs in */
+    PyObject *lifetimes_dict; /* _lifetimes' namespace: the counter of that block */
+    PyObject *perf_counter; /* time.perf_counter */
+    PyObject *known_dtypes, *default_dtype; /* _layout.KNOWN_DTYPES, cuctx.empty's default */
     /* slot offsets */
     Py_ssize_t backend, ctx, handle, key;          /* Resource */
     Py_ssize_t state, device, default_streams;     /* Context */
@@ -89,12 +100,25 @@ struct native_setup {
     Py_ssize_t primary, lock, device_backend;      /* Device */
     Py_ssize_t launchers, launch_memo, fast;       /* Kernel, Launcher */
     Py_ssize_t tape_keys, tape_values, tape_items, tape_stream; /* cuctx._record.Tape */
+    Py_ssize_t array_shape, array_strides, array_alloc, array_owner, array_f; /* DeviceArray */
+    Py_ssize_t alloc_ptr, alloc_stream, alloc_recorded;     /* Allocation (a Lease) */
+    Py_ssize_t rec_streams, rec_ctx, rec_broken, rec_arena, rec_allocations; /* Recording */
+    Py_ssize_t rec_slots[12];                      /* all of them, in RECORDING_SLOTS' order */
+    Py_ssize_t arena_slots, arena_most, arena_lock, arena_grown, slot_lease, slot_capacity;
+    Py_ssize_t ag_fn, ag_lock, ag_last, ag_tally, ag_arena, ag_policy, ag_max_bytes;
+    Py_ssize_t e_keys, e_compiled, e_mode, e_values, e_patcher, e_seen, e_changes, e_count,
+        e_size, e_eager_s, e_replay_s, e_construct_s, e_strikes;   /* Entry */
+    Py_ssize_t p_measured, p_model, p_patch_s, p_whole_node_s, p_replay_node_s, p_run,
+        p_run_entry;                                                /* Policy */
+    Py_ssize_t t_calls, t_replays, t_updates, t_recording_s, t_replay_s, t_update_s,
+        t_saved_s, t_patched_nodes;                                 /* Tally */
 };
 extern struct native_setup L;
 
 extern PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
     *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *S_array_struct,
-    *S_contexts, *S_legacy, *ZERO;
+    *S_contexts, *S_legacy, *S_run, *S_trim, *S_acquire, *S_release, *S_call, *S_defer_depth, *S_deferred,
+    *S_defer_lock, *ZERO;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
@@ -102,6 +126,7 @@ extern PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *
 extern PyObject python_path_marker;
 #define PYTHON_PATH (&python_path_marker)
 
+Py_ssize_t slot_offset(PyTypeObject *type, const char *name);
 int any_true(PyObject *pairs);
 int step_aside(void);
 int step_aside_unless_recording(void);
@@ -151,7 +176,7 @@ PyObject *context_exit(PyObject *const *args, Py_ssize_t nargs);
 PyObject *device_enter(PyObject *const *args, Py_ssize_t nargs);
 PyObject *device_exit(PyObject *const *args, Py_ssize_t nargs);
 PyObject *thread_state(PyObject *backend);
-PyObject *current_stream(PyObject *backend, PyObject *ctx);
+PyObject *current_stream(PyObject *backend, PyObject *ctx, int any_context);
 
 /* -- a host array's address, for copies (copies.c) ------------------------------- */
 
@@ -164,12 +189,26 @@ extern PyTypeObject PatcherType;
 PyObject *thread_recorder(void);
 int record_launch(PyObject *recorder, PyObject *launcher, PyObject *stream, PyObject *bytes,
                   PyObject *args, PyObject *plan);
+Py_ssize_t changed_into(PyObject *new, PyObject *old, Py_ssize_t *out);
 PyObject *Driver_changed(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Driver_patcher(Driver *self, PyObject *args, PyObject *kwargs);
+int patcher_knows(PyObject *patcher, Py_ssize_t i);
+int patcher_patch(PyObject *patcher, Py_ssize_t i, PyObject *value);
+int patcher_ready(PyObject *patcher, PyObject *stream);
+int patcher_launch(PyObject *patcher, PyObject *stream);
+PyObject *autograph_call(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+int recording_slot_offsets(void);
+int install_autograph_call(void);
+
+/* -- cuctx.empty inside an autograph call (arrays.c) ------------------------------ */
+
+PyObject *array_empty(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 
 /* -- Method: a compiled method standing in for a Python one (methods.c) ------- */
 
 extern PyTypeObject MethodType;
+
+int install_launcher_call(void);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

@@ -231,7 +231,7 @@ class AutoGraph:
             try:
                 estimate = self._update(entry, recording, changed)
             except CudaError as exc:  # a refused update (GraphUpdateError): build anew
-                return self._build(entry, recording, f"rebuilt: the update was refused: {exc}")
+                return self._rebuild(entry, recording, exc)
         t1 = perf_counter()
         self._launch(entry, recording)
         t2 = perf_counter()
@@ -251,6 +251,9 @@ class AutoGraph:
         entry.strikes = entry.strikes + 1 if cost > eager else 0
         if entry.strikes >= SWITCH_AFTER:
             self._give_way(entry, cost, eager, len(changed))
+
+    def _rebuild(self, entry: Entry, recording: Recording, refusal: CudaError) -> None:
+        self._build(entry, recording, f"rebuilt: the update was refused: {refusal}")
 
     def _give_way(self, entry: Entry, cost: float, eager: float, changed: int) -> None:
         entry.mode, entry.strikes = EAGER, 0

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections import OrderedDict
 from typing import Any
 
 from .. import _lifetimes
@@ -41,7 +40,7 @@ SLOTS_KEPT = 16  # at least this many slots are kept, or 4x a call's allocations
 _getrefcount = sys.getrefcount
 
 
-class _Slot:
+class Slot:
     __slots__ = ("block", "capacity", "lease")
 
     def __init__(self) -> None:
@@ -68,7 +67,7 @@ class Lease(Allocation):
 _MAKING: Any = object()
 
 
-def _idle(slot: _Slot) -> bool:
+def _idle(slot: Slot) -> bool:
     """Whether the slot's lease is held by nothing but the slot (getrefcount's argument is
     the one other reference)."""
     return _getrefcount(slot.lease) <= 2
@@ -76,13 +75,16 @@ def _idle(slot: _Slot) -> bool:
 
 class Arena:
     """One function's slots (see the module's docstring); `bytes` is what their blocks
-    hold."""
+    hold. The compiled path lends from them as `lend` does, while nobody holds the lock."""
+
+    __slots__ = ("lock", "bytes", "slots", "_most", "_grown")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.bytes = 0
-        # (index, stream) -> slot, least recently lent first; the compiled path reads it too.
-        self.slots: OrderedDict[tuple[int, Stream], _Slot] = OrderedDict()
+        # (index, stream) -> slot, least recently lent first (a lend moves its slot to the
+        # end: a plain dict, which C code can reorder as Python does).
+        self.slots: dict[tuple[int, Stream], Slot] = {}
         self._most = 0  # the most allocations one call made
         self._grown = False  # blocks were allocated since the last trim
 
@@ -96,16 +98,18 @@ class Arena:
         with self.lock:
             if index >= self._most:
                 self._most = index + 1
-            slot = self.slots.get(key)
+            slot = self.slots.pop(key, None)
             if slot is None:
-                slot = self.slots[key] = _Slot()
+                slot = Slot()
             elif slot.lease is not None:
                 if not _idle(slot):
+                    self.slots[key] = slot
                     return None
+                # Used on other streams, too small, or freed with its context: a new block.
                 if (slot.lease.recorded or slot.capacity < nbytes
                         or not slot.block._finalizer.alive):
-                    self.drop(slot)  # used on other streams, too small, or freed with its
-            self.slots.move_to_end(key)  # context: a new block
+                    self.drop(slot)
+            self.slots[key] = slot  # (at the end: the most recently lent)
             lease = slot.lease
             if lease is not None:
                 return lease
@@ -122,7 +126,7 @@ class Arena:
             self._grown = True
         return lease
 
-    def drop(self, slot: _Slot) -> None:
+    def drop(self, slot: Slot) -> None:
         """Let go of the slot's block (the pool frees it once nothing uses it, after the
         streams its lease was recorded on); under the lock."""
         if slot.block is not None:

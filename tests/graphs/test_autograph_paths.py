@@ -1,0 +1,166 @@
+"""@cuctx.autograph's per-call path: compiled where the backend has it (the call, the
+structure and value comparison, the arena's lease for a temporary, the patches, the launch
+and the bookkeeping: cuctx/csrc/autograph_call.c, arrays.c), the Python path its reference.
+Both take the same decisions and give the same results; these tests show the compiled one
+really serves the calls it is made for. Sim and GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cuctx
+from cuctx.graphs import _autograph, _autograph_arena, _autograph_policy
+
+from scenarios import ADD_SOURCE, add, library_fixture
+
+pytestmark = [pytest.mark.usefixtures("nvrtc_cache", "graphs_pay"),
+              pytest.mark.paths("python", "native")]
+
+lib = library_fixture(ADD_SOURCE, add=add)
+N = 8
+
+
+@pytest.fixture
+def graphs_pay(monkeypatch):
+    """The mechanics are tested with costs out of the decisions (a graph is built once a
+    structure repeats, and stays: see test_autograph.py); `costs` puts them back."""
+    monkeypatch.setattr(_autograph, "SWITCH_AFTER", 10**9)
+    monkeypatch.setattr(_autograph_policy.Policy, "too_costly", lambda self, entry: None)
+
+
+@pytest.fixture
+def costs(graphs_pay, monkeypatch):
+    monkeypatch.setattr(_autograph, "SWITCH_AFTER", _autograph_policy.SWITCH_AFTER)
+    monkeypatch.setattr(_autograph_policy.Policy, "too_costly", TOO_COSTLY)
+
+
+TOO_COSTLY = _autograph_policy.Policy.too_costly
+
+
+def arange(start: float = 0) -> cuctx.DeviceArray:
+    return cuctx.to_device(np.arange(start, start + N, dtype=np.float32))
+
+
+def token(k: cuctx.Kernel) -> cuctx.AutoGraph:
+    """The docs' form: kernel[grid, block](...) inside the function, a temporary, a new
+    output and scalar every call."""
+    @cuctx.autograph
+    def step(out, x, a):
+        tmp = cuctx.empty(N, np.float32)
+        k[1, 32](tmp, x, np.float32(a), N)
+        for _ in range(3):
+            k[1, 32](tmp, tmp, np.float32(1), N)
+        k[1, 32](out, tmp, np.float32(a), N)
+    return step
+
+
+def decisions(fn: cuctx.AutoGraph) -> tuple:
+    s = fn.stats()
+    return ({k: s[k] for k in ("calls", "replays", "updates", "builds", "eager")},
+            s["patched_nodes"], [(r["call"], r["action"], r["reason"]) for r in s["reasons"]])
+
+
+def test_graph_calls_and_temporaries_are_served_by_the_compiled_path_where_built(
+        lib, backend, monkeypatch):
+    """After the first calls, a graph call of a structure of kernels goes through neither
+    AutoGraph._run nor Arena.lend on the compiled path; on the Python path it goes through
+    both. Results are the function's own either way."""
+    step = token(lib["add"])
+    outs = [cuctx.empty(N, np.float32) for _ in range(8)]
+    for i in range(3):  # eager, built, then a graph call
+        step(outs[i], arange(i), float(i))
+    runs, lends = [], []
+    run, lend = _autograph.AutoGraph._run, _autograph_arena.Arena.lend
+    monkeypatch.setattr(_autograph.AutoGraph, "_run",
+                        lambda self, rec: runs.append(1) or run(self, rec))
+    monkeypatch.setattr(_autograph_arena.Arena, "lend",
+                        lambda self, *a: lends.append(1) or lend(self, *a))
+    for i in range(3, 8):
+        step(outs[i], arange(i), float(i))
+    compiled = backend.native is not None
+    assert (runs, lends) == (([], []) if compiled else ([1] * 5, [1] * 5))
+    assert step._last.compiled == compiled
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 2 * i + 3)
+    s = step.stats()
+    assert (s["builds"], s["updates"], s["patched_nodes"]) == (1, 6, 2 * 6)
+
+
+def test_both_paths_take_the_same_decisions(lib, backend, costs):
+    """The same loop on each path: the same counts, patched nodes and reasons (on the sim,
+    where the modelled costs decide; a GPU measures its own)."""
+    if backend.sim is None:
+        pytest.skip("on a GPU each path measures its own costs")
+    k = lib["add"]
+
+    def run() -> tuple:
+        step = token(k)
+        for n in range(40):
+            if n == 20:  # a new structure: another kernel in the function
+                step = _with_one_more(step, k)
+            step(cuctx.empty(N, np.float32), arange(n), float(n))
+        return decisions(step)
+
+    native = backend.native
+    compiled = run()
+    backend.native = None
+    try:
+        python = run()
+    finally:
+        backend.native = native
+    assert compiled == python
+
+
+def _with_one_more(step: cuctx.AutoGraph, k: cuctx.Kernel) -> cuctx.AutoGraph:
+    """``step``'s AutoGraph, now running a function of one more kernel (its cache and
+    history kept: a new structure for it)."""
+    def longer(out, x, a):
+        tmp = cuctx.empty(N, np.float32)
+        k[1, 32](tmp, x, np.float32(a), N)
+        for _ in range(4):
+            k[1, 32](tmp, tmp, np.float32(1), N)
+        k[1, 32](out, tmp, np.float32(a), N)
+    step._fn = longer
+    return step
+
+
+def test_keyword_arguments_reach_the_function(lib):
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(out, x, *, a=0.0, b):
+        k[1, 32](out, x, np.float32(a + b), N)
+
+    outs = [cuctx.empty(N, np.float32) for _ in range(4)]
+    for i, out in enumerate(outs):
+        step(out, x=arange(i), b=1.0) if i % 2 else step(out, arange(i), a=1.0, b=2.0)
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + (1 if i % 2 else 3))
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'b'"):
+        step(outs[0], arange())
+
+
+def test_an_error_of_the_function_propagates_and_its_work_runs(lib):
+    k = lib["add"]
+
+    class Stop(Exception):
+        pass
+
+    @cuctx.autograph
+    def step(out, x, stop):
+        k[1, 32](out, x, np.float32(1), N)
+        if stop:
+            raise Stop("stopped")
+
+    out = cuctx.zeros(N, np.float32)
+    for _ in range(3):
+        step(out, arange(), False)
+    with pytest.raises(Stop, match="stopped"):
+        step(out, arange(10), True)
+    np.testing.assert_array_equal(out.to_host(), np.arange(10, 10 + N) + 1.0)
+    assert "raised Stop" in step.stats()["reasons"][-1]["reason"]
+    step(out, arange(20), False)  # and the next call is a graph call again
+    np.testing.assert_array_equal(out.to_host(), np.arange(20, 20 + N) + 1.0)
+    s = step.stats()
+    assert (s["replays"] + s["updates"], s["builds"], s["eager"]) == (2, 1, 2)
