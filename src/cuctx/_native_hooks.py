@@ -29,7 +29,7 @@ from cuda.bindings.driver import CUcontext, CUresult
 
 from . import _driver, _lifetimes, _record, _trace, memory
 from .kernels import _launcher
-from ._driver import ThreadState, native
+from ._driver import Backend, ThreadState, native
 from .errors import CudaError
 from .graphs import _autograph, _autograph_policy
 from .graphs._autograph import AutoGraph
@@ -87,7 +87,7 @@ def _install():
                  ThreadState=ThreadState, Device=Device, Kernel=Kernel, Launcher=Launcher,
                  Tape=_record.Tape, AutoGraph=AutoGraph, Recording=Recording, Entry=Entry,
                  Policy=_autograph_policy.Policy, Tally=Tally, Arena=Arena, Slot=Slot,
-                 Lease=Lease,
+                 Lease=Lease, Backend=Backend,
                  ACTIVE=ACTIVE, CUresult=CUresult, CUcontext=CUcontext, fail=fail,
                  object_for=_object_for, driver_namespace=vars(_driver),
                  step_aside=STEP_ASIDE, launch_step_aside=LAUNCH_STEP_ASIDE,

@@ -164,3 +164,30 @@ def test_an_error_of_the_function_propagates_and_its_work_runs(lib):
     np.testing.assert_array_equal(out.to_host(), np.arange(20, 20 + N) + 1.0)
     s = step.stats()
     assert (s["replays"] + s["updates"], s["builds"], s["eager"]) == (2, 1, 2)
+
+
+def test_the_launches_of_a_call_run_eagerly_are_enqueued_by_the_compiled_path(lib, backend,
+                                                                              monkeypatch):
+    """A call that runs eagerly enqueues what it recorded, in order: its launches from their
+    packed bytes in C where the backend has it (Launcher._enqueue is the Python path's),
+    around what only Python enqueues (a host function here)."""
+    from cuctx.kernels._launcher import Launcher
+
+    k = lib["add"]
+    ran = []
+
+    @cuctx.autograph
+    def step(out, x):
+        k[1, 32](out, x, np.float32(1), N)
+        cuctx.current_stream().launch_host_func(ran.append, len(ran))
+        k[1, 32](out, out, np.float32(1), N)
+
+    enqueued = []
+    python = Launcher._enqueue
+    monkeypatch.setattr(Launcher, "_enqueue",
+                        lambda self, *a: enqueued.append(1) or python(self, *a))
+    out = cuctx.zeros(N, np.float32)
+    step(out, arange())  # a structure seen for the first time: run eagerly
+    np.testing.assert_array_equal(out.to_host(), np.arange(N) + 2.0)
+    assert ran == [0] and step.stats()["eager"] == 1
+    assert enqueued == ([] if backend.native is not None else [1, 1])

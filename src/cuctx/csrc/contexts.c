@@ -32,7 +32,9 @@ static PyObject *local_dict(PyObject *tls)
  * host function it is the guard whose attributes raise: the checked path raises that). */
 PyObject *thread_state(PyObject *backend)
 {
-    PyObject *tls = PyObject_GetAttr(backend, S_tls), *dict, *state = NULL;
+    PyObject *tls = Py_IS_TYPE(backend, L.Backend) ? Py_XNewRef(SLOT(backend, L.backend_tls))
+                                                    : PyObject_GetAttr(backend, S_tls);
+    PyObject *dict, *state = NULL;
     if (tls != NULL && (dict = local_dict(tls)) != NULL)
         state = PyDict_GetItemWithError(dict, S_state);
     Py_XDECREF(tls); /* `dict` holds the state, and the thread's dict holds `dict` */

@@ -16,6 +16,10 @@ void *key_of(PyObject *resource)
 
 Driver *native_of(PyObject *backend)
 {
+    if (L.ready && Py_IS_TYPE(backend, L.Backend)) { /* the slot, read directly */
+        PyObject *native = SLOT(backend, L.backend_native);
+        return native && Py_IS_TYPE(native, &DriverType) ? (Driver *)native : NULL;
+    }
     PyObject *native = PyObject_GetAttr(backend, S_native);
     if (native == NULL) {
         PyErr_Clear();
@@ -235,8 +239,10 @@ static PyMethodDef Driver_methods[] = {
      "changed(new, old): the indices where two lists of an autograph call's values differ."},
     {"patcher", (PyCFunction)(void (*)(void))Driver_patcher, METH_VARARGS | METH_KEYWORDS,
      "patcher(handle, ctx, streams, owners, make, refused, n, launchable): the compiled "
-     "patches and "
-     "launch of one AutoGraph executable."},
+     "patches and launch of one AutoGraph executable."},
+    {"enqueue", (PyCFunction)(void (*)(void))Driver_enqueue, METH_FASTCALL,
+     "enqueue(keys, values, start): an autograph call's recorded launches from start on, "
+     "enqueued from their packed bytes; the index of the first operation left to Python."},
     {NULL}};
 
 static PyMemberDef Driver_members[] = {

@@ -176,6 +176,60 @@ static int hand_to_recorder(Launch *l, const char *buffer, PyObject *const *argv
     return took;
 }
 
+/* The driver call of a launch whose parameters ``params`` points at, its refusal raised as
+ * the checked path raises it, and (with argv, n, tuple: its arguments) its announcement to
+ * the trace sinks that listen. */
+static PyObject *launch_now(Launch *l, void **params, PyObject *const *argv, Py_ssize_t n,
+                            PyObject *tuple, int announce)
+{
+    Driver *d = l->driver;
+    int pushed, err = enter_stream_context(d, l->stream, l->ctx, &pushed);
+    if (err < 0)
+        return NULL;
+    if (err > 0)
+        return fail(l->backend, err, "cuCtxPushCurrent", l->ctx);
+    if (d->compiled) {
+        Py_BEGIN_ALLOW_THREADS /* a full launch queue waits for the GPU */
+        if (l->config_ptr)
+            err = ((launch_ex_fn)d->c[F_LAUNCH_EX])(l->config_ptr, l->function, params, NULL);
+        else
+            err = ((launch_fn)d->c[F_LAUNCH])(l->function, l->grid[0], l->grid[1], l->grid[2],
+                                              l->block[0], l->block[1], l->block[2], l->shared,
+                                              key_of(l->stream), params, NULL);
+        Py_END_ALLOW_THREADS
+    } else {
+        /* the sim: sim_args + (kernelParams as an int address, extra) */
+        Py_ssize_t k = PyTuple_GET_SIZE(l->sim_args);
+        PyObject *call[16];
+        for (Py_ssize_t i = 0; i < k; i++)
+            call[i] = PyTuple_GET_ITEM(l->sim_args, i);
+        PyObject *address = PyLong_FromVoidPtr(params);
+        if (address == NULL) {
+            leave_stream_context(d, pushed);
+            return NULL;
+        }
+        call[k] = address;
+        call[k + 1] = ZERO;
+        err = py_result(PyObject_Vectorcall(d->py[l->config_ptr ? F_LAUNCH_EX : F_LAUNCH],
+                                            call, k + 2, NULL), NULL);
+        Py_DECREF(address);
+    }
+    leave_stream_context(d, pushed);
+    if (err < 0)
+        return NULL;
+    if (err > 0) {
+        PyObject *code = PyObject_CallFunction(L.CUresult, "i", err);
+        if (code == NULL)
+            return NULL;
+        PyObject *result = PyObject_CallOneArg(l->fail, code);
+        Py_DECREF(code);
+        return result; /* NULL: fail raised */
+    }
+    if (announce && any_true(L.announce)) /* as the checked path announces it */
+        return announce_launch(l, argv, n, tuple);
+    Py_RETURN_NONE;
+}
+
 PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *tuple)
 {
     if (n != l->n)
@@ -231,55 +285,34 @@ PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *t
             Py_RETURN_NONE;
     }
 
-    Driver *d = l->driver;
-    int pushed, err = enter_stream_context(d, l->stream, l->ctx, &pushed);
-    if (err < 0)
-        return NULL;
-    if (err > 0)
-        return fail(l->backend, err, "cuCtxPushCurrent", l->ctx);
-    void **params = n ? pointers : NULL;
-    if (d->compiled) {
-        Py_BEGIN_ALLOW_THREADS /* a full launch queue waits for the GPU */
-        if (l->config_ptr)
-            err = ((launch_ex_fn)d->c[F_LAUNCH_EX])(l->config_ptr, l->function, params, NULL);
-        else
-            err = ((launch_fn)d->c[F_LAUNCH])(l->function, l->grid[0], l->grid[1], l->grid[2],
-                                              l->block[0], l->block[1], l->block[2], l->shared,
-                                              key_of(l->stream), params, NULL);
-        Py_END_ALLOW_THREADS
-    } else {
-        /* the sim: sim_args + (kernelParams as an int address, extra) */
-        Py_ssize_t k = PyTuple_GET_SIZE(l->sim_args);
-        PyObject *call[16];
-        for (Py_ssize_t i = 0; i < k; i++)
-            call[i] = PyTuple_GET_ITEM(l->sim_args, i);
-        PyObject *address = PyLong_FromVoidPtr(params);
-        if (address == NULL) {
-            leave_stream_context(d, pushed);
-            return NULL;
-        }
-        call[k] = address;
-        call[k + 1] = ZERO;
-        err = py_result(PyObject_Vectorcall(d->py[l->config_ptr ? F_LAUNCH_EX : F_LAUNCH],
-                                            call, k + 2, NULL), NULL);
-        Py_DECREF(address);
-    }
-    leave_stream_context(d, pushed);
-    if (err < 0)
-        return NULL;
-    if (err > 0) {
-        PyObject *code = PyObject_CallFunction(L.CUresult, "i", err);
-        if (code == NULL)
-            return NULL;
-        PyObject *result = PyObject_CallOneArg(l->fail, code);
-        Py_DECREF(code);
-        return result; /* NULL: fail raised */
-    }
-    if (any_true(L.announce))  /* a trace sink listens: announced as the checked path does */
-        return announce_launch(l, argv, n, tuple);
-    Py_RETURN_NONE;
+    return launch_now(l, n ? pointers : NULL, argv, n, tuple, 1);
 general:
     return launch_general(l, argv, n, tuple);
+}
+
+/* A launch of parameter bytes packed before (a recorded launch run eagerly, as
+ * Launcher._enqueue does it): 1 launched, 0 not (the Python path launches it: an unusable
+ * context, unloaded code, a capture, a host function, a trace sink), -1 an exception. */
+int launch_packed(PyObject *fast, PyObject *bytes)
+{
+    Launch *l = (Launch *)fast;
+    if (!PyBytes_CheckExact(bytes) || PyBytes_GET_SIZE(bytes) != l->size
+            || SLOT(l->ctx, L.state) != L.ACTIVE || any_true(L.launch_step_aside)
+            || any_true(L.announce))
+        return 0;
+    PyObject *loaded = PyObject_GetAttr(l->owner, S_loaded);
+    Py_XDECREF(loaded);
+    if (loaded != Py_True) {
+        PyErr_Clear();
+        return 0;
+    }
+    void *pointers[MAX_PARAMS];
+    char *data = PyBytes_AS_STRING(bytes); /* (the driver copies the parameters) */
+    for (Py_ssize_t i = 0; i < l->n; i++)
+        pointers[i] = data + l->params[i].offset;
+    PyObject *done = launch_now(l, l->n ? pointers : NULL, NULL, 0, NULL, 0);
+    Py_XDECREF(done);
+    return done ? 1 : -1;
 }
 
 static PyObject *Launch_vectorcall(Launch *self, PyObject *const *args, size_t nargsf,

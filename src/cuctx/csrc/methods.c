@@ -158,19 +158,49 @@ static PyObject *launcher_tp_call(PyObject *self, PyObject *args, PyObject *kwar
     return result;
 }
 
-/* Give Launcher a call slot in C (a launcher is called at every launch), as setup gives
- * Stream a hash slot. Assigning Launcher.__call__ later puts Python's slot back; a class
- * with subclasses keeps it (they copied the slot). */
-int install_launcher_call(void)
+/* kernel[...]: Kernel's subscript slot (see install_launcher_call), which takes
+ * kernel_getitem without looking __getitem__ up. Anything else: the method in the class. */
+static PyObject *kernel_mp_subscript(PyObject *self, PyObject *config)
 {
-    PyObject *subclasses = PyObject_CallMethod((PyObject *)L.Launcher, "__subclasses__", NULL);
+    PyObject *args[2] = {self, config};
+    PyObject *result = L.ready ? kernel_getitem(args, 2) : PYTHON_PATH;
+    if (result != PYTHON_PATH)
+        return result;
+    PyObject *method = PyObject_GetAttr((PyObject *)Py_TYPE(self), S_getitem);
+    if (method == NULL)
+        return NULL;
+    result = PyObject_CallFunctionObjArgs(method, self, config, NULL);
+    Py_DECREF(method);
+    return result;
+}
+
+/* Whether ``type`` has no subclasses (they copied its slots when they were made). */
+static int alone(PyTypeObject *type)
+{
+    PyObject *subclasses = PyObject_CallMethod((PyObject *)type, "__subclasses__", NULL);
     if (subclasses == NULL)
         return -1;
-    if (PyList_GET_SIZE(subclasses) == 0) {
+    int none = PyList_GET_SIZE(subclasses) == 0;
+    Py_DECREF(subclasses);
+    return none;
+}
+
+/* Give Launcher a call slot and Kernel a subscript slot in C (one of each per launch in
+ * kernel[...](...)), as setup gives Stream a hash slot. Assigning the Python method again
+ * puts Python's slot back; a class with subclasses keeps it. */
+int install_launcher_call(void)
+{
+    int launcher = alone(L.Launcher), kernel = launcher < 0 ? -1 : alone(L.Kernel);
+    if (kernel < 0)
+        return -1;
+    if (launcher) {
         L.Launcher->tp_call = launcher_tp_call;
         PyType_Modified(L.Launcher);
     }
-    Py_DECREF(subclasses);
+    if (kernel && L.Kernel->tp_as_mapping != NULL) {
+        L.Kernel->tp_as_mapping->mp_subscript = kernel_mp_subscript;
+        PyType_Modified(L.Kernel);
+    }
     return 0;
 }
 

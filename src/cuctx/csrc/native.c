@@ -8,7 +8,7 @@ struct native_setup L;
 
 PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
     *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *S_array_struct,
-    *S_contexts, *S_legacy, *S_run, *S_trim, *S_acquire, *S_release, *S_call, *S_defer_depth, *S_deferred,
+    *S_contexts, *S_legacy, *S_run, *S_trim, *S_acquire, *S_release, *S_call, *S_getitem, *S_defer_depth, *S_deferred,
     *S_defer_lock, *ZERO;
 
 /* The sentinel an implementation returns to hand the call to the checked Python path. */
@@ -114,6 +114,7 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
             || take_type(kwargs, "Entry", &L.Entry) || take_type(kwargs, "Policy", &L.Policy)
             || take_type(kwargs, "Tally", &L.Tally) || take_type(kwargs, "Arena", &L.Arena)
             || take_type(kwargs, "Slot", &L.Slot) || take_type(kwargs, "Lease", &L.Lease)
+            || take_type(kwargs, "Backend", &L.Backend)
             || take(kwargs, "ACTIVE", &L.ACTIVE) || take(kwargs, "CUresult", &L.CUresult)
             || take(kwargs, "CUcontext", &L.CUcontext) || take(kwargs, "fail", &L.fail)
             || take(kwargs, "object_for", &L.object_for)
@@ -167,6 +168,7 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
         {&L.fast, &L.Launcher, "_fast"}, {&L.tape_keys, &L.Tape, "keys"},
         {&L.tape_values, &L.Tape, "values"}, {&L.tape_items, &L.Tape, "items"},
         {&L.tape_stream, &L.Tape, "_stream"},
+        {&L.backend_native, &L.Backend, "native"}, {&L.backend_tls, &L.Backend, "tls"},
         {&L.array_shape, &L.DeviceArray, "shape"}, {&L.array_strides, &L.DeviceArray, "strides"},
         {&L.array_alloc, &L.DeviceArray, "_alloc"}, {&L.array_owner, &L.DeviceArray, "_owner"},
         {&L.array_f, &L.DeviceArray, "_f"},
@@ -251,7 +253,7 @@ PyMODINIT_FUNC PyInit__native(void)
         {&S_shared_mem, "shared_mem"}, {&S_stream, "stream"}, {&S_launch, "launch"},
         {&S_array_struct, "__array_struct__"}, {&S_contexts, "contexts"},
         {&S_legacy, "legacy"}, {&S_run, "_run"}, {&S_trim, "trim"}, {&S_acquire, "acquire"},
-        {&S_release, "release"}, {&S_call, "__call__"}, {&S_defer_depth, "_defer_depth"},
+        {&S_release, "release"}, {&S_call, "__call__"}, {&S_getitem, "__getitem__"}, {&S_defer_depth, "_defer_depth"},
         {&S_deferred, "_deferred"}, {&S_defer_lock, "_defer_lock"}};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].s = PyUnicode_InternFromString(names[i].text)) == NULL)

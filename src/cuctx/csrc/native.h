@@ -24,7 +24,8 @@
  *   methods.c   Method, and kernel[...], cuctx.launch, Launcher.__call__
  *   copies.c    host_address: a NumPy array's data address, for copies
  *   autograph.c an @autograph call's recorded launches, compared values, patches, launch
- *   autograph_call.c  an @autograph call: recording it, serving it as a graph call
+ *   autograph_call.c  an @autograph call: recording it
+ *   autograph_serve.c serving it as a graph call, or its launches eagerly
  *   arrays.c    cuctx.empty inside an @autograph call: the arena's lease
  */
 #ifndef CUCTX_NATIVE_H
@@ -34,6 +35,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <string.h>
+#include <time.h>
 
 #if PY_VERSION_HEX < 0x030B0000
 #define PyFloat_Pack2 _PyFloat_Pack2
@@ -73,6 +75,7 @@ struct native_setup {
         *Launcher, *Tape;
     /* an @autograph call's (cuctx/graphs/_autograph*.py) */
     PyTypeObject *AutoGraph, *Recording, *Entry, *Policy, *Tally, *Arena, *Slot, *Lease;
+    PyTypeObject *Backend; /* cuctx._driver.Backend */
     PyObject *ACTIVE;      /* cuctx._resource.ACTIVE: a context state, compared by identity */
     PyObject *CUresult;    /* makes the code of a failed call the enum fail() expects */
     PyObject *CUcontext;   /* a popped context's handle, for object_for */
@@ -100,6 +103,7 @@ struct native_setup {
     Py_ssize_t primary, lock, device_backend;      /* Device */
     Py_ssize_t launchers, launch_memo, fast;       /* Kernel, Launcher */
     Py_ssize_t tape_keys, tape_values, tape_items, tape_stream; /* cuctx._record.Tape */
+    Py_ssize_t backend_native, backend_tls;        /* Backend */
     Py_ssize_t array_shape, array_strides, array_alloc, array_owner, array_f; /* DeviceArray */
     Py_ssize_t alloc_ptr, alloc_stream, alloc_recorded;     /* Allocation (a Lease) */
     Py_ssize_t rec_streams, rec_ctx, rec_broken, rec_arena, rec_allocations; /* Recording */
@@ -117,7 +121,7 @@ extern struct native_setup L;
 
 extern PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
     *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *S_array_struct,
-    *S_contexts, *S_legacy, *S_run, *S_trim, *S_acquire, *S_release, *S_call, *S_defer_depth, *S_deferred,
+    *S_contexts, *S_legacy, *S_run, *S_trim, *S_acquire, *S_release, *S_call, *S_getitem, *S_defer_depth, *S_deferred,
     *S_defer_lock, *ZERO;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
@@ -162,6 +166,7 @@ extern PyTypeObject LaunchType;
 
 PyObject *Driver_launcher(Driver *self, PyObject *args, PyObject *kwargs);
 PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *tuple);
+int launch_packed(PyObject *fast, PyObject *bytes);
 
 /* -- the compiled paths a Method runs (streams.c, contexts.c) --------- */
 
@@ -197,6 +202,18 @@ int patcher_patch(PyObject *patcher, Py_ssize_t i, PyObject *value);
 int patcher_ready(PyObject *patcher, PyObject *stream);
 int patcher_launch(PyObject *patcher, PyObject *stream);
 PyObject *autograph_call(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+int serve(PyObject *self, PyObject *rec);
+PyObject *Driver_enqueue(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+int add_int(PyObject *obj, Py_ssize_t offset, Py_ssize_t delta);   /* int slot += delta */
+int add_float(PyObject *obj, Py_ssize_t offset, double delta);     /* float slot += delta */
+
+/* Seconds on the clock time.perf_counter reads (CLOCK_MONOTONIC on Linux). */
+static inline double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
 int recording_slot_offsets(void);
 int install_autograph_call(void);
 
