@@ -191,3 +191,22 @@ def test_the_launches_of_a_call_run_eagerly_are_enqueued_by_the_compiled_path(li
     np.testing.assert_array_equal(out.to_host(), np.arange(N) + 2.0)
     assert ran == [0] and step.stats()["eager"] == 1
     assert enqueued == ([] if backend.native is not None else [1, 1])
+
+
+def test_a_gpu_build_adds_its_kernel_nodes_from_c(lib, backend):
+    """On a GPU the compiled path adds a build's kernel nodes from the recorded bytes in C,
+    its struct's layout checked against cuda.bindings' when the backend loaded; the graph is
+    the same as one built through cuda.bindings (the sim's driver takes cuda.bindings'
+    structs, so there they are always used)."""
+    if backend.sim is not None or backend.native is None:
+        pytest.skip("kernel nodes are added from C on a GPU's compiled path only")
+    assert backend.native.builds, "the kernel node struct's layout differs from cuda.bindings'"
+    step = token(lib["add"])
+    outs = [cuctx.empty(N, np.float32) for _ in range(4)]
+    for i, out in enumerate(outs):
+        step(out, arange(i), float(i))
+    graph = step._last.exe.graph
+    assert [n.kind for n in graph.nodes] == ["kernel"] * 5
+    assert len(graph.edges) == 4  # a chain, as the stream ordered the launches
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 2 * i + 3)

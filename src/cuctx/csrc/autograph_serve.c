@@ -8,6 +8,7 @@
  *
  *   Driver.enqueue   a call run eagerly: its recorded launches enqueued from their packed
  *                    bytes through the launchers' compiled paths (Recording.enqueue_all)
+ *   Driver.add_kernel_node  a build: a kernel node of a recorded launch, from its bytes
  *
  * Whatever serve is not made for (a new structure, a build, an eager call, a whole update, a
  * capture...) it leaves to AutoGraph._run before it changed anything. */
@@ -286,4 +287,123 @@ PyObject *Driver_enqueue(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             break;
     }
     return PyLong_FromSsize_t(i);
+}
+
+/* -- a build --------------------------------------------------------------------------- */
+
+static void *pointer_of(PyObject *obj)
+{
+    PyObject *value = PyNumber_Long(obj);
+    if (value == NULL)
+        return NULL;
+    void *p = PyLong_AsVoidPtr(value);
+    Py_DECREF(value);
+    return p;
+}
+
+static int unsigned_three(PyObject *tuple, unsigned out[3])
+{
+    if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != 3) {
+        PyErr_SetString(PyExc_TypeError, "a dimension is a tuple of three ints");
+        return -1;
+    }
+    for (int i = 0; i < 3; i++) {
+        unsigned long v = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(tuple, i));
+        if (v == (unsigned long)-1 && PyErr_Occurred())
+            return -1;
+        out[i] = (unsigned)v;
+    }
+    return 0;
+}
+
+/* The struct of (function, kern, ctx, grid, block, shared_mem), its parameters pointing at
+ * ``data`` by ``offsets`` (into ``pointers``, room for 512). 0, or -1 with an exception. */
+static int node_params(PyObject *const *args, PyObject *data, PyObject *offsets,
+                       kernel_node_params *p, void **pointers)
+{
+    memset(p, 0, sizeof(*p));
+    if ((args[0] != Py_None && (p->func = pointer_of(args[0])) == NULL && PyErr_Occurred())
+            || (args[1] != Py_None && (p->kern = pointer_of(args[1])) == NULL
+                && PyErr_Occurred())
+            || ((p->ctx = pointer_of(args[2])) == NULL && PyErr_Occurred())
+            || unsigned_three(args[3], p->grid) < 0 || unsigned_three(args[4], p->block) < 0)
+        return -1;
+    unsigned long shared = PyLong_AsUnsignedLong(args[5]);
+    if ((shared == (unsigned long)-1 && PyErr_Occurred()) || !PyBytes_CheckExact(data)
+            || !PyTuple_Check(offsets) || PyTuple_GET_SIZE(offsets) > 512) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "the parameters: bytes and a tuple of offsets");
+        return -1;
+    }
+    p->shared = (unsigned)shared;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(offsets); i++) {
+        Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(offsets, i));
+        if (at < 0 || at >= PyBytes_GET_SIZE(data)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "a parameter offset past the bytes");
+            return -1;
+        }
+        pointers[i] = PyBytes_AS_STRING(data) + at; /* (the driver copies the parameters) */
+    }
+    p->params = PyTuple_GET_SIZE(offsets) ? pointers : NULL;
+    return 0;
+}
+
+/* Driver.add_kernel_node(graph, deps, function, kern, ctx, grid, block, shared_mem, data,
+ * offsets): cuGraphAddKernelNode of a kernel (``function`` a module's CUfunction, or
+ * ``kern`` a library's CUkernel, the other None) with these parameter bytes, after ``deps``
+ * (node handles); the new node's handle, an int. A refusal: (CUresult, None) to raise from
+ * Python, as Graph.launch raises it. */
+PyObject *Driver_add_kernel_node(Driver *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10 || !self->compiled || !self->builds || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "add_kernel_node: ten arguments, deps a list, on a "
+                                         "compiled driver that builds");
+        return NULL;
+    }
+    kernel_node_params p;
+    void *pointers[512], *deps[64], **dep = deps;
+    void *graph = pointer_of(args[0]);
+    if ((graph == NULL && PyErr_Occurred())
+            || node_params(args + 2, args[8], args[9], &p, pointers) < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(args[1]);
+    if (n > 64 && (dep = PyMem_Malloc(n * sizeof(void *))) == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++)
+        if ((dep[i] = pointer_of(PyList_GET_ITEM(args[1], i))) == NULL && PyErr_Occurred()) {
+            if (dep != deps)
+                PyMem_Free(dep);
+            return NULL;
+        }
+    void *node = NULL;
+    int err = ((add_kernel_fn)self->c[F_ADD_KERNEL])(&node, graph, dep, (size_t)n, &p);
+    if (dep != deps)
+        PyMem_Free(dep);
+    if (err)
+        return Py_BuildValue("(iO)", err, Py_None);
+    return Py_BuildValue("(iN)", 0, PyLong_FromVoidPtr(node));
+}
+
+/* kernel_node_bytes(function, kern, ctx, grid, block, shared_mem, params_address): the
+ * bytes of the struct add_kernel_node passes, for the check of its layout against
+ * cuda.bindings' CUDA_KERNEL_NODE_PARAMS (cuctx/_driver/native.py). */
+PyObject *kernel_node_bytes(PyObject *module, PyObject *args)
+{
+    PyObject *items[7];
+    if (!PyArg_UnpackTuple(args, "kernel_node_bytes", 7, 7, &items[0], &items[1], &items[2],
+                           &items[3], &items[4], &items[5], &items[6]))
+        return NULL;
+    kernel_node_params p;
+    void *pointers[1];
+    PyObject *empty = PyTuple_New(0), *data = PyBytes_FromStringAndSize("", 0);
+    int failed = empty == NULL || data == NULL || node_params(items, data, empty, &p, pointers);
+    Py_XDECREF(empty);
+    Py_XDECREF(data);
+    if (failed)
+        return NULL;
+    p.params = pointer_of(items[6]);
+    if (p.params == NULL && PyErr_Occurred())
+        return NULL;
+    return PyBytes_FromStringAndSize((const char *)&p, sizeof(p));
 }

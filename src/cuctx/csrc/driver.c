@@ -6,7 +6,7 @@
 static const char *const FUNCTION_NAMES[F_COUNT] = {
     "cuLaunchKernel", "cuLaunchKernelEx", "cuEventRecord", "cuStreamWaitEvent",
     "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxGetCurrent", "cuGraphExecKernelNodeSetParams",
-    "cuGraphLaunch"};
+    "cuGraphLaunch", "cuGraphAddKernelNode"};
 
 void *key_of(PyObject *resource)
 {
@@ -240,6 +240,10 @@ static PyMethodDef Driver_methods[] = {
     {"patcher", (PyCFunction)(void (*)(void))Driver_patcher, METH_VARARGS | METH_KEYWORDS,
      "patcher(handle, ctx, streams, owners, make, refused, n, launchable): the compiled "
      "patches and launch of one AutoGraph executable."},
+    {"add_kernel_node", (PyCFunction)(void (*)(void))Driver_add_kernel_node, METH_FASTCALL,
+     "add_kernel_node(graph, deps, function, kern, ctx, grid, block, shared_mem, data, "
+     "offsets): a kernel node of parameter bytes packed before, added in C; its handle as an "
+     "int (compiled drivers whose `builds` is set only)."},
     {"enqueue", (PyCFunction)(void (*)(void))Driver_enqueue, METH_FASTCALL,
      "enqueue(keys, values, start): an autograph call's recorded launches from start on, "
      "enqueued from their packed bytes; the index of the first operation left to Python."},
@@ -248,6 +252,9 @@ static PyMethodDef Driver_methods[] = {
 static PyMemberDef Driver_members[] = {
     {"compiled", T_BOOL, offsetof(Driver, compiled), READONLY,
      "True: the driver's C functions; False: the sim's Python functions"},
+    {"builds", T_BOOL, offsetof(Driver, builds), 0,
+     "True: add_kernel_node adds kernel nodes from C (set once the layout of the struct it "
+     "passes was checked against cuda.bindings')"},
     {NULL}};
 
 PyTypeObject DriverType = {

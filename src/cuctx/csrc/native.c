@@ -232,6 +232,10 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
 static PyMethodDef module_methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
      "setup(**classes and helpers): what the compiled paths read (see cuctx._native_hooks)"},
+    {"kernel_node_bytes", kernel_node_bytes, METH_VARARGS,
+     "kernel_node_bytes(function, kern, ctx, grid, block, shared_mem, params_address): the "
+     "struct Driver.add_kernel_node passes, as bytes (its layout is checked against "
+     "cuda.bindings')"},
     {"host_address", host_address, METH_O,
      "host_address(ndarray): the address of its first element (__array_interface__'s data)"},
     {NULL}};

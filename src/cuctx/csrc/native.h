@@ -63,9 +63,19 @@ typedef CUresult (*pop_fn)(void **ctx);
 typedef CUresult (*current_fn)(void **ctx);
 typedef CUresult (*set_kernel_fn)(void *exec, void *node, const void *params);
 typedef CUresult (*graph_launch_fn)(void *exec, void *stream);
+/* CUDA_KERNEL_NODE_PARAMS_v2 (what cuGraphAddKernelNode takes at ABI 12000); its layout is
+ * checked against cuda.bindings' struct before it is used (cuctx/_driver/native.py). */
+typedef struct {
+    void *func;
+    unsigned grid[3], block[3], shared;
+    void **params, **extra;
+    void *kern, *ctx;
+} kernel_node_params;
+typedef CUresult (*add_kernel_fn)(void **node, void *graph, void *const *deps, size_t ndeps,
+                                  const kernel_node_params *params);
 
 enum { F_LAUNCH, F_LAUNCH_EX, F_RECORD, F_WAIT, F_PUSH, F_POP, F_CURRENT, F_SET_KERNEL,
-       F_GRAPH_LAUNCH, F_COUNT };
+       F_GRAPH_LAUNCH, F_ADD_KERNEL, F_COUNT };
 
 /* -- what setup() learnt about the classes (native.c) -------------------------------- */
 
@@ -141,6 +151,7 @@ int recording(void);
 typedef struct {
     PyObject_HEAD
     int compiled;
+    int builds; /* kernel nodes are added from C (the struct's layout was checked) */
     void *c[F_COUNT];
     PyObject *py[F_COUNT];
 } Driver;
@@ -204,6 +215,8 @@ int patcher_launch(PyObject *patcher, PyObject *stream);
 PyObject *autograph_call(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 int serve(PyObject *self, PyObject *rec);
 PyObject *Driver_enqueue(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Driver_add_kernel_node(Driver *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *kernel_node_bytes(PyObject *module, PyObject *args);
 int add_int(PyObject *obj, Py_ssize_t offset, Py_ssize_t delta);   /* int slot += delta */
 int add_float(PyObject *obj, Py_ssize_t offset, double delta);     /* float slot += delta */
 

@@ -165,6 +165,6 @@ def anchor(obj: Any) -> Any:
     what a graph node keeps alive (its lease must be free for the next call)."""
     if obj.__class__ is DeviceArray and obj._alloc.__class__ is Lease:
         return DeviceArray._make(obj._ctx, obj.ptr, obj.shape, obj.dtype, obj.strides,
-                                 obj._alloc.block, obj._owner)
+                                 obj._alloc.block, obj._owner, (obj._c, obj._f))
     return obj
 

@@ -102,7 +102,8 @@ class GraphExec(Resource):
         held.slots.clear()
         self._specs = list(graph._nodes)
         self._where = {node: i for i, node in enumerate(self._origin._nodes)}
-        self._where.update({node: i for i, node in enumerate(graph._nodes)})
+        if graph is not self._origin:  # (an update's graph: its nodes name them too)
+            self._where.update({node: i for i, node in enumerate(graph._nodes)})
 
     # -- properties -----------------------------------------------------------------------
 
