@@ -37,6 +37,7 @@ from .graphs._autograph_arena import Arena, Lease, Slot
 from .graphs._autograph_record import Recording
 from .graphs._autograph_state import GRAPH, Entry, Tally
 from .kernels._kernel import Kernel
+from .kernels._library import _Code
 from .kernels._launcher import Launcher
 from ._resource import ACTIVE
 from .context import Context, _object_for, fail
@@ -87,7 +88,7 @@ def _install():
                  ThreadState=ThreadState, Device=Device, Kernel=Kernel, Launcher=Launcher,
                  Tape=_record.Tape, AutoGraph=AutoGraph, Recording=Recording, Entry=Entry,
                  Policy=_autograph_policy.Policy, Tally=Tally, Arena=Arena, Slot=Slot,
-                 Lease=Lease, Backend=Backend,
+                 Lease=Lease, Backend=Backend, Code=_Code,
                  ACTIVE=ACTIVE, CUresult=CUresult, CUcontext=CUcontext, fail=fail,
                  object_for=_object_for, driver_namespace=vars(_driver),
                  step_aside=STEP_ASIDE, launch_step_aside=LAUNCH_STEP_ASIDE,

@@ -313,12 +313,9 @@ int patcher_ready(PyObject *patcher, PyObject *stream)
             || SLOT(stream, L.ctx) != ctx)
         return 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->owners); i++) {
-        PyObject *loaded = PyObject_GetAttr(PyTuple_GET_ITEM(self->owners, i), S_loaded);
-        if (loaded == NULL)
-            return -1;
-        Py_DECREF(loaded);
-        if (loaded != Py_True)
-            return 0;
+        int is = loaded(PyTuple_GET_ITEM(self->owners, i));
+        if (is <= 0)
+            return is;
     }
     return 1;
 }

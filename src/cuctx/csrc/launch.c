@@ -240,14 +240,10 @@ PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *t
     /* An unusable context, unloaded code, a host function running, a graph being captured: */
     if (SLOT(l->ctx, L.state) != L.ACTIVE || any_true(L.launch_step_aside))
         goto general;
-    PyObject *loaded = PyObject_GetAttr(l->owner, S_loaded);
-    if (loaded == NULL) {
+    if (loaded(l->owner) <= 0) {
         PyErr_Clear();
         goto general;
     }
-    Py_DECREF(loaded);
-    if (loaded != Py_True)
-        goto general;
 
     char buffer[MAX_PARAM_BYTES];
     void *pointers[MAX_PARAMS];
@@ -300,9 +296,7 @@ int launch_packed(PyObject *fast, PyObject *bytes)
             || SLOT(l->ctx, L.state) != L.ACTIVE || any_true(L.launch_step_aside)
             || any_true(L.announce))
         return 0;
-    PyObject *loaded = PyObject_GetAttr(l->owner, S_loaded);
-    Py_XDECREF(loaded);
-    if (loaded != Py_True) {
+    if (loaded(l->owner) <= 0) {
         PyErr_Clear();
         return 0;
     }

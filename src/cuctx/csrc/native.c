@@ -51,6 +51,21 @@ int any_true(PyObject *pairs)
     return 0;
 }
 
+/* Whether a launch's code (a Library or Module) is loaded: 1, 0, or -1 with an
+ * exception (another owner's `_loaded` that cannot be read). */
+int loaded(PyObject *owner)
+{
+    if (L.ready && PyObject_TypeCheck(owner, L.Code)) {
+        PyObject *value = SLOT(owner, L.code_loaded);
+        return value == Py_True;
+    }
+    PyObject *value = PyObject_GetAttr(owner, S_loaded);
+    if (value == NULL)
+        return -1;
+    Py_DECREF(value);
+    return value == Py_True;
+}
+
 /* True while a trace sink listens, a host function runs, ...: the checked paths announce
  * or refuse what these paths would do silently. A thread recording an autograph call is
  * not among them: a compiled launch hands its packed bytes to the recorder itself. */
@@ -114,7 +129,7 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
             || take_type(kwargs, "Entry", &L.Entry) || take_type(kwargs, "Policy", &L.Policy)
             || take_type(kwargs, "Tally", &L.Tally) || take_type(kwargs, "Arena", &L.Arena)
             || take_type(kwargs, "Slot", &L.Slot) || take_type(kwargs, "Lease", &L.Lease)
-            || take_type(kwargs, "Backend", &L.Backend)
+            || take_type(kwargs, "Backend", &L.Backend) || take_type(kwargs, "Code", &L.Code)
             || take(kwargs, "ACTIVE", &L.ACTIVE) || take(kwargs, "CUresult", &L.CUresult)
             || take(kwargs, "CUcontext", &L.CUcontext) || take(kwargs, "fail", &L.fail)
             || take(kwargs, "object_for", &L.object_for)
@@ -169,6 +184,7 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
         {&L.tape_values, &L.Tape, "values"}, {&L.tape_items, &L.Tape, "items"},
         {&L.tape_stream, &L.Tape, "_stream"},
         {&L.backend_native, &L.Backend, "native"}, {&L.backend_tls, &L.Backend, "tls"},
+        {&L.code_loaded, &L.Code, "_loaded"},
         {&L.array_shape, &L.DeviceArray, "shape"}, {&L.array_strides, &L.DeviceArray, "strides"},
         {&L.array_alloc, &L.DeviceArray, "_alloc"}, {&L.array_owner, &L.DeviceArray, "_owner"},
         {&L.array_f, &L.DeviceArray, "_f"},

@@ -86,6 +86,7 @@ struct native_setup {
     /* an @autograph call's (cuctx/graphs/_autograph*.py) */
     PyTypeObject *AutoGraph, *Recording, *Entry, *Policy, *Tally, *Arena, *Slot, *Lease;
     PyTypeObject *Backend; /* cuctx._driver.Backend */
+    PyTypeObject *Code;    /* cuctx.kernels._library._Code: Library and Module */
     PyObject *ACTIVE;      /* cuctx._resource.ACTIVE: a context state, compared by identity */
     PyObject *CUresult;    /* makes the code of a failed call the enum fail() expects */
     PyObject *CUcontext;   /* a popped context's handle, for object_for */
@@ -114,6 +115,7 @@ struct native_setup {
     Py_ssize_t launchers, launch_memo, fast;       /* Kernel, Launcher */
     Py_ssize_t tape_keys, tape_values, tape_items, tape_stream; /* cuctx._record.Tape */
     Py_ssize_t backend_native, backend_tls;        /* Backend */
+    Py_ssize_t code_loaded;                        /* _Code (Library, Module) */
     Py_ssize_t array_shape, array_strides, array_alloc, array_owner, array_f; /* DeviceArray */
     Py_ssize_t alloc_ptr, alloc_stream, alloc_recorded;     /* Allocation (a Lease) */
     Py_ssize_t rec_streams, rec_ctx, rec_broken, rec_arena, rec_allocations; /* Recording */
@@ -142,6 +144,7 @@ extern PyObject python_path_marker;
 
 Py_ssize_t slot_offset(PyTypeObject *type, const char *name);
 int any_true(PyObject *pairs);
+int loaded(PyObject *owner);
 int step_aside(void);
 int step_aside_unless_recording(void);
 int recording(void);
