@@ -111,9 +111,10 @@ BUILDS = BuildCosts()
 
 class Policy:
     """The costs of one `AutoGraph` (``measured``: on a GPU), its runs of structures, and the
-    decisions from them. A structure's own (`_Entry`): ``eager_s``, ``replay_s``,
+    decisions from them. A structure's own (`Entry`): ``eager_s``, ``replay_s``,
     ``construct_s``, measured or None; ``changes``, how many of its values changed from call
-    to call (a running mean); ``seen`` calls; ``size`` operations, ``count`` of them nodes."""
+    to call (a running mean, None before its second call); ``seen`` calls; ``size``
+    operations, ``count`` of them nodes."""
 
     __slots__ = ("measured", "model", "patch_s", "whole_node_s", "replay_node_s", "runs",
                  "run", "run_entry")
@@ -214,7 +215,7 @@ class Policy:
         """Why building a graph for the structure would not pay yet (None: it would)."""
         build = self.build(entry)
         # A graph call of it: the launch, and the patches of the values that change.
-        call = self.replay(entry) + min(entry.changes * self.patch(), self.whole(entry))
+        call = self.replay(entry) + min((entry.changes or 0.0) * self.patch(), self.whole(entry))
         saving = self.eager(entry) - call
         calls, why = self.expected_calls(entry)
         if saving * calls < build:
@@ -225,7 +226,10 @@ class Policy:
     # -- what was measured (a GPU only: the model is the sim's truth) -----------------------
 
     def eager_took(self, entry: Any, seconds: float) -> None:
-        if self.measured:
+        # A structure's first call is not counted: it pays what comes once (a kernel's code
+        # loaded at its first launch, cold caches), and the decision to build at its second
+        # call then rests on the model on a GPU as on the sim.
+        if self.measured and entry.seen > 1:
             entry.eager_s = mean(entry.eager_s, seconds)
 
     def built(self, entry: Any, construct: float, total: float) -> None:

@@ -30,7 +30,7 @@ class Entry:
         # Operations that become nodes (all but waits; a record of an event is a node).
         self.count = sum(1 for k in key if not (k.__class__ is tuple and k[0] is WAIT))
         self.seen = 0
-        self.changes = 0.0  # values changed from one call to the next (a running mean)
+        self.changes: float | None = None  # values changed from call to call (a running mean)
         self.exe: Any = None
         self.nodes: list = []
         self.simple = False  # every node can be patched by itself (kernels, copies, fills)
