@@ -18,7 +18,8 @@
  * One extension module from several sources, each sharing what this header declares:
  *   native.c    module init, setup(): the classes, the slot offsets, the guards
  *   driver.c    Driver: the driver functions, in C or (the sim) in Python
- *   launch.c    Launch: reading a plan, packing the arguments, the launch
+ *   launch.c    Launch: packing the arguments, the launch
+ *   launch_plan.c  Driver.launcher: a plan read into a Launch
  *   streams.c   Stream.record, Event.record, Stream.wait, Stream's hash
  *   contexts.c  context switches: push, pop, `with ctx:`, `with device:`
  *   methods.c   Method, and kernel[...], cuctx.launch, Launcher.__call__
@@ -175,11 +176,40 @@ PyObject *fail(PyObject *backend, int err, const char *operation, PyObject *ctx)
 
 /* -- Launch: one launcher's compiled fast path for one plan (launch.c) -------- */
 
-typedef struct Launch Launch;
+/* The most parameter bytes and parameters a compiled launch packs on its stack; a kernel
+ * with more takes the generated Python fast path. */
+#define MAX_PARAM_BYTES 4096
+#define MAX_PARAMS 512
+
+enum { K_VALUE, K_ARRAY, K_CONVERT };
+
+typedef struct {
+    Py_ssize_t offset, size;
+    char code; /* b h i q e f d Q s */
+    int kind;
+    PyTypeObject *type; /* the guard: exactly this type */
+    PyObject *convert;  /* (arg, stream) -> value, or NULL */
+    PyObject *dtypes;   /* an array's: the dtypes it may have (a tuple), or NULL: any */
+} Param;
+
+typedef struct Launch {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    Driver *driver;
+    PyObject *ctx, *owner, *device, *stream, *backend, *general, *fail, *config, *sim_args;
+    PyObject *launcher, *plan; /* what a recorder takes with the packed bytes */
+    void *function, *config_ptr;
+    unsigned grid[3], block[3], shared;
+    Py_ssize_t n, size;
+    Param *params;
+} Launch;
+
 extern PyTypeObject LaunchType;
 
 PyObject *Driver_launcher(Driver *self, PyObject *args, PyObject *kwargs);
 PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *tuple);
+PyObject *Launch_vectorcall(Launch *self, PyObject *const *args, size_t nargsf,
+                            PyObject *kwnames);
 int launch_packed(PyObject *fast, PyObject *bytes);
 
 /* -- the compiled paths a Method runs (streams.c, contexts.c) --------- */
