@@ -333,8 +333,10 @@ def decisions(steps: int, small_calls: int, tokens: int, chain: int) -> dict[str
     return found
 
 
-def _chain_decisions(n: int) -> dict[str, int]:
-    from graphs import STEP_SOURCE, step_twin  # (benchmarks/graphs.py)
+def tiny_chain(n: int) -> tuple[cuctx.Kernel, cuctx.Stream, cuctx.DeviceArray, Callable]:
+    """A chain of ``n`` tiny kernels (benchmarks/graphs.py's `step`, each waiting for the one
+    before on one stream): the kernel, the stream, the array and the function enqueuing it."""
+    from graphs import STEP_SOURCE, step_twin
     kernel = cuctx.Library.from_source(STEP_SOURCE, sim_kernels={"step": step_twin})["step"]
     stream = cuctx.Stream()
     x = cuctx.zeros(1024, np.float32, stream=stream)
@@ -343,6 +345,11 @@ def _chain_decisions(n: int) -> dict[str, int]:
     def chain() -> None:
         for i in range(n):
             launcher(x, 1, i)
+    return kernel, stream, x, chain
+
+
+def _chain_decisions(n: int) -> dict[str, int]:
+    _, stream, _, chain = tiny_chain(n)
     auto = cuctx.autograph(chain)
     for _ in range(20):
         auto()

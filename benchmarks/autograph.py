@@ -59,7 +59,8 @@ import cuctx
 from _bench import compare, run, start
 from _autograph_loops import (FMA_SOURCE, FORMS, LENGTH_CALLS, axpb_twin, capture_and_update,
                               decisions, end_to_end, graphed, length_token, small_token,
-                              step50, torch_chain, torch_decoder, torch_small, torch_step)
+                              step50, tiny_chain, torch_chain, torch_decoder, torch_small,
+                              torch_step)
 from _autograph_report import goal, model_beside_measured, print_decisions, print_goals
 from graphs import STEP_SOURCE, best_us, c_program, step_twin, update_costs
 from graphs import Sizes as CSizes
@@ -191,14 +192,7 @@ def step_forms(sizes: Sizes, torch, why_no_torch: str | None) -> list[cuctx.Auto
 
 def chain(sizes: Sizes, c: dict[str, float] | None) -> cuctx.AutoGraph:
     n = sizes.chain
-    kernel = cuctx.Library.from_source(STEP_SOURCE, sim_kernels={"step": step_twin})["step"]
-    stream = cuctx.Stream()
-    x = cuctx.zeros(1024, np.float32, stream=stream)
-    launcher = kernel[1, 32, 0, stream]
-
-    def eager() -> None:
-        for i in range(n):
-            launcher(x, 1, i)
+    kernel, stream, x, eager = tiny_chain(n)
     graphed_chain = cuctx.autograph(eager)
     for _ in range(20):  # eager until a graph pays, then built
         graphed_chain()

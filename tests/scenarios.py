@@ -7,6 +7,7 @@ are in conftest.py; what a test module builds from, imports from here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import subprocess
@@ -42,6 +43,18 @@ def add_arrays(n: int = 8) -> tuple[cuctx.DeviceArray, cuctx.DeviceArray]:
     arrays = cuctx.zeros(n, np.float32), cuctx.to_device(np.arange(n, dtype=np.float32))
     cuctx.current_stream().synchronize()
     return arrays
+
+
+@contextlib.contextmanager
+def python_paths(backend: Any) -> Iterator[None]:
+    """Inside the block, ``backend``'s compiled paths are off: its checked Python paths (and
+    their generated fast paths) take every call."""
+    native = backend.native
+    backend.native = None
+    try:
+        yield
+    finally:
+        backend.native = native
 
 
 def library_fixture(source: str, **twins: Callable[..., Any]) -> Any:

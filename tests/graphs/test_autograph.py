@@ -23,25 +23,6 @@ lib = library_fixture(ADD_SOURCE, add=add)
 N = 8
 
 
-@pytest.fixture
-def graphs_pay(monkeypatch):
-    """Costs decide whether graphs pay: modelled on the sim, measured on a GPU, where they
-    vary from machine to machine. The tests of the mechanics take them out of the decision
-    (a graph is built once a structure repeats, and stays); the policy's tests put them
-    back (`costs_decide`)."""
-    monkeypatch.setattr(_autograph, "SWITCH_AFTER", 10**9)
-    monkeypatch.setattr(_autograph_policy.Policy, "too_costly", lambda self, entry: None)
-
-
-@pytest.fixture
-def costs_decide(graphs_pay, monkeypatch):
-    monkeypatch.setattr(_autograph, "SWITCH_AFTER", _autograph_policy.SWITCH_AFTER)
-    monkeypatch.setattr(_autograph_policy.Policy, "too_costly", TOO_COSTLY)
-
-
-TOO_COSTLY = _autograph_policy.Policy.too_costly
-
-
 def arange(start: float = 0, n: int = N) -> cuctx.DeviceArray:
     return cuctx.to_device(np.arange(start, start + n, dtype=np.float32))
 

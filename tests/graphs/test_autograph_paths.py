@@ -6,13 +6,15 @@ really serves the calls it is made for. Sim and GPU."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import pytest
 
 import cuctx
-from cuctx.graphs import _autograph, _autograph_arena, _autograph_policy
+from cuctx.graphs import _autograph, _autograph_arena
 
-from scenarios import ADD_SOURCE, add, library_fixture
+from scenarios import ADD_SOURCE, add, library_fixture, python_paths
 
 pytestmark = [pytest.mark.usefixtures("nvrtc_cache", "graphs_pay"),
               pytest.mark.paths("python", "native")]
@@ -21,35 +23,17 @@ lib = library_fixture(ADD_SOURCE, add=add)
 N = 8
 
 
-@pytest.fixture
-def graphs_pay(monkeypatch):
-    """The mechanics are tested with costs out of the decisions (a graph is built once a
-    structure repeats, and stays: see test_autograph.py); `costs` puts them back."""
-    monkeypatch.setattr(_autograph, "SWITCH_AFTER", 10**9)
-    monkeypatch.setattr(_autograph_policy.Policy, "too_costly", lambda self, entry: None)
-
-
-@pytest.fixture
-def costs(graphs_pay, monkeypatch):
-    monkeypatch.setattr(_autograph, "SWITCH_AFTER", _autograph_policy.SWITCH_AFTER)
-    monkeypatch.setattr(_autograph_policy.Policy, "too_costly", TOO_COSTLY)
-
-
-TOO_COSTLY = _autograph_policy.Policy.too_costly
-
-
 def arange(start: float = 0) -> cuctx.DeviceArray:
     return cuctx.to_device(np.arange(start, start + N, dtype=np.float32))
 
 
-def token(k: cuctx.Kernel) -> cuctx.AutoGraph:
+def token(k: cuctx.Kernel, middle: int = 3) -> Callable:
     """The docs' form: kernel[grid, block](...) inside the function, a temporary, a new
-    output and scalar every call."""
-    @cuctx.autograph
+    output and scalar every call; ``middle`` kernels between the first and the last."""
     def step(out, x, a):
         tmp = cuctx.empty(N, np.float32)
         k[1, 32](tmp, x, np.float32(a), N)
-        for _ in range(3):
+        for _ in range(middle):
             k[1, 32](tmp, tmp, np.float32(1), N)
         k[1, 32](out, tmp, np.float32(a), N)
     return step
@@ -66,7 +50,7 @@ def test_graph_calls_and_temporaries_are_served_by_the_compiled_path_where_built
     """After the first calls, a graph call of a structure of kernels goes through neither
     AutoGraph._run nor Arena.lend on the compiled path; on the Python path it goes through
     both. Results are the function's own either way."""
-    step = token(lib["add"])
+    step = cuctx.autograph(token(lib["add"]))
     outs = [cuctx.empty(N, np.float32) for _ in range(8)]
     for i in range(3):  # eager, built, then a graph call
         step(outs[i], arange(i), float(i))
@@ -87,7 +71,7 @@ def test_graph_calls_and_temporaries_are_served_by_the_compiled_path_where_built
     assert (s["builds"], s["updates"], s["patched_nodes"]) == (1, 6, 2 * 6)
 
 
-def test_both_paths_take_the_same_decisions(lib, backend, costs):
+def test_both_paths_take_the_same_decisions(lib, backend, costs_decide):
     """The same loop on each path: the same counts, patched nodes and reasons (on the sim,
     where the modelled costs decide; a GPU measures its own)."""
     if backend.sim is None:
@@ -95,34 +79,17 @@ def test_both_paths_take_the_same_decisions(lib, backend, costs):
     k = lib["add"]
 
     def run() -> tuple:
-        step = token(k)
+        step = cuctx.autograph(token(k))
         for n in range(40):
-            if n == 20:  # a new structure: another kernel in the function
-                step = _with_one_more(step, k)
+            if n == 20:  # a new structure (its cache and history kept): one kernel more
+                step._fn = token(k, middle=4)
             step(cuctx.empty(N, np.float32), arange(n), float(n))
         return decisions(step)
 
-    native = backend.native
     compiled = run()
-    backend.native = None
-    try:
+    with python_paths(backend):
         python = run()
-    finally:
-        backend.native = native
     assert compiled == python
-
-
-def _with_one_more(step: cuctx.AutoGraph, k: cuctx.Kernel) -> cuctx.AutoGraph:
-    """``step``'s AutoGraph, now running a function of one more kernel (its cache and
-    history kept: a new structure for it)."""
-    def longer(out, x, a):
-        tmp = cuctx.empty(N, np.float32)
-        k[1, 32](tmp, x, np.float32(a), N)
-        for _ in range(4):
-            k[1, 32](tmp, tmp, np.float32(1), N)
-        k[1, 32](out, tmp, np.float32(a), N)
-    step._fn = longer
-    return step
 
 
 def test_keyword_arguments_reach_the_function(lib):
@@ -201,7 +168,7 @@ def test_a_gpu_build_adds_its_kernel_nodes_from_c(lib, backend):
     if backend.sim is not None or backend.native is None:
         pytest.skip("kernel nodes are added from C on a GPU's compiled path only")
     assert backend.native.builds, "the kernel node struct's layout differs from cuda.bindings'"
-    step = token(lib["add"])
+    step = cuctx.autograph(token(lib["add"]))
     outs = [cuctx.empty(N, np.float32) for _ in range(4)]
     for i, out in enumerate(outs):
         step(out, arange(i), float(i))

@@ -15,7 +15,7 @@ import cuctx
 from cuctx.kernels import _kernel, _launcher
 
 from conftest import requires_fast_paths
-from scenarios import ADD_SOURCE, add, add_arrays, library_fixture, run_python
+from scenarios import ADD_SOURCE, add, add_arrays, library_fixture, python_paths, run_python
 
 pytestmark = pytest.mark.usefixtures("nvrtc_cache")
 
@@ -197,11 +197,8 @@ def test_a_launch_without_a_stream_finds_the_current_streams_launcher_on_both_pa
     monkeypatch.setattr(_kernel, "make_launcher",
                         lambda *args: made.append(args) or _launcher.make_launcher(*args))
     assert found() == compiled and made == []  # found in C
-    backend.native = None
-    try:
+    with python_paths(backend):
         python = found()
-    finally:
-        backend.native = native
     assert compiled == python
     legacy = cuctx.legacy_stream()
     assert [launcher.stream for launcher in compiled] == [legacy, legacy, side, side,

@@ -154,7 +154,9 @@ typedef struct {
     Node *nodes;
 } Patcher;
 
-static void *address_of(PyObject *handle)
+/* A handle (an int or a cuda.bindings object) as an address; NULL for 0 or with an
+ * exception. */
+void *address_of(PyObject *handle)
 {
     PyObject *value = PyNumber_Long(handle);
     if (value == NULL)

@@ -291,16 +291,6 @@ PyObject *Driver_enqueue(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 
 /* -- a build --------------------------------------------------------------------------- */
 
-static void *pointer_of(PyObject *obj)
-{
-    PyObject *value = PyNumber_Long(obj);
-    if (value == NULL)
-        return NULL;
-    void *p = PyLong_AsVoidPtr(value);
-    Py_DECREF(value);
-    return p;
-}
-
 static int unsigned_three(PyObject *tuple, unsigned out[3])
 {
     if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != 3) {
@@ -322,10 +312,10 @@ static int node_params(PyObject *const *args, PyObject *data, PyObject *offsets,
                        kernel_node_params *p, void **pointers)
 {
     memset(p, 0, sizeof(*p));
-    if ((args[0] != Py_None && (p->func = pointer_of(args[0])) == NULL && PyErr_Occurred())
-            || (args[1] != Py_None && (p->kern = pointer_of(args[1])) == NULL
+    if ((args[0] != Py_None && (p->func = address_of(args[0])) == NULL && PyErr_Occurred())
+            || (args[1] != Py_None && (p->kern = address_of(args[1])) == NULL
                 && PyErr_Occurred())
-            || ((p->ctx = pointer_of(args[2])) == NULL && PyErr_Occurred())
+            || ((p->ctx = address_of(args[2])) == NULL && PyErr_Occurred())
             || unsigned_three(args[3], p->grid) < 0 || unsigned_three(args[4], p->block) < 0)
         return -1;
     unsigned long shared = PyLong_AsUnsignedLong(args[5]);
@@ -363,7 +353,7 @@ PyObject *Driver_add_kernel_node(Driver *self, PyObject *const *args, Py_ssize_t
     }
     kernel_node_params p;
     void *pointers[512], *deps[64], **dep = deps;
-    void *graph = pointer_of(args[0]);
+    void *graph = address_of(args[0]);
     if ((graph == NULL && PyErr_Occurred())
             || node_params(args + 2, args[8], args[9], &p, pointers) < 0)
         return NULL;
@@ -371,7 +361,7 @@ PyObject *Driver_add_kernel_node(Driver *self, PyObject *const *args, Py_ssize_t
     if (n > 64 && (dep = PyMem_Malloc(n * sizeof(void *))) == NULL)
         return PyErr_NoMemory();
     for (Py_ssize_t i = 0; i < n; i++)
-        if ((dep[i] = pointer_of(PyList_GET_ITEM(args[1], i))) == NULL && PyErr_Occurred()) {
+        if ((dep[i] = address_of(PyList_GET_ITEM(args[1], i))) == NULL && PyErr_Occurred()) {
             if (dep != deps)
                 PyMem_Free(dep);
             return NULL;
@@ -402,7 +392,7 @@ PyObject *kernel_node_bytes(PyObject *module, PyObject *args)
     Py_XDECREF(data);
     if (failed)
         return NULL;
-    p.params = pointer_of(items[6]);
+    p.params = address_of(items[6]);
     if (p.params == NULL && PyErr_Occurred())
         return NULL;
     return PyBytes_FromStringAndSize((const char *)&p, sizeof(p));

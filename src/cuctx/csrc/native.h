@@ -239,6 +239,7 @@ PyObject *thread_recorder(void);
 int record_launch(PyObject *recorder, PyObject *launcher, PyObject *stream, PyObject *bytes,
                   PyObject *args, PyObject *plan);
 Py_ssize_t changed_into(PyObject *new, PyObject *old, Py_ssize_t *out);
+void *address_of(PyObject *handle);
 PyObject *Driver_changed(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Driver_patcher(Driver *self, PyObject *args, PyObject *kwargs);
 int patcher_knows(PyObject *patcher, Py_ssize_t i);
