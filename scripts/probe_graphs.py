@@ -5,9 +5,10 @@ names the script gave them, so transcripts from the sim and a GPU compare step b
 
 The steps live in probe_graphs_explicit.py (explicit graphs, executables, updates, memory
 and conditional nodes), probe_graphs_capture.py (stream capture) and
-probe_graphs_conditionals.py (if/else, switch and while nodes driven by kernels); the
-Recorder and the kernels they share in probe_graphs_common.py. New steps go at the end, so
-that a transcript recorded before them still compares step by step.
+probe_graphs_conditionals.py (if/else, switch and while nodes driven by kernels; what is
+refused around conditional nodes; per-node updates of bodies); the Recorder and the kernels
+they share in probe_graphs_common.py. New steps go at the end, so that a transcript recorded
+before them still compares step by step.
 
 Record on a GPU (dev tool):
     CUCTX_BACKEND=cuda PYTHONPATH=src python scripts/probe_graphs.py tests/driver/graphs_transcript.json
@@ -21,9 +22,9 @@ import sys
 from pathlib import Path
 
 from cuda.bindings import driver as d
-from probe_graphs_capture import capture, graphs_in_a_capture
+from probe_graphs_capture import capture, graphs_in_a_capture, instantiating_beside_captures
 from probe_graphs_common import Recorder, Setup
-from probe_graphs_conditionals import conditional_kinds
+from probe_graphs_conditionals import conditional_kinds, conditional_rules
 from probe_graphs_explicit import explicit, memory_and_conditionals, updates
 
 
@@ -44,6 +45,8 @@ def transcript(backend) -> list[list]:
         memory_and_conditionals(r, setup)
         conditional_kinds(r, setup, backend)
         graphs_in_a_capture(r, setup)
+        conditional_rules(r, setup)
+        instantiating_beside_captures(r, setup)
     finally:
         drv.cuCtxSynchronize()
         drv.cuCtxPopCurrent()

@@ -1,6 +1,7 @@
 """The stream-capture steps of scripts/probe_graphs.py: beginning and ending captures,
 captured work, the calls that break a capture in each mode, forks and joins, merges, threads,
-captured memory nodes and graph launches."""
+captured memory nodes and graph launches; instantiating, launching and changing executables
+while a capture is active."""
 
 from __future__ import annotations
 
@@ -178,8 +179,9 @@ def capture(r: Recorder, s: Setup) -> None:
 
 
 def graphs_in_a_capture(r: Recorder, s: Setup) -> None:
-    """What cuctx's GraphExec.launch and upload refuse on a capturing stream, and what it lets
-    through: instantiating another graph while this thread captures (thread-local mode)."""
+    """What cuctx's GraphExec.launch and upload refuse on a capturing stream, and
+    Graph.instantiate while this thread captures (thread-local mode: an H100 refuses
+    cuGraphInstantiate of another graph and invalidates the capture)."""
     step, drv, stream = r.step, r.drv, s.stream
     g = r.graph("outside the capture")
     drv.cuGraphAddMemsetNode(g, None, 0, r.memset(s.allocs[0], 1, 1), s.ctx)
@@ -200,3 +202,69 @@ def graphs_in_a_capture(r: Recorder, s: Setup) -> None:
         step(f"status after [{label}]", lambda: drv.cuStreamIsCapturing(stream))
         step(f"end [{label}]", lambda: drv.cuStreamEndCapture(stream)[0])
     drv.cuGraphExecDestroy(x)
+
+
+def instantiating_beside_captures(r: Recorder, s: Setup) -> None:
+    """What cuctx's Graph.instantiate and AutoGraph rely on: cuGraphInstantiate (refused in
+    a thread-local capture, `graphs_in_a_capture`) in the other modes, with this thread's
+    mode relaxed, and beside another thread's capture; and an executable launched, uploaded
+    or changed on a stream that does not capture while this thread captures."""
+    step, drv, stream = r.step, r.drv, s.stream
+    _, other = drv.cuStreamCreate(1)
+    g = r.graph("beside captures")
+    node = drv.cuGraphAddMemsetNode(g, None, 0, r.memset(s.allocs[0], 1, 1), s.ctx)[1]
+    x = drv.cuGraphInstantiate(g, 0)[1]
+
+    def instantiate():
+        err, exe = drv.cuGraphInstantiate(g, 0)
+        if not err:
+            drv.cuGraphExecDestroy(exe)
+        return err
+
+    relax = MODE.CU_STREAM_CAPTURE_MODE_RELAXED
+    for label, mode, call, thread_mode in (
+            ("global: cuGraphInstantiate", MODE.CU_STREAM_CAPTURE_MODE_GLOBAL, instantiate, None),
+            ("relaxed: cuGraphInstantiate", relax, instantiate, None),
+            ("thread-local, thread relaxed: cuGraphInstantiate",
+             MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, instantiate, relax),
+            ("thread-local: cuGraphLaunch on another stream",
+             MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, lambda: drv.cuGraphLaunch(x, other), None),
+            ("thread-local: cuGraphUpload on another stream",
+             MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, lambda: drv.cuGraphUpload(x, other), None),
+            ("thread-local: cuGraphExecMemsetNodeSetParams",
+             MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, lambda: drv.cuGraphExecMemsetNodeSetParams(
+                 x, node, r.memset(s.allocs[0], 2, 1), s.ctx), None),
+            ("thread-local: cuGraphExecUpdate", MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+             lambda: drv.cuGraphExecUpdate(x, g)[0], None)):
+        step(f"begin capture [{label}]", lambda mode=mode: drv.cuStreamBeginCapture(stream, mode))
+        if thread_mode is not None:
+            _, thread_mode = drv.cuThreadExchangeStreamCaptureMode(thread_mode)
+        step(f"capture {label}", call)
+        if thread_mode is not None:
+            drv.cuThreadExchangeStreamCaptureMode(thread_mode)
+        step(f"status after [{label}]", lambda: drv.cuStreamIsCapturing(stream))
+        step(f"end [{label}]", lambda: drv.cuStreamEndCapture(stream)[0])
+
+    for name, mode in (("global", MODE.CU_STREAM_CAPTURE_MODE_GLOBAL),
+                       ("thread-local", MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)):
+        begun, instantiated, out = threading.Event(), threading.Event(), []
+
+        def capture_there(mode=mode, begun=begun, instantiated=instantiated, out=out):
+            drv.cuCtxPushCurrent(s.ctx)
+            try:
+                out.append(drv.cuStreamBeginCapture(stream, mode)[0].name)
+            finally:
+                begun.set()  # the main thread goes on, whatever happened here
+            instantiated.wait()
+            out.append(drv.cuStreamEndCapture(stream)[0].name)
+            drv.cuCtxPopCurrent()
+        t = threading.Thread(target=capture_there)
+        t.start()
+        begun.wait()
+        step(f"another thread's {name} capture: cuGraphInstantiate", instantiate)
+        instantiated.set()
+        t.join()
+        step(f"another thread's {name} capture: its begin and end", lambda out=out: out)
+    drv.cuCtxSynchronize()
+    drv.cuGraphExecDestroy(x)
+    drv.cuStreamDestroy(other)

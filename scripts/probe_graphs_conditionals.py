@@ -49,6 +49,17 @@ SETTER_PTX = b"""
 COND = d.CUgraphConditionalNodeType
 
 
+def add_conditional(r: Recorder, ctx, label: str, g, kind, size: int, h, after=()) -> list:
+    """A conditional node added as a step; its body graphs (none when refused)."""
+    params = d.CUgraphNodeParams()
+    params.type = T.CU_GRAPH_NODE_TYPE_CONDITIONAL
+    params.conditional.handle, params.conditional.type = h, kind
+    params.conditional.size, params.conditional.ctx = size, ctx
+    result = r.step(f"add conditional {label}", lambda: r.drv.cuGraphAddNode(
+        g, list(after), None, len(after), params))
+    return list(params.conditional.phGraph_out) if result and not result[0] else []
+
+
 def conditional_kinds(r: Recorder, s: Setup, backend) -> None:
     step, drv, ctx, stream = r.step, r.drv, s.ctx, s.stream
     c = s.allocs[2]
@@ -72,13 +83,7 @@ def conditional_kinds(r: Recorder, s: Setup, backend) -> None:
         return drv.cuGraphConditionalHandleCreate(g, ctx, default, flags)[1]
 
     def node(label, g, kind, size, h, after=()):
-        params = d.CUgraphNodeParams()
-        params.type = T.CU_GRAPH_NODE_TYPE_CONDITIONAL
-        params.conditional.handle, params.conditional.type = h, kind
-        params.conditional.size, params.conditional.ctx = size, ctx
-        result = step(f"add conditional {label}", lambda: drv.cuGraphAddNode(
-            g, list(after), None, len(after), params))
-        return list(params.conditional.phGraph_out) if result and not result[0] else []
+        return add_conditional(r, ctx, label, g, kind, size, h, after)
 
     def run(label, g, words=4, counter=0):
         """Zero ``words`` words at c (the first set to ``counter``), launch ``g``, read."""
@@ -141,3 +146,54 @@ def conditional_kinds(r: Recorder, s: Setup, backend) -> None:
     run("shared handle", shared)
     mine, theirs = r.graph("handle owner"), r.graph("handle borrower")
     node("with another graph's handle", theirs, COND.CU_GRAPH_COND_TYPE_IF, 1, handle(mine))
+
+
+def conditional_rules(r: Recorder, s: Setup) -> None:
+    """What cuctx refuses before the driver sees it, as the driver answers it: a conditional
+    node in a child graph, an event node in a body; and the per-node calls of an executable
+    on the nodes of its bodies (cuctx's update_node and enable take them)."""
+    step, drv, ctx, stream = r.step, r.drv, s.ctx, s.stream
+    c = s.allocs[2]
+
+    def if_node(label, g):
+        h = drv.cuGraphConditionalHandleCreate(g, ctx, 1, d.CU_GRAPH_COND_ASSIGN_DEFAULT)[1]
+        return add_conditional(r, ctx, label, g, COND.CU_GRAPH_COND_TYPE_IF, 1, h)
+
+    inner = r.graph("child with a conditional")
+    if_node("in a child", inner)
+    step("child graph with a conditional node", lambda: drv.cuGraphAddChildGraphNode(
+        r.graph("conditional child holder"), None, 0, inner)[0])
+    eb = r.graph("event body")
+    bodies = if_node("for an event node", eb)
+    if bodies:
+        _, event = drv.cuEventCreate(0)
+        r.add("event body.record", "EventRecord", bodies[0], event)
+    step("instantiate an event record node in a body", lambda: drv.cuGraphInstantiate(eb, 0)[0])
+
+    g = r.graph("body updates")
+    bodies = if_node("body updates", g)
+    if not bodies:
+        return
+    k = r.add("body updates.k", "Kernel", bodies[0], r.kernel(s.put, c, 1))
+    m = r.add("body updates.m", "Memset", bodies[0], r.memset(c + 4, 2, 1), ctx)
+    nested = if_node("nested in body updates", bodies[0])
+    deep = r.add("body updates.deep", "Memset", nested[0], r.memset(c + 8, 3, 1), ctx) \
+        if nested else None
+    drv.cuMemsetD32Async(c, 0, 3, stream)
+    x = r.instantiate("body updates exec", g)
+    if x is None:
+        return
+    step("body updates: launch", lambda: (drv.cuGraphLaunch(x, stream),
+                                          drv.cuStreamSynchronize(stream)))
+    step("body updates: memory", lambda: r.read(c, 3))
+    step("body updates: kernel set params", lambda: drv.cuGraphExecKernelNodeSetParams(
+        x, k, r.kernel(s.put, c, 10)))
+    step("body updates: memset set params", lambda: drv.cuGraphExecMemsetNodeSetParams(
+        x, m, r.memset(c + 4, 20, 1), ctx))
+    step("body updates: disable a node of a nested body", lambda: drv.cuGraphNodeSetEnabled(
+        x, deep, 0))
+    drv.cuMemsetD32Async(c, 0, 3, stream)
+    step("body updates: relaunch", lambda: (drv.cuGraphLaunch(x, stream),
+                                            drv.cuStreamSynchronize(stream)))
+    step("body updates: memory after", lambda: r.read(c, 3))
+    drv.cuGraphExecDestroy(x)

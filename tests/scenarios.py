@@ -1,5 +1,6 @@
 """Scenarios several test modules share: the `add` kernel with its sim twin, a library loaded
-for one test, a Python child process, and two streams handing a value over.
+for one test, a graph run to completion, a block on the Python paths, a Python child
+process, and two streams handing a value over.
 
 Fixtures that every test may ask for by name (``backend``, ``sim``, ``gpu``, ``nvrtc_cache``)
 are in conftest.py; what a test module builds from, imports from here.
@@ -43,6 +44,15 @@ def add_arrays(n: int = 8) -> tuple[cuctx.DeviceArray, cuctx.DeviceArray]:
     arrays = cuctx.zeros(n, np.float32), cuctx.to_device(np.arange(n, dtype=np.float32))
     cuctx.current_stream().synchronize()
     return arrays
+
+
+def run_graph(graph: cuctx.Graph, times: int = 1) -> None:
+    """Instantiate ``graph`` and launch it ``times`` times on the current stream (ordered
+    after the arrays' allocation and upload), then wait for it."""
+    exe = graph.instantiate()
+    for _ in range(times):
+        exe.launch()
+    cuctx.current_stream().synchronize()
 
 
 @contextlib.contextmanager

@@ -13,6 +13,10 @@ The rule, for whoever writes docs:
   (drop the marker, and CI runs the block).
 - A block that shows what only the sim does (its deterministic ordering, say) is marked
   ```python sim: it runs on the sim only.
+- A block that needs an optional package (nvJitLink, for a link) is marked ```python needs
+  NAME: REASON, NAME one of `NEEDS` below: it runs on every backend where the package loads;
+  where it does not, the page runs without it and its test is skipped with the reason (CI's
+  test extra installs the packages, so CI runs it). Later blocks must not use what it made.
 - Nothing else may follow ```python: a misspelt marker would silently run the block everywhere.
 - Other fences (```sh, ```text, no language) are not run: use them for shell commands, output
   and pseudo-code, never for Python a reader would paste.
@@ -52,10 +56,35 @@ def python_blocks(page: pathlib.Path) -> list[dict]:
         if language == "python":
             # A block inside a list item is indented like its fence; the code is not.
             code = "\n".join(line.removeprefix(indent) for line in lines[start:i])
-            blocks.append({"line": start + 1, "code": code,
-                           "only": _only(marker.strip(), f"{page.name}:{start}")})
+            where = f"{page.name}:{start}"
+            need = _need(marker.strip(), where)
+            block = {"line": start + 1, "code": code,
+                     "only": None if need else _only(marker.strip(), where)}
+            if need:
+                block["needs"] = need
+            blocks.append(block)
         i += 1
     return blocks
+
+
+def _nvjitlink_missing() -> str | None:
+    from cuctx.kernels._jitlink import _nvjitlink
+    return _nvjitlink()[1]
+
+
+# The optional packages a block may need: name -> why it cannot load (None: it loads).
+NEEDS = {"nvjitlink": _nvjitlink_missing}
+
+
+def _need(marker: str, where: str) -> str | None:
+    """The package a ``needs NAME: REASON`` marker names (None for other markers)."""
+    if not marker.startswith("needs "):
+        return None
+    name, _, reason = marker.removeprefix("needs ").partition(":")
+    if name.strip() not in NEEDS or not reason.strip():
+        raise ValueError(f"{where}: ```python {marker!r}: write `needs NAME: REASON` with NAME "
+                         f"one of {sorted(NEEDS)} (see tests/test_docs.py)")
+    return name.strip()
 
 
 def _only(marker: str, where: str) -> str | None:
@@ -94,7 +123,8 @@ def run_page(page: pathlib.Path, backend: str, tmp_path,
              blocks: list[dict] | None = None) -> subprocess.CompletedProcess:
     """The page's blocks for ``backend`` in one process (or the ``blocks`` given)."""
     if blocks is None:
-        blocks = [b for b in python_blocks(page) if b["only"] in (None, backend)]
+        blocks = [b for b in python_blocks(page) if b["only"] in (None, backend)
+                  and not (b.get("needs") and NEEDS[b["needs"]]())]
     name = str(page.relative_to(ROOT) if page.is_relative_to(ROOT) else page)
     return run_python("-c", _RUNNER, input=json.dumps([name, blocks]),
                       cwd=tmp_path, timeout=300, CUCTX_BACKEND=backend,
@@ -119,6 +149,11 @@ def gpu_only_blocks_the_sim_runs(page: pathlib.Path, tmp_path) -> list[int]:
 def test_every_python_block_runs(page, name, tmp_path):
     proc = run_page(page, name, tmp_path)
     assert proc.returncode == 0, proc.stderr
+    missing = {b["needs"]: why for b in python_blocks(page)
+               if b.get("needs") and (why := NEEDS[b["needs"]]())}
+    if missing:
+        pytest.skip(f"the page ran without its blocks that need {', '.join(missing)}: "
+                    f"{'; '.join(missing.values())}")
 
 
 def test_the_readme_kernel_example_prints_what_it_says(tmp_path):
@@ -168,3 +203,17 @@ def test_docs_do_not_name_where_examples_came_from(page):
     found = [f"{page.name}:{n}: {line.strip()}"
              for n, line in enumerate(page.read_text().splitlines(), 1) if _ORIGIN.search(line)]
     assert not found, "\n".join(found)
+
+
+def test_a_block_that_needs_a_missing_package_is_left_out(tmp_path, monkeypatch):
+    page = tmp_path / "page.md"
+    page.write_text("```python\na = 1\n```\n```python needs nvjitlink: it links\nb = a\n```\n"
+                    "```python\nprint(a)\n```\n")
+    blocks = python_blocks(page)
+    assert blocks[1] == {"line": 5, "code": "b = a", "only": None, "needs": "nvjitlink"}
+    monkeypatch.setitem(NEEDS, "nvjitlink", lambda: "not installed")
+    proc = run_page(page, "sim", tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == "1"
+    with pytest.raises(ValueError, match="needs NAME: REASON"):
+        page.write_text("```python needs numba: it jits\na = 1\n```\n")
+        python_blocks(page)

@@ -56,6 +56,8 @@ def surface(lib: cuctx.Library) -> dict[str, object]:
         "Operation": tl.records[0].operation, "Access": tl.records[0].operation.accesses[0],
         "Backend": cuctx.backend(), "MemoryPool": cuctx.MemoryPool(ctx.device, max_size=1),
         "IsolatedExecutor": executor(),
+        "CompileResult": cuctx.compile_source(
+            ADD_SOURCE, arch="sm_%d%d" % tuple(ctx.device.compute_capability)),
     }
 
 

@@ -14,8 +14,9 @@ from .errors import (BackendUnavailableError, ContextDestroyedError, ContextPois
                      WorkerTimeoutError)
 from .event import Event
 from .graphs import Graph, GraphExec, GraphNode, autograph
-from .kernels import (BlockSizeSuggestion, CompileError, Kernel, KernelArgumentError,
-                      KernelAttributes, LaunchConfigError, Launcher, Library, Module)
+from .kernels import (BlockSizeSuggestion, CompileError, CompileResult, Kernel,
+                      KernelArgumentError, KernelAttributes, LaunchConfigError, Launcher,
+                      Library, LinkError, Module, compile_source)
 from ._native_hooks import empty, launch  # the compiled paths', where they are built
 from .memory import (DeviceArray, MemoryPool, asarray, copy, defer_cleanup, full,
                      managed_empty, pinned_empty, register_host, to_device, zeros)
@@ -45,7 +46,8 @@ def set_backend(name: str) -> _driver.Backend:
 
 
 __all__ = [
-    "BackendUnavailableError", "BlockSizeSuggestion", "CompileError", "ComputeCapability",
+    "BackendUnavailableError", "BlockSizeSuggestion", "CompileError", "CompileResult",
+    "ComputeCapability",
     "Context", "ContextDestroyedError", "ContextFlags", "ContextPoisonedError", "CudaError",
     "GraphCaptureError", "GraphUpdateError",
     "Device", "DeviceArray", "DeviceProperties", "Event", "Graph", "GraphExec", "GraphNode",
@@ -53,11 +55,13 @@ __all__ = [
     "InvalidContextError", "InvalidDeviceError", "InvalidValueError", "IsolatedExecutor",
     "Kernel",
     "KernelArgumentError", "KernelAttributes", "LaunchConfigError", "Launcher", "Library",
-    "MemInfo", "MemoryPool", "Module", "NotPermittedError", "NotSupportedError", "OutOfMemoryError",
+    "LinkError", "MemInfo", "MemoryPool", "Module", "NotPermittedError", "NotSupportedError",
+    "OutOfMemoryError",
     "RaceError", "RaceWarning",
     "StickyFaultError", "Stream", "asarray", "autograph", "backend", "copy", "current_context",
     "current_device", "current_stream", "defer_cleanup", "devices", "empty",
-    "ensure_context", "full", "launch", "legacy_stream", "managed_empty", "per_thread_stream",
+    "compile_source", "ensure_context", "full", "launch", "legacy_stream", "managed_empty",
+    "per_thread_stream",
     "pinned_empty", "racecheck", "register_host", "set_backend", "synchronize", "timeline",
     "to_device", "WorkerDiedError", "WorkerFaultError", "WorkerTimeoutError", "zeros",
 ]

@@ -128,12 +128,14 @@ def stream_idle(ctx_key: int, stream_key: int) -> None:
 # test off their hot paths (``if _lifetimes.capturing:``), then call the functions that
 # graphs/_capture.py installs here at import:
 #
-# - refuse_in_capture(operation, *, stream=None, event=None, ctx=None, legacy=None, why="")
-#   raises GraphCaptureError when the call would break an active capture (a synchronize or
-#   query of a capturing stream, of an event recorded in a capture, of a context with a
-#   capturing stream; a pageable copy on a capturing stream; work on the legacy stream
-#   ``legacy`` while a global-mode capture is active in its context), after ending the
-#   captures of the calling thread it breaks; it returns when the call is fine.
+# - refuse_in_capture(operation, *, stream=None, event=None, ctx=None, legacy=None,
+#   captures=None, why="") raises GraphCaptureError when the call would break an active
+#   capture (a synchronize or query of a capturing stream, of an event recorded in a
+#   capture, of a context with a capturing stream; a pageable copy on a capturing stream;
+#   work on the legacy stream ``legacy`` while a global-mode capture is active in its
+#   context; ``captures``: those the caller found it breaks, a graph instantiated while
+#   they forbid it), after ending the captures of the calling thread it breaks; it returns
+#   when the call is fine.
 # - capture_failed(operation, code) -> str, for context.fail when the driver answered a
 #   capture code: ends the calling thread's captures the driver invalidated, marks other
 #   threads' ones broken, and returns the words to add to the error (the user's line, what

@@ -9,6 +9,8 @@ surface a compiled fast path reads, so it is plain slots: no properties on hot p
   CUlibrary, CUmodule; a Kernel's CUkernel or CUfunction).
 - ``_key``: ``int(_handle)``, for dictionaries and identity tests.
 - state: ``_ctx._state`` is ACTIVE, DESTROYED or POISONED; test it with one ``is`` comparison.
+- pickling refuses with a TypeError that says what to do instead (``_instead``), except
+  where a class shares itself with other processes (ipc arrays and events).
 - ``_check(operation)``: raise the context's error (ContextDestroyedError or
   ContextPoisonedError naming ``operation``) unless it is active. Library and Module
   override it to refuse first what was unloaded (RuntimeError naming ``operation``; a
@@ -45,10 +47,35 @@ class Handle(int):
 class Resource:
     __slots__ = ("_backend", "_ctx", "_handle", "_key")
 
+    def __reduce__(self):
+        """A driver object is valid only in the process that made it: pickling one refuses,
+        naming the object and what to do instead (`_INSTEAD`). Arrays of an ipc pool and
+        ipc events share themselves with other processes (their own ``__reduce__``)."""
+        advice = next((_INSTEAD[c.__name__] for c in type(self).__mro__ if c.__name__ in _INSTEAD),
+                      "it belongs to the process that made it")
+        raise TypeError(f"cannot pickle {self!r}: {advice}")
+
     def _check(self, operation: str) -> None:
         ctx = self._ctx
         if ctx._state is not ACTIVE:
             raise ctx._unusable(operation)
+
+
+_LOADED = ("loaded code belongs to the process that loaded it: load the library in the other "
+           "process (in an IsolatedExecutor call, in the function the worker runs: "
+           "cuctx.Library.from_source or from_bytes there)")
+_GRAPH = ("a graph holds this process's driver objects: build it in the other process (a "
+          "function that builds it pickles)")
+# What to send another process instead of each kind of resource (`Resource.__reduce__`).
+_INSTEAD = {
+    "Context": "a context belongs to the process that made it: in another process use that "
+               "process's own (cuctx.Device(n).primary_context, or with cuctx.Device(n):)",
+    "Stream": "a stream belongs to its process's context: make one in the other process "
+              "(cuctx.Stream()) and order its work with this one's through an event of "
+              "cuctx.Event(ipc=True), which pickles",
+    "Library": _LOADED, "Module": _LOADED, "Kernel": _LOADED,
+    "Graph": _GRAPH, "GraphExec": _GRAPH,
+}
 
 
 class _Upper:

@@ -55,28 +55,21 @@ def fail(backend: _driver.Backend, err, operation: str, ctx: Context | None = No
     if code in CAPTURE_CODES and _lifetimes.capturing:  # end what the driver invalidated
         where = _lifetimes.capture_failed(operation, code)
         hint = f"{hint}; {where}" if hint else where
-    exc = error_for(code, operation, message, hint)
+    cause, where = None, ""
     if code in STICKY_CODES:
         ctx = ctx or _registered_current(backend)
-        if ctx is not None:
-            if ctx._state is ACTIVE:
-                exc = _with_twin_cause(backend, ctx, exc, code, operation, message, hint)
-            ctx._poison(exc)
+        if ctx is not None and ctx._state is ACTIVE and backend.sim:
+            # the sim says what faulted: a kernel twin that raised, a WHILE node it stopped
+            _, cause, where = backend.sim.fault_cause(ctx._handle)
+            hint = f"{hint}; {where}" if hint and where else hint or where
+    exc = error_for(code, operation, message, hint)
+    if where:
+        exc.__cause__ = cause  # a twin's exception (None for a stopped WHILE node)
+    if code in STICKY_CODES and ctx is not None:
+        ctx._poison(exc)
     elif code == CONTEXT_IS_DESTROYED and ctx is not None:
         ctx._mark_destroyed("(the driver reports it destroyed)")
     raise exc
-
-
-def _with_twin_cause(backend: _driver.Backend, ctx: Context, exc: CudaError, code: int,
-                     operation: str, message: str, hint: str) -> CudaError:
-    """On the sim, a sticky fault may come from a kernel twin that raised: name the twin's
-    file and line in the message and chain its exception (``__cause__``)."""
-    _, cause, where = backend.sim.fault_cause(ctx._handle) if backend.sim else (0, None, "")
-    if not where:
-        return exc
-    exc = error_for(code, operation, message, f"{hint}; {where}" if hint else where)
-    exc.__cause__ = cause
-    return exc
 
 
 def call(backend: _driver.Backend, operation: str, *args, ctx: Context | None = None):
@@ -132,8 +125,6 @@ def in_context(ctx: Context, operation: str) -> _InContext:
     ``ctx`` and that no host function runs, pushes it unless it is current, pops it after;
     the shadow stack is left alone (users write ``with ctx:``)."""
     return _InContext(ctx, operation)
-
-
 
 
 class Context(Resource):
@@ -291,11 +282,20 @@ class Context(Resource):
             fail(self._backend, err, "cuCtxPushCurrent", self)
         stack.append(self)
 
-    @staticmethod
-    def pop() -> Context:
-        """Pop the calling thread's current context and return it."""
-        backend = _driver._active or _driver.active()
+    def pop(self: Context | None = None) -> Context:
+        """``Context.pop()``: pop the calling thread's current context and return it.
+        ``ctx.pop()``: pop ``ctx``, which must be the current one; with another on top it
+        raises ValueError naming that one, and pops nothing."""
+        backend = (_driver._active or _driver.active()) if self is None else self._backend
         stack = backend.tls.state.stack
+        if self is not None:
+            top = live_current(backend)
+            if top is not None and top is not self:
+                raise ValueError(
+                    f"Context.pop: {self!r} is not the current context of this thread; "
+                    f"{top!r} is (the top of its context stack), and ctx.pop() pops only "
+                    "the context it names, so nothing was popped. Pop the top with "
+                    "Context.pop(), or use `with ctx:` blocks, which restore the stack")
         err, handle = backend.driver.cuCtxPopCurrent()
         if err:
             fail(backend, err, "cuCtxPopCurrent",

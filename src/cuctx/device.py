@@ -176,6 +176,20 @@ class Device:
             backend.devices[ordinal] = device
         return device
 
+    @classmethod
+    def _with_uuid(cls, uuid: str, what: str) -> Device:
+        """This process's device of the GPU ``uuid`` (as `uuid` prints it), for ``what``
+        another process sent: the GPU may have another ordinal here, or none."""
+        backend = _driver.active()
+        count = call(backend, "cuDeviceGetCount")
+        for ordinal in range(count):
+            device = cls._for_backend(backend, ordinal)
+            if device.uuid == uuid:
+                return device
+        raise ValueError(f"{what} is on a GPU this process does not see (its {count} "
+                         "device(s) have other UUIDs): make that GPU visible here "
+                         "(CUDA_VISIBLE_DEVICES; Ray's num_gpus)")
+
     def _query(self, operation: str, *args):
         return call(self._backend, operation, *args)
 
@@ -232,6 +246,7 @@ class Device:
         (memory cuctx allocates, in any context of this device) and cuCtxEnablePeerAccess
         from this device's primary context to ``other``'s (memory allocated with cuMemAlloc,
         such as other libraries'). Both primary contexts stay retained while it is enabled.
+        An explicit `MemoryPool` has its own access list: `MemoryPool.set_access`.
         """
         other = self._peer_of(other, "enable_peer_access")
         if other in self._peers:

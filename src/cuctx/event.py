@@ -5,18 +5,27 @@ An event belongs to the context it was created in and can only be recorded on st
 that context (the driver's rule); any stream of any device may wait on it. An event that
 was never recorded stands for no work: `done` is True, but `synchronize`, `Stream.wait` and
 `elapsed_ms` raise, because using one is almost always a missing `record`.
+
+An ``ipc=True`` event is shared with other processes of this machine by pickling it
+(cuIpcGetEventHandle): the other process opens it (cuIpcOpenEventHandle, once per process)
+and records it or waits on it, so work is ordered across processes without a synchronize.
+Another process may record it, so cuctx never refuses it as never recorded.
 """
 
 from __future__ import annotations
 
+import ctypes
+import weakref
+from typing import NamedTuple
 
-from cuda.bindings.driver import CUevent_flags
+from cuda.bindings.driver import CUevent_flags, CUipcEventHandle
 
 from ._lifetimes import finalize
 from . import _driver, _lifetimes, _record, _trace
 from ._resource import Resource, upper
-from .context import (ACTIVE, DESTROYED, Context, context_for, fail, in_context,
+from .context import (ACTIVE, DESTROYED, Context, call, context_for, fail, in_context,
                       refuse_in_host_function)
+from .device import Device
 from .errors import NOT_READY
 
 _DISABLE_TIMING = int(CUevent_flags.CU_EVENT_DISABLE_TIMING)
@@ -24,24 +33,32 @@ _BLOCKING_SYNC = int(CUevent_flags.CU_EVENT_BLOCKING_SYNC)
 _INTERPROCESS = int(CUevent_flags.CU_EVENT_INTERPROCESS)
 
 
+class EventRef(NamedTuple):
+    """An ipc event, pickled: the GPU it is of and the driver's handle of it."""
+
+    backend: str
+    device: str  # the GPU's UUID (its ordinal may differ in another process)
+    ordinal: int  # in the process that pickled it, for messages
+    handle: bytes  # CUipcEventHandle's 64 bytes
+
+
 class Event(Resource):
     """A CUDA event in the current context.
 
     ``timing=True`` lets it measure time (`elapsed_ms`, ``end - start``); without it,
     recording and waiting are cheaper. ``blocking=True`` makes `synchronize` sleep instead
-    of spinning. ``interprocess=True`` allows sharing with another process and cannot be
-    combined with timing (a CUDA rule).
+    of spinning. ``ipc=True`` makes an event other processes of this machine can record and
+    wait on: pickle it to them (it cannot measure time: a CUDA rule).
     """
 
-    __slots__ = ("timing", "_recorded", "_finalizer", "__weakref__")
+    __slots__ = ("timing", "ipc", "_recorded", "_ipc_handle", "_finalizer", "__weakref__")
 
-    def __init__(self, timing: bool = False, blocking: bool = False,
-                 interprocess: bool = False) -> None:
-        if timing and interprocess:
-            raise ValueError("an interprocess event cannot measure time: CUDA requires "
-                             "interprocess events to be created with timing=False")
+    def __init__(self, timing: bool = False, blocking: bool = False, ipc: bool = False) -> None:
+        if timing and ipc:
+            raise ValueError("an ipc event cannot measure time: CUDA requires events shared "
+                             "between processes to be created with timing=False")
         flags = (0 if timing else _DISABLE_TIMING) | (_BLOCKING_SYNC if blocking else 0) \
-            | (_INTERPROCESS if interprocess else 0)
+            | (_INTERPROCESS if ipc else 0)
         self._setup(context_for(), flags)
 
     @classmethod
@@ -50,19 +67,23 @@ class Event(Resource):
         event._setup(ctx, 0 if timing else _DISABLE_TIMING)
         return event
 
-    def _setup(self, ctx: Context, flags: int) -> None:
+    def _setup(self, ctx: Context, flags: int, handle=None) -> None:
+        """Make the event (cuEventCreate), or adopt ``handle`` (an opened ipc event)."""
         backend = ctx._backend
         drv = backend.driver
-        with in_context(ctx, "Event"):
-            err, handle = drv.cuEventCreate(flags)
-        if err:
-            fail(backend, err, "cuEventCreate", ctx)
+        if handle is None:
+            with in_context(ctx, "Event"):
+                err, handle = drv.cuEventCreate(flags)
+            if err:
+                fail(backend, err, "cuEventCreate", ctx)
         self._backend = backend
         self._ctx = ctx
         self._handle = handle
         self._key = int(handle)
         self.timing = not flags & _DISABLE_TIMING
-        self._recorded = False
+        self.ipc = bool(flags & _INTERPROCESS)
+        self._recorded = self.ipc  # another process may have recorded it
+        self._ipc_handle = None
         self._finalizer = finalize(self, _destroy_event, drv, handle, ctx)
 
     @property
@@ -165,8 +186,25 @@ class Event(Resource):
             return NotImplemented
         return start.elapsed_ms(self)
 
+    # -- between processes ----------------------------------------------------------------
+
+    def __reduce__(self):
+        """An ipc event pickles for another process of this machine (opened there once per
+        process; in this process it is this event); any other refuses with a TypeError."""
+        if not self.ipc:
+            raise TypeError(f"cannot pickle {self!r}: only an event created with "
+                            "cuctx.Event(ipc=True) can be used by another process")
+        self._check("Event (pickled)")
+        if self._ipc_handle is None:
+            handle = call(self._backend, "cuIpcGetEventHandle", self._handle)
+            self._ipc_handle = ctypes.string_at(handle.getPtr(), _IPC_HANDLE_SIZE)
+            _made[self._ipc_handle] = self
+        device = self._ctx.device
+        return _event_from_pickle, (EventRef(self._backend.name, device.uuid, device.ordinal,
+                                             self._ipc_handle),)
+
     def __repr__(self) -> str:
-        kind = "timing" if self.timing else "sync"
+        kind = "ipc" if self.ipc else "timing" if self.timing else "sync"
         state = "recorded" if self._recorded else "never recorded"
         if self._ctx._state is not ACTIVE:
             state += f", context {self._ctx._state}"
@@ -176,3 +214,38 @@ class Event(Resource):
 def _destroy_event(drv, handle, ctx: Context) -> None:
     if ctx._state != DESTROYED:  # the driver freed it with the context, and must not see it
         drv.cuEventDestroy(handle)
+
+
+_IPC_HANDLE_SIZE = 64  # CUipcEventHandle: opaque bytes; cuda.bindings exposes only its address
+_made: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # handle -> ipc event here
+_opened: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (backend, handle)
+
+
+def _event_from_pickle(ref: EventRef) -> Event:
+    """The ipc event ``ref`` names, in this process: the original where it was made, else the
+    one opened here (cuIpcOpenEventHandle, in the primary context of its GPU), opened once."""
+    backend = _driver.active()
+    if backend.name != ref.backend:
+        raise ValueError(f"an ipc event of the {ref.backend} backend cannot be unpickled in a "
+                         f"process running the {backend.name} backend: select {ref.backend} "
+                         f"first (CUCTX_BACKEND={ref.backend}, or cuctx.set_backend)")
+    event = _made.get(ref.handle)
+    if event is not None and event._backend is backend:
+        return event
+    event = _opened.get((backend, ref.handle))
+    if event is not None:
+        return event
+    device = Device._with_uuid(ref.device, f"the ipc event of device {ref.ordinal}")
+    ctx = context_for(device, primary=True)
+    handle = CUipcEventHandle()
+    ctypes.memmove(handle.getPtr(), ref.handle, _IPC_HANDLE_SIZE)
+    with in_context(ctx, "Event (unpickled)"):
+        err, opened = backend.driver.cuIpcOpenEventHandle(handle)
+    if err:
+        fail(backend, err, "cuIpcOpenEventHandle", ctx,
+             "the process that made the event may have destroyed it")
+    event = object.__new__(Event)
+    event._setup(ctx, _DISABLE_TIMING | _INTERPROCESS, opened)
+    event._ipc_handle = ref.handle
+    _opened[(backend, ref.handle)] = event
+    return event

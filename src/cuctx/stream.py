@@ -149,11 +149,14 @@ class Stream(Resource):
             return fn(*args)
 
     def _call(self, fn, *args):
-        """Call a driver function that takes this stream (off the hot paths)."""
+        """Call a driver function that takes this stream with the stream's context current
+        (copies, memsets, allocations, ...): the driver checks a copy's memory against the
+        current context (docs/streams.md). One cuCtxGetCurrent, in C where it is built."""
         if in_host_function:
             refuse_in_host_function(getattr(fn, "__name__", "a driver call"))
-        if self._key not in (0, LEGACY, PER_THREAD):
-            return fn(*args)
+        native = self._backend.native
+        if native is not None and self._ctx._state is ACTIVE:
+            return native.call_in(self._ctx, fn, *args)
         return self._in_context(fn, *args)
 
     def record(self, event: Event | None = None) -> Event:
@@ -190,42 +193,26 @@ class Stream(Resource):
             raise ctx._unusable("Stream.wait")
         if in_host_function:
             refuse_in_host_function("Stream.wait")
-        cls = other.__class__
-        if cls is Event:
-            if not other._recorded or other._ctx._state is not ACTIVE \
-                    or other._backend is not self._backend:
-                other._check_waitable("Stream.wait", self._backend)  # raises the reason
-            if _record.threads and _record.enqueue(self, _record.WAIT, other):
-                return  # an autograph call recorded it
-            if _lifetimes.capturing:
-                refuse_legacy_in_global_capture(self, "Stream.wait")
-            err, = self._wait(self._handle, other._handle, 0)
-            if err:
-                fail(self._backend, err, "cuStreamWaitEvent", ctx)
-            if _trace.sinks:
-                _trace.emit("wait_event", ctx, self, event=other)
-        elif cls is Stream:
-            self._wait_stream(other)
-        else:
-            self._wait_other(other)
-
-    def _wait_other(self, other: Any) -> None:
-        """`wait` for subclasses of Event and Stream, and the error for anything else."""
-        if isinstance(other, Stream):
-            return self._wait_stream(other)
-        if not isinstance(other, Event):
-            raise TypeError(f"Stream.wait takes an Event or a Stream, not {type(other).__name__}"
-                            "; adopt another library's stream with cuctx.Stream.wrap(obj)")
-        other._check_waitable("Stream.wait", self._backend)
+        if other.__class__ is not Event:  # a stream, a subclass, or the error
+            if isinstance(other, Stream):
+                return self._wait_stream(other)
+            if not isinstance(other, Event):
+                raise TypeError(f"Stream.wait takes an Event or a Stream, not "
+                                f"{type(other).__name__}; adopt another library's stream with "
+                                "cuctx.Stream.wrap(obj)")
+            other._check_waitable("Stream.wait", self._backend)
+        elif not other._recorded or other._ctx._state is not ACTIVE \
+                or other._backend is not self._backend:
+            other._check_waitable("Stream.wait", self._backend)  # raises the reason
         if _record.threads and _record.enqueue(self, _record.WAIT, other):
-            return
+            return  # an autograph call recorded it
         if _lifetimes.capturing:
             refuse_legacy_in_global_capture(self, "Stream.wait")
         err, = self._wait(self._handle, other._handle, 0)
         if err:
-            fail(self._backend, err, "cuStreamWaitEvent", self._ctx)
+            fail(self._backend, err, "cuStreamWaitEvent", ctx)
         if _trace.sinks:
-            _trace.emit("wait_event", self._ctx, self, event=other)
+            _trace.emit("wait_event", ctx, self, event=other)
 
     def _wait_stream(self, other: Stream) -> None:
         if other._backend is not self._backend:

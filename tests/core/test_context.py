@@ -2,6 +2,7 @@
 lazy initialisation, and use after destroy."""
 
 import gc
+import re
 import threading
 
 import pytest
@@ -163,6 +164,27 @@ def test_push_pop_order(backend):
         assert cuctx.current_context() is a
         assert [Context.pop(), Context.pop(), Context.pop()] == [a, b, a]
         assert cuctx.current_context() is None
+    finally:
+        a.destroy()
+        b.destroy()
+
+
+def test_ctx_pop_pops_only_the_context_it_names(backend):
+    a = Context.create(0)
+    b = Context.create(0)  # stack: a, b
+    try:
+        with pytest.raises(ValueError, match=re.escape(
+                f"Context.pop: {a!r} is not the current context of this thread; {b!r} is")):
+            a.pop()
+        assert cuctx.current_context() is b  # nothing was popped
+        assert b.pop() is b and a.pop() is a
+        with pytest.raises(InvalidContextError, match="stack of this thread is empty"):
+            a.pop()
+        a.push()
+        assert backend.driver.cuCtxPushCurrent(b._handle) == (0,)  # by other code than cuctx
+        with pytest.raises(ValueError, match=re.escape(f"{b!r} is (the top")):
+            a.pop()
+        assert Context.pop() is b and a.pop() is a and cuctx.current_context() is None
     finally:
         a.destroy()
         b.destroy()

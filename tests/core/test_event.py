@@ -195,11 +195,27 @@ def test_recording_on_a_stream_of_another_context_is_refused(backend):
         created.destroy()
 
 
-def test_interprocess_events_cannot_time(backend):
+def test_ipc_events_cannot_time(backend):
     with Device(0):
-        with pytest.raises(ValueError, match="interprocess event cannot measure time"):
-            Event(timing=True, interprocess=True)
-        Event(interprocess=True, blocking=True).record(Stream()).synchronize()
+        with pytest.raises(ValueError, match="ipc event cannot measure time"):
+            Event(timing=True, ipc=True)
+        Event(ipc=True, blocking=True).record(Stream()).synchronize()
+        event = Event(ipc=True)
+        with pytest.raises(ValueError, match="does not measure time"):
+            event.elapsed_ms(event)
+
+
+def test_an_ipc_event_may_be_recorded_by_another_process_so_waits_are_not_refused(backend):
+    """Another process may have recorded it (tests/memory/test_pickle.py): cuctx cannot tell
+    it was never recorded, and the driver treats a never-recorded event as complete."""
+    with Device(0):
+        event = Event(ipc=True)
+        assert event.ipc and not event.timing and repr(event).startswith("<Event ipc ")
+        stream = Stream()
+        stream.wait(event)
+        event.synchronize()
+        assert event.done
+        assert not Event().ipc
 
 
 def test_events_of_a_destroyed_context_raise(backend):

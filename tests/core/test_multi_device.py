@@ -14,6 +14,7 @@ import json
 
 import numpy as np
 import pytest
+from cuda.bindings.driver import CUresult, CUstreamCaptureMode, CUstreamCaptureStatus
 
 import cuctx
 from conftest import busy
@@ -77,6 +78,20 @@ def gpus(gpu) -> tuple[Device, Device]:
     if len(devices) < 2:
         pytest.skip(f"needs two GPUs; this machine has {len(devices)}")
     return devices[0], devices[1]
+
+
+@pytest.fixture
+def peers(pair) -> tuple[Device, Device]:
+    """The two devices with peer access enabled both ways for the test (skips where the
+    hardware has none)."""
+    d0, d1 = pair
+    if not (d0.can_access_peer(d1) and d1.can_access_peer(d0)):
+        pytest.skip("these devices cannot access each other (cuDeviceCanAccessPeer is 0)")
+    d0.enable_peer_access(d1)
+    d1.enable_peer_access(d0)
+    yield d0, d1
+    d0.disable_peer_access(d1)
+    d1.disable_peer_access(d0)
 
 
 def three_contexts(d0: Device, d1: Device) -> list[Context]:
@@ -232,6 +247,71 @@ def test_without_the_wait_device_1_reads_what_was_there_on_the_sim(sim_pair):
     s0.synchronize()
 
 
+# -- every copy in its stream's context ------------------------------------------------------
+
+def test_the_driver_checks_a_copys_memory_against_the_current_context(backend, pair):
+    """What cuctx works around, in raw driver calls: a copy of device 1's memory on a stream
+    of device 1 is CUDA_ERROR_INVALID_VALUE while device 0's context is current (two H200s,
+    driver 580), and runs with device 1's. The sim refuses it as the driver does."""
+    d0, d1 = pair
+    drv = backend.driver
+    s1 = Stream(d1)
+    b = cuctx.full(N, 3.0, np.float32, stream=s1)
+    out = cuctx.pinned_empty(N, np.float32)
+    for device, expected in ((d0, CUresult.CUDA_ERROR_INVALID_VALUE),
+                             (d1, CUresult.CUDA_SUCCESS)):
+        with device:
+            assert drv.cuMemcpyDtoHAsync(out.ctypes.data, b.ptr, b.nbytes, s1._handle) \
+                == (expected,), device
+    s1.synchronize()
+    assert out.tolist() == [3.0] * N
+
+
+def test_on_the_sim_only_copies_are_checked_against_the_current_context(sim, sim_pair):
+    """The sim's model (docs/memory.md, "The sim's memory"; scripts/probe_multi_device.py
+    asks a GPU each case): a copy's device memory must be reachable from the current
+    context (its device's, or by peer access), or from the stream's when none is current;
+    memsets and cuMemcpyPeerAsync, which name their memory's contexts, are not checked so."""
+    d0, d1 = sim_pair
+    drv = sim.driver
+    s1 = Stream(d1)
+    a = cuctx.zeros(N, np.float32, stream=s1)
+    b = cuctx.zeros(N, np.float32, stream=s1)
+    ok, refused = (CUresult.CUDA_SUCCESS,), (CUresult.CUDA_ERROR_INVALID_VALUE,)
+    with d0:
+        assert drv.cuMemcpyDtoDAsync(b.ptr, a.ptr, a.nbytes, s1._handle) == refused
+        assert drv.cuMemsetD32Async(b.ptr, 7, N, s1._handle) == ok
+        assert drv.cuMemcpyPeerAsync(b.ptr, d1.primary_context._handle, a.ptr,
+                                     d1.primary_context._handle, a.nbytes, s1._handle) == ok
+        d0.enable_peer_access(d1)
+        try:
+            assert drv.cuMemcpyDtoDAsync(b.ptr, a.ptr, a.nbytes, s1._handle) == ok
+        finally:
+            d0.disable_peer_access(d1)
+    cuctx.Context.pop()  # the primary context lazy initialisation left current: none now
+    assert cuctx.current_context() is None
+    assert drv.cuMemcpyDtoDAsync(b.ptr, a.ptr, a.nbytes, s1._handle) == ok
+    s1.synchronize()
+
+
+def test_copies_and_fills_on_a_stream_of_device_1_work_whatever_context_is_current(pair):
+    d0, d1 = pair
+    s1 = Stream(d1)
+    host = np.arange(64, dtype=np.float32).reshape(8, 8)
+    pinned = cuctx.pinned_empty(host.shape, np.float32)
+    with d0:  # every call below with device 0's context current
+        a = cuctx.empty(host.shape, np.float32, stream=s1)
+        cuctx.copy(a, host, stream=s1)  # host to device, pageable
+        b = cuctx.zeros(host.shape, np.float32, stream=s1)  # an allocation and a memset
+        cuctx.copy(b[:, :4], a[:, 4:], stream=s1)  # device to device, strided: a 2D copy
+        b[:, 4:].fill(-1.0, stream=s1)  # a fill of a strided view
+        b.to_host(out=pinned, stream=s1)  # device to host, page-locked
+        s1.synchronize()
+    expected = np.full(host.shape, -1.0, np.float32)
+    expected[:, :4] = host[:, 4:]
+    np.testing.assert_array_equal(pinned, expected)
+
+
 # -- kernels and another device's memory --------------------------------------------------
 
 def test_kernels_use_the_other_devices_memory_after_enable_peer_access(pair):
@@ -361,28 +441,109 @@ def test_graphs_run_on_streams_of_their_own_device_only(pair):
             exe.upload(foreign)
 
 
-def test_a_copy_between_devices_captured_on_one_device_replays(pair):
+def test_a_copy_between_devices_captured_on_one_device_replays(peers):
+    d0, d1 = peers
+    s0 = Stream(d0)
+    a = cuctx.to_device(np.arange(N, dtype=np.float32), stream=s0)
+    b = cuctx.zeros(N, np.float32, device=d1)
+    cuctx.Device(1).synchronize()
+    with s0.capture() as graph:
+        a.fill(3.0, stream=s0)
+        cuctx.copy(b, a, stream=s0)
+    assert b.to_host().tolist() == [0.0] * N  # captured, not run
+    with graph.instantiate() as exe:
+        exe.launch(s0)
+        s0.synchronize()
+    assert b.to_host().tolist() == [3.0] * N
+
+
+def test_a_strided_copy_between_devices_captured_on_the_destinations_device_replays(peers):
+    """A graph cannot hold cuMemcpyPeerAsync: the copy is the 2D device-to-device copy a
+    strided copy within a device is, here of device 0's memory by device 1."""
+    d0, d1 = peers
+    s1 = Stream(d1)
+    a = cuctx.to_device(np.arange(2 * N, dtype=np.float32), device=d0)
+    b = cuctx.zeros(2 * N, np.float32, stream=s1)
+    d0.synchronize()
+    with s1.capture() as graph:
+        cuctx.copy(b[::2], a[1::2], stream=s1)
+    with graph.instantiate() as exe:
+        exe.launch(s1)
+        s1.synchronize()
+    expected = np.zeros(2 * N, np.float32)
+    expected[::2] = np.arange(1, 2 * N, 2)
+    np.testing.assert_array_equal(b.to_host(stream=s1), expected)
+
+
+def test_a_copy_between_devices_in_a_capture_needs_peer_access(pair):
     d0, d1 = pair
-    if not (d0.can_access_peer(d1) and d1.can_access_peer(d0)):
-        pytest.skip("these devices cannot access each other (cuDeviceCanAccessPeer is 0)")
-    d0.enable_peer_access(d1)  # pool memory of the other device in a graph (see memory.md)
-    d1.enable_peer_access(d0)
-    try:
-        s0 = Stream(d0)
-        a = cuctx.to_device(np.arange(N, dtype=np.float32), stream=s0)
-        b = cuctx.zeros(N, np.float32, device=d1)
-        cuctx.Device(1).synchronize()
-        with s0.capture() as graph:
-            a.fill(3.0, stream=s0)
-            cuctx.copy(b, a, stream=s0)
-        assert b.to_host().tolist() == [0.0] * N  # captured, not run
-        with graph.instantiate() as exe:
-            exe.launch(s0)
-            s0.synchronize()
-        assert b.to_host().tolist() == [3.0] * N
-    finally:
-        d0.disable_peer_access(d1)
-        d1.disable_peer_access(d0)
+    s0 = Stream(d0)
+    a = cuctx.full(N, 2.0, np.float32, stream=s0)
+    b = cuctx.zeros(N, np.float32, stream=s0)
+    with d1:
+        c = cuctx.zeros(N, np.float32)
+    cuctx.Device(1).synchronize()
+    with pytest.raises(ValueError, match=r"CUDA cannot capture cuMemcpyPeerAsync, and the copy "
+                       r"a graph holds is made by device 0, which needs peer access to device "
+                       r"1: call cuctx\.Device\(0\)\.enable_peer_access\(1\) before the "
+                       r"capture"):
+        with s0.capture():
+            cuctx.copy(b, a, stream=s0)  # within device 0: captured
+            cuctx.copy(c, a, stream=s0)
+    cuctx.copy(c, a, stream=s0)  # outside a capture: cuMemcpyPeerAsync, no access needed
+    s0.synchronize()
+    assert c.to_host().tolist() == [2.0] * N
+
+
+def test_a_graphs_copy_node_copies_between_devices_with_peer_access(pair):
+    d0, d1 = pair
+    a = cuctx.to_device(np.arange(N, dtype=np.float32), device=d0)
+    b = cuctx.zeros(N, np.float32, device=d1)
+    d0.synchronize()
+    d1.synchronize()
+    with d0:
+        g = cuctx.Graph()
+        with pytest.raises(ValueError, match=r"a copy between devices in a graph is made by "
+                           r"device 0, which needs peer access to device 1: call "
+                           r"cuctx\.Device\(0\)\.enable_peer_access\(1\) first"):
+            g.copy(b, a)
+        if not d0.can_access_peer(d1):
+            pytest.skip("these devices cannot access each other (cuDeviceCanAccessPeer is 0)")
+        d0.enable_peer_access(d1)
+        try:
+            g.copy(b, a)
+            with pytest.raises(ValueError, match="a graph fills memory of its own device"):
+                g.fill(b, 1.0)
+            s0 = Stream()
+            with g.instantiate() as exe:
+                exe.launch(s0)
+                s0.synchronize()
+        finally:
+            d0.disable_peer_access(d1)
+    assert b.to_host().tolist() == list(range(N))
+
+
+def test_cuMemcpyPeerAsync_in_a_capture_is_refused_and_invalidates_it(backend, pair):
+    """What cuctx works around, in raw driver calls (two H200s: CUDA_ERROR_STREAM_CAPTURE_
+    UNSUPPORTED), and the sim refuses alike: the capture is invalidated, its end gives no
+    graph."""
+    d0, d1 = pair
+    drv = backend.driver
+    s0 = Stream(d0)
+    a = cuctx.zeros(N, np.float32, stream=s0)
+    b = cuctx.zeros(N, np.float32, device=d1)
+    d1.synchronize()
+    s0.synchronize()
+    with d0:
+        mode = CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        assert drv.cuStreamBeginCapture(s0._handle, mode) == (CUresult.CUDA_SUCCESS,)
+        assert drv.cuMemcpyPeerAsync(b.ptr, d1.primary_context._handle, a.ptr,
+                                     d0.primary_context._handle, a.nbytes, s0._handle) \
+            == (CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,)
+        assert drv.cuStreamIsCapturing(s0._handle) == (
+            CUresult.CUDA_SUCCESS, CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+        err, graph = drv.cuStreamEndCapture(s0._handle)
+        assert err == CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and not int(graph or 0)
 
 
 # -- the timeline of two devices ----------------------------------------------------------

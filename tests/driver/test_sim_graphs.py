@@ -378,9 +378,10 @@ def test_a_conditional_of_a_size_its_type_does_not_take_is_refused(rig, kind, si
     assert rig.drv.cuGraphAddNode(g, None, None, 0, params) == (INVALID_VALUE, None)
 
 
-def test_one_handle_drives_two_nodes_and_a_kernel_added_first_sets_it(rig):
-    """The handle is made before its nodes; a kernel ahead of them sets it (through its twin,
-    as cudaGraphSetConditional would), and both nodes read the value."""
+def test_a_kernel_added_first_sets_the_handle_which_drives_one_node_only(rig):
+    """The handle is made before its node; a kernel ahead of it sets it (through its twin,
+    as cudaGraphSetConditional would), and the node reads the value. A second node with the
+    same handle is refused (H100: tests/driver/graphs_transcript.json)."""
     a, counter = rig.alloc(), rig.alloc()
     fn = stepper(rig)  # counter 2 -> 1: sets the condition to 1
     g = rig.graph()
@@ -390,17 +391,20 @@ def test_one_handle_drives_two_nodes_and_a_kernel_added_first_sets_it(rig):
     params = rig.kernel(0, 0)
     params.func, params.kernelParams = fn, ctypes.addressof(array)
     k = rig.add(g, "Kernel", params)
-    for i in range(2):
+    answers = []
+    for _ in range(2):
         node = d.CUgraphNodeParams()
         node.type = T.CU_GRAPH_NODE_TYPE_CONDITIONAL
         node.conditional.handle, node.conditional.type = handle, COND.CU_GRAPH_COND_TYPE_IF
         node.conditional.size, node.conditional.ctx = 1, rig.ctx
         err, _ = rig.drv.cuGraphAddNode(g, [k], None, 1, node)
-        assert err == OK
-        rig.add(node.conditional.phGraph_out[0], "Memset", rig.memset(a + 4 * i, 5, 1), rig.ctx)
+        answers.append(err)
+        if not err:
+            rig.add(node.conditional.phGraph_out[0], "Memset", rig.memset(a, 5, 1), rig.ctx)
+    assert answers == [OK, INVALID_VALUE] and rig.drv.cuGraphGetNodes(g)[2] == 2
     assert rig.drv.cuMemsetD32Async(counter, 2, 1, rig.stream) == (OK,)
     rig.run(g)
-    assert rig.read(a, 2) == [5, 5] and rig.read(counter, 1) == [1]
+    assert rig.read(a, 1) == [5] and rig.read(counter, 1) == [1]
 
 
 def test_a_host_node_in_a_body_is_added_but_refused_at_instantiation(rig):
@@ -411,6 +415,54 @@ def test_a_host_node_in_a_body_is_added_but_refused_at_instantiation(rig):
     params.fn = ctypes.cast(callback, ctypes.c_void_p).value
     assert rig.drv.cuGraphAddHostNode(bodies[0], None, 0, params)[0] == OK  # as the H100
     assert rig.drv.cuGraphInstantiate(g, 0) == (INVALID_VALUE, None)  # not a body's kind
+
+
+def test_a_graph_with_a_conditional_node_is_refused_as_a_child(rig):
+    g = rig.graph()
+    conditional(rig, g, COND.CU_GRAPH_COND_TYPE_IF)
+    assert rig.drv.cuGraphAddChildGraphNode(rig.graph(), None, 0, g) == (INVALID_VALUE, None)
+
+
+def test_the_per_node_calls_of_an_executable_take_the_nodes_of_bodies(rig):
+    a = rig.alloc()
+    g = rig.graph()
+    _, bodies = conditional(rig, g, COND.CU_GRAPH_COND_TYPE_IF, default=1,
+                            flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT)
+    k = rig.add(bodies[0], "Kernel", rig.kernel(a, 1))
+    m = rig.add(bodies[0], "Memset", rig.memset(a + 4, 2, 1), rig.ctx)
+    _, inner = conditional(rig, bodies[0], COND.CU_GRAPH_COND_TYPE_IF, default=1,
+                           flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT)
+    deep = rig.add(inner[0], "Memset", rig.memset(a + 8, 3, 1), rig.ctx)
+    exe = rig.run(g)
+    assert rig.read(a, 3) == [1, 2, 3]
+    drv = rig.drv
+    assert drv.cuGraphExecKernelNodeSetParams(exe, k, rig.kernel(a, 10)) == (OK,)
+    assert drv.cuGraphExecMemsetNodeSetParams(exe, m, rig.memset(a + 4, 20, 1), rig.ctx) \
+        == (OK,)
+    assert drv.cuGraphNodeSetEnabled(exe, deep, 0) == (OK,)
+    assert drv.cuMemsetD32Async(a, 0, 3, rig.stream) == (OK,)
+    assert drv.cuGraphLaunch(exe, rig.stream) == (OK,)
+    assert rig.read(a, 3) == [10, 20, 0]
+
+
+def test_a_while_node_that_never_ends_is_stopped_and_named(rig):
+    """Where a GPU would loop for ever the sim stops after MAX_ROUNDS rounds, failing the
+    launch as a watchdog would, and says which node it stopped (by the name cuctx gave)."""
+    from cuctx._driver.sim._graph_conditional import MAX_ROUNDS
+    sim, drv = rig.backend.sim, rig.drv
+    g = rig.graph()
+    handle, bodies = conditional(rig, g, COND.CU_GRAPH_COND_TYPE_WHILE, default=1,
+                                 flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT)
+    node = drv.cuGraphGetNodes(g, 1)[1][0]
+    assert sim.name_node(node, "the loop at my.py:3") == (OK,)
+    empty = rig.add(bodies[0], "Empty")
+    assert sim.name_node(empty, "not a conditional node") == (INVALID_VALUE,)
+    _, exe = drv.cuGraphInstantiate(g, 0)
+    assert drv.cuGraphLaunch(exe, rig.stream) == (OK,)
+    assert drv.cuStreamSynchronize(rig.stream) == (d.CUresult.CUDA_ERROR_LAUNCH_TIMEOUT,)
+    _, cause, text = sim.fault_cause(rig.ctx)
+    assert cause is None
+    assert text.startswith(f"the sim stopped the loop at my.py:3 after {MAX_ROUNDS} rounds")
 
 
 def test_an_unused_conditional_handle_fails_instantiation(rig):

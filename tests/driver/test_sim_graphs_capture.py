@@ -107,13 +107,15 @@ def test_a_fork_not_joined_back_ends_the_capture_without_a_graph(rig):
     lambda rig: rig.drv.cuMemAlloc(16)[:1],
     lambda rig: rig.drv.cuStreamSynchronize(rig.other),  # another stream: unsafe in GLOBAL
     lambda rig: rig.drv.cuGraphLaunch(rig.exe, rig.stream),  # graphs are not captured
+    lambda rig: rig.drv.cuGraphUpload(rig.exe, rig.stream),
+    lambda rig: rig.drv.cuGraphInstantiate(rig.template, 0)[:1],  # unsafe, as cuMemAlloc
 ], ids=["stream sync", "stream query", "ctx sync", "cuMemAlloc", "other stream sync",
-        "graph launch"])
+        "graph launch", "graph upload", "instantiate"])
 def test_a_call_that_breaks_a_capture_invalidates_it_and_the_stream_recovers(rig, breaker):
     drv, s = rig.drv, rig.stream
     a = rig.alloc()
     _, rig.other = drv.cuStreamCreate(1)
-    g = rig.graph()
+    rig.template = g = rig.graph()
     rig.add(g, "Empty")
     _, rig.exe = drv.cuGraphInstantiate(g, 0)
     assert drv.cuStreamBeginCapture(s, CAPTURE.CU_STREAM_CAPTURE_MODE_GLOBAL) == (OK,)
@@ -129,9 +131,13 @@ def test_a_call_that_breaks_a_capture_invalidates_it_and_the_stream_recovers(rig
 def test_relaxed_mode_allows_unsafe_calls_but_never_a_context_synchronize(rig):
     drv, s = rig.drv, rig.stream
     _, other = drv.cuStreamCreate(1)
+    g = rig.graph()
+    rig.add(g, "Empty")
     assert drv.cuStreamBeginCapture(s, CAPTURE.CU_STREAM_CAPTURE_MODE_RELAXED) == (OK,)
     assert drv.cuMemAlloc(16)[0] == OK
     assert drv.cuStreamSynchronize(other) == (OK,)
+    err, exe = drv.cuGraphInstantiate(g, 0)
+    assert err == OK and drv.cuGraphExecDestroy(exe) == (OK,)
     assert drv.cuStreamEndCapture(s)[0] == OK
     assert drv.cuStreamBeginCapture(s, CAPTURE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) == (OK,)
     assert drv.cuThreadExchangeStreamCaptureMode(CAPTURE.CU_STREAM_CAPTURE_MODE_RELAXED) \
@@ -168,6 +174,38 @@ def test_the_legacy_stream_is_refused_while_a_blocking_stream_captures(rig):
     assert drv.cuStreamIsCapturing(0) == (R.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, None)
     assert drv.cuMemsetD32Async(a, 1, 1, 0) == (R.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,)
     assert drv.cuStreamEndCapture(blocking) == (R.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, None)
+
+
+@pytest.mark.parametrize("mode, refused", [("GLOBAL", True), ("THREAD_LOCAL", False)])
+def test_a_global_capture_of_another_thread_forbids_this_one_instantiate(rig, mode, refused):
+    """The programming guide's rule for potentially unsafe calls: a thread in the default
+    (global) mode may not make them while any thread captures in global mode; another
+    thread's thread-local capture is none of its business."""
+    drv, s = rig.drv, rig.stream
+    g = rig.graph()
+    rig.add(g, "Empty")
+    begun, instantiated, seen = threading.Event(), threading.Event(), []
+
+    def capture():
+        drv.cuCtxPushCurrent(rig.ctx)
+        drv.cuStreamBeginCapture(s, getattr(CAPTURE, f"CU_STREAM_CAPTURE_MODE_{mode}"))
+        begun.set()
+        instantiated.wait()
+        seen.append(drv.cuStreamEndCapture(s)[0])
+        drv.cuCtxPopCurrent()
+
+    t = threading.Thread(target=capture)
+    t.start()
+    begun.wait()
+    err, exe = drv.cuGraphInstantiate(g, 0)
+    instantiated.set()
+    t.join()
+    if refused:
+        assert (err, exe) == (R.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, None)
+        assert seen == [R.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED]
+    else:
+        assert err == OK and seen == [OK]
+        assert drv.cuGraphExecDestroy(exe) == (OK,)
 
 
 def test_end_capture_from_another_thread_is_refused_unless_relaxed(rig):

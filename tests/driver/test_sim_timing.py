@@ -127,3 +127,50 @@ def test_a_twin_may_declare_its_time(feed):
 def test_the_feed_refuses_what_it_cannot_call_or_does_not_know(sim):
     assert sim.sim.subscribe_activity(42)[0]
     assert sim.sim.unsubscribe_activity(print)[0]
+
+
+def test_copies_between_devices_take_the_links_measured_time(feed):
+    """390 GB/s with peer access, 37 GB/s without (two H200s over NVLink, issue 21): 1 MiB
+    takes 2 us of setup and 2689 ns over the link, or 28340 ns staged through the host."""
+    sim, records = feed
+    d0, d1 = cuctx.Device(0), cuctx.Device(1)
+    s1 = cuctx.Stream(d1)
+    a = cuctx.zeros(1 << 20, np.uint8, device=d0)
+    b = cuctx.zeros(1 << 20, np.uint8, stream=s1)
+    s1.wait(cuctx.current_stream(d0))
+    cuctx.copy(b, a, stream=s1)  # cuMemcpyPeerAsync, staged
+    d1.enable_peer_access(d0)  # device 1 reaches device 0's memory: over the link
+    try:
+        cuctx.copy(b, a, stream=s1)
+        s1.synchronize()
+    finally:
+        d1.disable_peer_access(d0)
+    staged, direct = [r for r in records if r.kind == "memcpy PtoP"]
+    assert staged.end_ns - staged.start_ns == 2000 + 28340
+    assert direct.end_ns - direct.start_ns == 2000 + 2689
+    assert staged.device == direct.device == 1 and staged.bytes == 1 << 20
+    assert staged.end_ns <= direct.start_ns  # one link: one copy at a time
+
+
+def test_a_wait_for_another_devices_event_takes_the_measured_latency(feed):
+    """A stream of device 1 waiting for an event of device 0 starts its next work 6 us after
+    the event (benchmarks/peer.py's host round trip on two H200s); within a device at once."""
+    sim, records = feed
+    d0, d1 = cuctx.Device(0), cuctx.Device(1)
+    s0, s0b, s1 = cuctx.Stream(d0), cuctx.Stream(d0), cuctx.Stream(d1)
+    x0 = cuctx.zeros(N, np.float32, stream=s0b)
+    x1 = cuctx.zeros(N, np.float32, stream=s1)
+    d0.synchronize()
+    d1.synchronize()
+    records.clear()
+    cuctx.sim.stream_busy(s0, 50_000)
+    ready = s0.record()
+    for stream, x in ((s0b, x0), (s1, x1)):
+        stream.wait(ready)
+        x.fill(1.0, stream=stream)
+    d0.synchronize()
+    d1.synchronize()
+    busy, = [r for r in records if r.kind == "busy"]
+    fills = {r.device: r for r in records if r.kind == "memset"}
+    assert fills[0].start_ns == busy.end_ns
+    assert fills[1].start_ns == busy.end_ns + 6000

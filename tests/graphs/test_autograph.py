@@ -642,6 +642,40 @@ def test_a_call_inside_a_capture_puts_its_work_into_the_capture(lib):
     assert counts(step)["replays"] + counts(step)["updates"] >= 2
 
 
+@pytest.mark.parametrize("mode", ["thread_local", "global", "relaxed"])
+def test_no_graph_is_built_while_a_capture_forbids_instantiating_one(lib, mode):
+    """The call's streams are not captured, but this thread captures another one: building
+    a graph would instantiate it, which a "thread_local" or "global" capture forbids (on a
+    GPU the driver would invalidate the capture). The call runs eagerly and the capture
+    goes on; a "relaxed" capture allows the build."""
+    k = lib["add"]
+    s, captured = cuctx.Stream(), cuctx.Stream()
+
+    @cuctx.autograph
+    def step(out, x):
+        k[1, 32, 0, s](out, x, np.float32(1), N)
+
+    x = cuctx.to_device(np.arange(N, dtype=np.float32), stream=s)
+    outs = [cuctx.zeros(N, np.float32, stream=s) for _ in range(3)]
+    y = cuctx.zeros(N, np.float32, stream=captured)
+    step(outs[0], x)  # a structure seen for the first time: eager
+    with captured.capture(mode) as graph:
+        k[1, 32, 0, captured](y, y, np.float32(1), N)
+        step(outs[1], x)  # it repeats: a build, unless the capture forbids it
+    builds = counts(step)["builds"]
+    assert builds == (1 if mode == "relaxed" else 0)
+    if not builds:
+        assert "forbids instantiating" in step.stats()["reasons"][-1]["reason"]
+    step(outs[2], x)  # after the capture
+    assert counts(step)["builds"] == 1
+    graph.instantiate().launch(captured)  # the capture made its graph
+    captured.synchronize()
+    s.synchronize()
+    assert y.to_host().tolist() == [1.0] * N
+    for out in outs:
+        np.testing.assert_array_equal(out.to_host(), np.arange(N) + 1.0)
+
+
 def test_a_function_that_enqueues_nothing_runs_as_itself(lib):
     calls = []
 
@@ -653,6 +687,26 @@ def test_a_function_that_enqueues_nothing_runs_as_itself(lib):
     assert [nothing(i) for i in range(4)] == [0, 1, 2, 3] == calls
     assert counts(nothing)["eager"] == 4
     assert "enqueues no work" in nothing.stats()["reasons"][-1]["reason"]
+
+
+def test_generator_and_async_functions_are_refused_at_decoration():
+    """Their bodies run after the call returns, outside what AutoGraph records."""
+    def steps():
+        yield
+
+    async def step():
+        pass
+
+    async def stream_of_steps():
+        yield
+
+    for fn, what in ((steps, "a generator function"), (step, "an async function"),
+                     (stream_of_steps, "an async generator function")):
+        refused = f"autograph: '{fn.__qualname__}' is {what}: calling it returns"
+        with pytest.raises(TypeError, match=refused.replace(".", r"\.")):
+            cuctx.autograph(fn)
+        with pytest.raises(TypeError, match=what):
+            cuctx.autograph(max_graphs=2)(fn)
 
 
 def test_threads_calling_one_function_get_their_own_results(lib):

@@ -434,6 +434,93 @@ def test_a_graph_launched_into_a_capture_is_refused_and_ends_it(lib, call):
     assert out.to_host().tolist() == [float(i + 1) for i in range(N)]
 
 
+# -- instantiating while a capture is active ------------------------------------------------
+
+def graph_adding(lib, out: cuctx.DeviceArray, x: cuctx.DeviceArray,
+                 value: float) -> cuctx.Graph:
+    """A graph of one launch, out = x + value, made before any capture."""
+    g = cuctx.Graph()
+    g.launch(lib["add"], 1, N, out, x, value, N)
+    return g
+
+
+@pytest.mark.parametrize("mode", ["thread_local", "global"])
+def test_instantiating_in_a_capture_is_refused_before_the_driver_breaks_it(lib, mode):
+    """CUDA counts cuGraphInstantiate among the calls a capture forbids its thread (an H100
+    answers CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED in a thread-local capture and invalidates
+    it): cuctx refuses first, saying what to do."""
+    s = cuctx.Stream()
+    x, out, made = arange(s), zeros(s), zeros(s)
+    g = graph_adding(lib, made, x, 10.0)
+
+    def make_it():
+        return g.instantiate()
+
+    with pytest.raises(GraphCaptureError) as info:
+        with s.capture(mode):
+            lib["add"][1, N, 0, s](out, x, 1.0, N)
+            make_it()
+    message = str(info.value)
+    assert message.startswith("Graph.instantiate failed")
+    assert f"{__file__}:{make_it.__code__.co_firstlineno + 1}" in message
+    assert f"this thread captures {s!r} in {mode!r} mode" in message
+    assert "before the capture begins" in message and '"relaxed" mode' in message
+    assert "ended" in message
+    usable(lib, s)
+    g.instantiate().launch(s)  # outside a capture it is made
+    s.synchronize()
+    assert made.to_host().tolist() == [i + 10.0 for i in range(N)]
+    assert out.to_host().tolist() == [0.0] * N  # the capture's launch never ran
+
+
+def test_a_relaxed_capture_lets_a_graph_be_instantiated_in_it(lib):
+    s = cuctx.Stream()
+    x, out, made = arange(s), zeros(s), zeros(s)
+    g = graph_adding(lib, made, x, 10.0)
+    with s.capture("relaxed") as graph:
+        lib["add"][1, N, 0, s](out, x, 1.0, N)
+        exe = g.instantiate()
+    exe.launch(s)
+    graph.instantiate().launch(s)
+    s.synchronize()
+    assert made.to_host().tolist() == [i + 10.0 for i in range(N)]
+    assert out.to_host().tolist() == [i + 1.0 for i in range(N)]
+
+
+@pytest.mark.parametrize("mode", ["global", "thread_local"])
+def test_another_threads_capture_forbids_instantiating_only_in_global_mode(lib, mode):
+    """A "global" capture forbids every thread the unsafe calls (cuctx refuses them, and
+    the capture goes on); another thread's "thread_local" capture forbids this one
+    nothing."""
+    s = cuctx.Stream()
+    x, out, made = arange(s), zeros(s), zeros(s)
+    g = graph_adding(lib, made, x, 10.0)
+    results = []
+
+    def other_thread():
+        try:
+            results.append(g.instantiate())
+        except GraphCaptureError as exc:
+            results.append(exc)
+
+    with s.capture(mode) as graph:
+        lib["add"][1, N, 0, s](out, x, 1.0, N)
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+    if mode == "global":
+        message = str(results[0])
+        assert f"another thread captures {s!r} in 'global' mode" in message
+        assert "goes on" in message and '"thread_local" or "relaxed"' in message
+    else:
+        results[0].launch(s)
+    graph.instantiate().launch(s)  # the capture made its graph
+    s.synchronize()
+    assert out.to_host().tolist() == [i + 1.0 for i in range(N)]
+    assert made.to_host().tolist() == ([0.0] * N if mode == "global"
+                                       else [i + 10.0 for i in range(N)])
+
+
 def test_a_capture_is_entered_once(lib):
     s = cuctx.Stream()
     capture = s.capture()

@@ -278,6 +278,57 @@ def test_other_libraries_arrays_are_checked_by_their_dtype(lib):
     assert out.to_host().tolist() == [k + 2.0 for k in range(8)]
 
 
+class RawElements(ForeignArray):
+    """Another library's array of a type NumPy lacks: its CUDA Array Interface gives only the
+    element's size as a void typestr (PyTorch describes bfloat16 as '<V2', float8 as '|V1')."""
+
+    def __init__(self, arr: cuctx.DeviceArray, typestr: str) -> None:
+        super().__init__(arr)
+        self.typestr = typestr
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {**self.arr.__cuda_array_interface__, "typestr": self.typestr}
+
+
+RAW_SOURCE = r"""
+struct __nv_bfloat16 { unsigned short bits; };
+struct __nv_fp8_e4m3 { unsigned char bits; };
+extern "C" __global__ void negate(__nv_bfloat16* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i].bits ^= 0x8000;
+}
+extern "C" __global__ void bump(__nv_fp8_e4m3* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i].bits += 1;
+}
+"""
+
+
+def negate(grid, block, x, n):
+    x.view(np.uint16, n)[:] ^= 0x8000
+
+
+def bump(grid, block, x, n):
+    x.view(np.uint8, n)[:] += 1
+
+
+raw_lib = library_fixture(RAW_SOURCE, negate=negate, bump=bump)
+
+
+def test_arrays_of_raw_elements_are_ordinary_arguments(raw_lib):
+    """bfloat16 and float8 arrays of other libraries launch on every path, the race checker's
+    bookkeeping ("checked") included, which needs only their bytes; the bfloat16 parameter
+    takes them as the uint16 bits they are viewed as."""
+    halves = cuctx.to_device(np.array([1, 2, 3, 0x8004], np.uint16))
+    quarters = cuctx.to_device(np.array([1, 2, 3, 255], np.uint8))
+    for _ in range(2):  # the checked path, then the fast path
+        raw_lib["negate"][1, 4](RawElements(halves, "<V2"), 4)
+        raw_lib["bump"][1, 4](RawElements(quarters, "|V1"), 4)
+    assert halves.to_host().tolist() == [1, 2, 3, 0x8004]
+    assert quarters.to_host().tolist() == [3, 4, 5, 1]
+
+
 def test_set_dtypes_says_what_a_kernel_takes_for_every_launch(lib):
     kernel = lib["add"]
     out, x = add_arrays()

@@ -20,7 +20,8 @@ import cuctx.kernels._compile_cache as cache_format
 import cuctx.kernels._compiler as compiler
 from conftest import requires_nvrtc
 from scenarios import child_env
-from cuctx.kernels._cubin import is_cubin, is_ptx, read_kernels
+from cuctx.devcode._elf import read_kernels
+from cuctx.devcode._kinds import is_cubin, is_ptx
 from cuctx.kernels._compiler import (
     CacheWarning,
     CompileError,
@@ -237,7 +238,7 @@ def test_argument_validation(kwargs, error, message, cache):
 
 
 def test_source_must_be_str():
-    with pytest.raises(TypeError, match="src must be str"):
+    with pytest.raises(TypeError, match="C\\+\\+ source must be str"):
         compile_source(SRC.encode(), arch="sm_90", cache_dir=False)
 
 
@@ -404,7 +405,7 @@ def _blob(data: bytes) -> bytes:
 
 def _meta(**fields) -> bytes:
     meta = {"key": "k" * 64, "kind": "cubin", "arch": "sm_90", "lowered_names": {}, "log": "",
-            "ptx": "none", **fields}
+            "ptx": "none", "name": "k.cu", **fields}
     return json.dumps(meta).encode()
 
 

@@ -108,17 +108,17 @@ def test_a_cubin_whose_variable_lies_outside_its_section_is_an_invalid_image(sim
     """The sim's image reader must not trust a symbol's size (it allocated what it said)."""
     import struct
 
-    from cuctx.kernels import _cubin
+    from cuctx.devcode import _elf
     from cuctx.kernels._compiler import compile_source
     image = bytearray(compile_source(SOURCE, arch="sm_90", cache_dir=False).image)
-    ehdr = _cubin._EHDR.unpack_from(image, 0)
+    ehdr = _elf._EHDR.unpack_from(image, 0)
     shoff, shnum = ehdr[6], ehdr[12]
-    sections = [_cubin._SHDR.unpack_from(image, shoff + i * _cubin._SHDR.size)
+    sections = [_elf._SHDR.unpack_from(image, shoff + i * _elf._SHDR.size)
                 for i in range(shnum)]
-    symtab = next(sh for sh in sections if sh[1] == _cubin._SHT_SYMTAB)
-    names = _cubin._section_data(bytes(image), sections[symtab[6]], "names")
-    for offset in range(symtab[4], symtab[4] + symtab[5], _cubin._SYM.size):
-        if _cubin._cstr(names, _cubin._SYM.unpack_from(image, offset)[0], "") == "counter":
+    symtab = next(sh for sh in sections if sh[1] == _elf._SHT_SYMTAB)
+    names = _elf._section_data(bytes(image), sections[symtab[6]], "names")
+    for offset in range(symtab[4], symtab[4] + symtab[5], _elf._SYM.size):
+        if _elf._cstr(names, _elf._SYM.unpack_from(image, offset)[0], "") == "counter":
             struct.pack_into("<Q", image, offset + 16, 1 << 62)  # st_size
             break
     else:

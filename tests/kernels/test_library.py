@@ -198,8 +198,8 @@ def test_compile_error_carries_nvrtc_log(backend):
 
 def test_cache_hit_invalidation_and_corrupt_entry(backend, tmp_path, monkeypatch):
     runs = []
-    real = compiler._run_nvrtc
-    monkeypatch.setattr(compiler, "_run_nvrtc", lambda *a: runs.append(1) or real(*a))
+    real = compiler.run_nvrtc
+    monkeypatch.setattr(compiler, "run_nvrtc", lambda *a: runs.append(1) or real(*a))
     src = 'extern "C" __global__ void k(int* p) { *p = 1; }'
     cuctx.Library.from_source(src, cache_dir=tmp_path)
     cuctx.Library.from_source(src, cache_dir=tmp_path)

@@ -150,6 +150,35 @@ def test_record_wait_and_context_errors_are_the_same_on_both_paths(native):
     assert "stack of this thread is empty" in python[-2][1]
 
 
+def test_call_in_makes_a_call_with_the_context_current_and_leaves_the_stack_as_it_was(
+        backend, native):
+    """Stream._call's way (every copy, memset, allocation): push the stream's context
+    around the call unless it is current, pop it after, also after an exception."""
+    drv = backend.driver
+    first = cuctx.Device(0).primary_context
+    other = cuctx.Context.create(cuctx.Device(0))  # current now
+    seen = []
+
+    def current(*args):
+        seen.append((int(drv.cuCtxGetCurrent()[1]), args))
+        return "done"
+    try:
+        assert native.call_in(first, current, 1, 2) == "done"
+        assert native.call_in(other, current) == "done"
+        assert seen == [(first._key, (1, 2)), (other._key, ())]
+        assert int(drv.cuCtxGetCurrent()[1]) == other._key
+        with pytest.raises(ZeroDivisionError):
+            native.call_in(first, lambda: 1 / 0)
+        assert int(drv.cuCtxGetCurrent()[1]) == other._key
+        with pytest.raises(TypeError, match="takes a Context first"):
+            native.call_in(42, current)
+    finally:
+        cuctx.Context.pop()
+        other.destroy()
+    with pytest.raises(ValueError, match="not active"):  # never pushes a destroyed context
+        native.call_in(other, current)
+
+
 def test_a_default_stream_runs_with_its_context_current(lib, native):
     out, x = add_arrays()
     legacy = cuctx.legacy_stream()  # of the primary context, current in `lib`

@@ -150,6 +150,22 @@ def test_asarray_refuses_host_and_unknown_objects(backend):
         cuctx.asarray(Odd())
 
 
+def test_raw_elements_are_viewed_as_the_unsigned_integers_of_their_size(backend):
+    """A void typestr (PyTorch's bfloat16 is '<V2', float8 '|V1') has no NumPy float: the
+    array is viewed as its bits; a size no unsigned integer has stays refused."""
+    arr = cuctx.to_device(np.arange(12, dtype=np.uint16).reshape(3, 4))
+
+    class Producer:
+        def __init__(self, typestr):
+            self.__cuda_array_interface__ = {**good_cai(arr), "typestr": typestr}
+    view = cuctx.asarray(Producer("<V2"))
+    assert (view.dtype, view.shape, view.ptr) == (np.uint16, (3, 4), arr.ptr)
+    assert view.to_host().tolist() == arr.to_host().tolist()
+    assert cuctx.asarray(Producer("|V1")).dtype == np.uint8
+    with pytest.raises(TypeError, match=r"not \|V3"):
+        cuctx.asarray(Producer("|V3"))
+
+
 # -- real libraries on a GPU ----------------------------------------------------------------
 
 @pytest.mark.gpu

@@ -2,8 +2,9 @@
 pool's descriptor goes over a Unix socket, an array's description by pickle, and the other
 process's writes are what this one reads, on both backends (the sim's IPC pool is shared
 memory that the other process's sim maps). Imports are cached per allocation and freed once;
-arrays of any other memory refuse to be shared, naming MemoryPool(device, ipc=True); nothing
-leaks on either side."""
+an empty array shares too; a descriptor claiming more than the allocation it names holds is
+refused there; arrays of any other memory refuse to be shared, naming MemoryPool(device,
+ipc=True); nothing leaks on either side."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import gc
 import multiprocessing
 import os
 import pickle
+import re
 import tempfile
 from multiprocessing.reduction import recv_handle, send_handle
 
@@ -32,7 +34,7 @@ def _worker(conn, backend: str) -> None:
     try:
         cuctx.set_backend(backend)
         fd = recv_handle(conn)
-        key, desc = conn.recv()
+        key, desc, whole, empty = conn.recv()
         with Device(0):
             pool = MemoryPool._import(Device(0), fd, key)
             os.close(fd)  # the caller's to close; the pool keeps what it needs
@@ -48,6 +50,9 @@ def _worker(conn, backend: str) -> None:
             gc.collect()
             report["after dropping one"] = view.to_host().tolist()  # still mapped
             report.update(_refusals(pool, view))
+            report.update(_forgeries(pool, desc, whole))
+            nothing = pool._import_array(empty)
+            report["empty"] = (nothing.shape, nothing.ptr, nothing.pool is pool)
             del view
             gc.collect()  # the import is freed, and its stream synchronized
             report["imports left"] = len(pool._imports)
@@ -70,6 +75,19 @@ def _refusals(pool: MemoryPool, view: cuctx.DeviceArray) -> dict[str, str]:
     return found
 
 
+def _forgeries(pool: MemoryPool, desc, whole) -> dict[str, str]:
+    """Descriptors altered to reach past the 64-byte allocation they name, refused."""
+    found = {}
+    for name, forged in [("claims more", whole._replace(nbytes=6400, shape=(1600,))),
+                         ("past the end", desc._replace(shape=(100,))),
+                         ("before the start", desc._replace(strides=(-4,)))]:
+        try:
+            pool._import_array(forged)
+        except ValueError as exc:
+            found[name] = str(exc)
+    return found
+
+
 @pytest.fixture
 def device(backend):
     with Device(0):
@@ -89,7 +107,8 @@ def test_another_process_writes_what_this_one_reads(device, backend):
     try:
         with pool._share() as shared:
             send_handle(ours, shared.fd, worker.pid)  # SCM_RIGHTS over the Unix socket
-        ours.send((shared.key, arr[4:12]._ipc_descriptor()))
+        ours.send((shared.key, arr[4:12]._ipc_descriptor(), arr._ipc_descriptor(),
+                   cuctx.empty((0, 2), np.int32, pool=pool)._ipc_descriptor()))
         assert ours.poll(120), "the worker did not answer"
         report = ours.recv()
     finally:
@@ -107,6 +126,11 @@ def test_another_process_writes_what_this_one_reads(device, backend):
     assert report["used"].startswith("ValueError")
     assert report["share"].startswith("TypeError")
     assert report["describe"].startswith("TypeError")
+    held = re.search(r"the allocation it names holds (\d+) bytes", report["claims more"])
+    assert held and 64 <= int(held[1]) < 6400  # (the sim: its 512-byte block)
+    assert "claims bytes [16, 416)" in report["past the end"]
+    assert "claims bytes [-12, 20)" in report["before the start"]
+    assert report["empty"] == ((0, 2), 0, True)
     assert report["imports left"] == 0
     del arr
     gc.collect()
@@ -128,6 +152,10 @@ def test_a_descriptor_is_small_cached_and_picklable(device):
     assert pickle.loads(pickle.dumps(desc)) == desc and len(pickle.dumps(desc)) < 400
     other = cuctx.zeros(4, pool=pool)._ipc_descriptor()
     assert other.token != desc.token and other.key == desc.key
+    empty = cuctx.empty((3, 0), np.float32, pool=pool)
+    assert empty.pool is pool  # an empty array has no memory, but its pool
+    nothing = empty._ipc_descriptor()
+    assert (nothing.token, nothing.data, nothing.nbytes, nothing.shape) == (0, b"", 0, (3, 0))
 
 
 def test_memory_of_any_other_kind_refuses_to_be_shared(device):

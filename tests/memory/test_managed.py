@@ -84,3 +84,16 @@ def test_bad_requests_are_refused(backend):
             _ = cuctx.zeros(4).host
         with pytest.raises(cuctx.InvalidDeviceError):
             cuctx.managed_empty(4, device=99)
+
+
+def test_more_than_the_machine_holds_is_out_of_memory(backend):
+    """The driver answers CUDA_ERROR_OUT_OF_MEMORY for 4 EiB; the sim too, not an OSError
+    of its host mapping. Past sys.maxsize no size_t holds it: a ValueError naming it."""
+    with Device(0):
+        with pytest.raises(cuctx.OutOfMemoryError, match="asked for 4611686018427387904 bytes"):
+            cuctx.managed_empty(2**62, np.uint8)
+        with pytest.raises(ValueError, match="more than any array can address"):
+            cuctx.managed_empty(2**62, np.float64)
+        m = cuctx.managed_empty(4, np.uint8)  # nothing was left broken
+        m.host[:] = 3
+        assert m.to_host().tolist() == [3, 3, 3, 3]

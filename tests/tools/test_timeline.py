@@ -12,7 +12,9 @@ import pytest
 
 import cuctx
 
-N = 1 << 18  # floats: 1 MiB, a copy long enough to see on either clock
+# Floats: 8 MiB, a copy long enough to see on either clock (on a GPU a 1 MiB copy took about
+# 25 us, too narrow a bar beside the host's gaps in the picture's span).
+N = 1 << 21
 WORK_KINDS = {"copy", "memset", "launch"}
 
 

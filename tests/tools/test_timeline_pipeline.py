@@ -23,14 +23,18 @@ extern "C" __global__ void scale(float* out, const float* in, float factor, int 
 }
 """
 STREAMS = 8
-N = 4 << 20  # floats in all: 16 MiB, 2 MiB a stream
+# Floats in all: 64 MiB, 8 MiB a stream, as in benchmarks/overlap.py. A chunk's copy (about
+# 170 us on an H100's PCIe) must outlast what the host spends submitting a stream's three
+# operations inside a timeline: with 2 MiB chunks the GPU finished each copy before the next
+# was submitted, and nothing overlapped.
+N = 16 << 20
 
 
 def scale(grid, block, out, data, factor: float, n):
     out.view(np.float32, n)[:] = data.view(np.float32, n) * np.float32(factor)
 
 
-scale.cost_ns = 30_000  # on the sim, about a chunk's copy (2 MiB at 55 GB/s: 38 us)
+scale.cost_ns = 120_000  # on the sim, about a chunk's copy (8 MiB at 55 GB/s: 152 us)
 
 
 lib = library_fixture(SOURCE, scale=scale)

@@ -1,4 +1,4 @@
-/* cuctx._native (see native.h): the context switches: ctx.push(), Context.pop(),
+/* cuctx._native (see native.h): the context switches: ctx.push(), Context.pop(), ctx.pop(),
  * `with ctx:` and `with device:`, mirrored on the thread's shadow stack. */
 #include "native.h"
 
@@ -88,8 +88,10 @@ PyObject *context_enter(PyObject *const *args, Py_ssize_t nargs)
 
 /* Pop the driver's current context and the shadow stack's top. A failed pop changed
  * nothing: the checked path repeats it and raises with its hint. ``block``: leave the
- * innermost `with` block, which pushed exactly one context that is still on top. */
-static PyObject *pop(PyObject *backend, int block)
+ * innermost `with` block, which pushed exactly one context that is still on top.
+ * ``named``: ctx.pop(), popping only that context, on top of both stacks (anything else,
+ * another context on top or an empty stack, takes the checked path, which raises). */
+static PyObject *pop(PyObject *backend, int block, PyObject *named)
 {
     Driver *d = native_of(backend);
     PyObject *state = d ? thread_state(backend) : NULL;
@@ -112,6 +114,14 @@ static PyObject *pop(PyObject *backend, int block)
         }
     }
     void *popped = NULL;
+    if (named != NULL) {
+        int err = n > 0 && PyList_GET_ITEM(stack, n - 1) == named
+            ? drv_current(d, &popped) : 0;
+        if (err || popped == NULL || popped != key_of(named)) {
+            Py_DECREF(state);
+            return err < 0 ? NULL : PYTHON_PATH;
+        }
+    }
     PyObject *handle;
     int err = drv_pop(d, &popped, &handle);
     if (err) {
@@ -146,19 +156,22 @@ static PyObject *pop(PyObject *backend, int block)
 
 PyObject *context_pop(PyObject *const *args, Py_ssize_t nargs)
 {
+    if (nargs == 1) /* ctx.pop() */
+        return Py_IS_TYPE(args[0], L.Context) ? pop(SLOT(args[0], L.backend), 0, args[0])
+                                              : PYTHON_PATH;
     PyObject *backend = nargs == 0 ? PyDict_GetItemWithError(L.driver_dict, S_active) : NULL;
     if (backend == NULL || backend == Py_None) {
         PyErr_Clear();
         return PYTHON_PATH;
     }
-    return pop(backend, 0);
+    return pop(backend, 0, NULL);
 }
 
 PyObject *context_exit(PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 4 || !Py_IS_TYPE(args[0], L.Context))
         return PYTHON_PATH;
-    return pop(SLOT(args[0], L.backend), 1);
+    return pop(SLOT(args[0], L.backend), 1, NULL);
 }
 
 PyObject *device_enter(PyObject *const *args, Py_ssize_t nargs)
@@ -189,7 +202,7 @@ PyObject *device_exit(PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 4 || !Py_IS_TYPE(args[0], L.Device))
         return PYTHON_PATH;
-    return pop(SLOT(args[0], L.device_backend), 1);
+    return pop(SLOT(args[0], L.device_backend), 1, NULL);
 }
 
 

@@ -56,7 +56,7 @@ int drv_current(Driver *d, void **ctx)
 {
     if (d->compiled)
         return ((current_fn)d->c[F_CURRENT])(ctx);
-    PyObject *handle = NULL;
+    PyObject *handle = NULL; /* py_result leaves it unset when the call raised */
     int err = py_result(PyObject_CallNoArgs(d->py[F_CURRENT]), &handle);
     if (err) { /* no handle to read */
         Py_XDECREF(handle);
@@ -158,6 +158,39 @@ void leave_stream_context(Driver *d, int pushed)
     PyErr_Restore(type, value, tb);
 }
 
+/* Driver.call_in(ctx, fn, *args): ``fn(*args)`` with ``ctx`` (an active Context) current,
+ * pushed around the call unless it is current already (the common case costs one
+ * cuCtxGetCurrent). Stream._call's way: the driver resolves a default stream's handle, and
+ * checks a copy's device pointers, against the current context, not the stream's. */
+static PyObject *Driver_call_in(Driver *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!L.ready || nargs < 2 || !Py_IS_TYPE(args[0], L.Context)) {
+        PyErr_SetString(PyExc_TypeError, "call_in(ctx, fn, *args) takes a Context first");
+        return NULL;
+    }
+    PyObject *ctx = args[0];
+    if (SLOT(ctx, L.state) != L.ACTIVE) { /* pushing a destroyed context corrupts the heap */
+        PyErr_SetString(PyExc_ValueError, "call_in: the context is not active");
+        return NULL;
+    }
+    void *current = NULL;
+    int err = drv_current(self, &current);
+    if (err < 0)
+        return NULL;
+    int pushed = 0;
+    if (err != 0 || current != key_of(ctx)) {
+        err = drv_push(self, ctx);
+        if (err < 0)
+            return NULL;
+        if (err > 0)
+            return fail(SLOT(ctx, L.backend), err, "cuCtxPushCurrent", ctx);
+        pushed = 1;
+    }
+    PyObject *result = PyObject_Vectorcall(args[1], args + 2, nargs - 2, NULL);
+    leave_stream_context(self, pushed);
+    return result;
+}
+
 /* context.fail(backend, CUresult(err), operation, ctx): raises; returns NULL. */
 PyObject *fail(PyObject *backend, int err, const char *operation, PyObject *ctx)
 {
@@ -231,6 +264,9 @@ static PyObject *Driver_repr(Driver *self)
 }
 
 static PyMethodDef Driver_methods[] = {
+    {"call_in", (PyCFunction)(void (*)(void))Driver_call_in, METH_FASTCALL,
+     "call_in(ctx, fn, *args): fn(*args) with the active Context ctx current (pushed and "
+     "popped around the call unless it is current already)."},
     {"launcher", (PyCFunction)(void (*)(void))Driver_launcher, METH_VARARGS | METH_KEYWORDS,
      "launcher(plan, ctx, owner, stream, function, grid, block, shared_mem, config, general, "
      "fail, sim_args, launcher): the compiled fast path of one launcher and one plan, or None "

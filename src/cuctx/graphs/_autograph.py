@@ -19,13 +19,18 @@ graph calls in a row costing more than eager ones the structure runs eagerly, an
 many eager calls in a row for which graph calls are predicted cheaper by `MARGIN` it goes
 back to its graph. A call that does what a graph cannot hold (a synchronize, a query, a
 pageable copy) runs eagerly from the start: what was recorded before it is enqueued first;
-so does a call whose streams are being captured. Where the backend has the compiled path,
-recording, comparing, patching and launching run in C (`cuctx._native`, csrc/autograph.c).
+so does a call whose streams are being captured, and one that would build a graph while a
+capture forbids instantiating one (it would break that capture). Where the backend has the
+compiled path, every step of a call runs in C (`cuctx._native`: csrc/autograph_call.c, the
+call; autograph_serve.c, a graph call of structures of kernels on one stream, and the
+launches of an eager call; autograph.c, the recording, the comparisons, the patches and the
+launch; arrays.c, the temporaries): this module is the reference, and serves the rest.
 Everything is counted, timed and explained: `AutoGraph.stats`, `AutoGraph.explain`.
 """
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 import types
 from collections import OrderedDict, deque
@@ -44,8 +49,15 @@ from ._autograph_build import construct, patch, patchable, patcher
 from ._autograph_policy import MARGIN, SWITCH_AFTER, Policy, mean, us
 from ._autograph_record import Recording
 from ._autograph_state import EAGER, GRAPH, Entry, Tally, difference, site_of
+from ._exec import forbidding_instantiation
 
 REASONS_KEPT = 256  # the latest reasons stats() lists
+
+
+# Functions whose call returns before their body runs: (test, what it is, what a call gives).
+_DEFERRED = ((inspect.isasyncgenfunction, "an async generator function", "an async generator"),
+             (inspect.iscoroutinefunction, "an async function", "a coroutine"),
+             (inspect.isgeneratorfunction, "a generator function", "a generator"))
 
 
 class AutoGraph:
@@ -60,6 +72,13 @@ class AutoGraph:
     def __init__(self, fn: Callable, max_graphs: int = 16, max_bytes: int = 256 << 20) -> None:
         if not callable(fn):
             raise TypeError(f"autograph decorates a function, not {type(fn).__name__}")
+        for test, what, returns in _DEFERRED:
+            if test(fn):  # its body runs after the call returns: nothing would be recorded
+                raise TypeError(
+                    f"autograph: {getattr(fn, '__qualname__', fn)!r} is {what}: calling it "
+                    f"returns {returns} and runs its body later, outside the call autograph "
+                    "records, so nothing would be recorded; decorate a plain function that "
+                    "enqueues the GPU work and returns, and call that from it")
         for name, value in (("max_graphs", max_graphs), ("max_bytes", max_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"autograph: {name} must be an int >= 1, not {value!r}")
@@ -190,6 +209,13 @@ class AutoGraph:
         self._note("eager", reason)
 
     def _build(self, entry: Entry, recording: Recording, reason: str | None = None) -> None:
+        if _lifetimes.capturing and forbidding_instantiation():  # it would break the capture
+            if entry.exe is None:
+                entry.values = recording.values
+            return self._eager(entry, recording, (
+                "a capture forbids instantiating a graph now (a \"thread_local\" or "
+                "\"global\" one of this thread, or a \"global\" one of another): ran "
+                "eagerly, and a later call builds it"))
         t0 = perf_counter()
         try:
             graph, nodes, size = construct(recording)

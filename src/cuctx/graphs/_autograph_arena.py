@@ -58,7 +58,8 @@ class Lease(Allocation):
     def __init__(self, block: Allocation) -> None:
         self.ptr, self.nbytes, self.stream, self.recorded = (block.ptr, block.nbytes,
                                                              block.stream, [])
-        self.pool = self.shared = None  # (lent only for allocations from the default pool)
+        self.pool = block.pool  # (the device's default pool's: arenas lend only its memory)
+        self.shared = None
         self.block = block
 
 

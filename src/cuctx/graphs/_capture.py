@@ -325,26 +325,29 @@ def _node_info(op: _trace.Operation, site: tuple[str, int, str] | None,
 # -- what the lower layers call (installed in _lifetimes) -------------------------------------
 
 def refuse_in_capture(operation: str, *, stream: Stream | None = None, event: Any = None,
-                      ctx: Any = None, legacy: Stream | None = None, why: str = "") -> None:
+                      ctx: Any = None, legacy: Stream | None = None,
+                      captures: list[Capture] | None = None, why: str = "") -> None:
     """Raise GraphCaptureError when the call would break an active capture (see
     `_lifetimes`); the calling thread's captures it breaks are ended first."""
-    captures = set(_lifetimes.capturing.values())
-    if stream is not None:
+    active = set(_lifetimes.capturing.values())
+    if captures is not None:  # the caller found the captures the call breaks, and says why
+        hit = captures
+    elif stream is not None:
         hit = [c for c in (_lifetimes.capturing.get((stream._ctx._key, stream._key)),) if c]
         why = why or (f"{stream!r} is being captured: its work runs only when the graph is "
                       "launched, so there is nothing to wait for or ask about yet (synchronize "
                       "after the `with` block instead)")
     elif legacy is not None:
-        hit = [c for c in captures if c.mode == "global" and c.ctx is legacy._ctx]
+        hit = [c for c in active if c.mode == "global" and c.ctx is legacy._ctx]
         why = ("the legacy default stream was used while a global-mode capture is active in "
                "its context: its work would run now, outside the graph. Queue it on the "
                "capturing stream, or capture in \"thread_local\" or \"relaxed\" mode")
     elif event is not None:
-        hit = [c for c in captures if event._key in c.events]
+        hit = [c for c in active if event._key in c.events]
         why = (f"{event!r} was recorded in the capture: it marks a place in the graph, not "
                "work that runs")
     else:
-        hit = [c for c in captures if c.ctx is ctx]
+        hit = [c for c in active if c.ctx is ctx]
         why = (f"{ctx!r} has a stream being captured, and CUDA refuses to synchronize a "
                "context (or device) while one of its streams captures")
     if not hit:

@@ -17,6 +17,7 @@ Refusals name the node, the user's line that made it and the driver's reason in 
 from __future__ import annotations
 
 import functools
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from ..context import (ACTIVE, DESTROYED, Context, fail, in_context,
                        refuse_in_host_function)
 from ..errors import CONTEXT_IS_DESTROYED, CudaError, GraphUpdateError
 from ..stream import Stream, resolve_stream
+from ._conditions import check_condition_args, with_bodies
 from ._nodes import KernelParams, copy_params, fill_params
 from ._trace_launch import announce
 from ._update import TOPOLOGY, UPDATE_REASONS, refusal
@@ -62,6 +64,8 @@ class GraphExec(Resource):
 
     def __init__(self, graph: Graph, upload: Any, auto_free: bool, priority: bool) -> None:
         graph._check("Graph.instantiate")
+        if _lifetimes.capturing:
+            _refuse_in_capture("Graph.instantiate")
         ctx = graph._ctx
         backend = ctx._backend
         drv = backend.driver
@@ -78,7 +82,7 @@ class GraphExec(Resource):
         self._key = int(handle)
         self._origin = graph  # its node handles name the executable's nodes
         self._where: dict[GraphNode, int] = {}
-        self._handles = [node._handle for node in graph._nodes]
+        self._handles = [node._handle for node in with_bodies(graph)]
         self._specs: list[GraphNode] = []
         self._held = _Held()
         self._take(graph)
@@ -89,8 +93,9 @@ class GraphExec(Resource):
             self.upload(stream)
 
     def _take(self, graph: Graph) -> None:
-        """Keep what ``graph``'s nodes use; its nodes name this executable's nodes (by
-        position: the order the driver pairs them in for an update)."""
+        """Keep what ``graph``'s nodes use; its nodes, and those of its conditional bodies,
+        name this executable's nodes (by position in `with_bodies`: the order the driver
+        pairs them in for an update)."""
         keep, host, libraries, events = graph._closure()
         self.graph = graph
         self._host = tuple(host)
@@ -100,10 +105,11 @@ class GraphExec(Resource):
         _retire(held, (held.objects, list(held.slots.values())))
         held.objects = (self._origin, graph, *keep, *host)
         held.slots.clear()
-        self._specs = list(graph._nodes)
-        self._where = {node: i for i, node in enumerate(self._origin._nodes)}
+        self._specs = with_bodies(graph)
+        origin = self._specs if graph is self._origin else with_bodies(self._origin)
+        self._where = {node: i for i, node in enumerate(origin)}
         if graph is not self._origin:  # (an update's graph: its nodes name them too)
-            self._where.update({node: i for i, node in enumerate(graph._nodes)})
+            self._where.update({node: i for i, node in enumerate(self._specs)})
 
     # -- properties -----------------------------------------------------------------------
 
@@ -216,7 +222,9 @@ class GraphExec(Resource):
         position = self._where.get(node)
         if position is None:
             raise ValueError(f"GraphExec.update_node: {node!r} is not a node of the graph this "
-                             "executable was made from (or updated with)")
+                             "executable was made from (or updated with) or of its conditional "
+                             "bodies; nor are a child graph's nodes (its child node runs a "
+                             "copy of them): change those with exe.update(graph)")
         slot = self._held.slots.get(position)
         if slot is None:
             slot = self._held.slots[position] = self._slot(position)
@@ -300,10 +308,12 @@ class _Slot:
 
 
 class _KernelSlot(_Slot):
-    __slots__ = ("device",)
+    __slots__ = ("device", "graph")
 
     def update(self, exe: GraphExec, args: tuple, grid, block, shared_mem):
         params = self.params
+        if params.conditions:
+            check_condition_args(params.conditions, args, self.graph, "GraphExec.update_node")
         config = None
         if grid is not None or block is not None or shared_mem is not None:
             old = params.config
@@ -328,6 +338,7 @@ def _kernel_slot(exe: GraphExec, spec: GraphNode, handle) -> _Slot:
     slot = _KernelSlot("kernel", "cuGraphExecKernelNodeSetParams", None)
     slot.params = KernelParams(spec._kernel, spec._config, exe._ctx)
     slot.device = exe._ctx._device
+    slot.graph = spec.graph  # the graph the node is in: which conditions it may set
     slot.set = functools.partial(exe._backend.driver.cuGraphExecKernelNodeSetParams,
                                  exe._handle, handle, slot.params.struct)
     return slot
@@ -390,6 +401,38 @@ def _refuse_captured(stream: Stream, operation: str) -> None:
         operation, stream=stream,
         why=f"{stream!r} is being captured, and CUDA cannot capture a graph launch: launch the "
             "executable after the `with` block, or on a stream that is not captured")
+
+
+def forbidding_instantiation() -> list:
+    """The active captures that a graph instantiated by the calling thread now would break.
+    CUDA counts cuGraphInstantiate among the "potentially unsafe" calls a capture forbids:
+    a thread may not make them while it captures in "thread_local" or "global" mode, nor
+    while another thread captures in "global" mode (cuctx leaves threads in CUDA's default
+    mode, which heeds those); a "relaxed" capture allows them. The driver answers
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture (an H100, in a
+    thread-local capture; the rest is the CUDA programming guide's rule for such calls)."""
+    me = threading.get_ident()
+    return [c for c in dict.fromkeys(_lifetimes.capturing.values()) if c.broken is None
+            and (c.mode == "global" or (c.mode == "thread_local" and c.thread == me))]
+
+
+def _refuse_in_capture(operation: str) -> None:
+    """Refuse to instantiate a graph while a capture forbids it (`forbidding_instantiation`),
+    before the driver would invalidate that capture."""
+    captures = forbidding_instantiation()
+    if not captures:
+        return
+    capture = captures[0]
+    if capture.thread == threading.get_ident():
+        whose, what = "this thread captures", "capture in \"relaxed\" mode"
+    else:
+        whose = "another thread captures"
+        what = "have that thread capture in \"thread_local\" or \"relaxed\" mode"
+    _lifetimes.refuse_in_capture(operation, captures=captures, why=(
+        f"{whose} {capture.stream!r} in {capture.mode!r} mode, which forbids instantiating a "
+        "graph (CUDA counts it among the unsafe calls: the driver would refuse it and "
+        "invalidate the capture). Instantiate the graph before the capture begins or after "
+        f"its block, or {what}"))
 
 
 def _retire(held: _Held, objects: Any) -> None:

@@ -10,7 +10,7 @@ keeps its nodes (so their objects) alive; an executable copies that set when it 
 from __future__ import annotations
 
 import os
-from collections import Counter
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from cuda.bindings.driver import CUgraphDebugDot_flags
@@ -23,10 +23,12 @@ from .._resource import Resource
 from ..context import ACTIVE, DESTROYED, Context, context_for, fail, in_context
 from ..event import Event
 from ..stream import resolve_stream
+from ._conditions import (Condition, check_body_kind, check_child, check_condition,
+                          check_condition_args, condition_default, conditional_params,
+                          conditional_size, make_condition)
 from ._exec import GraphExec
-from ._nodes import (Condition, HostFunctions, KernelParams, NodeInfo, check_condition,
-                     condition_default, conditional_params, conditional_size, copy_params,
-                     describe_kernel, fill_params, kind_of, make_condition)
+from ._nodes import (HostFunctions, KernelParams, NodeInfo, copy_params, describe_kernel,
+                     fill_params, kind_of, summarize)
 
 if TYPE_CHECKING:
     from ..stream import Stream
@@ -104,7 +106,7 @@ class Graph(Resource):
     this graph; nodes without ``after`` may run in any order). Make an executable with
     `instantiate`."""
 
-    __slots__ = ("_nodes", "_by_handle", "_parts", "_host", "_own_host", "_stream", "_parent",
+    __slots__ = ("_nodes", "_by_handle", "_parts", "_host", "_own_host", "_stream", "_home",
                  "_conditions", "_finalizer", "__weakref__")
 
     def __init__(self) -> None:
@@ -117,7 +119,7 @@ class Graph(Resource):
         self._setup(ctx, handle, None)
         self._finalizer = finalize(self, _destroy_graph, drv, handle, ctx)
 
-    def _setup(self, ctx: Context, handle, parent: Graph | None) -> None:
+    def _setup(self, ctx: Context, handle, home: tuple[GraphNode, int] | None) -> None:
         self._backend = ctx._backend
         self._ctx = ctx
         self._handle = handle
@@ -130,7 +132,9 @@ class Graph(Resource):
         # The stream argument conversions get (its context is checked; another library's
         # array is ordered after its producer on it).
         self._stream: Stream = resolve_stream(None, ctx)
-        self._parent = parent  # a conditional body: the driver owns it with its node
+        # A conditional body: (its node, its index in node.bodies); the driver owns it with
+        # its node.
+        self._home = home
         self._conditions: list[Condition] = []  # made for this graph (Graph.condition)
         self._finalizer = None
 
@@ -217,6 +221,7 @@ class Graph(Resource):
             validate(kernel, ctx._device, config)
             kernel._checked.add((config, ctx._device))
         params = KernelParams(kernel, config, ctx)
+        check_condition_args(params.conditions, args, self, operation)
         params.pack(args, self._stream)
         kernel._owner._used_in(ctx)
         info = NodeInfo(None, params.keep(), describe_kernel(kernel, config), kernel, config)
@@ -253,6 +258,7 @@ class Graph(Resource):
         if not callable(fn):
             raise TypeError(f"Graph.host needs a callable, not {type(fn).__name__}")
         self._check("Graph.host")
+        check_body_kind(self, "host", "Graph.host")
         if self._own_host is None:
             self._own_host = HostFunctions(self._ctx)
             self._host.append(self._own_host)
@@ -268,7 +274,7 @@ class Graph(Resource):
 
     def record(self, event: Event, after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
         """An event record node: each launch records ``event`` (of the graph's context)."""
-        self._event("Graph.record", event)
+        self._event("Graph.record", "record", event)
         if event._ctx is not self._ctx:
             raise ValueError(f"Graph.record: {event!r} belongs to {event._ctx!r}, the graph to "
                              f"{self._ctx!r}; record an event of the graph's context")
@@ -279,13 +285,14 @@ class Graph(Resource):
     def wait(self, event: Event, after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
         """An event wait node: the nodes after it wait for the event's latest record at the
         time the graph runs (of any context or device)."""
-        self._event("Graph.wait", event)
+        self._event("Graph.wait", "wait", event)
         return self._add("Graph.wait", "wait", self._backend.driver.cuGraphAddEventWaitNode,
                          (event._handle,), after,
                          NodeInfo(keep=(event,), description="wait event"), event)
 
-    def _event(self, operation: str, event: Any) -> None:
+    def _event(self, operation: str, kind: str, event: Any) -> None:
         self._check(operation)
+        check_body_kind(self, kind, operation)
         if not isinstance(event, Event):
             raise TypeError(f"{operation} takes a cuctx.Event, not {type(event).__name__}")
         if event._backend is not self._backend:
@@ -302,9 +309,10 @@ class Graph(Resource):
             raise ValueError("Graph.child: a graph cannot contain itself or a graph of "
                              "another backend")
         graph._check("Graph.child")
+        check_child(self, graph, "Graph.child")
         node = self._add("Graph.child", "child", self._backend.driver.cuGraphAddChildGraphNode,
                          (graph._handle,), after,
-                         NodeInfo(keep=(graph,), description=f"child {graph._summary()}"),
+                         NodeInfo(keep=(graph,), description=f"child {summarize(graph._nodes)}"),
                          graph)
         self._parts.append(graph)
         return node
@@ -357,13 +365,15 @@ class Graph(Resource):
         node = self._add(operation, "conditional", add, (params,), after,
                          NodeInfo(description=words), hint=hint)
         bodies = []
-        for handle in params.conditional.phGraph_out[:size]:
+        for index, handle in enumerate(params.conditional.phGraph_out[:size]):
             body = object.__new__(Graph)
-            body._setup(ctx, handle, self)
+            body._setup(ctx, handle, (node, index))
             bodies.append(body)
         node._extra = (condition, tuple(bodies))
-        condition.nodes += 1
+        condition._node = weakref.ref(node)
         self._parts.extend(bodies)
+        if kind == "while" and self._backend.sim is not None:  # named where the sim stops it
+            self._backend.sim.name_node(node._handle, repr(node))
         return node
 
     # -- the graph as a whole -------------------------------------------------------------
@@ -397,7 +407,7 @@ class Graph(Resource):
         right away (else the first launch does); ``auto_free``: memory the graph allocates
         and does not free is freed at its next launch; ``priority``: kernel nodes run with
         their own priority attributes."""
-        unused = [c for c in self._conditions if not c.nodes]
+        unused = [c for c in self._conditions if c.node is None]
         if unused:
             raise ValueError(
                 f"Graph.instantiate: {', '.join(map(repr, unused))} drives no conditional "
@@ -450,29 +460,15 @@ class Graph(Resource):
             events.extend(ev)
         return keep, host, libraries, events
 
-    def _summary(self) -> str:
-        kinds = Counter(node.kind for node in self._nodes)
-        parts = []
-        for kind, n in kinds.items():
-            if kind == "kernel":
-                names = Counter(node._kernel.name if node._kernel else "?"
-                                for node in self._nodes if node.kind == "kernel")
-                named = ", ".join(f"{name!r}" + (f" x{k}" if k > 1 else "")
-                                  for name, k in names.items())
-                parts.append(f"{n} kernel ({named})")
-            else:
-                parts.append(f"{n} {kind}")
-        return f"{len(self._nodes)} nodes" + (f": {'; '.join(parts)}" if parts else "")
-
     def __len__(self) -> int:
         return len(self._nodes)
 
     def __repr__(self) -> str:
         active = self._ctx._state is ACTIVE
         edges = f", {len(self.edges)} edges" if active else ""
-        body = " (conditional body)" if self._parent is not None else ""
+        body = " (conditional body)" if self._home is not None else ""
         state = "" if active else f" context {self._ctx._state}"
-        return (f"<Graph{body} {self._key:#x} {self._summary()}{edges} ctx "
+        return (f"<Graph{body} {self._key:#x} {summarize(self._nodes)}{edges} ctx "
                 f"{self._ctx._key:#x}{state}>")
 
 

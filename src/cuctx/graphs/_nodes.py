@@ -9,8 +9,8 @@ eager operation they stand for:
   replays the copy later, so a host side must be page-locked.
 - fills: `_copy.fill_pattern` (which values fit which dtype) as one memset node.
 - host functions: the trampoline of `_lifetimes` with a key of a `GraphOwner`.
-- conditionals: cuctx's kinds ("if", "if_else", "while", "switch") as the driver's type and
-  number of bodies, the default a `Condition` takes, and which graphs may use a condition.
+
+Conditional nodes and their conditions: `_conditions.py`.
 
 Node kinds are named once here (`KINDS`), for nodes made by cuctx and for nodes found in a
 driver graph (`Graph._adopt`).
@@ -19,19 +19,17 @@ driver graph (`Graph._adopt`).
 from __future__ import annotations
 
 import ctypes
-import operator
 import weakref
+from collections import Counter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-from cuda.bindings.driver import (CU_GRAPH_COND_ASSIGN_DEFAULT, CUDA_HOST_NODE_PARAMS,
-                                  CUDA_KERNEL_NODE_PARAMS, CUDA_MEMCPY3D,
-                                  CUDA_MEMSET_NODE_PARAMS, CUgraphConditionalNodeType,
-                                  CUgraphNodeParams, CUgraphNodeType, CUkernel, CUmemorytype)
+from cuda.bindings.driver import (CUDA_HOST_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS,
+                                  CUDA_MEMCPY3D, CUDA_MEMSET_NODE_PARAMS, CUgraphNodeType,
+                                  CUkernel, CUmemorytype)
 
-from .. import _trace
-from ..context import fail, in_context
 from ..memory import _layout
+from ..kernels._access import condition_params
 from ..kernels._args import PACK_ERRORS
 from ..memory._copy import _address, _matching, fill_pattern
 from ..memory._host import page_locked
@@ -69,6 +67,22 @@ def kind_of(node_type) -> str:
         return f"type {code}"
 
 
+def summarize(nodes: list) -> str:
+    """A graph's nodes in words: "3 nodes: 2 kernel ('saxpy' x2); 1 fill"."""
+    kinds = Counter(node.kind for node in nodes)
+    parts = []
+    for kind, n in kinds.items():
+        if kind == "kernel":
+            names = Counter(node._kernel.name if node._kernel else "?"
+                            for node in nodes if node.kind == "kernel")
+            named = ", ".join(f"{name!r}" + (f" x{k}" if k > 1 else "")
+                              for name, k in names.items())
+            parts.append(f"{n} kernel ({named})")
+        else:
+            parts.append(f"{n} {kind}")
+    return f"{len(nodes)} nodes" + (f": {'; '.join(parts)}" if parts else "")
+
+
 class NodeInfo(NamedTuple):
     """What cuctx knows of a node beyond the driver's graph: the user's call site, the
     objects its work uses (kept alive while a graph or executable holds the node), words for
@@ -79,127 +93,6 @@ class NodeInfo(NamedTuple):
     description: str = ""
     kernel: Kernel | None = None
     config: Config | None = None
-
-
-class Condition(int):
-    """A graph's condition handle (cudaGraphConditionalHandle), made by `Graph.condition`
-    (or by `Graph.conditional` without ``condition=``): pass it to the kernel that sets it
-    (an ``unsigned long long`` parameter; the kernel calls ``cudaGraphSetConditional(handle,
-    value)``) and to the conditional node it drives. ``default``: the value each launch
-    starts from (None: the value last set, 0 at first); ``site``: the user's line that made
-    it; ``nodes``: how many conditional nodes use it (CUDA refuses to instantiate a graph
-    with a condition no node uses)."""
-
-    def __new__(cls, handle: int, graph: Any, default: int | None,
-                site: tuple[str, int, str] | None) -> Condition:
-        self = super().__new__(cls, handle)
-        self.default = default
-        self.site = site
-        self.nodes = 0
-        self._graph = weakref.ref(graph)  # not kept: its nodes' arguments may keep this
-        return self
-
-    @property
-    def where(self) -> str:
-        return f"{self.site[0]}:{self.site[1]}" if self.site else "unknown line"
-
-    def __repr__(self) -> str:
-        start = "the last value set" if self.default is None else self.default
-        return f"<Condition {int(self):#x} default={start!r} made at {self.where}>"
-
-
-def condition_default(default: Any, operation: str) -> int | None:
-    """A condition's default as the driver takes it: None, or an unsigned int (bools are 0
-    and 1; a switch's default picks its body)."""
-    if default is None:
-        return None
-    try:
-        value = operator.index(default)  # ints, bools, NumPy integers; not floats
-    except TypeError:
-        raise TypeError(f"{operation}: default must be None, a bool or an int, not "
-                        f"{type(default).__name__} {default!r}") from None
-    if not 0 <= value < 1 << 32:
-        raise ValueError(f"{operation}: default={default!r} is outside what a condition holds "
-                         "(an unsigned 32-bit int: 0 to 4294967295)")
-    return value
-
-
-_C = CUgraphConditionalNodeType
-# cuctx's conditional kinds: the driver's type and the number of bodies (a switch's: cases=).
-CONDITIONALS = {"if": (_C.CU_GRAPH_COND_TYPE_IF, 1), "if_else": (_C.CU_GRAPH_COND_TYPE_IF, 2),
-                "while": (_C.CU_GRAPH_COND_TYPE_WHILE, 1),
-                "switch": (_C.CU_GRAPH_COND_TYPE_SWITCH, None)}
-
-
-def conditional_size(kind: Any, cases: Any, operation: str) -> int:
-    """The number of bodies of a conditional node of ``kind`` (checked with ``cases``)."""
-    if kind not in CONDITIONALS:
-        raise ValueError(f"Graph.conditional: kind must be one of "
-                         f"{', '.join(map(repr, CONDITIONALS))}, not {kind!r}")
-    size = CONDITIONALS[kind][1]
-    if kind == "switch":
-        if isinstance(cases, bool) or not isinstance(cases, int) or cases < 1:
-            raise ValueError(f"{operation} needs cases=n, its number of bodies (an int >= 1; "
-                             f"body i runs when the condition is i), not {cases!r}")
-        return cases
-    if cases is not None:
-        raise ValueError(f"{operation}: cases= is for 'switch' nodes; an {kind!r} node has "
-                         f"{size} {'body' if size == 1 else 'bodies'}")
-    return size
-
-
-def make_condition(graph: Any, value: int | None, operation: str) -> Condition:
-    """A new condition of ``graph`` (cuGraphConditionalHandleCreate), with ``value`` as its
-    default (None: none), filed with the graph for the check at instantiation."""
-    ctx, drv = graph._ctx, graph._backend.driver
-    flags = CU_GRAPH_COND_ASSIGN_DEFAULT if value is not None else 0
-    with in_context(ctx, operation):
-        err, handle = drv.cuGraphConditionalHandleCreate(graph._handle, ctx._handle,
-                                                         value or 0, flags)
-    if err:
-        fail(ctx._backend, err, "cuGraphConditionalHandleCreate", ctx,
-             hint="conditional nodes need a driver of CUDA 12.4 or newer")
-    condition = Condition(int(handle), graph, value, _trace.user_site())
-    graph._conditions.append(condition)
-    return condition
-
-
-def check_condition(condition: Any, default: Any, graph: Any, operation: str) -> None:
-    """Check that ``condition`` can drive a conditional node of ``graph``: the driver takes
-    a condition of the node's own graph or of a graph that graph lies in as a body."""
-    if not isinstance(condition, Condition):
-        raise TypeError(f"{operation}: condition= takes what Graph.condition() returns, not "
-                        f"{type(condition).__name__} {condition!r}")
-    if default is not None:
-        raise ValueError(f"{operation}: the default is the condition's, set when it was made "
-                         f"(g.condition(default=...)); {condition!r} was given too")
-    home = condition._graph()
-    while graph is not None and graph is not home:
-        graph = graph._parent
-    if graph is None:
-        raise ValueError(f"{operation}: {condition!r} is of another graph; a conditional node "
-                         "takes a condition of its own graph, or of a graph its own lies in "
-                         "as a body")
-
-
-def conditional_params(kind: str, condition: Condition, size: int,
-                       ctx: Context) -> tuple[CUgraphNodeParams, str, str]:
-    """cuGraphAddNode's parameters of a conditional node (the driver fills phGraph_out), its
-    description, and what to say if the driver refuses it."""
-    params = CUgraphNodeParams()
-    params.type = CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
-    cond = params.conditional
-    cond.handle = condition
-    cond.type = CONDITIONALS[kind][0]
-    cond.size = size
-    cond.ctx = ctx._handle
-    hint = ""
-    if kind in ("if_else", "switch"):
-        version = ctx._backend.driver.cuDriverGetVersion()[1]
-        hint = (f"'if_else' and 'switch' nodes need a driver of CUDA 12.8 or newer (this one "
-                f"is {version // 1000}.{version % 1000 // 10})")
-    cases = f" cases={size}" if kind == "switch" else ""
-    return params, f"conditional {kind} {condition:#x}{cases}", hint
 
 
 class HostFunctions:
@@ -226,12 +119,15 @@ class HostFunctions:
 
 class KernelParams:
     """A kernel node's driver struct with its own parameter buffer: `pack` writes arguments
-    into the buffer the struct points at, `configure` the grid, block and shared memory."""
+    into the buffer the struct points at, `configure` the grid, block and shared memory.
+    ``conditions``: the parameters the source declares as condition handles."""
 
-    __slots__ = ("kernel", "config", "packer", "struct", "buffer", "pointers", "args")
+    __slots__ = ("kernel", "config", "packer", "struct", "buffer", "pointers", "args",
+                 "conditions")
 
     def __init__(self, kernel: Kernel, config: Config, ctx: Context) -> None:
         self.kernel = kernel
+        self.conditions = condition_params(kernel)
         self.packer = kernel._packer()
         self.buffer, self.pointers = self.packer.buffers()
         struct = self.struct = CUDA_KERNEL_NODE_PARAMS()
@@ -277,17 +173,22 @@ def describe_kernel(kernel: Kernel, config: Config) -> str:
 _HOST, _DEVICE = CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE
 
 
-def _side(obj: Any, ctx: Context, operation: str, role: str, written: bool) -> bool:
-    """Check one side of a graph copy; True for device memory."""
+def _side(obj: Any, ctx: Context, operation: str, role: str, written: bool,
+          copy: bool = True) -> bool:
+    """Check one side of a graph copy (or fill: not ``copy``); True for device memory."""
     if isinstance(obj, DeviceArray):
         obj._check(operation)
         if obj._backend is not ctx._backend:
             raise ValueError(f"{operation}: the {role} {obj!r} is of another backend")
-        if obj._ctx._device is not ctx._device:
+        here, there = ctx._device, obj._ctx._device
+        if there is not here and not (copy and there in here._peers):
             raise ValueError(
-                f"{operation}: the {role} {obj!r} is on device {obj._ctx._device.ordinal}, the "
-                f"graph's context on device {ctx._device.ordinal}; a graph copies within its "
-                "device (copy between devices eagerly with cuctx.copy)")
+                f"{operation}: the {role} {obj!r} is on device {there.ordinal}, the graph's "
+                f"context on device {here.ordinal}; " + (
+                    f"a copy between devices in a graph is made by device {here.ordinal}, "
+                    f"which needs peer access to device {there.ordinal}: call cuctx.Device("
+                    f"{here.ordinal}).enable_peer_access({there.ordinal}) first" if copy else
+                    "a graph fills memory of its own device"))
         return True
     if not isinstance(obj, np.ndarray):
         raise TypeError(f"{operation}: the {role} must be a DeviceArray or a page-locked "
@@ -305,8 +206,9 @@ def _side(obj: Any, ctx: Context, operation: str, role: str, written: bool) -> b
 
 
 def copy_params(dst: Any, src: Any, ctx: Context, operation: str) -> tuple[CUDA_MEMCPY3D, str]:
-    """The one 3D copy from ``src`` to ``dst`` (device arrays of the graph's device, or
-    page-locked host arrays), checked as `cuctx.copy` checks; and its description."""
+    """The one 3D copy from ``src`` to ``dst`` (device arrays of the graph's device or of a
+    device it has peer access to, or page-locked host arrays), checked as `cuctx.copy`
+    checks; and its description."""
     dst_dev = _side(dst, ctx, operation, "destination", True)
     src_dev = _side(src, ctx, operation, "source", False)
     if not (dst_dev or src_dev):
@@ -362,7 +264,7 @@ def fill_params(arr: Any, value: Any, ctx: Context,
     if not isinstance(arr, DeviceArray):
         raise TypeError(f"{operation} fills a DeviceArray, not {type(arr).__name__}")
     arr._check(operation)
-    _side(arr, ctx, operation, "array", True)
+    _side(arr, ctx, operation, "array", True, copy=False)
     pattern = fill_pattern(value, arr.dtype)
     if not arr.size:
         raise ValueError(f"{operation}: the array is empty; a graph holds no empty memset")

@@ -1,6 +1,7 @@
 """What the source cuctx compiled says of a kernel's parameters: their names, how a kernel
-uses its pointer parameters for the trace (and so the race checker) and what they point at
-(for the dtype check: `cuctx.kernels._dtypes`).
+uses its pointer parameters for the trace (and so the race checker), what they point at
+(for the dtype check: `cuctx.kernels._dtypes`) and which are condition handles (for graph
+kernel nodes: `cuctx.graphs._conditions`).
 
 Access modes are read ("r"), written ("w") or both ("rw"). In order: an annotation
 (`Kernel.set_access`, or ``access=`` of one `cuctx.launch`), then ``const`` in the parameter
@@ -217,6 +218,27 @@ def declared(kernel: Any) -> list[Param] | None:
                                          pointee=pointees.pop() if len(pointees) == 1
                                          else None))
     return merged
+
+
+# The types of a condition handle (cudaGraphSetConditional's first parameter).
+_CONDITION_TYPES = frozenset({"cudaGraphConditionalHandle", "CUgraphConditionalHandle"})
+
+
+def condition_params(kernel: Any) -> tuple[tuple[int, str], ...]:
+    """(index, declaration) of each parameter the kernel's source declares as a condition
+    handle (``cudaGraphConditionalHandle``, through its typedefs too); () without source."""
+    params = declared(kernel)
+    if not params:
+        return ()
+    aliases = kernel._owner._access_parsed.aliases
+    found = []
+    for index, p in enumerate(params):
+        ctype = _type(p.ctype)
+        for _ in range(8):  # typedef chains, not cycles
+            ctype = aliases.get(ctype, ctype)
+        if ctype in _CONDITION_TYPES:
+            found.append((index, f"{p.ctype} {p.name}".strip()))
+    return tuple(found)
 
 
 def keyed(kernel: Any, given: Mapping[str | int, Any]) -> dict[int, Any]:

@@ -1,7 +1,7 @@
 """Kernel arguments: how one Python value becomes the bytes of one kernel parameter.
 
 The layout (offset and size of each parameter) comes from the driver. The types come from
-the PTX of the same program where there is one (`cuctx.kernels._ptx`: code compiled from source, or
+the PTX of the same program where there is one (`cuctx.devcode._ptx`: code compiled from source, or
 loaded as PTX), and numbers are converted to them: an int to a ``float`` parameter becomes
 a float, a float to an ``int`` parameter is an error. A foreign cubin has no PTX: there,
 a Python number packs by its own type and the size is all that is checked. docs/kernels.md
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from . import _dtypes
-from ._ptx import ParamType
+from ..devcode._ptx import ParamType
 from ..context import ACTIVE
 from ..device import Device
 from ..memory._array import DeviceArray, asarray
@@ -247,7 +247,10 @@ def _device_array_pointer(arr, stream: Stream) -> int:
         raise ctx._unusable("launch (a DeviceArray argument)")
     # Memory of another context on the same device is fine: the driver maps every
     # context's allocations into the device's one address space (docs/kernels.md).
-    if ctx._device is not device:
+    pool = arr._alloc.pool if arr._alloc is not None else None
+    if pool is not None and (pool._location == "host" or pool._device is not device):
+        _pool_reachable(pool, device, arr)  # an explicit pool's own access list
+    elif ctx._device is not device:
         _reachable(ctx.device, device, arr)
     if not arr._c:
         _not_contiguous(arr)
@@ -317,6 +320,18 @@ def _reachable(owner: Device, device: Device, arr) -> None:
     raise KernelArgumentError(
         f"{what} needs peer access: call cuctx.Device({device.ordinal}).enable_peer_access("
         f"cuctx.Device({owner.ordinal})) first, or copy it to device {device.ordinal}")
+
+
+def _pool_reachable(pool, device: Device, arr) -> None:
+    """Kernels on ``device`` may use memory of an explicit pool (of another device, or host
+    memory) once the pool grants it (`MemoryPool.set_access`): `Device.enable_peer_access`
+    covers the default pools only."""
+    if pool.access(device) is None:
+        raise KernelArgumentError(
+            f"{type(arr).__name__} of {pool!r} passed to a launch on device {device.ordinal}, "
+            f"which has no access to that pool's memory: call pool.set_access("
+            f"cuctx.Device({device.ordinal}), 'rw') first ('r' to read only), or copy it to "
+            f"device {device.ordinal}")
 
 
 def _not_contiguous(arr) -> None:

@@ -16,7 +16,7 @@ from typing import Literal
 
 # Bump whenever the entry layout or the meaning of the key changes; it is
 # hashed into the key and written into every entry header.
-CACHE_FORMAT_VERSION = 2
+CACHE_FORMAT_VERSION = 3
 _MAGIC = b"CUCTXNVR"
 # magic, format version, payload length, sha256(payload)
 _HEADER = struct.Struct("<8sIQ32s")
@@ -30,24 +30,32 @@ class CacheWarning(RuntimeWarning):
     """The compile cache could not be used; compilation went ahead without it."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class CompileResult:
-    """A compiled image.
+    """A compiled (or linked) image.
 
-    ``image`` is exactly what NVRTC returned: for ``kind == "ptx"`` it keeps
-    NVRTC's trailing NUL, which cuModuleLoadData requires. ``ptx`` is the PTX
-    of the same program (the image itself for ``kind == "ptx"``), from which
-    cuctx reads the parameter types a cubin does not record; None where NVRTC
-    had none to give (link-time optimisation).
+    ``image`` is exactly what the compiler returned: for ``kind == "ptx"`` it
+    keeps the trailing NUL, which cuModuleLoadData requires; ``kind ==
+    "ltoir"`` is LTO-IR, which is linked (`Library.link`), never loaded.
+    ``ptx`` is the PTX of the same program (the image itself for ``kind ==
+    "ptx"``), from which cuctx reads the parameter types a cubin does not
+    record; None where the compiler had none to give (LTO-IR). ``name`` is the
+    program's name, which names the piece in a link's errors.
     """
 
     image: bytes
-    kind: Literal["cubin", "ptx"]
+    kind: Literal["cubin", "ptx", "ltoir"]
     arch: str
     lowered_names: dict[str, str]
     log: str
     from_cache: bool
     ptx: bytes | None = None
+    name: str = ""
+
+    def __repr__(self) -> str:  # (the image and the log can be megabytes: not printed)
+        name = f" {self.name!r}" if self.name else ""
+        cached = ", from the cache" if self.from_cache else ""
+        return f"<CompileResult {self.kind}{name} for {self.arch}, {len(self.image)} bytes{cached}>"
 
 
 # Where an entry's PTX is: none, the image itself (kind "ptx"), or its own blob.
@@ -69,6 +77,7 @@ def _encode_entry(key: str, result: CompileResult) -> bytes:
             "lowered_names": result.lowered_names,
             "log": result.log,
             "ptx": place,
+            "name": result.name,
         }
     ).encode()
     payload = (
@@ -119,6 +128,7 @@ def _decode_entry(data: bytes, key: str) -> CompileResult | None:
         log=meta["log"],
         from_cache=True,
         ptx={"none": None, "image": image[0], "blob": ptx[0]}[meta["ptx"]],
+        name=meta["name"],
     )
 
 
@@ -126,7 +136,8 @@ def _valid_meta(meta, key: str) -> bool:
     return (
         isinstance(meta, dict)
         and meta.get("key") == key
-        and meta.get("kind") in ("cubin", "ptx")
+        and meta.get("kind") in ("cubin", "ptx", "ltoir")
+        and isinstance(meta.get("name"), str)
         and isinstance(meta.get("arch"), str)
         and isinstance(meta.get("log"), str)
         and isinstance(meta.get("lowered_names"), dict)

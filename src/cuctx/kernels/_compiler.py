@@ -1,7 +1,8 @@
-"""Runtime compilation of CUDA C++ with NVRTC, backed by a persistent cache.
+"""Runtime compilation, backed by a persistent cache: CUDA C++ with NVRTC, NVVM IR with
+libNVVM, PTX to a cubin with the linker; to a cubin, PTX or LTO-IR.
 
-NVRTC is loaded lazily so that importing this module never requires it.
-See docs/compiler.md for the cache design.
+The compilers are loaded lazily so that importing this module never requires them.
+See docs/compiler.md for the targets and the cache design.
 """
 
 from __future__ import annotations
@@ -11,12 +12,16 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from . import _jitlink, _nvvm
+from ..devcode._kinds import is_ptx
+from ..devcode._mangled import declared_name
 from ._compile_cache import (CACHE_FORMAT_VERSION, CacheWarning, CompileResult, _load_entry,
                              _store_entry)
+from ._nvrtc import (CompileError, Request, nvrtc_supported_archs, nvrtc_version, run_nvrtc,
+                     with_declarations)
 
 __all__ = [
     "CacheWarning",
@@ -24,85 +29,20 @@ __all__ = [
     "CompileResult",
     "cache_directory",
     "compile_source",
+    "declared_name",
     "nvrtc_supported_archs",
     "nvrtc_version",
     "pick_arch",
 ]
 
-_ENTRY_PREFIX = "nvrtc-"
-_ENTRY_SUFFIX = ".bin"
+Target = Literal["cubin", "ptx", "ltoir"]
+Language = Literal["c++", "ptx", "nvvm"]
+_DEFAULT_NAMES = {"c++": "cuctx_kernel.cu", "ptx": "cuctx_kernel.ptx", "nvvm": "cuctx_kernel.ll"}
 
 _ARCH_RE = re.compile(r"(?:sm|compute)_\d+[af]?")
 # The target comes from `arch`; a second one in `options` would silently win
 # (NVRTC only warns), so it is rejected instead.
 _ARCH_OPTION_RE = re.compile(r"(-arch|--gpu-architecture)(=|\s|$)")
-
-# A kernel that sets a graph's condition calls cudaGraphSetConditional, a device-runtime
-# builtin whose declaration comes with the runtime's headers, which NVRTC programs do not
-# include; declared as below (as cuda.core's tests do), the driver resolves the call when it
-# loads the code, with no nvcc nor device runtime to link. Sources that declare it themselves
-# are left alone.
-_SETS_CONDITION_RE = re.compile(r"\bcudaGraphSetConditional\b")
-_DECLARES_SET_CONDITIONAL_RE = re.compile(r"\bvoid\s+(?:CUDARTAPI\s+)?cudaGraphSetConditional\s*\(")
-_SET_CONDITIONAL_DECLARATION = (
-    "typedef __device_builtin__ unsigned long long cudaGraphConditionalHandle;\n"
-    'extern "C" __device__ __cudart_builtin__ void CUDARTAPI cudaGraphSetConditional('
-    "cudaGraphConditionalHandle, unsigned int);\n")
-
-
-class CompileError(Exception):
-    """NVRTC failed; ``log`` holds NVRTC's full program log."""
-
-    def __init__(self, message: str, *, log: str, options: tuple[str, ...], name: str):
-        self.log = log
-        self.options = options
-        self.name = name
-        super().__init__(f"{message}\nNVRTC options: {list(options)}\n{log}")
-
-
-# --------------------------------------------------------------------------
-# NVRTC access
-
-
-def _nvrtc():
-    try:
-        from cuda.bindings import nvrtc
-    except ImportError as exc:
-        raise RuntimeError(
-            f"NVRTC is unavailable: cuda.bindings cannot be imported ({exc})"
-        ) from exc
-    return nvrtc
-
-
-def nvrtc_version() -> tuple[int, int]:
-    """(major, minor) of the loaded NVRTC; RuntimeError if it cannot be loaded."""
-    nvrtc = _nvrtc()
-    try:
-        err, major, minor = nvrtc.nvrtcVersion()
-    except (RuntimeError, OSError) as exc:
-        # cuda.bindings dlopens libnvrtc on first call, not on import.
-        raise RuntimeError(f"NVRTC is unavailable: {exc}") from exc
-    _check(err, "nvrtcVersion")
-    return major, minor
-
-
-def nvrtc_supported_archs() -> list[int]:
-    """Compute capabilities NVRTC can target, as ints (sm_90 -> 90)."""
-    nvrtc_version()
-    err, archs = _nvrtc().nvrtcGetSupportedArchs()
-    _check(err, "nvrtcGetSupportedArchs")
-    return sorted(archs)
-
-
-def _check(err, what: str) -> None:
-    if err != _nvrtc().nvrtcResult.NVRTC_SUCCESS:
-        raise RuntimeError(f"{what} failed: {_err_name(err)}")
-
-
-def _err_name(err) -> str:
-    _, text = _nvrtc().nvrtcGetErrorString(err)
-    return text.decode()
-
 
 # --------------------------------------------------------------------------
 # Target selection
@@ -136,10 +76,24 @@ def pick_arch(capabilities: list[tuple[int, int]], nvrtc_supported: list[int] | 
 # Input normalisation
 
 
-def _kind_of(arch: str) -> Literal["cubin", "ptx"]:
+def _target_of(arch: str, target: str | None, language: str) -> str:
+    """The target asked for, or the one ``arch`` implies (sm_XY: a cubin, compute_XY: PTX);
+    ValueError for a combination no compiler makes."""
     if not isinstance(arch, str) or not _ARCH_RE.fullmatch(arch):
         raise ValueError(f"arch must look like 'sm_90' (cubin) or 'compute_90' (PTX), got {arch!r}")
-    return "cubin" if arch.startswith("sm_") else "ptx"
+    if language not in _DEFAULT_NAMES:
+        raise ValueError(f"language must be one of {list(_DEFAULT_NAMES)}, got {language!r}")
+    if target is None:
+        target = "cubin" if arch.startswith("sm_") else "ptx"
+    if target not in ("cubin", "ptx", "ltoir"):
+        raise ValueError(f"target must be 'cubin', 'ptx' or 'ltoir', got {target!r}")
+    if target == "cubin" and not arch.startswith("sm_"):
+        raise ValueError(f"a cubin is code for a real architecture: arch='sm_{arch[8:]}', not "
+                         f"{arch!r} (compute_XY gives PTX)")
+    if language == "ptx" and target != "cubin":
+        raise ValueError(f"PTX compiles to a cubin only (target='cubin'), not {target!r}: load "
+                         "PTX as it is (Library.from_bytes) or link it (Library.link)")
+    return target
 
 
 def _normalize_options(options: Iterable[str | bytes]) -> tuple[bytes, ...]:
@@ -169,25 +123,6 @@ def _normalize_name_expressions(exprs: Iterable[str]) -> tuple[str, ...]:
     return out
 
 
-_NAME_LENGTH = re.compile(r"[1-9][0-9]*")  # of a name in a mangled name
-
-
-def declared_name(mangled: str) -> tuple[str, bool] | None:
-    """The name a mangled C++ kernel was declared with, and whether it is a template
-    instance: ``_Z8cpp_namePf`` -> ("cpp_name", False), ``_ZN2ns4tmplIfEEvPT_`` ->
-    ("ns::tmpl", True). None for other names (extern "C" ones)."""
-    if not mangled.startswith("_Z"):
-        return None
-    nested = mangled.startswith("_ZN")
-    parts, i = [], 3 if nested else 2
-    while (length := _NAME_LENGTH.match(mangled, i)) is not None:
-        i = length.end() + int(length.group())
-        parts.append(mangled[length.end():i])
-        if not nested:
-            break
-    return ("::".join(parts), mangled[i:i + 1] == "I") if parts else None
-
-
 def _normalize_headers(headers: Mapping[str, str | bytes] | None) -> tuple[tuple[str, bytes], ...]:
     if headers is None:
         return ()
@@ -211,173 +146,132 @@ def _normalize_headers(headers: Mapping[str, str | bytes] | None) -> tuple[tuple
 # Compilation
 
 
-@dataclass(frozen=True)
-class _Request:
-    source: bytes
-    arch: str
-    options: tuple[bytes, ...]
-    name_expressions: tuple[str, ...]
-    headers: tuple[tuple[str, bytes], ...]
-    name: str
-
-    def nvrtc_options(self) -> list[bytes]:
-        return [f"--gpu-architecture={self.arch}".encode(), *self.options]
-
-    def cache_key(self, version: tuple[int, int]) -> str:
-        # JSON of nested lists is an unambiguous encoding; latin-1 maps bytes
-        # 1:1 onto code points so arbitrary bytes survive it.
-        material = json.dumps(
-            [
-                CACHE_FORMAT_VERSION,
-                list(version),
-                self.arch,
-                self.name,
-                self.source.decode("latin-1"),
-                [[n, t.decode("latin-1")] for n, t in self.headers],
-                [o.decode("latin-1") for o in self.options],
-                list(self.name_expressions),
-            ]
-        )
-        return hashlib.sha256(material.encode()).hexdigest()
-
-
 def compile_source(
-    src: str,
+    src: str | bytes,
     *,
     arch: str,
+    target: Target | None = None,
+    language: Language = "c++",
+    relocatable: bool = False,
     options: Iterable[str | bytes] = (),
     name_expressions: Iterable[str] = (),
     headers: Mapping[str, str | bytes] | None = None,
-    name: str = "cuctx_kernel.cu",
+    name: str | None = None,
     cache_dir: str | os.PathLike | Literal[False] | None = None,
 ) -> CompileResult:
-    """Compile CUDA C++ ``src`` for ``arch`` ("sm_XY" -> cubin, "compute_XY" -> PTX).
+    """Compile ``src`` for ``arch`` to ``target``: "cubin" (the default for "sm_XY"), "ptx"
+    (the default for "compute_XY") or "ltoir" (LTO-IR, for `Library.link(..., lto=True)`).
 
-    ``name_expressions`` (e.g. ``"axpy<float>"``) are resolved to mangled
-    names in ``lowered_names``. ``headers`` maps include names to sources.
-    ``cache_dir``: None -> $CUCTX_CACHE_DIR or the user cache dir; False or
-    "" -> no cache. Raises CompileError when NVRTC fails.
+    ``language``: "c++" (NVRTC; ``relocatable`` keeps device functions for a link, -rdc),
+    "ptx" (to a cubin, through the linker: ``options`` are the linker's) or "nvvm" (NVVM IR
+    through libNVVM, an optional package; ``options`` are libNVVM's). ``name_expressions``
+    (e.g. ``"axpy<float>"``, C++ only) are resolved to mangled names in ``lowered_names``.
+    ``headers`` maps include names to sources. ``cache_dir``: None -> $CUCTX_CACHE_DIR or
+    the user cache dir; False or "" -> no cache. Raises CompileError with the compiler's log.
     """
-    if not isinstance(src, str):
-        raise TypeError(f"src must be str, got {type(src).__name__}")
+    target = _target_of(arch, target, language)
+    if name is None:
+        name = _DEFAULT_NAMES[language]
     if not isinstance(name, str):
         raise TypeError(f"name must be str, got {type(name).__name__}")
-    kind = _kind_of(arch)
-    request = _Request(
-        source=_with_declarations(src, name).encode(),
-        arch=arch,
-        options=_normalize_options(options),
-        name_expressions=_normalize_name_expressions(name_expressions),
-        headers=_normalize_headers(headers),
-        name=name,
-    )
+    if language == "c++":
+        if not isinstance(src, str):
+            raise TypeError(f"C++ source must be str, got {type(src).__name__}")
+        opts = _normalize_options(options)
+        if relocatable or target == "ltoir":  # LTO-IR is for linking: device functions stay
+            opts = (b"--relocatable-device-code=true", *(b"-dlto",) * (target == "ltoir"),
+                    *opts)
+        request = Request(source=with_declarations(src, name).encode(), arch=arch,
+                          options=opts, name_expressions=_normalize_name_expressions(
+                              name_expressions), headers=_normalize_headers(headers),
+                          name=name)
+        return cached(cache_dir, lambda: ["nvrtc", list(nvrtc_version()), target,
+                                           *request.key_material()],
+                       lambda: run_nvrtc(request, target))
+    if tuple(name_expressions) or headers:
+        raise ValueError(f"name_expressions and headers are for C++ sources, not {language}")
+    if relocatable:
+        raise ValueError(f"relocatable is for C++ sources; {language} links as it is")
+    code = _source_bytes(src, language)
+    if language == "ptx":
+        linker_options = _text_options(options)
+        _jitlink.check_options(linker_options)
+        piece = _jitlink.Piece("ptx", name, code)
+        linker = _jitlink.linker_identity(False, (piece,))
+        return cached(cache_dir, lambda: ["ptx", linker, arch, name, code.decode("latin-1"),
+                                           list(linker_options)],
+                       lambda: _ptx_to_cubin(piece, arch, linker_options, linker))
+    nvvm_options = _text_options(options)
+    if any(_ARCH_OPTION_RE.match(o) for o in nvvm_options):
+        raise ValueError("pass the target through arch=, not options")
+    return cached(cache_dir, lambda: ["nvvm", list(_nvvm.nvvm_version()), arch, target, name,
+                                       code.decode("latin-1"), list(nvvm_options)],
+                   lambda: _compile_nvvm(code, arch, target, nvvm_options, name))
+
+
+def _source_bytes(src: str | bytes, language: str) -> bytes:
+    if isinstance(src, str):
+        src = src.encode()
+    if not isinstance(src, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{language} source must be str or bytes, got {type(src).__name__}")
+    src = bytes(src)
+    if language == "ptx":
+        if not is_ptx(src):
+            raise ValueError("language='ptx' takes PTX text (with .version and .target)")
+        return src if src.endswith(b"\0") else src + b"\0"
+    return src
+
+
+def _text_options(options: Iterable[str | bytes]) -> tuple[str, ...]:
+    return tuple(o.decode() for o in _normalize_options(options))
+
+
+def _ptx_to_cubin(piece: _jitlink.Piece, arch: str, options: tuple[str, ...],
+                  linker: str) -> CompileResult:
+    image, log = _jitlink.link((piece,), arch=arch, lto=False, options=options, linker=linker)
+    return CompileResult(image=image, kind="cubin", arch=arch, lowered_names={}, log=log,
+                         from_cache=False, ptx=piece.data, name=piece.name)
+
+
+def _compile_nvvm(ir: bytes, arch: str, target: str, options: tuple[str, ...],
+                  name: str) -> CompileResult:
+    virtual = "compute_" + arch.split("_", 1)[1]  # libNVVM targets virtual architectures
+    out, log = _nvvm.run_nvvm(ir, arch=virtual, options=options, name=name,
+                              lto=target == "ltoir")
+    if target == "ltoir":
+        return CompileResult(image=out, kind="ltoir", arch=arch, lowered_names={}, log=log,
+                             from_cache=False, ptx=None, name=name)
+    ptx = out if out.endswith(b"\0") else out + b"\0"
+    if target == "ptx":
+        return CompileResult(image=ptx, kind="ptx", arch=arch, lowered_names={}, log=log,
+                             from_cache=False, ptx=ptx, name=name)
+    piece = _jitlink.Piece("ptx", name, ptx)
+    linked = _ptx_to_cubin(piece, arch, (), _jitlink.linker_identity(False, (piece,)))
+    return CompileResult(image=linked.image, kind="cubin", arch=arch, lowered_names={},
+                         log="\n".join(filter(None, (log, linked.log))), from_cache=False,
+                         ptx=ptx, name=name)
+
+
+def cache_key(material: list) -> str:
+    """SHA-256 of the format version and ``material`` as JSON (an unambiguous encoding)."""
+    return hashlib.sha256(json.dumps([CACHE_FORMAT_VERSION, *material]).encode()).hexdigest()
+
+
+def cached(cache_dir, material, build) -> CompileResult:
+    """``build()``'s result, from the cache when an entry for ``material()`` is there (the
+    key's material is asked for only when caching is on: it names the tool's version)."""
     directory = cache_directory(cache_dir)
     if directory is None:
-        return _run_nvrtc(request, kind)
-    key = request.cache_key(nvrtc_version())
-    path = directory / f"{_ENTRY_PREFIX}{key}{_ENTRY_SUFFIX}"
-    cached = _load_entry(path, key)
-    if cached is not None:
-        return cached
-    result = _run_nvrtc(request, kind)
+        return build()
+    parts = material()
+    key = cache_key(parts)
+    path = directory / f"{parts[0]}-{key}.bin"
+    found = _load_entry(path, key)
+    if found is not None:
+        return found
+    result = build()
     _store_entry(path, key, result)
     return result
-
-
-def _with_declarations(src: str, name: str) -> str:
-    """``src`` with the declarations NVRTC lacks for what it calls (see
-    `_SET_CONDITIONAL_DECLARATION`); a #line directive keeps NVRTC's messages on the user's
-    own lines."""
-    if not _SETS_CONDITION_RE.search(src) or _DECLARES_SET_CONDITIONAL_RE.search(src):
-        return src
-    quoted = name.replace("\\", "\\\\").replace('"', '\\"')
-    return f'{_SET_CONDITIONAL_DECLARATION}#line 1 "{quoted}"\n{src}'
-
-
-def _run_nvrtc(request: _Request, kind: Literal["cubin", "ptx"]) -> CompileResult:
-    nvrtc = _nvrtc()
-    nvrtc_version()  # turns a missing libnvrtc into a clear RuntimeError up front
-    err, prog = nvrtc.nvrtcCreateProgram(
-        request.source,
-        request.name.encode(),
-        len(request.headers),
-        [text for _, text in request.headers],
-        [n.encode() for n, _ in request.headers],
-    )
-    _check(err, "nvrtcCreateProgram")
-    try:
-        return _compile_program(nvrtc, prog, request, kind)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-
-
-def _compile_program(
-    nvrtc, prog, request: _Request, kind: Literal["cubin", "ptx"]
-) -> CompileResult:
-    shown_options = tuple(o.decode(errors="replace") for o in request.nvrtc_options())
-
-    def fail(message: str) -> CompileError:
-        return CompileError(
-            message, log=_program_log(nvrtc, prog), options=shown_options, name=request.name
-        )
-
-    for expr in request.name_expressions:
-        (err,) = nvrtc.nvrtcAddNameExpression(prog, expr.encode())
-        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise fail(f"NVRTC rejected name expression {expr!r}: {_err_name(err)}")
-    opts = request.nvrtc_options()
-    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise fail(f"NVRTC failed to compile {request.name!r} for {request.arch}: {_err_name(err)}")
-    lowered = {}
-    for expr in request.name_expressions:
-        err, mangled = nvrtc.nvrtcGetLoweredName(prog, expr.encode())
-        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise fail(f"NVRTC could not lower name expression {expr!r}: {_err_name(err)}")
-        lowered[expr] = mangled.decode()
-    ptx = _ptx_of(nvrtc, prog)
-    if kind == "cubin":
-        image = _read_buffer(nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, prog)
-    elif ptx is None:
-        raise fail(f"NVRTC produced no PTX for {request.arch}")
-    else:
-        image = ptx
-    return CompileResult(
-        image=image,
-        kind=kind,
-        arch=request.arch,
-        lowered_names=lowered,
-        log=_program_log(nvrtc, prog),
-        from_cache=False,
-        ptx=ptx,
-    )
-
-
-def _ptx_of(nvrtc, prog) -> bytes | None:
-    """The program's PTX, which NVRTC keeps beside a cubin too; None when it has none
-    (with -dlto it holds LTO IR instead)."""
-    try:
-        ptx = _read_buffer(nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, prog)
-    except RuntimeError:
-        return None
-    return ptx if ptx.rstrip(b"\0") else None
-
-
-def _read_buffer(get_size, get_data, prog) -> bytes:
-    err, size = get_size(prog)
-    _check(err, get_size.__name__)
-    # A fresh bytearray, never `b" " * size`: for size 1 that expression is
-    # CPython's shared one-byte b" " object, and NVRTC writing into it would
-    # corrupt every b" " in the interpreter.
-    buf = bytearray(size)
-    (err,) = get_data(prog, buf)
-    _check(err, get_data.__name__)
-    return bytes(buf)
-
-
-def _program_log(nvrtc, prog) -> str:
-    text = _read_buffer(nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog, prog)
-    return text.rstrip(b"\0").decode(errors="replace")
 
 
 # --------------------------------------------------------------------------

@@ -3,24 +3,27 @@ types, launch configurations (``kernel[grid, block]``), attributes and occupancy
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 import numpy as np
-from cuda.bindings.driver import CUfunction, CUfunction_attribute
+from cuda.bindings.driver import CUfunction, CUfunction_attribute, CUoccupancyB2DSize
 
-from . import _access, _dtypes, _ptx
-from ._launch_config import LaunchConfigError
+from . import _access, _dtypes
+from ._launch_config import LaunchConfigError, check_cluster, driver_config, make_config
 from ._launcher import Launcher, make_launcher
 from ._plan import Packer
 from .._resource import Resource
+from ..devcode import _ptx
 from ..context import Context, context_for, fail, in_context
 from ..device import Device
 from ..errors import INVALID_VALUE, NOT_SUPPORTED, NotSupportedError
 
 if TYPE_CHECKING:
-    from ._library import Library, Module
+    from ._library import Library
+    from ._module import Module
 
 _F = CUfunction_attribute
 
@@ -260,23 +263,122 @@ class Kernel(Resource):
             fail(self._backend, err, "cuOccupancyMaxActiveBlocksPerMultiprocessor", ctx)
         return int(blocks)
 
-    def suggest_block_size(self, shared_mem: int = 0, device: Device | int | None = None,
+    def suggest_block_size(self, shared_mem: int | Callable[[int], int] = 0,
+                           device: Device | int | None = None,
                            limit: int = 0) -> BlockSizeSuggestion:
         """The grid size that fills ``device`` and the block size with the highest
         occupancy (at most ``limit`` threads when given; 0: no limit), in the driver's order:
-        ``min_grid_size, block_size``."""
+        ``min_grid_size, block_size``. ``shared_mem``: the bytes of dynamic shared memory a
+        block takes, or a function of the block size that says (``lambda block: 4 *
+        block``), which the driver calls for each size it tries (cuOccupancyMaxPotential-
+        BlockSize's blockSizeToDynamicSMemSize)."""
         device = self._device(device)
-        shared_mem = _count(shared_mem, "shared_mem")
         limit = _count(limit, "limit")
+        callback = None
+        if callable(shared_mem):
+            callback = _SharedMemFor(shared_mem)
+            shared_mem = 0
+        shared_mem = _count(shared_mem, "shared_mem")
         with self._owner._context_on(device, "Kernel.suggest_block_size") as ctx:
             err, min_grid, block = self._backend.driver.cuOccupancyMaxPotentialBlockSize(
-                self._function, None, shared_mem, limit)
+                self._function, callback and callback.pointer, shared_mem, limit)
+        if callback is not None:
+            callback.raise_failure()
         if err:
             fail(self._backend, err, "cuOccupancyMaxPotentialBlockSize", ctx)
         return BlockSizeSuggestion(int(min_grid), int(block))
 
+    def available_dynamic_shared_memory(self, blocks_per_sm: int, block: int,
+                                        device: Device | int | None = None) -> int:
+        """The most dynamic shared memory (bytes) each block of ``block`` threads may take
+        while ``blocks_per_sm`` of them stay resident on one multiprocessor
+        (cuOccupancyAvailableDynamicSMemPerBlock). More blocks than fit even without shared
+        memory is a `LaunchConfigError`."""
+        device = self._device(device)
+        blocks_per_sm = _count(blocks_per_sm, "blocks_per_sm")
+        fit = self.occupancy(block, 0, device)  # checks the block size too
+        if not 1 <= blocks_per_sm <= fit:
+            raise LaunchConfigError(
+                f"{blocks_per_sm} blocks of {block} threads per multiprocessor: kernel "
+                f"{self.name!r} fits 1 to {fit} of them on {device!r}")
+        with self._owner._context_on(device, "Kernel.available_dynamic_shared_memory") as ctx:
+            err, nbytes = self._backend.driver.cuOccupancyAvailableDynamicSMemPerBlock(
+                self._function, blocks_per_sm, block)
+        if err:
+            fail(self._backend, err, "cuOccupancyAvailableDynamicSMemPerBlock", ctx)
+        return int(nbytes)
+
+    def max_cluster_size(self, block: Any, shared_mem: int = 0,
+                         device: Device | int | None = None) -> int:
+        """The largest thread block cluster of this kernel (blocks of ``block`` threads,
+        ``shared_mem`` bytes of dynamic shared memory each) that ``device`` can run: one
+        whose blocks fit its GPCs at once (cuOccupancyMaxPotentialClusterSize)."""
+        return self._cluster_query("cuOccupancyMaxPotentialClusterSize", block, shared_mem,
+                                   None, device)
+
+    def max_active_clusters(self, cluster: Any, block: Any, shared_mem: int = 0,
+                            device: Device | int | None = None) -> int:
+        """How many clusters of ``cluster`` blocks (an int or 1-3 tuple) of ``block``
+        threads are resident on ``device`` at once (cuOccupancyMaxActiveClusters)."""
+        return self._cluster_query("cuOccupancyMaxActiveClusters", block, shared_mem,
+                                   cluster, device)
+
+    def _cluster_query(self, call: str, block: Any, shared_mem: int, cluster: Any,
+                       device) -> int:
+        device = self._device(device)
+        # The answer does not depend on the grid, but the driver checks that it is made of
+        # whole clusters: one cluster, or (the size to be found) a grid any size up to 16
+        # blocks divides.
+        config = make_config(_ANY_CLUSTER_GRID if cluster is None else cluster, block,
+                             _count(shared_mem, "shared_mem"), cluster, False)
+        threads = config.block[0] * config.block[1] * config.block[2]
+        self.occupancy(threads, 0, device)  # a block size the kernel runs
+        if cluster is not None:
+            check_cluster(device, config.grid, config.cluster)
+        elif not device.properties.cluster_launch:
+            raise LaunchConfigError(f"{device!r} cannot launch thread block clusters "
+                                    "(cluster_launch is 0; clusters need compute capability "
+                                    "9.0)")
+        with self._owner._context_on(device, f"Kernel.{call}") as ctx:
+            err, value = getattr(self._backend.driver, call)(self._function,
+                                                             driver_config(config, None))
+        if err:
+            fail(self._backend, err, call, ctx)
+        return int(value)
+
     def __repr__(self) -> str:
         return f"<Kernel {self.name!r} {int(self._handle):#x} of {self._owner!r}>"
+
+
+_ANY_CLUSTER_GRID = 720720  # the least common multiple of 1..16
+
+
+class _SharedMemFor:
+    """A Python function of the block size as the C callback cuOccupancyMaxPotentialBlockSize
+    calls (``size_t fn(int)``). An exception cannot cross the driver: the first one is kept,
+    0 answered, and `raise_failure` raises it once the driver returned."""
+
+    _TYPE = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_int)
+
+    def __init__(self, fn: Callable[[int], int]):
+        self.failure: BaseException | None = None
+
+        def call(block: int) -> int:
+            if self.failure is not None:
+                return 0
+            try:
+                nbytes = fn(block)
+                return _count(nbytes, f"shared_mem({block})")
+            except BaseException as exc:  # noqa: BLE001 - raised after the driver returns
+                self.failure = exc
+                return 0
+
+        self._thunk = self._TYPE(call)  # kept alive as long as the driver may call it
+        self.pointer = CUoccupancyB2DSize(ctypes.cast(self._thunk, ctypes.c_void_p).value)
+
+    def raise_failure(self) -> None:
+        if self.failure is not None:
+            raise self.failure
 
 
 def _count(value: Any, what: str) -> int:

@@ -8,14 +8,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-from cuda.bindings.driver import CUlaunchAttribute, CUlaunchAttributeID, CUlaunchConfig
+from cuda.bindings.driver import (CUlaunchAttribute, CUlaunchAttributeID, CUlaunchConfig,
+                                  CUstream)
 
 if TYPE_CHECKING:
     from ._kernel import Kernel, _Limits
     from ..device import Device
     from ..stream import Stream
 
-_PORTABLE_CLUSTER = 8  # blocks per cluster every cluster-capable GPU runs
+PORTABLE_CLUSTER = 8  # blocks per cluster every cluster-capable GPU runs
 
 
 class LaunchConfigError(ValueError):
@@ -87,7 +88,7 @@ def validate(kernel: Kernel, device: Device, config: Config) -> None:
         raise LaunchConfigError(f"shared_mem must be a number of bytes >= 0, got {shared!r}")
     _check_shared(kernel, device, int(shared), limits)
     if config.cluster is not None:
-        _check_cluster(device, grid, config.cluster)
+        check_cluster(device, grid, config.cluster)
     if config.cooperative:
         _check_cooperative(kernel, device, grid, threads, int(shared))
 
@@ -105,7 +106,7 @@ def _check_shared(kernel: Kernel, device: Device, shared: int, limits: _Limits) 
     kernel._raise_dynamic_shared(device, shared)  # what CUDA C code does by hand above 48 KiB
 
 
-def _check_cluster(device: Device, grid: Dim3, cluster: Dim3) -> None:
+def check_cluster(device: Device, grid: Dim3, cluster: Dim3) -> None:
     if not device.properties.cluster_launch:
         raise LaunchConfigError(f"{device!r} cannot launch thread block clusters "
                                 "(cluster_launch is 0; clusters need compute capability 9.0)")
@@ -114,9 +115,9 @@ def _check_cluster(device: Device, grid: Dim3, cluster: Dim3) -> None:
             raise LaunchConfigError(f"grid.{axis} = {g} is not a multiple of cluster.{axis} = "
                                     f"{c}; the grid must be made of whole clusters")
     size = cluster[0] * cluster[1] * cluster[2]
-    if size > _PORTABLE_CLUSTER:
+    if size > PORTABLE_CLUSTER:
         raise LaunchConfigError(f"a cluster of {cluster} is {size} blocks; the portable limit "
-                                f"is {_PORTABLE_CLUSTER} blocks per cluster")
+                                f"is {PORTABLE_CLUSTER} blocks per cluster")
 
 
 def _check_cooperative(kernel: Kernel, device: Device, grid: Dim3, threads: int,
@@ -134,13 +135,14 @@ def _check_cooperative(kernel: Kernel, device: Device, grid: Dim3, threads: int,
             f"{device.properties.multiprocessor_count})")
 
 
-def driver_config(config: Config, stream: Stream) -> CUlaunchConfig:
-    """The `CUlaunchConfig` of a cluster or cooperative launch (cuLaunchKernelEx)."""
+def driver_config(config: Config, stream: Stream | None) -> CUlaunchConfig:
+    """The `CUlaunchConfig` of a cluster or cooperative launch (cuLaunchKernelEx), or of an
+    occupancy question (no stream: the current context's)."""
     cfg = CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = config.grid
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = config.block
     cfg.sharedMemBytes = config.shared_mem
-    cfg.hStream = stream._handle
+    cfg.hStream = stream._handle if stream is not None else CUstream(0)
     attrs = []
     if config.cluster is not None:
         attr = CUlaunchAttribute()

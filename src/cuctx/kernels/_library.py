@@ -19,21 +19,23 @@ import os
 import threading
 import weakref
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from . import _cubin, _ptx
 from .. import _driver
 from ._kernel import BlockSizeSuggestion, Kernel, KernelAttributes
 from ..memory._layout import dtype_of, shape_of
 from .._lifetimes import finalize
 from .._resource import Resource
-from ._twin_check import check_twin
-from ._compiler import CompileError, compile_source, declared_name, pick_arch
+from ..devcode import _kinds
+from ..devcode._ptx import param_types
+from ..devcode._twin_check import check_twin
+from ._compiler import CompileError, Language, compile_source, declared_name, pick_arch
+from ._link import link_pieces
 from ..context import ACTIVE, Context, context_for, fail, in_context
 from ..device import Device, devices
-from ..errors import NOT_FOUND, NOT_SUPPORTED, NotSupportedError
+from ..errors import NOT_FOUND, NOT_SUPPORTED
 from ..memory._array import DeviceArray
 
 if TYPE_CHECKING:
@@ -50,23 +52,27 @@ def _image_from(data: bytes | bytearray | memoryview) -> bytes:
         raise TypeError(f"device code must be bytes (a cubin, fatbin or PTX), not "
                         f"{type(data).__name__}")
     data = bytes(data)
-    if _cubin.is_cubin(data) or _cubin.is_fatbin(data):
+    kind = _kinds.kind_of(data)
+    if kind in ("cubin", "fatbin"):
         return data
-    if _cubin.is_ptx(data):
+    if kind == "ptx":
         return data if data.endswith(b"\0") else data + b"\0"
+    if kind is not None:  # LTO-IR, NVVM IR, host objects and libraries are linked first
+        raise ValueError(f"this is {_UNLOADED[kind]}, which the driver does not load: link it "
+                         "into a Library with cuctx.Library.link([...]) (docs/kernels.md)")
     raise ValueError("not device code: the data is neither a cubin (ELF for CUDA), a fatbin "
                      "nor PTX text (with .version and .target)")
 
 
-def _compile(src: str, options, name_expressions, headers,
-             cache_dir) -> tuple[bytes, dict, bytes | None]:
-    """NVRTC for the devices present: a cubin for their exact architecture when they share
-    one, else PTX; and the program's PTX, for the parameter types."""
+_UNLOADED = {"ltoir": "LTO-IR", "nvvm": "NVVM IR", "object": "a host object file",
+             "library": "a library of host objects"}
+
+
+def _arch_of_devices() -> str:
+    """The target for the devices present: their exact architecture when they share one,
+    else the newest virtual one every device JITs forward (`pick_arch`)."""
     capabilities = [tuple(d.compute_capability) for d in devices()]
-    result = compile_source(src, arch=pick_arch(capabilities or [(9, 0)]), options=options,
-                            name_expressions=name_expressions, headers=headers,
-                            cache_dir=cache_dir)
-    return result.image, result.lowered_names, result.ptx
+    return pick_arch(capabilities or [(9, 0)])
 
 
 class _Code(Resource):
@@ -88,25 +94,35 @@ class _Code(Resource):
         self._names = dict(names)  # user's name (e.g. "axpy<float>") -> mangled name
         # Parameter types by mangled kernel name, from the program's PTX (none for a cubin
         # that came without it: its kernels' arguments are checked by size only).
-        if ptx is None and _cubin.is_ptx(image):
+        if ptx is None and _kinds.is_ptx(image):
             ptx = image
-        self._types = _ptx.param_types(ptx) if ptx is not None else {}
+        self._types = param_types(ptx) if ptx is not None else {}
         self._kernels: dict[str, Kernel] = {}
         self._lock = threading.Lock()
         self._loaded = True
 
     @classmethod
-    def from_source(cls, src: str, options=(), name_expressions=(),
+    def from_source(cls, src: str | bytes, options=(), name_expressions=(),
                     headers: Mapping[str, str | bytes] | None = None, *,
+                    language: Language = "c++",
                     sim_kernels: Mapping[str, Callable] | None = None,
                     cache_dir: str | os.PathLike | bool | None = None) -> Self:
-        """Compile CUDA C++ with NVRTC (cached; see docs/compiler.md) for the devices present
-        and load it: a `Library` for every context, a `Module` into the current one only.
-        Template kernels: list them in ``name_expressions`` (``["axpy<float>"]``) and get
-        them by that name. Raises `CompileError` with NVRTC's log when it does not compile."""
-        image, lowered, ptx = _compile(src, options, name_expressions, headers, cache_dir)
-        code = cls(image, names=lowered, sim_kernels=sim_kernels, _ptx=ptx)
-        code._source = src  # `const` of pointer parameters, for the trace (cuctx.kernels._access)
+        """Compile for the devices present (cached; see docs/compiler.md) and load it: a
+        `Library` for every context, a `Module` into the current one only. ``language``:
+        "c++" (NVRTC), "ptx" (to a cubin, through the linker) or "nvvm" (NVVM IR, through
+        libNVVM). Template kernels: list them in ``name_expressions`` (``["axpy<float>"]``)
+        and get them by that name. Raises `CompileError` with the compiler's log when it
+        does not compile."""
+        arch = _arch_of_devices()
+        if language == "ptx" and not arch.startswith("sm_"):
+            arch = "sm_" + arch.split("_")[1]  # a cubin for the lowest device: PTX -> cubin
+        result = compile_source(src, arch=arch, language=language, options=options,
+                                name_expressions=name_expressions, headers=headers,
+                                cache_dir=cache_dir)
+        code = cls(result.image, names=result.lowered_names, sim_kernels=sim_kernels,
+                   _ptx=result.ptx)
+        if language == "c++":  # `const` of pointer parameters, for the trace (`_access`)
+            code._source = src
         return code
 
     @classmethod
@@ -254,6 +270,36 @@ class Library(_Code):
         self._finalizer = finalize(self, _unload_library, drv, handle, self._used)
         self._install_twins(sim_kernels)
 
+    @classmethod
+    def link(cls, pieces: Iterable[Any], *, lto: bool = False, options: Iterable[str] = (),
+             compile_options: Iterable[str | bytes] = (),
+             headers: Mapping[str, str | bytes] | None = None, arch: str | None = None,
+             sim_kernels: Mapping[str, Callable] | None = None,
+             cache_dir: str | os.PathLike | bool | None = None) -> Library:
+        """Link ``pieces`` into one Library: C++ sources (str; compiled with NVRTC as
+        relocatable device code, to LTO-IR with ``lto``, with ``compile_options`` and
+        ``headers``), PTX, cubins, LTO-IR, fatbins, host objects and libraries (bytes,
+        recognised by content), NVVM IR (through libNVVM), files (`pathlib.Path`: ``.cu``
+        files are sources), `compile_source` results, or ``(name, data)`` to name a piece
+        in the errors. ``options`` are nvJitLink's (``-O3``, ``-maxrregcount=32``, ...).
+        ``arch``: the devices' (default). Links with nvJitLink, or the driver's linker where
+        nvJitLink is not installed (no LTO there); cached by every input and option. Raises
+        `LinkError` with the linker's log, naming the pieces."""
+        if arch is None:
+            arch = _arch_of_devices()
+            if not arch.startswith("sm_") and not lto:
+                raise ValueError(f"the devices present differ in architecture; pass arch= (the "
+                                 f"'sm_XY' the Library will run on) or lto=True (the link is "
+                                 f"then PTX for {arch}, which every device JITs)")
+        linked = link_pieces(pieces, arch=arch, lto=lto, options=options,
+                             compile_options=compile_options, headers=headers,
+                             cache_dir=cache_dir)
+        library = cls(linked.image, names=linked.names, sim_kernels=sim_kernels,
+                      _ptx=linked.ptx)
+        if linked.source is not None:
+            library._source = linked.source
+        return library
+
     @property
     def handle(self) -> int:
         """The CUlibrary as an integer."""
@@ -386,96 +432,4 @@ class _HostView:
         self.library = library
 
 
-# -- modules (context-bound, the pre-12.0 way) --------------------------------------------
-
-class Module(_Code):
-    """Device code loaded into one context (cuModuleLoadData): the current context when it
-    is made (device 0's primary context when none is). Its kernels run only in that
-    context. Prefer `Library`, which works in every context; `Module` exists for code that
-    needs per-context modules."""
-
-    _param_info_name = "cuFuncGetParamInfo"
-    _get_kernel_name = "cuModuleGetFunction"
-
-    def __init__(self, data: bytes, *, names: Mapping[str, str] | None = None,
-                 sim_kernels: Mapping[str, Callable] | None = None,
-                 _ptx: bytes | None = None) -> None:
-        image = _image_from(data)
-        ctx = context_for()
-        backend = ctx._backend
-        with in_context(ctx, "Module"):
-            err, handle = backend.driver.cuModuleLoadData(image)
-        if err:
-            fail(backend, err, "cuModuleLoadData", ctx)
-        self._setup(backend, ctx, handle, names or {}, image, _ptx)
-        self._finalizer = finalize(self, _unload_module, backend.driver, handle, ctx)
-        self._install_twins(sim_kernels)
-
-    @property
-    def context(self) -> Context:
-        return self._ctx
-
-    @property
-    def kernel_names(self) -> list[str]:
-        raise NotSupportedError(NOT_SUPPORTED, "Module.kernel_names", "",
-                                "the driver lists kernels of libraries only; use a Library")
-
-    def _listed_kernels(self) -> list[str] | None:
-        return sorted(self._types) or None  # the PTX's, when it came with the code
-
-    def _check(self, operation: str) -> None:
-        super()._check(operation)
-        self._ctx._check(operation)
-
-    def _get_kernel(self, name: bytes):
-        return self._backend.driver.cuModuleGetFunction(self._handle, name)
-
-    def _param_info(self, handle, index: int):
-        return self._backend.driver.cuFuncGetParamInfo(handle, index)
-
-    def _attribute(self, handle, attribute, device: Device) -> int:
-        err, value = self._backend.driver.cuFuncGetAttribute(attribute, handle)
-        if err:
-            fail(self._backend, err, "cuFuncGetAttribute", self._ctx)
-        return int(value)
-
-    def _set_attribute(self, handle, attribute, value: int, device: Device) -> None:
-        err, = self._backend.driver.cuFuncSetAttribute(handle, attribute, value)
-        if err:
-            fail(self._backend, err, "cuFuncSetAttribute", self._ctx)
-
-    def _check_context(self, ctx: Context, kernel: str) -> None:
-        if ctx is not self._ctx:
-            raise ValueError(
-                f"kernel {kernel!r} of {self!r} runs only in {self._ctx!r} (a module is "
-                f"loaded into one context), but the launch's stream is in {ctx!r}; load the "
-                "code as a cuctx.Library to launch it in every context")
-
-    def _used_in(self, ctx: Context) -> None:
-        return None  # its one context is synchronized before unloading
-
-    def _context_on(self, device: Device, operation: str) -> AbstractContextManager[Context]:
-        return in_context(self._ctx, operation)
-
-    def get_global(self, name: str, dtype: Any = np.uint8,
-                   shape: int | tuple[int, ...] | None = None):
-        """A `DeviceArray` view of the variable ``name`` in the module's context."""
-        ctx, ptr, nbytes = self._variable("Module.get_global", "cuModuleGetGlobal",
-                                          "variable", name)
-        return _variable_view(ctx, ptr, nbytes, dtype, shape, self, name)
-
-    def __repr__(self) -> str:
-        state = "" if self._loaded else " unloaded"
-        return f"<Module {int(self._handle):#x} in {self._ctx!r}{state}>"
-
-
-def _unload_module(drv, handle, ctx: Context) -> None:
-    if ctx._state is not ACTIVE:
-        return  # the driver unloaded it with the context; it must not see the handle
-    with in_context(ctx, "Module.unload"):
-        ctx._backend.driver.cuCtxSynchronize()
-        drv.cuModuleUnload(handle)
-
-
-__all__ = ["BlockSizeSuggestion", "CompileError", "Kernel", "KernelAttributes", "Library",
-           "Module"]
+__all__ = ["BlockSizeSuggestion", "CompileError", "Kernel", "KernelAttributes", "Library"]

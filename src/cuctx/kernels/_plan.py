@@ -33,7 +33,7 @@ from ._args import (
     slot,
     traced_array,
 )
-from ._ptx import ParamType
+from ..devcode._ptx import ParamType
 
 if TYPE_CHECKING:
     import numpy as np

@@ -28,9 +28,9 @@ from .. import _driver, _record
 from . import _interop, _layout
 from ._alloc import Allocation, allocate, pool_device
 from ._copy import copy_device, copy_host, fill_pattern, memset
-from ._host import pinned_empty, register_host
+from ._host import HostBytes, pinned_empty, register_host
 from .._lifetimes import defer_cleanup
-from .._resource import Resource
+from .._resource import Resource, upper
 from ..context import ACTIVE, Context, context_for, fail
 from ..device import Device
 from ..stream import LEGACY, Stream, current_stream, resolve_stream
@@ -110,37 +110,43 @@ class DeviceArray(Resource):
     def pool(self) -> MemoryPool | None:
         """The `MemoryPool` the memory came from (the device's default pool for plain
         ``cuctx.empty``); None for managed memory and memory of other libraries."""
-        if self._alloc is None:
-            return None
+        if self._alloc is None:  # an empty array holds the pool it was asked of
+            return self._owner if isinstance(self._owner, upper.memory_pool) else None
         return self._alloc.pool or self._ctx._device.memory_pool
 
     @property
     def host(self) -> np.ndarray:
-        """A NumPy array over the same memory, for managed arrays (`managed_empty`): read or
-        write it only while no device work using the array is queued (after a
-        synchronize); device work sees host writes made before it was enqueued."""
-        view = getattr(self._owner, "host_view", None)
+        """A NumPy array over the same memory, for arrays of host memory: managed arrays
+        (`managed_empty`) and arrays of a host or managed `MemoryPool`. Read or write it only
+        while no device work using the array is queued (after a synchronize); device work
+        sees host writes made before it was enqueued."""
+        owner, pool, alloc = self._owner, self.pool, self._alloc
+        if pool is not None and pool._location != "device":
+            owner = HostBytes(alloc.ptr, alloc.nbytes, alloc) if alloc else HostBytes(0, 0)
+        view = getattr(owner, "host_view", None)
         if view is None:
-            raise TypeError(f"{self!r} is device memory, which the host cannot address: "
-                            "copy it with arr.to_host(), or allocate it with "
-                            "cuctx.managed_empty for a host view")
+            raise TypeError(f"{self!r} is device memory, which the host cannot address: copy "
+                            "it with arr.to_host(), or allocate it with cuctx.managed_empty for a "
+                            "host view (or from a MemoryPool(device, location='host'))")
         self._check("DeviceArray.host")
         return view(self)
 
     def _ipc_descriptor(self) -> IpcDescriptor:
         """This array for another process (`MemoryPool._import_array` there); see
         docs/memory.md. Only arrays of a ``MemoryPool(device, ipc=True)`` can be shared."""
-        if self._alloc is not None and self._alloc.pool is not None:
-            return self._alloc.pool._describe(self)  # which refuses a pool without ipc
-        if self._alloc is not None:
-            what = "memory of the device's default pool"
-        elif hasattr(self._owner, "host_view"):
-            what = "managed memory"
-        else:
-            what = "memory of another library (cuctx.asarray)"
-        raise TypeError(f"cannot share {self!r} with another process: it is {what}; "
-                        "allocate it from a MemoryPool(device, ipc=True) "
-                        "(cuctx.empty(..., pool=pool))")
+        return self._sharing_pool("share")._describe(self)
+
+    def __reduce__(self):
+        """An array of an ipc pool pickles as the same memory, for another process of this
+        machine (docs/memory.md); any other refuses with a TypeError."""
+        return self._sharing_pool("pickle")._pickle_array(self)
+
+    def _sharing_pool(self, operation: str) -> MemoryPool:
+        """The pool that shares this array with another process (and refuses without ipc)."""
+        if self.pool is None:
+            raise sharing_refused(self, "managed memory" if hasattr(self._owner, "host_view")
+                                  else "memory of another library (cuctx.asarray)", operation)
+        return self.pool
 
     @property
     def is_contiguous(self) -> bool:
@@ -330,6 +336,17 @@ class DeviceArray(Resource):
                               self.__dlpack_device__(), max_version)
 
 
+def sharing_refused(arr: DeviceArray, what: str, operation: str) -> TypeError:
+    """The refusal to ``operation`` ("share", "pickle") ``arr``, whose memory is ``what``."""
+    if operation == "pickle":
+        return TypeError(f"cannot pickle {arr!r}: it is {what}; only arrays of a MemoryPool("
+                         "device, ipc=True) pickle (as the same memory, for another process of "
+                         "this machine): allocate it with cuctx.empty(..., pool=pool), or pickle "
+                         "arr.to_host() to send its contents")
+    return TypeError(f"cannot share {arr!r} with another process: it is {what}; allocate it "
+                     "from a MemoryPool(device, ipc=True) (cuctx.empty(..., pool=pool))")
+
+
 # -- making arrays ------------------------------------------------------------------------
 
 def empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
@@ -346,7 +363,8 @@ def empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
     nbytes = _layout.nbytes_of(shape, dtype, "device array")
     if nbytes == 0:  # the driver answers a null pointer; an empty array needs no memory
         stream._ctx._check("cuctx.empty")
-        return DeviceArray._make(stream._ctx, 0, shape, dtype, None, None)
+        return DeviceArray._make(stream._ctx, 0, shape, dtype, None, None,
+                                 pool or stream._ctx._device.memory_pool)
     alloc = allocate(nbytes, stream, pool)
     return DeviceArray._make(stream._ctx, alloc.ptr, shape, dtype, None, alloc)
 

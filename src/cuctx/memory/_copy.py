@@ -6,7 +6,10 @@ copy (cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemcpyDtoDAsync), one 2D copy
 iteration of the plan's loops. Where the two layouts disagree (a transpose, a reversed
 axis), the copy goes through a temporary when that takes fewer driver calls: a pageable host
 buffer in the device array's own layout that NumPy reorders. Between devices the copy is
-cuMemcpyPeerAsync of contiguous buffers, staging a non-contiguous side on its own device.
+cuMemcpyPeerAsync of contiguous buffers, staging a non-contiguous side on its own device;
+while its stream is captured (CUDA cannot capture cuMemcpyPeerAsync) it is the same copy as
+within a device, of device pointers, which needs peer access. Every call is made with its
+stream's context current (`Stream._call`).
 
 Each copy issued and each memset is announced on the trace with both sides' byte extents; a
 staged copy announces each of its stages (what the streams really do).
@@ -368,10 +371,18 @@ def copy_device(dst, src, stream) -> None:
     if not layouts.size:
         return
     if dst._ctx._device is not src._ctx._device:
-        return _copy_peer(dst, src, stream)
-    # One device, one context or two: under unified addressing every context of a device
-    # can use the memory of the others (docs/memory.md, "Contexts").
-    stream = _either_stream(stream, dst, src, "cuctx.copy")
+        if _record.threads:  # an autograph call enqueues what it recorded, and stops
+            _record.interrupt("cuctx.copy between devices")
+        stream = _either_stream(stream, dst, src, "cuctx.copy (between devices)")
+        if not (_lifetimes.capturing and stream.is_capturing):
+            return _copy_peer(dst, src, stream)
+        # cuMemcpyPeerAsync is not capturable: in a graph the copy is the device-to-device
+        # copy below, made by the capturing stream's device, which must reach the other one.
+        _check_graph_peer_access(stream, dst, src)
+    else:
+        # One device, one context or two: under unified addressing every context of a device
+        # can use the memory of the others (docs/memory.md, "Contexts").
+        stream = _either_stream(stream, dst, src, "cuctx.copy")
     (d_lo, d_hi), (s_lo, s_hi) = layouts.dst_span, layouts.src_span
     if dst.ptr + d_lo < src.ptr + s_hi and src.ptr + s_lo < dst.ptr + d_hi:
         # Overlapping memory: a copy's order of reads and writes is undefined; stage.
@@ -387,12 +398,24 @@ def copy_device(dst, src, stream) -> None:
     _issue(stream, layouts.plan, dst, src, True, True, dst.ptr, src.ptr)
 
 
-def _copy_peer(dst, src, stream) -> None:
-    """Between devices: cuMemcpyPeerAsync (no peer access needed) of C-contiguous buffers;
-    a side that is not is staged through a contiguous array on its own device."""
-    run = _either_stream(stream, dst, src, "cuctx.copy (between devices)")
-    if _record.threads:  # an autograph call enqueues what it recorded, and stops
-        _record.interrupt("cuctx.copy between devices")
+def _check_graph_peer_access(run: Stream, dst, src) -> None:
+    """Raise unless ``run``'s device has peer access (cuctx's: its pool grant included) to
+    the device of the other side of a copy between devices that ``run`` captures."""
+    here = run._ctx._device
+    other = src._ctx._device if dst._ctx._device is here else dst._ctx._device
+    if other not in here._peers:
+        raise ValueError(
+            f"cuctx.copy from device {src.device.ordinal} to device {dst.device.ordinal} "
+            f"captured on {run!r}: CUDA cannot capture cuMemcpyPeerAsync, and the copy a graph "
+            f"holds is made by device {here.ordinal}, which needs peer access to device "
+            f"{other.ordinal}: call cuctx.Device({here.ordinal}).enable_peer_access("
+            f"{other.ordinal}) before the capture, or copy outside it")
+
+
+def _copy_peer(dst, src, run: Stream) -> None:
+    """Between devices, on ``run`` (of either side's context): cuMemcpyPeerAsync (no peer
+    access needed) of C-contiguous buffers; a side that is not is staged through a
+    contiguous array on its own device."""
     source, target = src, dst
     if not ((src._c and dst._c) or (src._f and dst._f)):
         if not src._c:

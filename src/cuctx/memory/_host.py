@@ -1,12 +1,13 @@
 """Page-locked host memory: `pinned_empty` (cuMemHostAlloc) and `register_host`
 (cuMemHostRegister), and the record of page-locked ranges that tells a copy whether it is
-asynchronous (memory.py)."""
+asynchronous (memory.py); `HostBytes`, NumPy's view of memory the host addresses at its
+device pointer (managed memory, host and managed pools)."""
 
 from __future__ import annotations
 
 import bisect
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from cuda.bindings.driver import CU_MEMHOSTALLOC_PORTABLE
@@ -16,6 +17,9 @@ from ._layout import nbytes_of, shape_of
 from ..context import ACTIVE, Context, context_for, fail, in_context
 from ..device import Device
 from ..errors import HOST_MEMORY_ALREADY_REGISTERED
+
+if TYPE_CHECKING:
+    from ._array import DeviceArray
 
 # Pinned for all contexts; the same value as CU_MEMHOSTREGISTER_PORTABLE, for cuMemHostRegister.
 _HOST_PORTABLE = CU_MEMHOSTALLOC_PORTABLE
@@ -107,3 +111,24 @@ def register_host(ary: np.ndarray, *, device: Device | int | None = None) -> np.
     _lock_range(ptr, ary.nbytes)
     finalize(ary, _host_call, ctx, "cuMemHostUnregister", ptr)
     return ary
+
+
+class HostBytes:
+    """Memory the host addresses at its device pointer (managed memory; a host or managed
+    pool's), for NumPy: its bytes as ``__array_interface__``, and `host_view` of an array of
+    it. Every view holds this object, which holds ``keep`` (what owns the memory)."""
+
+    __slots__ = ("ptr", "__array_interface__", "_keep", "__weakref__")
+
+    def __init__(self, ptr: int, nbytes: int, keep: Any = None):
+        self.ptr = ptr
+        self.__array_interface__ = {"data": (ptr, False), "shape": (nbytes,),
+                                    "typestr": "|u1", "version": 3}
+        self._keep = keep
+
+    def host_view(self, arr: DeviceArray) -> np.ndarray:
+        """``arr`` (a view of this memory) as a NumPy array over the same bytes."""
+        if not arr.size:
+            return np.empty(arr.shape, arr.dtype)
+        return np.ndarray(arr.shape, arr.dtype, buffer=np.asarray(self),
+                          offset=arr.ptr - self.ptr, strides=arr.strides)

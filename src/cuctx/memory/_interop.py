@@ -124,7 +124,7 @@ def read_cai(cai: Any):
         raise ValueError("cuctx.asarray: the producer exports this memory read-only, and "
                          "cuctx device arrays are writable; copy it in that library first")
     try:
-        dtype = np.dtype(typestr)
+        dtype = _bits_of_raw(np.dtype(typestr))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"cuctx.asarray: __cuda_array_interface__['typestr'] {typestr!r} is "
                         f"not a dtype ({exc})") from None
@@ -133,6 +133,17 @@ def read_cai(cai: Any):
         raise TypeError(f"cuctx.asarray: __cuda_array_interface__['stream'] must be None or "
                         f"a nonzero int, not {stream!r}")
     return int(data[0]), shape, dtype_of(dtype), strides, stream
+
+
+def _bits_of_raw(dtype: np.dtype) -> np.dtype:
+    """Raw elements of 1, 2, 4 or 8 bytes (a void typestr: PyTorch describes bfloat16 as
+    '<V2', float8 types as '|V1'; NumPy has no such floats) as unsigned integers of their
+    size, so they are viewed, copied and passed to kernels as ordinary arrays of their bits
+    (a ``__nv_bfloat16*`` parameter takes uint16 arrays); any other dtype as it is."""
+    if dtype.kind == "V" and dtype.names is None and dtype.subdtype is None \
+            and dtype.itemsize in (1, 2, 4, 8):
+        return np.dtype(f"u{dtype.itemsize}")
+    return dtype
 
 
 # -- export ---------------------------------------------------------------------------------

@@ -3,7 +3,6 @@ pointer and the host through a NumPy view of the same bytes (`DeviceArray.host`)
 
 from __future__ import annotations
 
-from math import prod
 from typing import Any
 
 import numpy as np
@@ -13,29 +12,20 @@ from .._lifetimes import finalize
 from ..context import ACTIVE, Context, context_for, fail, in_context
 from ..device import Device
 from ._array import DeviceArray
-from ._layout import dtype_of, shape_of
+from ._host import HostBytes
+from ._layout import dtype_of, nbytes_of, shape_of
 
 
-class _ManagedMemory:
+class _ManagedMemory(HostBytes):
     """Owns one managed allocation (a DeviceArray's ``_owner``); every host view of it holds
     it too, so the memory is freed (cuMemFree) when the last array and view are gone."""
 
-    __slots__ = ("ptr", "__array_interface__", "__weakref__")
+    __slots__ = ()
 
     def __init__(self, ctx: Context | None, ptr: int, nbytes: int):
-        self.ptr = ptr
-        # The bytes, for NumPy: `host_view` reads them through this object, which it keeps.
-        self.__array_interface__ = {"data": (ptr, False), "shape": (nbytes,),
-                                    "typestr": "|u1", "version": 3}
+        super().__init__(ptr, nbytes)
         if ctx is not None:
             finalize(self, _free, ctx, ptr)
-
-    def host_view(self, arr: DeviceArray) -> np.ndarray:
-        """``arr`` (a view of this memory) as a NumPy array over the same bytes."""
-        if not arr.size:
-            return np.empty(arr.shape, arr.dtype)
-        return np.ndarray(arr.shape, arr.dtype, buffer=np.asarray(self),
-                          offset=arr.ptr - self.ptr, strides=arr.strides)
 
 
 def _free(ctx: Context, ptr: int) -> None:
@@ -58,7 +48,7 @@ def managed_empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
     reset (the memory is gone, as in CUDA)."""
     shape, dtype = shape_of(shape), dtype_of(dtype)
     ctx = context_for(device, primary=True)
-    nbytes = prod(shape) * dtype.itemsize
+    nbytes = nbytes_of(shape, dtype, "managed array")
     if nbytes == 0:  # the driver refuses 0 bytes; an empty array needs no memory
         return DeviceArray._make(ctx, 0, shape, dtype, None, None, _ManagedMemory(None, 0, 0))
     with in_context(ctx, "managed_empty"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._names import names_of, user_scope
+from ._names import Scope, names_of, user_scope
 from ._racecheck_shadow import FREE_IN_USE, USE_AFTER_FREE, OpInfo, line
 
 
@@ -61,7 +61,7 @@ def label(array: Any) -> str:
         shape is not None else ""
 
 
-def _name(stream: Any, scope: dict[str, Any]) -> str:
+def _name(stream: Any, scope: Scope) -> str:
     """A stream (or a context) as the user's code names it, else in words."""
     if stream is None:
         return "the host"

@@ -12,15 +12,15 @@ been joined back: its frontier must lie in what the origin stream's frontier dep
 The refusals follow the CUDA programming guide's rules, with the driver's codes, as an H100
 (driver 580) answers them: a synchronize or query of a capturing stream, cuCtxSynchronize
 while a stream of the context captures (in every mode), and any "potentially unsafe" call
-(cuMemAlloc, cuMemFree, cuStreamSynchronize of a stream not capturing) while the calling
-thread is prohibited from them (its mode, `cuThreadExchangeStreamCaptureMode`, against the
-captures in progress: RELAXED allows them) are CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; the
-synchronous copies are not refused (they run at once, on the legacy stream); work on the
-legacy stream while a
-blocking stream of its context captures is CUDA_ERROR_STREAM_CAPTURE_IMPLICIT; a query or
-synchronize of an event recorded in a capture is CUDA_ERROR_CAPTURED_EVENT; waiting on an
-event recorded outside the capture is CUDA_ERROR_STREAM_CAPTURE_ISOLATION, on one of
-another capture CUDA_ERROR_STREAM_CAPTURE_MERGE. Each refusal invalidates the capture it
+(cuMemAlloc, cuMemFree, cuStreamSynchronize of a stream not capturing, cuGraphInstantiate
+in `_capture_ops`) while the calling thread is prohibited from them (its mode,
+`cuThreadExchangeStreamCaptureMode`, against the captures in progress: RELAXED allows them)
+are CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; the synchronous copies are not refused (they run
+at once, on the legacy stream); work on the legacy stream while a blocking stream of its
+context captures is CUDA_ERROR_STREAM_CAPTURE_IMPLICIT; a query or synchronize of an event
+recorded in a capture is CUDA_ERROR_CAPTURED_EVENT; waiting on an event recorded outside the
+capture is CUDA_ERROR_STREAM_CAPTURE_ISOLATION, on one of another capture
+CUDA_ERROR_STREAM_CAPTURE_MERGE. Each refusal invalidates the capture it
 concerns: its streams then answer CUDA_ERROR_STREAM_CAPTURE_INVALIDATED until
 cuStreamEndCapture, which returns that code and no graph and takes the streams out of
 capture, usable again. cuStreamEndCapture on a stream that joined (not the origin) is

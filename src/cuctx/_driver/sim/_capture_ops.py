@@ -6,10 +6,17 @@ launches -> kernel nodes; asynchronous copies -> memcpy nodes (pageable host mem
 H100 captures such a copy, which then reads or writes that memory at every launch); memsets
 -> memset nodes; host functions -> host nodes; cuMemAllocAsync / cuMemFreeAsync -> memory
 alloc / free nodes (a free must be of a graph allocation); cuEventRecord / cuStreamWaitEvent
--> dependencies (see `_capture`), no nodes. cuGraphLaunch into a capturing stream is
-CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture (H100), as is any other
-work reaching the engine on a capturing stream (the sim has no node for it). Empty work (a
-zero size) adds no node.
+-> dependencies (see `_capture`), no nodes. cuGraphLaunch and cuGraphUpload onto a
+capturing stream are CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate the capture (H100),
+as do cuMemcpyPeerAsync (a copy between devices is captured as a device to device copy
+instead) and any other work reaching the engine on a capturing stream (the sim has no node
+for it). Empty work (a zero size) adds no node.
+
+cuGraphInstantiate is one of the "potentially unsafe" calls (`CaptureModel._refuse_unsafe`):
+while the calling thread captures in thread-local or global mode, or another thread in
+global mode, it is CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates those captures (an
+H100 answers so in a thread-local capture; global mode is the stricter one, and a relaxed
+capture allows it, by the CUDA programming guide's rules for such calls).
 """
 
 from __future__ import annotations
@@ -82,12 +89,29 @@ class CaptureOps:
                                   lambda: super(CaptureOps, self).cuLaunchHostFunc(
                                       hStream, fn, userData))
 
-    def cuGraphLaunch(self, hGraphExec, hStream):
+    def _no_graph_node(self, hGraphExec):
+        """The ``make`` of a launch or upload of an executable onto a capturing stream: no
+        node, CAPTURE_UNSUPPORTED (the capture is invalidated)."""
         def make(stream):
             exe = self._graph_exec(hGraphExec)
             return (INVALID_VALUE if exe is None else CAPTURE_UNSUPPORTED), None
-        return self._capture_node(hStream, make, lambda: super(CaptureOps, self).cuGraphLaunch(
-            hGraphExec, hStream))
+        return make
+
+    def cuGraphLaunch(self, hGraphExec, hStream):
+        return self._capture_node(hStream, self._no_graph_node(hGraphExec), lambda: super(
+            CaptureOps, self).cuGraphLaunch(hGraphExec, hStream))
+
+    def cuGraphUpload(self, hGraphExec, hStream):
+        return self._capture_node(hStream, self._no_graph_node(hGraphExec), lambda: super(
+            CaptureOps, self).cuGraphUpload(hGraphExec, hStream))
+
+    def cuGraphInstantiate(self, hGraph, flags):
+        if self._captures:
+            with self._lock:
+                err = self._refuse_unsafe()
+            if err:
+                return (err, None)
+        return super().cuGraphInstantiate(hGraph, flags)
 
     # -- copies and memsets -----------------------------------------------------------------
 
@@ -109,7 +133,8 @@ class CaptureOps:
                 getattr(copy, prefix + "MemoryType")
             except ValueError:
                 return INVALID_VALUE, None
-        return copy_work(self, copy, CUcontext(stream.ctx.handle))
+        return copy_work(self, copy, CUcontext(stream.ctx.handle),
+                         self._copy_context(stream.ctx))
 
     def cuMemcpyHtoDAsync(self, dstDevice, srcHost, ByteCount, hStream):
         n = size_t(ByteCount)
@@ -132,10 +157,13 @@ class CaptureOps:
 
     def cuMemcpyPeerAsync(self, dstDevice, dstContext, srcDevice, srcContext, ByteCount,
                           hStream):
+        """Not capturable: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (two H200s, driver 580, issue
+        21), the capture invalidated as by other unsupported work (scripts/
+        probe_multi_device.py asks a GPU both). A copy between devices in a graph is a memcpy
+        node of device pointers (cuMemcpyDtoDAsync, under unified addressing)."""
         n = size_t(ByteCount)
         return self._capture_node(
-            hStream, lambda s: self._linear_copy(s, DEVICE, int(dstDevice), DEVICE,
-                                                 int(srcDevice), n),
+            hStream, lambda s: (CAPTURE_UNSUPPORTED, None),
             lambda: super(CaptureOps, self).cuMemcpyPeerAsync(
                 dstDevice, dstContext, srcDevice, srcContext, n, hStream))
 

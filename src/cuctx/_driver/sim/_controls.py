@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from cuda.bindings.driver import CUresult
 
 from ._common import INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, OK
+from ._graph_conditional import CondWork
 from ._timing import BUSY
 from ._twins import decoders
 
@@ -120,11 +121,22 @@ class SimControls:
         condition.value = int(value)
         return (OK,)
 
+    def name_node(self, hnode, name: str) -> tuple[CUresult]:
+        """Give the conditional node ``hnode`` a name (cuctx passes its description and
+        line) for the sentence `fault_cause` gives when the sim stops it: a WHILE node whose
+        condition stays non-zero for ``MAX_ROUNDS`` rounds (`_graph_conditional`)."""
+        node = self._driver._graph_node(hnode)
+        if node is None or not isinstance(node.work, CondWork) or not isinstance(name, str):
+            return (INVALID_VALUE,)
+        node.work.name = name
+        return (OK,)
+
     def fault_cause(self, hctx) -> tuple[CUresult, BaseException | None, str]:
-        """(OK, exception or None, sentence) about the twin whose failure gave ``hctx`` its
-        sticky fault; (OK, None, "") when no twin caused one."""
+        """(OK, exception or None, sentence) about what gave ``hctx`` its sticky fault: a
+        twin that failed, or a WHILE node the sim stopped; (OK, None, "") for anything
+        else."""
         ctx = self._driver._lookup(hctx)
         if ctx is None:
             return (INVALID_VALUE, None, "")
-        exc, text = ctx.resources.get("twin_fault", (None, ""))
+        exc, text = ctx.resources.get("fault_cause", (None, ""))
         return (OK, exc, text)

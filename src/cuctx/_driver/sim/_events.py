@@ -1,19 +1,39 @@
 """Events of the sim: markers in a stream's queue (see `_streams` for the engine). An event
-records the virtual time at which its marker ran, so `cuEventElapsedTime` is exact."""
+records the virtual time at which its marker ran, so `cuEventElapsedTime` is exact.
+
+Events shared between processes (CU_EVENT_INTERPROCESS; cuIpcGetEventHandle and
+cuIpcOpenEventHandle): the sim runs a process's queued work only when that process waits
+for it, and another process cannot make it wait. So recording an interprocess event (the
+original or an opened one) runs the stream's work up to the record at once, as
+cuEventSynchronize would: another process that waits on the event then finds the work done,
+and a wait on it is never left pending across processes (on a GPU the work runs by itself).
+The handle is 64 bytes naming the exporting process and its event; opening it makes an
+event of the current context that behaves like a local one created with
+CU_EVENT_DISABLE_TIMING, as the CUDA documentation says. The sim's choices, not measured on
+a GPU: a handle of an event without CU_EVENT_INTERPROCESS is CUDA_ERROR_INVALID_VALUE, one
+that is no sim event handle CUDA_ERROR_INVALID_VALUE, and opening a handle in the process
+that exported it CUDA_ERROR_INVALID_CONTEXT (HIP's documented answer).
+"""
 
 from __future__ import annotations
 
+import ctypes
 import itertools
+import os
+import secrets
+import struct
 
-from cuda.bindings.driver import CUevent, CUevent_flags
+from cuda.bindings.driver import CUevent, CUevent_flags, CUipcEventHandle
 
-from ._common import (CONTEXT_IS_DESTROYED, INVALID_HANDLE, INVALID_VALUE, NOT_PERMITTED,
-                      NOT_READY, OK)
+from ._common import (CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE,
+                      NOT_PERMITTED, NOT_READY, OK)
 
 EVENT_DISABLE_TIMING = int(CUevent_flags.CU_EVENT_DISABLE_TIMING)
 EVENT_INTERPROCESS = int(CUevent_flags.CU_EVENT_INTERPROCESS)
 _EVENT_FLAGS = (int(CUevent_flags.CU_EVENT_BLOCKING_SYNC) | EVENT_DISABLE_TIMING
                 | EVENT_INTERPROCESS)
+_IPC_HANDLE = struct.Struct("<8sqQ16s")  # magic, exporting pid, its event, a nonce (64 padded)
+_MAGIC = b"cuctxevt"
 
 
 class SimEvent:
@@ -23,6 +43,7 @@ class SimEvent:
         self.flags = flags
         self.marker = None  # the Op (in _streams) of the latest record
         self.gone = False  # its context was destroyed or reset
+        self.ipc_handle = None  # its 64 bytes, once exported (cuIpcGetEventHandle)
 
 
 class EventModel:
@@ -75,6 +96,8 @@ class EventModel:
             if stream.ctx is not event.ctx:
                 return (INVALID_HANDLE,)  # "must be from the same context"
             event.marker = self._push(stream, None, 0, "event", [])
+            if event.flags & EVENT_INTERPROCESS and not self._in_host_function():
+                self._complete(event.marker)  # another process may wait for it (see above)
         return (OK,)
 
     def cuEventQuery(self, hEvent):
@@ -122,3 +145,39 @@ class EventModel:
                 return (NOT_READY, None)
             start, end = events
             return (OK, (end.marker.end - start.marker.end) / 1e6)
+
+    # -- between processes ------------------------------------------------------------------
+
+    def cuIpcGetEventHandle(self, event):
+        with self._lock:
+            err, found = self._event(event)
+            if err:
+                return (err, None)
+            if not found.flags & EVENT_INTERPROCESS:
+                return (INVALID_VALUE, None)
+            if found.ipc_handle is None:
+                found.ipc_handle = _IPC_HANDLE.pack(_MAGIC, os.getpid(), found.handle,
+                                                    secrets.token_bytes(16))
+        handle = CUipcEventHandle()
+        ctypes.memmove(handle.getPtr(), found.ipc_handle, _IPC_HANDLE.size)
+        return (OK, handle)
+
+    def cuIpcOpenEventHandle(self, handle):
+        if not isinstance(handle, CUipcEventHandle):
+            raise TypeError("Argument 'handle' has incorrect type (expected "
+                            "cuda.bindings.driver.CUipcEventHandle, got "
+                            f"{type(handle).__name__})")
+        magic, pid, _, _ = _IPC_HANDLE.unpack(ctypes.string_at(handle.getPtr(),
+                                                               _IPC_HANDLE.size))
+        if magic != _MAGIC:
+            return (INVALID_VALUE, None)
+        if pid == os.getpid():
+            return (INVALID_CONTEXT, None)
+        err, ctx = self._work_context()
+        if err:
+            return (err, None)
+        with self._lock:
+            event = SimEvent(next(self._event_handles), ctx,
+                             EVENT_DISABLE_TIMING | EVENT_INTERPROCESS)
+            self._events[event.handle] = event
+        return (OK, CUevent(event.handle))

@@ -7,17 +7,23 @@ A condition's value is set by a kernel: on a GPU with ``cudaGraphSetConditional(
 value)``; in the sim, the kernel's twin (which receives the handle as its 8-byte argument)
 calls ``cuctx.backend().sim.set_conditional(handle, value)`` (`SimControls`). A handle
 created with CU_GRAPH_COND_ASSIGN_DEFAULT takes its default value at the start of each
-launch of a graph that uses it, in stream order; without it, it keeps its last value.
+launch of a graph that uses it, in stream order; without it, it keeps its last value. A
+handle drives one conditional node: adding a second node with it is
+CUDA_ERROR_INVALID_VALUE (H100), as is a handle of a graph the node's graph does not lie in.
 
 A conditional node runs as one operation of the launch: when it runs, it reads the value
-and runs the chosen body's nodes inline, in a dependency order (the body of a WHILE again
-while the value is non-zero; after 2**16 rounds the launch fails with the sticky
-CUDA_ERROR_LAUNCH_TIMEOUT, as a hung kernel would be stopped), adding their cost to the
-operation's. Bodies may hold kernel, memcpy, memset, empty, child graph and conditional
-nodes (the documented list, recursively): the driver accepts any node when it is added to a
-body (the H100 adds a host node), and cuGraphInstantiate refuses a graph whose bodies hold
-another kind with CUDA_ERROR_INVALID_VALUE, as it refuses a handle no conditional node of
-the graph uses.
+and runs the chosen body's nodes inline, in a dependency order, adding their cost to the
+operation's. The body of a WHILE runs again while the value is non-zero; where a GPU would
+loop for ever, the sim stops after `MAX_ROUNDS` rounds: the launch fails with the sticky
+CUDA_ERROR_LAUNCH_TIMEOUT (as a display GPU's watchdog stops a kernel that hangs), and
+``fault_cause`` names the node (by the name cuctx gave it, `SimControls.name_node`).
+
+Bodies may hold kernel, memcpy, memset, empty, child graph and conditional nodes (the
+documented list, recursively): the driver accepts any node when it is added to a body (the
+H100 adds a host node), and cuGraphInstantiate refuses a graph whose bodies hold another
+kind with CUDA_ERROR_INVALID_VALUE, as it refuses a handle no conditional node of the graph
+uses. The nodes of bodies are the executable's too: the per-node calls
+(cuGraphExec*NodeSetParams, cuGraphNodeSetEnabled) take them (`SimGraphExec.index`).
 """
 
 from __future__ import annotations
@@ -34,10 +40,11 @@ from ._common import INVALID_VALUE, NOT_INITIALIZED, NOT_SUPPORTED, OK
 from ._graph_nodes import ChildWork, EmptyWork
 from ._graphs import order
 from ._timing import LAUNCH_NS
+from ._twins import remember_fault
 
 T = CUgraphNodeType
 C = CUgraphConditionalNodeType
-MAX_ROUNDS = 1 << 16
+MAX_ROUNDS = 1 << 16  # of a WHILE node's body in one run: docs/graphs.md says so too
 LAUNCH_TIMEOUT = CUresult.CUDA_ERROR_LAUNCH_TIMEOUT
 _OUT_OFFSET = 16  # of phGraph_out in CUDA_CONDITIONAL_NODE_PARAMS (handle, type, size, ...)
 # What a conditional node's body may hold.
@@ -47,7 +54,7 @@ BODY_TYPES = (T.CU_GRAPH_NODE_TYPE_KERNEL, T.CU_GRAPH_NODE_TYPE_MEMCPY,
 
 
 class SimCondition:
-    __slots__ = ("handle", "graph", "ctx", "default", "assign", "value")
+    __slots__ = ("handle", "graph", "ctx", "default", "assign", "value", "node")
 
     def __init__(self, handle: int, graph, ctx, default: int, assign: bool):
         self.handle = handle
@@ -56,21 +63,23 @@ class SimCondition:
         self.default = default
         self.assign = assign  # CU_GRAPH_COND_ASSIGN_DEFAULT: reset at each launch
         self.value = default
+        self.node = None  # the conditional node it drives, once added
 
 
 class CondWork:
     type = T.CU_GRAPH_NODE_TYPE_CONDITIONAL
-    __slots__ = ("kind", "condition", "bodies", "ctx", "out")
+    __slots__ = ("kind", "condition", "bodies", "ctx", "out", "name")
 
-    def __init__(self, kind, condition: SimCondition, bodies: list, ctx):
+    def __init__(self, kind, condition: SimCondition, bodies: list, ctx, name: str = ""):
         self.kind = kind
         self.condition = condition
         self.bodies = bodies
         self.ctx = ctx
         self.out = None  # the phGraph_out array handed to the caller
+        self.name = name  # for messages (SimControls.name_node)
 
     def with_bodies(self, bodies: list) -> CondWork:
-        return CondWork(self.kind, self.condition, bodies, self.ctx)
+        return CondWork(self.kind, self.condition, bodies, self.ctx, self.name)
 
     def label(self) -> str:
         return f"conditional node ({self.kind.name.removeprefix('CU_GRAPH_COND_TYPE_')})"
@@ -125,8 +134,8 @@ class ConditionalModel:
             size = int(params.size)
             fits = {C.CU_GRAPH_COND_TYPE_IF: size in (1, 2), C.CU_GRAPH_COND_TYPE_WHILE: size == 1,
                     C.CU_GRAPH_COND_TYPE_SWITCH: size >= 1}
-            if condition is None or not fits.get(params.type, False) \
-                    or not _within(graph, condition.graph) \
+            if condition is None or condition.node is not None \
+                    or not fits.get(params.type, False) or not _within(graph, condition.graph) \
                     or (int(params.ctx) and int(params.ctx) != condition.ctx.handle):
                 return INVALID_VALUE, None
             work = CondWork(params.type, condition, [], condition.ctx)
@@ -136,6 +145,7 @@ class ConditionalModel:
         if err:
             return (err, None)
         node, work = self._graph_node(handle), made[0]
+        work.condition.node = node
         work.bodies = [self._new_graph(node) for _ in range(int(params.size))]
         work.out = (ctypes.c_void_p * len(work.bodies))(*[b.handle for b in work.bodies])
         ctypes.c_void_p.from_address(params.getPtr() + _OUT_OFFSET).value = \
@@ -175,6 +185,7 @@ class ConditionalModel:
                     err = self._run_inline(exe, work.bodies[0], stream)
                     if err:
                         return err
+                remember_fault(stream.ctx, None, _stopped(work))
                 return LAUNCH_TIMEOUT
             if work.kind == C.CU_GRAPH_COND_TYPE_IF:
                 index = 0 if condition.value else 1
@@ -203,6 +214,14 @@ class ConditionalModel:
             if err:
                 return err
         return None
+
+
+def _stopped(work: CondWork) -> str:
+    """The sentence for a WHILE node the sim stopped."""
+    node = work.name or f"a WHILE conditional node (condition {work.condition.handle:#x})"
+    return (f"the sim stopped {node} after {MAX_ROUNDS} rounds with its condition still "
+            "non-zero, where a GPU would loop for ever: a kernel must set the condition to 0 "
+            "(cudaGraphSetConditional(handle, 0)) for the loop to end")
 
 
 def _within(graph, home) -> bool:

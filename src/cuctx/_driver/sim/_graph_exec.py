@@ -14,7 +14,9 @@ event's marker to their place in the launch; event wait nodes wait for the marke
 event has when the graph is launched; a disabled node queues an empty operation (only
 kernel, memset and memcpy nodes can be disabled: the driver's documented list, which the
 H100 enforces with CUDA_ERROR_INVALID_VALUE). A graph with memory nodes has one executable
-at a time: a second cuGraphInstantiate is CUDA_ERROR_NOT_SUPPORTED (H100).
+at a time: a second cuGraphInstantiate is CUDA_ERROR_NOT_SUPPORTED (H100). What a capture
+refuses of these calls is `_capture_ops`'s: a launch or an upload onto a capturing stream,
+and cuGraphInstantiate while a capture forbids the calling thread potentially unsafe calls.
 """
 
 from __future__ import annotations

@@ -91,7 +91,8 @@ class CopyWork:
 
     @property
     def activity(self) -> str:
-        return copy_kind(self.devices[0] is None, self.devices[1] is None)
+        source, target = self.devices
+        return copy_kind(source is None, target is None, source != target)
 
     def cost(self) -> int:
         return duration(self.activity, self.nbytes, 1.0)
@@ -252,8 +253,9 @@ def kernel_work(driver, params: CUDA_KERNEL_NODE_PARAMS):
     return OK, KernelWork(launch)
 
 
-def copy_work(driver, copy: CUDA_MEMCPY3D, ctx):
-    """(CUresult, CopyWork), checked now as cuMemcpy3DAsync checks its copy."""
+def copy_work(driver, copy: CUDA_MEMCPY3D, ctx, reach_from=None):
+    """(CUresult, CopyWork), checked now as cuMemcpy3DAsync checks its copy: its device
+    memory against ``reach_from`` (a context; default: the node's)."""
     if not isinstance(copy, CUDA_MEMCPY3D):
         raise TypeError(f"Argument 'copyParams' has incorrect type (expected "
                         f"cuda.bindings.driver.CUDA_MEMCPY3D, got {type(copy).__name__})")
@@ -266,7 +268,7 @@ def copy_work(driver, copy: CUDA_MEMCPY3D, ctx):
             setattr(own, name, getattr(copy, name))
         except ValueError:  # a memory type never set: the plan below refuses it
             pass
-    err, _ = driver._pitched_plan(own, own.Depth, three_d=True)
+    err, _ = driver._pitched_plan(own, own.Depth, True, reach_from or ctx)
     if err:
         return err, None
     kinds, devices = [], []

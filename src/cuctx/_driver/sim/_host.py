@@ -3,8 +3,13 @@ host side of copies.
 
 A copy whose host side lies in a page-locked range is asynchronous; any other host memory
 is pageable and the copy drains its stream before returning, as CUDA's pageable copies are
-synchronous. Host memory is not owned by a context here (allocations are portable), so
-tearing a context down leaves it alone.
+synchronous. Host memory is not owned by a context here, so tearing a context down leaves it
+alone, and a page-locked range is page-locked for every context with or without
+CU_MEMHOSTALLOC_PORTABLE / CU_MEMHOSTREGISTER_PORTABLE: the driver API's "Unified
+Addressing" section says all host memory of cuMemHostAlloc is "always directly accessible
+from all contexts on all devices that support unified addressing ... regardless of" those
+flags (scripts/probe_multi_device.py checks that such copies stay asynchronous on another
+device's stream).
 
 The sim reads and writes the caller's host memory through NumPy, exactly where the driver
 would. A bad host address would then crash the interpreter, so before NumPy touches memory

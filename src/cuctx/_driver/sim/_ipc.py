@@ -26,6 +26,9 @@ What an H100 answered (driver 580, scripts/probe_ipc.py), and the sim answers al
   allocation there. Either way it is a use after free: importers free first.
 - The sim's choice: a pointer imported into a pool that its own process exported is
   CUDA_ERROR_INVALID_VALUE (an H100 accepts it; what it maps was not measured).
+- cuMemGetAddressRange of an imported pointer answers the size of the exporter's block (the
+  allocation rounded up to 512 bytes: the export data, the same for any allocation at that
+  address, does not say more); what an H100 answers was not measured.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Libraries, modules and kernels of the sim.
 
-Images are read, never run: `cuctx.kernels._cubin.read_image` gives kernel names, parameter layouts,
+Images are read, never run: `cuctx.devcode._image.read_image` gives kernel names, parameter layouts,
 resources and variables from a cubin or PTX (fatbins are not unpacked: loading one answers
 CUDA_ERROR_NOT_SUPPORTED). Behaviour comes from a kernel's *twin* (`_twins`, registered
 through ``backend.sim.set_kernel_twin``); launches are in `_launches`, occupancy in
@@ -22,10 +22,12 @@ import numpy as np
 from cuda.bindings.driver import (CUdevice_attribute, CUdeviceptr, CUfunction,
                                   CUfunction_attribute, CUkernel, CUlibrary, CUmodule, CUresult)
 
-from ...kernels._cubin import Image, KernelImage, is_fatbin, is_ptx, read_image
+from ...devcode._image import read_image
+from ...devcode._kinds import is_fatbin, is_ptx
+from ...devcode._layout import Image, KernelImage
 from ._common import (ILLEGAL_ADDRESS, INVALID_DEVICE, INVALID_HANDLE, INVALID_IMAGE,
-                      INVALID_PTX, INVALID_VALUE, NOT_FOUND, NOT_INITIALIZED, NOT_SUPPORTED, OK,
-                      OUT_OF_MEMORY)
+                      INVALID_PTX, INVALID_VALUE, JIT_COMPILER_NOT_FOUND, NOT_FOUND,
+                      NOT_INITIALIZED, NOT_SUPPORTED, OK, OUT_OF_MEMORY)
 from ._occupancy import dynamic_limit, max_threads
 
 A = CUdevice_attribute
@@ -81,6 +83,7 @@ class LibraryModel:
         self._kernels: dict[int, SimKernel] = {}  # CUkernel and CUfunction handles
         self._managed_ranges: list[tuple[int, int, np.ndarray]] = []
         self._twin_ctx = None  # the context of the twin running now (`_twins.run_twin`)
+        self._twin_read_only = None  # why, once it was given memory it may only read
 
     # -- memory a twin may touch ----------------------------------------------------------
 
@@ -93,22 +96,39 @@ class LibraryModel:
     def _kernel_view(self, ptr: int, nbytes: int):
         """(CUresult, uint8 ndarray) of [ptr, ptr + nbytes) for the twin running now:
         managed memory anywhere; device memory within a live allocation, and of another
-        device only with peer access (`_may_reach`), else an illegal address (and then, in
-        place of the view, None or why in words)."""
+        device only with access (`_reach`): read-only where the access is, else an illegal
+        address (and then, in place of the view, None or why in words)."""
         found = self._managed_at(ptr)
         if found is None:
             block = self._block_at(ptr)
             ctx = self._twin_ctx
-            if block is not None and ctx is not None and not self._may_reach(ctx, block):
+            reach = "rw" if block is None or ctx is None else self._reach(ctx, block)
+            if reach is None and block.pool is not None and not block.pool.default:
+                return ILLEGAL_ADDRESS, (
+                    f"memory of {self._owner_of(block)} from device {ctx.device} without "
+                    f"access to its pool (pool.set_access(cuctx.Device({ctx.device}), 'rw') "
+                    "grants it)")
+            if reach is None:
                 return ILLEGAL_ADDRESS, (
                     f"memory of device {block.device} from device {ctx.device} without peer "
                     f"access (cuctx.Device({ctx.device}).enable_peer_access("
                     f"cuctx.Device({block.device})) grants it)")
-            return self._device_view(ptr, nbytes)
+            err, view = self._device_view(ptr, nbytes)
+            if not err and reach == "r":  # a write through it is an illegal address
+                view = view.view()
+                view.flags.writeable = False
+                self._twin_read_only = (f"memory of {self._owner_of(block)} that device "
+                                        f"{ctx.device} may only read (its pool's access is 'r')")
+            return err, view
         start, end, data = found
         if ptr + nbytes > end:
             return ILLEGAL_ADDRESS, None
         return OK, data[ptr - start:ptr - start + nbytes]
+
+    @staticmethod
+    def _owner_of(block) -> str:
+        return "a host memory pool" if block.pool is not None and block.pool.location == \
+            "host" else f"device {block.device}"
 
     def _extent(self, ptr: int) -> int:
         """Bytes from ``ptr`` to the end of its allocation (0 outside every one)."""
@@ -184,6 +204,13 @@ class LibraryModel:
                 library.kernels[name] = self._new_kernel(name, library, kernel)
             self._libraries[library.handle] = library
         return (OK, CUlibrary(library.handle))
+
+    def cuLinkCreate(self, numOptions, options, optionValues):
+        """The sim has no linker of its own: cuctx links with nvJitLink, which runs on the
+        CPU, and loads the cubin it makes. Asked for the driver's (nvJitLink is not
+        installed), the sim answers as a driver without its PTX JIT compiler library."""
+        err, _ = self._work_context()
+        return (err or JIT_COMPILER_NOT_FOUND, None)
 
     def _new_kernel(self, name: str, owner, kernel: KernelImage) -> SimKernel:
         sim_kernel = SimKernel(next(self._library_handles), name, owner, kernel)

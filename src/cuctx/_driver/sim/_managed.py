@@ -45,18 +45,36 @@ class ManagedModel:
             return (err, None)
         if nbytes == 0 or flags not in _FLAGS:
             return (INVALID_VALUE, None)
-        size = self._block_size(nbytes)
-        data = np.frombuffer(mmap.mmap(-1, size), np.uint8)  # page-aligned, zeroed
-        base = data.ctypes.data
         with self._lock:
-            if self._block_at(base) is not None or self._block_at(base + size - 1) is not None:
-                return (OUT_OF_MEMORY, None)  # the host's address is taken by a device block
-            block = Block(base, size, ctx.device, ctx, data)
-            block.counted = False
-            self._add_block(block)
+            block = self._host_block(nbytes, ctx.device, ctx)
+            if block is None:  # more than the host maps, or its address is a device block's
+                return (OUT_OF_MEMORY, None)
             block.allocate(nbytes, ctx)
-            self._managed.add(base)
-        return (OK, CUdeviceptr(base))
+            self._managed.add(block.base)
+        return (OK, CUdeviceptr(block.base))
+
+    def _host_block(self, nbytes: int, device: int, ctx, pool=None):
+        """A block whose device address is the host address of its bytes (an anonymous
+        mapping: page-aligned, zeroed), not counted in the device's memory; None when the
+        host cannot map it or a device block holds that address."""
+        size = self._block_size(nbytes)
+        try:
+            data = np.frombuffer(mmap.mmap(-1, size), np.uint8)
+        except (OSError, OverflowError):
+            return None
+        base = data.ctypes.data
+        if self._block_at(base) is not None or self._block_at(base + size - 1) is not None:
+            return None
+        block = Block(base, size, device, ctx, data, pool)
+        block.counted = False
+        self._add_block(block)
+        return block
+
+    def _new_block(self, nbytes: int, device: int, ctx, pool=None):
+        # Host and managed pools (`_pools`) hold host-addressable memory, as managed memory.
+        if pool is not None and pool.location != "device":
+            return self._host_block(nbytes, device if device >= 0 else ctx.device, ctx, pool)
+        return super()._new_block(nbytes, device, ctx, pool)
 
     def cuMemFree(self, dptr):
         base = int(dptr or 0)
@@ -73,9 +91,13 @@ class ManagedModel:
             return (NOT_SUPPORTED,)
         return super().cuMemFreeAsync(dptr, hStream)
 
-    def _may_reach(self, ctx, block) -> bool:
-        # Managed memory is reachable from every device (concurrent managed access: H100).
-        return block.base in self._managed or super()._may_reach(ctx, block)
+    def _reach(self, ctx, block) -> str | None:
+        # Managed memory is reachable from every device (concurrent managed access: H100),
+        # a managed pool's too.
+        if block.base in self._managed or block.pool is not None \
+                and block.pool.location == "managed":
+            return "rw"
+        return super()._reach(ctx, block)
 
     def _block_dropped(self, block) -> None:
         if block.base in self._managed:  # not by cuMemFree: its context went

@@ -7,8 +7,10 @@ of addresses with NumPy bytes behind it); block addresses are never handed out t
 stale pointer into a released block stays invalid for ever.
 
 Checking accesses: driver calls (cuMemcpy*, cuMemset*) check their ranges when called and
-answer CUDA_ERROR_INVALID_VALUE, as the real driver does. The work they queue remembers the
-allocation it was checked against and checks again when it runs: valid while that
+answer CUDA_ERROR_INVALID_VALUE, as the real driver does; so is a copy's device memory that
+the *current* context does not reach, whatever its stream's context (`_copy_context`). The
+work they queue remembers the allocation it was checked against and checks again when it
+runs: valid while that
 allocation's free has not run (even if the block already holds a later, smaller allocation
 on the freeing stream); after it has run, valid only where a later allocation of the block
 covers the bytes (the GPU would touch the new owner's data: a race the sim shows as such).
@@ -34,10 +36,10 @@ from cuda.bindings.driver import CUdeviceptr, CUpointer_attribute
 
 from ._cargs import size_t, unsigned
 from ._common import (CONTEXT_IS_DESTROYED, ILLEGAL_ADDRESS, INVALID_CONTEXT, INVALID_VALUE,
-                      NOT_PERMITTED, NOT_SUPPORTED, OK, OUT_OF_MEMORY)
+                      NOT_FOUND, NOT_PERMITTED, NOT_SUPPORTED, OK, OUT_OF_MEMORY)
 from ._host import HostMemory, HostSide
 from ._pitched import PitchedCopies
-from ._timing import DTOD, DTOH, HTOD, MEMSET
+from ._timing import DTOD, DTOH, HTOD, MEMSET, PTOP, peer_copy_time
 
 ADDRESS_BASE = 0x7000_0000_0000  # where the device address space starts (CUDA's is similar)
 ALIGNMENT = 512  # cuMemAlloc's alignment
@@ -277,27 +279,45 @@ class MemoryModel(PitchedCopies, HostMemory):
 
     # -- copies ---------------------------------------------------------------------------
 
-    def _copy(self, hStream, nbytes: int, run, host: HostSide | None, label: str, kind: str):
+    def _copy(self, hStream, nbytes: int, run, host: HostSide | None, label: str, kind: str,
+              cost_ns: int | None = None):
         """Queue ``run`` (which copies); drain the stream when the host side is pageable."""
         pageable = host is not None and not host.pinned
         if pageable and self._in_host_function():
             return (NOT_PERMITTED,)  # a synchronous copy would wait for this host function
         err = self._enqueue(hStream, run, nbytes=nbytes, label=label, kind=kind,
-                            pageable=pageable)
+                            pageable=pageable, cost_ns=cost_ns)
         if err or not pageable:
             return (err,)
         return (self._drain(hStream),)
 
-    def _checked(self, hStream, *device_ranges):
-        """The call-time checks of a copy: a usable stream, live device ranges. Returns
-        (CUresult, [DeviceSpan per range])."""
-        err, _ = self._stream_context(hStream)
+    def _checked(self, hStream, *device_ranges, in_current: bool = True):
+        """The call-time checks of a copy or memset: a usable stream, live device ranges
+        that, ``in_current``, the context a copy is checked against reaches
+        (`_copy_context`; memsets and peer copies, which name their contexts, are not
+        checked so). Returns (CUresult, [DeviceSpan per range])."""
+        err, ctx = self._stream_context(hStream)
         if err:
             return err, None
         spans = [self._device_span(p, n) for p, n in device_ranges]
         if any(span is None for span in spans):
             return INVALID_VALUE, None
+        if in_current:
+            checker = self._copy_context(ctx)
+            if not all(self._may_reach(checker, span.alloc.block) for span in spans):
+                return INVALID_VALUE, None
         return OK, spans
+
+    def _copy_context(self, stream_ctx):
+        """The context a copy's device memory is checked against: the *current* one, not the
+        stream's; the stream's only while no context is current. NVIDIA's CCCL found that the
+        driver's memcpy entry points validate device pointers against the current context
+        (NVIDIA/cccl#9997: CUDA_ERROR_INVALID_VALUE for another device's context; #9615:
+        fine with an empty context stack, and memsets are not affected), as two H200s
+        answered cuctx (issue 21). Memory of that context's device, or that it has peer or
+        pool access to (`_may_reach`), passes."""
+        stack = self._stack()
+        return stack[-1] if stack else stream_ctx
 
     def _host_copy(self, hStream, device: int, host: int, n: int, to_device: bool):
         err, spans = self._checked(hStream, (device, n))
@@ -327,8 +347,14 @@ class MemoryModel(PitchedCopies, HostMemory):
     def cuMemcpyDtoHAsync(self, dstHost, srcDevice, ByteCount, hStream):
         return self._host_copy(hStream, int(srcDevice), int(dstHost), size_t(ByteCount), False)
 
-    def _device_copy(self, hStream, dst: int, src: int, n: int, label: str):
-        err, spans = self._checked(hStream, (dst, n), (src, n))
+    def _device_copy(self, hStream, dst: int, src: int, n: int, label: str,
+                     peer_contexts=None):
+        """A copy between device pointers; with ``peer_contexts`` (the destination's and the
+        source's SimContext), cuMemcpyPeerAsync's, which names them: its memory is not
+        checked against the current context, and it goes over the link only where one of the
+        two reaches the other's memory (else staged, `_timing`)."""
+        err, spans = self._checked(hStream, (dst, n), (src, n),
+                                   in_current=peer_contexts is None)
         if err or n == 0:
             return (err,)
         target, source = spans
@@ -340,7 +366,13 @@ class MemoryModel(PitchedCopies, HostMemory):
             if err:
                 return err
             dst_bytes[:] = src_bytes  # NumPy copies through a buffer when the ranges overlap
-        return self._copy(hStream, n, run, None, label, DTOD)
+        if target.alloc.block.device == source.alloc.block.device:
+            return self._copy(hStream, n, run, None, label, DTOD)
+        # Between devices: checked against a context that reaches both sides, or a peer copy.
+        direct = peer_contexts is None or any(
+            self._may_reach(ctx, span.alloc.block)
+            for ctx, span in zip(peer_contexts, (source, target)))
+        return self._copy(hStream, n, run, None, label, PTOP, peer_copy_time(n, direct))
 
     def cuMemcpyDtoDAsync(self, dstDevice, srcDevice, ByteCount, hStream):
         return self._device_copy(hStream, int(dstDevice), int(srcDevice), size_t(ByteCount),
@@ -348,6 +380,7 @@ class MemoryModel(PitchedCopies, HostMemory):
 
     def cuMemcpyPeerAsync(self, dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream):
         n, dst, src = size_t(ByteCount), int(dstDevice), int(srcDevice)
+        contexts = []
         for ctx, ptr in ((dstContext, dst), (srcContext, src)):
             target = self._lookup(ctx)
             if target is None:
@@ -357,7 +390,8 @@ class MemoryModel(PitchedCopies, HostMemory):
             block = self._live_range(ptr, n)
             if n and (block is None or block.device != target.device):
                 return (INVALID_VALUE,)
-        return self._device_copy(hStream, dst, src, n, "peer")
+            contexts.append(target)
+        return self._device_copy(hStream, dst, src, n, "peer", tuple(contexts))
 
     def cuMemcpyHtoD(self, dstDevice, srcHost, ByteCount):
         return self._synchronous(self.cuMemcpyHtoDAsync(dstDevice, srcHost, ByteCount, 0))
@@ -379,7 +413,7 @@ class MemoryModel(PitchedCopies, HostMemory):
             return (INVALID_VALUE,)
         if span == 0:  # as on an H100: cuMemsetD8Async(0, 0, 0, stream) succeeds
             return (self._stream_context(hStream)[0],)
-        err, spans = self._checked(hStream, (dst, span))
+        err, spans = self._checked(hStream, (dst, span), in_current=False)
         if err:
             return (err,)
         target = spans[0]
@@ -425,6 +459,18 @@ class MemoryModel(PitchedCopies, HostMemory):
         return self._memset(hStream, int(dstDevice), span, 4, write, "memset2D32")
 
     # -- pointer queries ------------------------------------------------------------------
+
+    def cuMemGetAddressRange(self, dptr):
+        """The base and size of the live allocation holding ``dptr`` (CUDA_ERROR_NOT_FOUND
+        where none does)."""
+        err, _ = self._work_context()
+        if err:
+            return (err, None, None)
+        block = self._block_at(int(dptr or 0))
+        if block is None or not block.live or block.pooled \
+                or int(dptr) >= block.base + block.length:
+            return (NOT_FOUND, None, None)
+        return (OK, CUdeviceptr(block.base), block.length)
 
     def cuPointerGetAttribute(self, attribute, ptr):
         if attribute != CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:

@@ -1,24 +1,27 @@
 """Occupancy of the sim: the CUDA occupancy calculator's rules for sm_90 (warps, blocks,
 registers and shared memory per multiprocessor), the thread and dynamic shared memory limits
-of a kernel, and cuOccupancy*."""
+of a kernel, and cuOccupancy* (clusters: a model of an H100's GPCs)."""
 
 from __future__ import annotations
 
+import ctypes
 from typing import TYPE_CHECKING
 
-from cuda.bindings.driver import CUdevice_attribute
+from cuda.bindings.driver import CUdevice_attribute, CUlaunchAttributeID
 
-from ._common import INVALID_HANDLE, NOT_SUPPORTED, OK
+from ._common import INVALID_CLUSTER_SIZE, INVALID_HANDLE, INVALID_VALUE, OK
 
 if TYPE_CHECKING:
-    from ...kernels._cubin import KernelImage
+    from ...devcode._layout import KernelImage
     from ._library import SimKernel
 
 A = CUdevice_attribute
 
 
 class OccupancyModel:
-    """cuOccupancyMaxActiveBlocksPerMultiprocessor, cuOccupancyMaxPotentialBlockSize."""
+    """cuOccupancyMaxActiveBlocksPerMultiprocessor, cuOccupancyMaxPotentialBlockSize,
+    cuOccupancyAvailableDynamicSMemPerBlock, cuOccupancyMaxPotentialClusterSize,
+    cuOccupancyMaxActiveClusters."""
 
     def _occupancy_kernel(self, func):
         err, ctx = self._work_context()
@@ -37,21 +40,95 @@ class OccupancyModel:
 
     def cuOccupancyMaxPotentialBlockSize(self, func, blockSizeToDynamicSMemSize,
                                          dynamicSMemSize, blockSizeLimit):
+        """The CUDA occupancy calculator's search: from the largest block size down in
+        warps, the one with the most resident threads (the largest among equals), its
+        dynamic shared memory from the callback when there is one (a C function pointer,
+        ``size_t fn(int blockSize)``, as the driver calls it)."""
         err, kernel, spec = self._occupancy_kernel(func)
         if err:
             return (err, None, None)
-        if blockSizeToDynamicSMemSize not in (None, 0):
-            return (NOT_SUPPORTED, None, None)
+        pointer = int(blockSizeToDynamicSMemSize or 0)
+        shared_for = _B2D(pointer) if pointer else None
         limit = max_threads(kernel.image, spec)
         if int(blockSizeLimit) > 0:
             limit = min(limit, int(blockSizeLimit))
-        best_size, best_warps = 0, -1
-        for size in range(limit - limit % 32 or limit, 0, -32):
-            warps = occupancy(kernel, size, int(dynamicSMemSize), spec) * (-(-size // 32))
-            if warps > best_warps:
-                best_size, best_warps = size, warps
-        blocks = occupancy(kernel, best_size, int(dynamicSMemSize), spec)
-        return (OK, blocks * spec[A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT], best_size)
+        full = spec[A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR]
+        best_size = best_threads = best_blocks = 0
+        for aligned in range(-(-limit // 32) * 32, 0, -32):
+            size = min(limit, aligned)
+            shared = shared_for(size) if shared_for else int(dynamicSMemSize)
+            blocks = occupancy(kernel, size, shared, spec)
+            if blocks * size > best_threads:
+                best_size, best_threads, best_blocks = size, blocks * size, blocks
+            if best_threads == full:
+                break
+        return (OK, best_blocks * spec[A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT], best_size)
+
+    def cuOccupancyAvailableDynamicSMemPerBlock(self, func, numBlocks, blockSize):
+        """The most dynamic shared memory a block of ``blockSize`` may take with
+        ``numBlocks`` of them resident per multiprocessor; INVALID_VALUE when that many do
+        not fit even without it."""
+        err, kernel, spec = self._occupancy_kernel(func)
+        if err:
+            return (err, None)
+        blocks, threads = int(numBlocks), int(blockSize)
+        if blocks <= 0 or occupancy(kernel, threads, 0, spec) < blocks:
+            return (INVALID_VALUE, None)
+        share = spec[A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR] // blocks
+        share = share // 128 * 128 - kernel.image.shared \
+            - spec[A.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK]
+        limit = dynamic_limit(kernel, self._work_context()[1].device, spec)
+        return (OK, max(min(share, limit), 0))
+
+    def cuOccupancyMaxPotentialClusterSize(self, func, config):
+        """The largest cluster whose blocks fit in the smallest GPC at once (a cluster runs
+        on one GPC), at most the portable 8."""
+        err, kernel, spec = self._occupancy_kernel(func)
+        if err:
+            return (err, None)
+        per_sm = occupancy(kernel, _threads(config), int(config.sharedMemBytes), spec)
+        return (OK, min(_PORTABLE_CLUSTER, min(_gpcs(spec)) * per_sm))
+
+    def cuOccupancyMaxActiveClusters(self, func, config):
+        """Clusters of the config's size resident at once: per GPC, its SMs' blocks over
+        the cluster size."""
+        err, kernel, spec = self._occupancy_kernel(func)
+        if err:
+            return (err, None)
+        cluster = _cluster_size(config)
+        if cluster is None:
+            return (INVALID_VALUE, None)  # no cluster in the config, none set for the kernel
+        if not 1 <= cluster <= _PORTABLE_CLUSTER:
+            return (INVALID_CLUSTER_SIZE, None)
+        per_sm = occupancy(kernel, _threads(config), int(config.sharedMemBytes), spec)
+        return (OK, sum(sms * per_sm // cluster for sms in _gpcs(spec)))
+
+
+# An H100 SXM's 132 SMs in its 8 GPCs (66 TPCs of 2 SMs). Which TPCs are fused off varies
+# from chip to chip, so the split is a model; scripts/probe_link.py prints a GPU's answers.
+_H100_GPCS = (18, 18, 18, 18, 16, 16, 14, 14)
+_PORTABLE_CLUSTER = 8
+_CLUSTER_ATTRIBUTE = CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+_B2D = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_int)  # CUoccupancyB2DSize
+
+
+def _gpcs(spec: dict) -> tuple[int, ...]:
+    count = spec[A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT]
+    if count == sum(_H100_GPCS):
+        return _H100_GPCS
+    return (16,) * (count // 16) + ((count % 16,) if count % 16 else ())
+
+
+def _threads(config) -> int:
+    return int(config.blockDimX) * int(config.blockDimY) * int(config.blockDimZ)
+
+
+def _cluster_size(config) -> int | None:
+    for attr in list(config.attrs or ())[:int(config.numAttrs)]:
+        if attr.id == _CLUSTER_ATTRIBUTE:
+            dim = attr.value.clusterDim
+            return int(dim.x) * int(dim.y) * int(dim.z)
+    return None
 
 
 def max_threads(image: KernelImage, spec: dict) -> int:

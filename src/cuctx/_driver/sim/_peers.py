@@ -10,9 +10,15 @@ The sim's devices are NVLink-connected H100s: each can access every other one; n
 is its own peer (cuDeviceCanAccessPeer(d, d) is 0, and enabling access to a context of the
 same device answers CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, as recorded on a real H100).
 
-Kernels are held to the grants (`_may_reach`, asked by `_library._kernel_view` for every
-view a twin makes): memory of another device is an illegal address for a kernel without
-them, as it is unmapped on a GPU. Copies between devices need neither (cuMemcpyPeerAsync).
+Kernels are held to the grants (`_reach`, asked by `_library._kernel_view` for every view a
+twin makes): memory of another device is an illegal address for a kernel without them, as
+it is unmapped on a GPU, and so is a write to memory granted read-only
+(CU_MEM_ACCESS_FLAGS_PROT_READ; whether a GPU's driver takes it for a pool was not
+measured). A host pool's memory belongs to no device: every device needs a grant (the CUDA
+13 documentation: its default accessibility is from the host only). Copies between devices
+need neither with cuMemcpyPeerAsync, which names both contexts; a copy of device pointers
+(cuMemcpyDtoDAsync, 2D, 3D) needs the current context to reach both sides
+(`_memory._copy_context`, `_may_reach`).
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from ._common import (CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_DEVICE, INV
                       PEER_ACCESS_UNSUPPORTED)
 
 NONE = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE
+READ = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ
 READWRITE = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+_GRANTS = {READWRITE: "rw", READ: "r"}
 _DEVICE = CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
 
 
@@ -82,18 +90,29 @@ class PeerModel:
             self._peer_access.discard((ctx.handle, peer.handle))
         return (OK,)
 
+    def _reach(self, ctx, block) -> str | None:
+        """What a kernel running in ``ctx`` may do with ``block``: "rw", "r" (read) or None.
+        A host pool's block (`_pools`): what its access list grants ``ctx``'s device (the
+        host's memory: no device has access by right). Memory of its own device: "rw" (any
+        context of it). A pool's block of another device: what that pool's access list
+        grants. Any other block of another device (cuMemAlloc, a library's variables): "rw"
+        with peer access from ``ctx`` to the block's context. Graph allocations carry their
+        own access list, which the sim does not model: they are let through."""
+        pool = block.pool
+        if block.graph is not None:
+            return "rw"
+        if pool is not None and pool.location == "host":
+            return _GRANTS.get(pool.access.get(ctx.device))
+        if block.device == ctx.device:
+            return "rw"
+        if pool is not None:  # the default pool's or an explicit one's access list
+            return _GRANTS.get(pool.access.get(ctx.device))
+        return "rw" if (ctx.handle, block.ctx.handle) in self._peer_access else None
+
     def _may_reach(self, ctx, block) -> bool:
-        """Whether a kernel running in ``ctx`` may touch ``block``: memory of its own device
-        always (any context of it); a pool's block of another device with that pool's
-        access granted to ``ctx``'s device; any other block of another device (from
-        cuMemAlloc, a library's variables) with peer access from ``ctx`` to the block's
-        context. Graph allocations carry their own access list, which the sim does not
-        model: they are let through."""
-        if block.device == ctx.device or block.graph is not None:
-            return True
-        if block.pool is not None:  # the default pool's or an explicit one's access list
-            return block.pool.access.get(ctx.device) == READWRITE
-        return (ctx.handle, block.ctx.handle) in self._peer_access
+        """Whether a copy checked against ``ctx`` (`_memory._copy_context`) may use ``block``:
+        where `_reach` says "rw" (the sim's choice for "r": copies are refused, not measured)."""
+        return self._reach(ctx, block) == "rw"
 
     def _release_context_resources(self, ctx):
         with self._lock:
@@ -104,12 +123,13 @@ class PeerModel:
 
     def cuMemPoolSetAccess(self, pool, map, count):  # noqa: A002 - the driver's parameter name
         found = self._pool(pool)
-        if found is None or count < 0 or count > len(map or ()):
+        if found is None or found.location == "managed" or count < 0 \
+                or count > len(map or ()):
             return (INVALID_VALUE,)
-        owner = found.device
+        owner = found.device  # -1: a host pool, whose memory no device owns
         changes = {}
         for desc in list(map or ())[:count]:  # all checked before any is applied
-            if desc.location.type != _DEVICE or desc.flags not in (NONE, READWRITE):
+            if desc.location.type != _DEVICE or desc.flags not in _GRANTS and desc.flags != NONE:
                 return (INVALID_VALUE,)
             device = desc.location.id
             if self._device(device) is None:
@@ -118,7 +138,7 @@ class PeerModel:
                 if desc.flags != READWRITE:  # the owner's access cannot be revoked
                     return (INVALID_VALUE,)
                 continue
-            if not self.cuDeviceCanAccessPeer(device, owner)[1]:
+            if owner >= 0 and not self.cuDeviceCanAccessPeer(device, owner)[1]:
                 return (INVALID_DEVICE,)
             changes[device] = desc.flags
         with self._lock:
@@ -131,6 +151,6 @@ class PeerModel:
             return (INVALID_VALUE, None)
         if self._device(location.id) is None:
             return (INVALID_DEVICE, None)
-        if location.id == found.device:
+        if location.id == found.device or found.location == "managed":
             return (OK, READWRITE)
         return (OK, found.access.get(location.id, NONE))

@@ -75,23 +75,25 @@ class PitchedCopies:
     def _pitched_copy(self, copy, hStream, depth: int, three_d: bool):
         if copy is None:
             return (INVALID_VALUE,)
-        err, _ = self._stream_context(hStream)
+        err, ctx = self._stream_context(hStream)
         if err:
             return (err,)
-        err, plan = self._pitched_plan(copy, depth, three_d)
+        err, plan = self._pitched_plan(copy, depth, three_d, self._copy_context(ctx))
         if err or plan is None:
             return (err,)
         nbytes, run, host, kind = plan
         return self._copy(hStream, nbytes, run, host, "copy3D" if three_d else "copy2D", kind)
 
-    def _pitched_plan(self, copy, depth: int, three_d: bool):
+    def _pitched_plan(self, copy, depth: int, three_d: bool, reach_from=None):
         """(CUresult, (bytes, operation, the pageable or else any host side or None, the
-        activity kind)) for ``copy`` checked now; (OK, None) for an empty copy. Graph copy
-        nodes share it."""
+        activity kind)) for ``copy`` checked now; (OK, None) for an empty copy. With
+        ``reach_from`` (a context), device memory it does not reach is CUDA_ERROR_INVALID_VALUE
+        (`_copy_context`). Graph copy nodes share it."""
         width, height = copy.WidthInBytes, copy.Height
         sides = []
         for prefix in ("src", "dst"):
-            err, side = self._pitched_side(copy, prefix, width, height, depth, three_d)
+            err, side = self._pitched_side(copy, prefix, width, height, depth, three_d,
+                                           reach_from)
             if err:
                 return err, None
             sides.append(side)
@@ -111,10 +113,13 @@ class PitchedCopies:
             dst[...] = src  # NumPy copies through a buffer when the two overlap
         hosts = [s.bytes for s in sides if s.host]  # pageable if either side is
         host = next((h for h in hosts if not h.pinned), hosts[0] if hosts else None)
-        return OK, (width * height * depth, run, host, copy_kind(source.host, target.host))
+        between = not (source.host or target.host) \
+            and source.bytes.alloc.block.device != target.bytes.alloc.block.device
+        return OK, (width * height * depth, run, host,
+                    copy_kind(source.host, target.host, between))
 
     def _pitched_side(self, copy, prefix: str, width: int, height: int, depth: int,
-                      three_d: bool):
+                      three_d: bool, reach_from=None):
         """(CUresult, _Side) for the source (``prefix`` "src") or destination ("dst")."""
         def field(name: str):
             return getattr(copy, prefix + name)
@@ -145,4 +150,7 @@ class PitchedCopies:
         side.host = not on_device
         side.bytes = self._host_side(start, extent) if side.host \
             else self._device_span(start, extent)
-        return (OK, side) if side.bytes is not None else (INVALID_VALUE, None)
+        if side.bytes is None or (reach_from is not None and not side.host
+                                  and not self._may_reach(reach_from, side.bytes.alloc.block)):
+            return INVALID_VALUE, None
+        return OK, side

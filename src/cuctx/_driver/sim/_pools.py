@@ -1,6 +1,11 @@
 """Stream-ordered memory pools of the sim: each device's default pool and explicit pools
 (cuMemPoolCreate), allocations from them (cuMemAllocAsync, cuMemAllocFromPoolAsync), their
-frees (cuMemFreeAsync), attributes, trimming and destruction.
+frees (cuMemFreeAsync), attributes, trimming and destruction. Explicit pools hold device
+memory, page-locked host memory (CU_MEM_LOCATION_TYPE_HOST) or managed memory preferring a
+device (CU_MEM_ALLOCATION_TYPE_MANAGED), as CUDA 13 makes them; the blocks of the last two
+are host-addressable (`_managed`), and neither takes an IPC handle type (the CUDA 13
+documentation: CUDA_ERROR_INVALID_VALUE). Host NUMA locations are not modelled
+(CUDA_ERROR_NOT_SUPPORTED).
 
 Reuse: a freed block goes back to its pool at once, and a later allocation *on the same
 stream* may reuse it straight away (stream order makes that safe: the work queued for the
@@ -56,12 +61,13 @@ class SimPool:
 
     __slots__ = ("handle", "device", "default", "free", "limit", "threshold", "used",
                  "used_high", "reserved", "reserved_high", "reuse", "access", "destroyed",
-                 "ipc", "shared", "imported", "segment", "__weakref__")
+                 "ipc", "shared", "imported", "segment", "location", "__weakref__")
 
     def __init__(self, handle: int, device: int, *, default: bool = False, limit: int = 0,
-                 ipc: bool = False, imported: bool = False):
+                 ipc: bool = False, imported: bool = False, location: str = "device"):
         self.handle = handle
-        self.device = device
+        self.device = device  # a host pool's: -1 (it serves every device granted access)
+        self.location = location  # "device", "host" (page-locked) or "managed"
         self.default = default
         self.free: list = []  # blocks freed (or with a free queued), in order
         self.limit = limit  # maxSize rounded up to GRANULE; 0: the device's memory
@@ -95,7 +101,10 @@ class PoolModel:
         return None if found is None or found.destroyed else found
 
     def _device_pools(self, device: int):
-        return [p for p in self._mempools.values() if p.device == device and not p.imported]
+        """The pools whose memory a synchronize of ``device`` may give back (host pools' too:
+        any device's streams may free into them)."""
+        return [p for p in self._mempools.values()
+                if p.device in (device, -1) and not p.imported]
 
     # -- creation and destruction ------------------------------------------------------------
 
@@ -113,24 +122,40 @@ class PoolModel:
                             f"{type(poolProps).__name__})")
         if not self._initialized:
             return (NOT_INITIALIZED, None)
-        if poolProps is None or poolProps.allocType != \
-                CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED:
-            return (INVALID_VALUE, None)
-        location = poolProps.location
-        if location.type != CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE:
-            return (NOT_SUPPORTED, None)  # host pools: not modelled
-        if self._device(location.id) is None:
-            return (INVALID_VALUE, None)  # as on an H100 (device 7 of 1)
+        err, location, device = self._pool_location(poolProps)
+        if err:
+            return (err, None)
         handle_types = int(poolProps.handleTypes)
-        if handle_types not in (0, int(POSIX_FD)):
-            return (INVALID_VALUE, None)
+        if handle_types not in (0, int(POSIX_FD)) or handle_types and location != "device":
+            return (INVALID_VALUE, None)  # host and managed pools: no IPC (CUDA 13 docs)
         max_size = size_t(poolProps.maxSize)
         with self._lock:
-            pool = SimPool(next(self._pool_handles), int(location.id),
-                           limit=-(-max_size // GRANULE) * GRANULE, ipc=bool(handle_types))
+            pool = SimPool(next(self._pool_handles), device,
+                           limit=-(-max_size // GRANULE) * GRANULE, ipc=bool(handle_types),
+                           location=location)
             self._open_pool(pool)
             self._mempools[pool.handle] = pool
         return (OK, CUmemoryPool(pool.handle))
+
+    def _pool_location(self, props):
+        """(CUresult, "device" | "host" | "managed", device ordinal or -1) of new pool props:
+        device memory of a device, page-locked host memory (CU_MEM_LOCATION_TYPE_HOST, whose
+        id the driver ignores), managed memory preferring a device (CUDA 13 pools)."""
+        if props is None:
+            return INVALID_VALUE, None, None
+        kind, where = props.allocType, props.location
+        if kind == CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED \
+                and where.type == CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST:
+            return OK, "host", -1
+        if kind not in (CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED,
+                        CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_MANAGED):
+            return INVALID_VALUE, None, None
+        if where.type != CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE:
+            return NOT_SUPPORTED, None, None  # host NUMA nodes and the rest: not modelled
+        if self._device(where.id) is None:
+            return INVALID_VALUE, None, None  # as on an H100 (device 7 of 1)
+        managed = kind == CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_MANAGED
+        return OK, "managed" if managed else "device", int(where.id)
 
     def _open_pool(self, pool: SimPool) -> None:
         """Give a new pool what it needs beyond its bookkeeping (`_ipc`: shared memory)."""

@@ -73,7 +73,8 @@ from ...errors import STICKY_CODES
 from ._common import (CONTEXT_IS_DESTROYED, INVALID_HANDLE, INVALID_VALUE, NOT_PERMITTED,
                       NOT_READY, OK)
 from ._events import EventModel
-from ._timing import HOST, KERNEL, Activity, Engines, duration, kernel_time
+from ._timing import (CROSS_DEVICE_WAIT_NS, HOST, KERNEL, Activity, Engines, duration,
+                      kernel_time)
 
 LEGACY, PER_THREAD = int(CU_STREAM_LEGACY), int(CU_STREAM_PER_THREAD)  # handles, not flags
 NON_BLOCKING = int(CUstream_flags.CU_STREAM_NON_BLOCKING)
@@ -426,7 +427,8 @@ class StreamModel(EventModel):
             if err:
                 return (err,)
             if event.marker is not None and not event.marker.done:  # an empty event: no wait
-                self._push(stream, None, 0, "wait", [event.marker])
+                latency = CROSS_DEVICE_WAIT_NS if event.ctx.device != stream.ctx.device else 0
+                self._push(stream, None, latency, "wait", [event.marker])
         return (OK,)
 
     def cuLaunchHostFunc(self, hStream, fn, userData):

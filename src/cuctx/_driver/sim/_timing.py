@@ -11,11 +11,18 @@ What an operation costs on the virtual clock (``duration``):
   instead: ``twin.cost_ns``, an int or ``cost_ns(grid, block, *args) -> int``;
 - device-to-device copies and memsets: ``LAUNCH_NS`` + bytes read and written at HBM
   bandwidth (they run as kernels on a GPU, on all SMs);
-- host functions, ``sim.stream_busy``, event records and waits: their fixed cost only.
+- copies between devices ("memcpy PtoP"): ``COPY_LATENCY_NS`` + bytes at
+  ``PEER_BYTES_PER_NS`` where one device has access to the other's memory (peer access: a
+  copy engine moves them over the link), else at ``PEER_STAGED_BYTES_PER_NS`` (the driver
+  stages them through host memory; cuMemcpyPeerAsync only, a device-to-device copy of two
+  devices' pointers needs the access);
+- a stream waiting for an event of another device: ``CROSS_DEVICE_WAIT_NS`` after the event;
+- host functions, ``sim.stream_busy``, event records and other waits: their fixed cost only.
 
 Where an operation runs (``Engines.place``): each device has one copy engine per direction
 (HtoD, DtoH; the H100 has more engines, but one direction's copies share the PCIe link, so
-two HtoD copies never go faster than one) and the SMs. Copies of one direction never
+two HtoD copies never go faster than one), one for copies between devices that its streams
+issue (they share its links, staged or not), and the SMs. Copies of one engine never
 overlap. On the SMs, kernels (and DtoD copies, memsets) of one context run side by side as
 long as their shares add up to at most the whole; kernels of *different* contexts never
 overlap: the GPU runs one context at a time and switches between them (time slicing);
@@ -49,6 +56,16 @@ LAUNCH_NS = 2000
 # What a copy costs beyond its bytes: the copy engine's setup, about 2 us for a small pinned
 # copy on an H100.
 COPY_LATENCY_NS = 2000
+# Copies between two H200s joined by NVLink, 256 MiB each way on a stream of the destination
+# device, measured with benchmarks/peer.py (issue 21): 390 GB/s with peer access enabled
+# both ways, 37 GB/s without it (the driver stages the bytes through host memory).
+PEER_BYTES_PER_NS = 390.0
+PEER_STAGED_BYTES_PER_NS = 37.0
+# A stream of one device waiting for an event recorded on another: benchmarks/peer.py's host
+# round trip (record on device 0, wait on device 1, record there, synchronize that record)
+# took 6 us on those H200s. The sim books it all on the wait, as the time from the event to
+# the waiting stream's next work (its records and the host's calls cost nothing here).
+CROSS_DEVICE_WAIT_NS = 6000
 # The time slice between contexts: `nvidia-smi compute-policy --set-timeslice` names
 # default/short/medium/long; SHORT is 2 ms. Documented here because the model does not
 # preempt (see above); the timeline example uses kernels shorter than it.
@@ -97,8 +114,10 @@ HOST_WHOLE_NODE_NS = 5_000
 
 KERNEL, HTOD, DTOH, DTOD, HTOH = "kernel", "memcpy HtoD", "memcpy DtoH", "memcpy DtoD", \
     "memcpy HtoH"
+PTOP = "memcpy PtoP"  # between devices (CUPTI's name)
 MEMSET, HOST, BUSY = "memset", "host", "busy"
 ON_SMS = (KERNEL, DTOD, MEMSET)  # kinds that run on the SMs
+_ENGINE = {HTOD: "HtoD", DTOH: "DtoH", PTOP: "peer", **{kind: "sms" for kind in ON_SMS}}
 
 
 class Activity(NamedTuple):
@@ -125,6 +144,8 @@ def duration(kind: str | None, nbytes: int, width: float, pageable: bool = False
         return COPY_LATENCY_NS + int(-(-nbytes // rate))
     if kind == HTOH:
         return COPY_LATENCY_NS + int(-(-nbytes // PAGEABLE_BYTES_PER_NS))
+    if kind == PTOP:
+        return peer_copy_time(nbytes, direct=True)
     if kind == KERNEL:
         return LAUNCH_NS + kernel_time(nbytes, width)
     if kind in (DTOD, MEMSET):
@@ -132,9 +153,19 @@ def duration(kind: str | None, nbytes: int, width: float, pageable: bool = False
     return 0
 
 
-def copy_kind(source_host: bool, target_host: bool) -> str:
-    """The activity kind of a copy between host (True) or device memory."""
+def copy_kind(source_host: bool, target_host: bool, between_devices: bool = False) -> str:
+    """The activity kind of a copy between host (True) or device memory (of two devices:
+    ``between_devices``)."""
+    if between_devices and not (source_host or target_host):
+        return PTOP
     return ((HTOH, DTOH), (HTOD, DTOD))[not source_host][not target_host]
+
+
+def peer_copy_time(nbytes: int, direct: bool) -> int:
+    """A copy of ``nbytes`` between devices: over the link where one has access to the
+    other's memory (``direct``), else staged through host memory."""
+    rate = PEER_BYTES_PER_NS if direct else PEER_STAGED_BYTES_PER_NS
+    return COPY_LATENCY_NS + int(-(-nbytes // rate))
 
 
 def kernel_time(nbytes: int, width: float) -> int:
@@ -154,15 +185,15 @@ class Engines:
     """The engines of one device and what is booked on them."""
 
     def __init__(self) -> None:
-        self._booked: dict[str, list[_Booking]] = {"HtoD": [], "DtoH": [], "sms": []}
+        self._booked: dict[str, list[_Booking]] = {"HtoD": [], "DtoH": [], "peer": [],
+                                                   "sms": []}
 
     def place(self, kind: str, ready: int, length: int, owner: int, sms: frozenset | None,
               width: float) -> int:
         """Book ``length`` ns for an operation of ``kind`` ready at ``ready`` and return its
         start. ``owner``: its context's handle; ``sms``: its green context's SM partition
         (None: all SMs); ``width``: its share of them."""
-        engine = "HtoD" if kind == HTOD else "DtoH" if kind == DTOH else \
-            "sms" if kind in ON_SMS else None
+        engine = _ENGINE.get(kind)
         if engine is None or length <= 0:
             return ready
         booked = self._booked[engine]

@@ -9,8 +9,9 @@ device's memory, against the peer access of the context the twin runs in.
 
 A twin that faults (`_Fault`: an illegal or misaligned address) or raises fails the launch
 with the sticky code, as a GPU kernel does. The first such failure of a context is kept
-(``ctx.resources["twin_fault"]``: the exception and a sentence naming the twin's file and
-line) for ``simGetFaultCause``, so the error the user sees can say what went wrong.
+(`remember_fault`: ``ctx.resources["fault_cause"]``, the exception and a sentence naming the
+twin's file and line) for ``backend.sim.fault_cause``, so the error the user sees can say
+what went wrong.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import warnings
 import numpy as np
 from cuda.bindings.driver import CUresult
 
-from ...kernels import _cubin
-from ...kernels._twin_check import where
-from ._common import LAUNCH_FAILED, MISALIGNED_ADDRESS
+from ...devcode._layout import Param
+from ...devcode._twin_check import where
+from ._common import ILLEGAL_ADDRESS, LAUNCH_FAILED, MISALIGNED_ADDRESS
 
 _FLOAT = {2: "<e", 4: "<f", 8: "<d"}
 _SIGNED = {1: "<b", 2: "<h", 4: "<i", 8: "<q"}
@@ -73,7 +74,7 @@ class SimPointer(int):
         return f"SimPointer({int(self):#x})"
 
 
-def decoders(fn, params: tuple[_cubin.Param, ...], kinds: tuple | None) -> list[str]:
+def decoders(fn, params: tuple[Param, ...], kinds: tuple | None) -> list[str]:
     """How each parameter reaches the twin. An annotation decides first: ``float`` -> a
     float of the parameter's size (half, float, double); ``complex`` -> two floats or two
     doubles; ``bytes`` -> the raw bytes; ``int`` -> a signed integer. Without one, the
@@ -124,6 +125,7 @@ def decode_args(driver, kinds: list[str], raw: list[bytes]) -> list:
 def run_twin(driver, ctx, name: str, twin, grid, block, kinds, raw):
     """Run one launch's twin; None, or the sticky CUresult its failure gives."""
     driver._twin_ctx = ctx  # what its views may reach depends on it (`_kernel_view`)
+    driver._twin_read_only = None
     try:
         args = decode_args(driver, kinds, raw)
         twin(grid, block, *args)
@@ -133,12 +135,17 @@ def run_twin(driver, ctx, name: str, twin, grid, block, kinds, raw):
                                    else declared)
     except _Fault as fault:
         what = fault.why or "memory it may not"
-        _remember(ctx, None, f"the sim twin of kernel {name!r} ({where(twin)}) accessed "
+        remember_fault(ctx, None, f"the sim twin of kernel {name!r} ({where(twin)}) accessed "
                   f"{what} at {_line_of(fault, twin)}")
         return fault.code
     except Exception as exc:  # noqa: BLE001 - a twin's bug fails the launch, as a trap
         at = _line_of(exc, twin)
-        _remember(ctx, exc, f"the sim twin of kernel {name!r} raised {exc!r} at {at}")
+        if isinstance(exc, ValueError) and driver._twin_read_only and "read-only" in str(exc):
+            # NumPy refused a write to a read-only view: memory granted for reading only
+            remember_fault(ctx, None, f"the sim twin of kernel {name!r} ({where(twin)}) wrote "
+                           f"{driver._twin_read_only} at {at}")
+            return ILLEGAL_ADDRESS
+        remember_fault(ctx, exc, f"the sim twin of kernel {name!r} raised {exc!r} at {at}")
         warnings.warn(f"the sim twin of kernel {name!r} raised {exc!r} at {at}; the launch "
                       f"fails with CUDA_ERROR_LAUNCH_FAILED\n{traceback.format_exc()}",
                       SimTwinWarning, stacklevel=2)
@@ -148,8 +155,9 @@ def run_twin(driver, ctx, name: str, twin, grid, block, kinds, raw):
     return None
 
 
-def _remember(ctx, exc: BaseException | None, text: str) -> None:
-    ctx.resources.setdefault("twin_fault", (exc, text))  # the first fault is the cause
+def remember_fault(ctx, exc: BaseException | None, text: str) -> None:
+    """Keep what made ``ctx`` fault, for `SimControls.fault_cause` (the first is the cause)."""
+    ctx.resources.setdefault("fault_cause", (exc, text))
 
 
 def _line_of(exc: BaseException, twin) -> str:

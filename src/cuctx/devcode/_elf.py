@@ -1,10 +1,10 @@
-"""CUDA images read without the driver: one parsed `Image` per cubin or PTX.
+"""Cubins (ELF for CUDA) read without the driver.
 
-`read_image` is the one reader: kernels with their parameter layouts and resources
+`read_cubin` reads kernels with their parameter layouts and resources
 (registers, static shared and local memory, ``__launch_bounds__``), the ``__device__``,
 ``__constant__`` and ``__managed__`` variables with their initial bytes, the architecture.
-The sim loads images from it; `read_kernels`, `ptx_layouts` and `kernel_layouts` give the
-parameter layouts alone (the tests check them against the C ABI and the driver).
+`read_kernels` gives the parameter layouts alone (the tests check them against the C ABI and
+the driver).
 
 A cubin is an ELF64 file (e_machine EM_CUDA). Each kernel is an STT_FUNC
 symbol whose st_other carries STO_CUDA_ENTRY, and has a `.nv.info.<name>`
@@ -29,26 +29,11 @@ gives the total parameter size (end of the last parameter).
 
 from __future__ import annotations
 
-import re
 import struct
-from dataclasses import dataclass
 
-__all__ = [
-    "Image",
-    "KernelImage",
-    "KernelInfo",
-    "Param",
-    "is_cubin",
-    "is_fatbin",
-    "is_ptx",
-    "kernel_layouts",
-    "ptx_kernels",
-    "ptx_layouts",
-    "read_image",
-    "read_kernels",
-]
+from ._kinds import is_cubin
+from ._layout import Image, KernelImage, KernelInfo, Param
 
-_EM_CUDA = 190
 _ELFCLASS64 = 2
 _ELFDATA2LSB = 1
 _SHT_SYMTAB = 2
@@ -57,7 +42,6 @@ _STT_OBJECT = 1
 _STT_FUNC = 2
 _STO_CUDA_ENTRY = 0x10
 _STO_CUDA_MANAGED = 0x04  # st_other bit of a __managed__ variable's symbol
-_FATBIN_MAGIC = 0xBA55ED50
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
@@ -74,106 +58,6 @@ _RECORD_HEAD = struct.Struct("<BBH")
 _KPARAM = struct.Struct("<IHHI")
 _KPARAM_V2 = struct.Struct("<IHHHH")
 _PARAM_CBANK = struct.Struct("<IHH")
-
-
-@dataclass(frozen=True)
-class Param:
-    index: int
-    offset: int
-    size: int
-
-
-@dataclass(frozen=True)
-class KernelInfo:
-    name: str
-    params: tuple[Param, ...]
-    param_size: int
-
-
-@dataclass
-class KernelImage:
-    """One kernel as its image describes it (PTX gives the layout only)."""
-
-    info: KernelInfo
-    regs: int = 0
-    shared: int = 0  # static shared memory, bytes
-    local: int = 0  # local memory per thread, bytes
-    max_threads: int = 1024  # from __launch_bounds__
-
-
-@dataclass
-class Image:
-    """A parsed cubin or PTX image."""
-
-    kind: str  # "cubin" or "ptx"
-    arch: int  # e.g. 90
-    ptx_version: int
-    kernels: dict[str, KernelImage]
-    variables: dict[str, bytes]  # __device__ / __constant__: name -> initial bytes
-    managed: dict[str, bytes]  # __managed__: name -> initial bytes
-    const_size: int = 0  # bytes of __constant__ variables
-
-
-def read_image(data: bytes | str) -> Image:
-    """The parsed image; ValueError for a malformed one, a fatbin or anything else."""
-    if isinstance(data, str):
-        return _read_ptx(data)
-    if is_cubin(data):
-        return _read_cubin(data)
-    if is_fatbin(data):
-        raise ValueError("fatbin images are not parsed for kernel layouts; pass a cubin or PTX")
-    if is_ptx(data):
-        return _read_ptx(data)
-    raise ValueError("unrecognised image: neither a cubin, a fatbin nor PTX")
-
-
-# --------------------------------------------------------------------------
-# Content sniffing
-
-
-def is_cubin(data: bytes) -> bool:
-    """ELF with e_machine EM_CUDA."""
-    return (
-        len(data) >= 20
-        and data[:4] == b"\x7fELF"
-        and struct.unpack_from("<H", data, 18)[0] == _EM_CUDA
-    )
-
-
-def is_fatbin(data: bytes) -> bool:
-    return len(data) >= 4 and struct.unpack_from("<I", data)[0] == _FATBIN_MAGIC
-
-
-_PTX_VERSION_RE = re.compile(r"^\s*\.version\s+(\d+)\.(\d+)", re.MULTILINE)
-_PTX_TARGET_RE = re.compile(r"^\s*\.target\s+\w", re.MULTILINE)
-_PTX_ARCH_RE = re.compile(r"^\s*\.target\s+sm_(\d+)", re.MULTILINE)
-
-
-def is_ptx(data: bytes | str) -> bool:
-    """PTX text (optionally NUL-terminated) with .version and .target directives."""
-    text = _ptx_text(data)
-    return (
-        text is not None
-        and bool(_PTX_VERSION_RE.search(text))
-        and bool(_PTX_TARGET_RE.search(text))
-    )
-
-
-def _ptx_text(data: bytes | str) -> str | None:
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        # The driver wants PTX NUL-terminated, so images often end in NULs.
-        raw = bytes(data).rstrip(b"\0")
-        if b"\0" in raw:
-            return None
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    return data.rstrip("\0")
-
-
-# --------------------------------------------------------------------------
-# Cubin (ELF64)
 
 
 def read_kernels(image: bytes) -> dict[str, KernelInfo]:
@@ -258,7 +142,8 @@ _VARIABLE_SECTIONS = (".nv.global", ".nv.global.init", ".nv.constant3")
 _RESERVED_SHARED = 1024
 
 
-def _read_cubin(image: bytes) -> Image:
+def read_cubin(image: bytes) -> Image:
+    """The parsed cubin; ValueError for a malformed one."""
     elf = _Elf(bytes(image))
     kernels = _kernels(elf)
     variables, managed = {}, {}
@@ -395,106 +280,3 @@ def _cstr(table: bytes, offset: int, what: str) -> str:
     except UnicodeDecodeError as exc:
         raise ValueError(f"malformed cubin: {what} at string offset {offset} is not UTF-8") from exc
 
-
-# --------------------------------------------------------------------------
-# PTX
-
-_PTX_TYPE_SIZES = {
-    **dict.fromkeys(("b8", "u8", "s8"), 1),
-    **dict.fromkeys(("b16", "u16", "s16", "f16", "bf16"), 2),
-    **dict.fromkeys(("b32", "u32", "s32", "f32", "f16x2", "bf16x2"), 4),
-    **dict.fromkeys(("b64", "u64", "s64", "f64"), 8),
-    "b128": 16,
-}
-_PTX_COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
-_PTX_ENTRY_RE = re.compile(r"\.entry\s+([A-Za-z_$%][\w$%]*)\s*(?:\(([^)]*)\))?")
-_PTX_PARAM_RE = re.compile(
-    r"""\.param
-        (?:\s+\.align\s+(?P<align>\d+))?
-        \s+\.(?P<type>\w+)
-        (?:\s+\.ptr(?:\s+\.(?:global|const|local|shared))?(?:\s+\.align\s+\d+)?)?
-        \s+[A-Za-z_$%][\w$%]*
-        (?:\s*\[\s*(?P<count>\d+)\s*\])?""",
-    re.VERBOSE,
-)
-_PTX_GLOBAL_RE = re.compile(
-    r"^\s*(?:\.visible\s+|\.extern\s+)?\.(global|const)\s+(?:\.align\s+(\d+)\s+)?\.(\w+)\s+"
-    r"([A-Za-z_$%][\w$%]*)\s*(?:\[(\d+)\])?",
-    re.MULTILINE,
-)
-
-
-def ptx_layouts(text: bytes | str) -> dict[str, KernelInfo]:
-    """Parameter layout of every .entry in PTX, with C ABI offsets.
-
-    Offsets follow each parameter's alignment: its .align if given, else the
-    size of its element type (the rule the cubin records follow too).
-    """
-    source = _ptx_text(text)
-    if source is None:
-        raise ValueError("not PTX: data is not NUL-free UTF-8 text")
-    source = _PTX_COMMENT_RE.sub("", source)
-    kernels = {}
-    for match in _PTX_ENTRY_RE.finditer(source):
-        name, param_list = match.group(1), match.group(2) or ""
-        decls = [d.strip() for d in param_list.split(",") if d.strip()]
-        params = []
-        end = 0
-        for index, decl in enumerate(decls):
-            size, align = _ptx_param(name, decl)
-            offset = -(-end // align) * align
-            params.append(Param(index, offset, size))
-            end = offset + size
-        kernels[name] = KernelInfo(name, tuple(params), end)
-    return kernels
-
-
-def _read_ptx(data: bytes | str) -> Image:
-    layouts = ptx_layouts(data)
-    text = _ptx_text(data)
-    version = _PTX_VERSION_RE.search(text)
-    target = _PTX_ARCH_RE.search(text)
-    variables = {}
-    for match in _PTX_GLOBAL_RE.finditer(_PTX_COMMENT_RE.sub("", text)):
-        elem = _PTX_TYPE_SIZES.get(match.group(3), 1)
-        count = int(match.group(5)) if match.group(5) else 1
-        variables[match.group(4)] = bytes(elem * count)  # initializers are not parsed
-    return Image(
-        "ptx",
-        int(target.group(1)) if target else 0,
-        int(version.group(1)) * 10 + int(version.group(2)) if version else 0,
-        {name: KernelImage(info) for name, info in layouts.items()},
-        variables,
-        {},
-    )
-
-
-def ptx_kernels(text: bytes | str) -> dict[str, list[int]]:
-    """Parameter sizes of every .entry in PTX."""
-    return {name: [p.size for p in info.params] for name, info in ptx_layouts(text).items()}
-
-
-def _ptx_param(kernel: str, decl: str) -> tuple[int, int]:
-    match = _PTX_PARAM_RE.fullmatch(" ".join(decl.split()))
-    if match is None:
-        raise ValueError(f"unsupported PTX parameter in .entry {kernel}: {decl!r}")
-    elem = _PTX_TYPE_SIZES.get(match["type"])
-    if elem is None:
-        raise ValueError(
-            f"unsupported PTX parameter type .{match['type']} in .entry {kernel}: {decl!r}"
-        )
-    count = int(match["count"]) if match["count"] is not None else 1
-    align = int(match["align"]) if match["align"] is not None else elem
-    if align <= 0 or align & (align - 1):
-        raise ValueError(
-            f"PTX parameter in .entry {kernel} has invalid alignment {align}: {decl!r}"
-        )
-    return elem * count, align
-
-
-# --------------------------------------------------------------------------
-
-
-def kernel_layouts(image: bytes | str) -> dict[str, KernelInfo]:
-    """Layouts from a cubin or PTX image; ValueError for anything else (fatbins included)."""
-    return {name: kernel.info for name, kernel in read_image(image).kernels.items()}

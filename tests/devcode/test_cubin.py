@@ -15,17 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import NVRTC_MISSING, requires_nvrtc
-from cuctx.kernels._cubin import (
-    KernelInfo,
-    Param,
-    is_cubin,
-    is_fatbin,
-    is_ptx,
-    kernel_layouts,
-    ptx_kernels,
-    ptx_layouts,
-    read_kernels,
-)
+from cuctx.devcode._elf import read_kernels
+from cuctx.devcode._image import kernel_layouts
+from cuctx.devcode._kinds import is_cubin, is_fatbin, is_ptx
+from cuctx.devcode._layout import KernelInfo, Param
+from cuctx.devcode._ptx import ptx_kernels, ptx_layouts
 from cuctx.kernels._compiler import compile_source
 
 
@@ -93,7 +87,7 @@ def ptx() -> bytes:
 
 
 def section(image: bytes, wanted: str) -> tuple[int, int]:
-    """(file offset, size) of a named section, located independently of _cubin."""
+    """(file offset, size) of a named section, located independently of the reader."""
     shoff = struct.unpack_from("<Q", image, 0x28)[0]
     shnum, shstrndx = struct.unpack_from("<HH", image, 0x3C)
     headers = [struct.unpack_from("<IIQQQQIIQQ", image, shoff + 64 * i) for i in range(shnum)]

@@ -1,0 +1,154 @@
+"""Which devices may use a pool's memory (MemoryPool.set_access / access: cuMemPoolSetAccess),
+on both backends: a kernel on device 1 is refused an array of device 0's pool until the pool
+grants device 1 access, then reads and writes it; "r" lets it read; taking access away
+refuses it again. Device.enable_peer_access covers the default pools only, not an explicit
+pool. On the sim a kernel that reaches the memory anyway (a raw address) faults, as on a GPU,
+and one that writes what it may only read faults too. Bad requests are clear errors."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+from cuda.bindings.driver import CUmemAccess_flags, CUmemAccessDesc, CUmemLocationType, CUresult
+
+import cuctx
+from cuctx import Device, MemoryPool
+from cuctx.kernels import KernelArgumentError
+
+from scenarios import ADD_SOURCE, add, library_fixture
+from test_pool import pools_on_gpu_opt_in  # noqa: F401 - the fixture, shared
+
+pytestmark = [pytest.mark.usefixtures("nvrtc_cache", "pools_on_gpu_opt_in"),
+              pytest.mark.paths("python", "native")]
+
+lib = library_fixture(ADD_SOURCE, add=add)
+N = 8
+
+
+@pytest.fixture
+def two(backend):
+    """Devices 0 and 1, where 1 can access 0's memory."""
+    devices = cuctx.devices()
+    if len(devices) < 2:
+        pytest.skip(f"needs two devices; the {backend.name} backend has {len(devices)}")
+    if not devices[1].can_access_peer(devices[0]):
+        pytest.skip("device 1 cannot access device 0's memory (cuDeviceCanAccessPeer is 0)")
+    yield devices[0], devices[1]
+    gc.collect()
+    for device in devices[:2]:
+        device.synchronize()
+
+
+def pool_array(device: Device) -> tuple[MemoryPool, cuctx.DeviceArray]:
+    with device:
+        pool = MemoryPool(device)
+        x = cuctx.to_device(np.arange(N, dtype=np.float32), pool=pool)
+        cuctx.synchronize()
+    return pool, x
+
+
+def test_a_kernel_on_another_device_uses_a_pools_array_once_granted(two, lib):
+    d0, d1 = two
+    pool, x = pool_array(d0)
+    assert pool.access(d0) == "rw" and pool.access(d1) is None
+    with d1:
+        out = cuctx.zeros(N, np.float32)
+        with pytest.raises(KernelArgumentError, match=r"no access to that pool's memory: call "
+                           r"pool\.set_access\(cuctx\.Device\(1\), 'rw'\)"):
+            lib["add"][1, N](out, x, 1.0, N)
+        pool.set_access(d1, "rw")
+        assert pool.access(d1) == "rw" and pool.access(1) == "rw"
+        lib["add"][1, N](out, x, 1.0, N)  # reads device 0's memory
+        lib["add"][1, N](x, out, 1.0, N)  # and writes it
+        cuctx.synchronize()
+    assert out.to_host().tolist() == [i + 1.0 for i in range(N)]
+    assert x.to_host().tolist() == [i + 2.0 for i in range(N)]
+    pool.set_access(d1, None)  # waits for device 1's work first
+    assert pool.access(d1) is None
+    with d1, pytest.raises(KernelArgumentError, match="no access to that pool's memory"):
+        lib["add"][1, N](out, x, 1.0, N)
+
+
+def test_read_access_lets_a_kernel_read(two, lib):
+    d0, d1 = two
+    pool, x = pool_array(d0)
+    pool.set_access(d1, "r")
+    assert pool.access(d1) == "r"
+    with d1:
+        out = cuctx.zeros(N, np.float32)
+        lib["add"][1, N](out, x, 0.5, N)
+        assert out.to_host().tolist() == [i + 0.5 for i in range(N)]
+
+
+def test_peer_access_covers_the_default_pools_only(two, lib):
+    d0, d1 = two
+    pool, x = pool_array(d0)
+    d1.enable_peer_access(d0)
+    try:
+        with d0:
+            plain = cuctx.to_device(np.arange(N, dtype=np.float32))  # the default pool's
+        with d1:
+            out = cuctx.zeros(N, np.float32)
+            lib["add"][1, N](out, plain, 1.0, N)
+            with pytest.raises(KernelArgumentError, match=r"pool\.set_access"):
+                lib["add"][1, N](out, x, 1.0, N)
+            assert out.to_host().tolist() == [i + 1.0 for i in range(N)]
+    finally:
+        d1.disable_peer_access(d0)
+
+
+def test_bad_requests_are_refused(two):
+    d0, d1 = two
+    pool, _ = pool_array(d0)
+    with pytest.raises(ValueError, match=r"mode must be 'rw', 'r' or None, not 'w'"):
+        pool.set_access(d1, "w")
+    with pytest.raises(ValueError, match="always has read-write access"):
+        pool.set_access(d0, None)
+    with pytest.raises(TypeError, match="needs a Device of the pool's backend"):
+        pool.set_access("1", "rw")
+    with pytest.raises(cuctx.InvalidDeviceError):
+        pool.access(7)
+    assert pool.access(d1) is None  # nothing changed
+
+
+def test_on_the_sim_a_kernel_faults_on_a_pools_memory_it_may_not_use(sim, lib):
+    """A raw address passes no argument check: the sim's kernel reach check reads the
+    pool's access list, as the GPU's page tables would."""
+    d0, d1 = Device(0), Device(1)
+    pool, x = pool_array(d0)
+    with d1:
+        out = cuctx.zeros(N, np.float32)
+        lib["add"][1, N](out, x.ptr, 1.0, N)
+        with pytest.raises(cuctx.StickyFaultError, match=r"ILLEGAL_ADDRESS.*memory of device 0 "
+                           r"from device 1 without access to its pool \(pool\.set_access"):
+            cuctx.synchronize()
+
+
+def test_on_the_sim_a_kernel_that_writes_what_it_may_only_read_faults(sim, lib):
+    d0, d1 = Device(0), Device(1)
+    pool, x = pool_array(d0)
+    pool.set_access(d1, "r")
+    with d1:
+        y = cuctx.zeros(N, np.float32)
+        lib["add"][1, N](x, y, 1.0, N)  # writes x
+        with pytest.raises(cuctx.StickyFaultError, match=r"ILLEGAL_ADDRESS.*wrote memory of "
+                           r"device 0 that device 1 may only read \(its pool's access is 'r'\)"):
+            cuctx.synchronize()
+    assert x.to_host().tolist() == list(range(N))  # device 0 goes on, its memory untouched
+
+
+def test_the_sims_raw_pool_access_follows_the_driver_rules(sim):
+    pool, _ = pool_array(Device(0))
+    drv = sim.driver
+    grant = CUmemAccessDesc()
+    grant.location.type = CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    grant.location.id = 1
+    grant.flags = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ
+    assert drv.cuMemPoolSetAccess(pool._handle, [grant], 1) == (CUresult.CUDA_SUCCESS,)
+    location = grant.location
+    assert drv.cuMemPoolGetAccess(pool._handle, location)[1] == grant.flags
+    grant.location.id = 0  # the owner's access cannot be lowered
+    assert drv.cuMemPoolSetAccess(pool._handle, [grant], 1) == (
+        CUresult.CUDA_ERROR_INVALID_VALUE,)
