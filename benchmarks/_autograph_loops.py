@@ -1,6 +1,10 @@
 """The loops benchmarks/autograph.py times, and the baselines written as their authors write
 them: capture + update every call (llama.cpp's way, through cuctx's stream.capture and
-exe.update) and PyTorch re-capturing a CUDAGraph every call (its graphs cannot be updated)."""
+exe.update) and PyTorch re-capturing a CUDAGraph every call (its graphs cannot be updated).
+
+Each loop is also run once from a cold start for AutoGraph's decisions alone (`decisions`):
+the same calls on a GPU and on the sim, whose counts the benchmark prints side by side.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,70 @@ import numpy as np
 import cuctx
 from cuctx.examples import decoding_loop as dl
 
-SMALL = 1024  # floats per array of the small decoding-like loop
+SMALL = 1024  # floats per array of the small decoding-like loops
+FMA_SOURCE = r"""
+extern "C" __global__ void axpb(float* o, const float* x, float a, float b, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) o[i] = x[i] * a + b;
+}
+"""
+
+
+def axpb_twin(grid, block, o, x, a, b, n):
+    """The sim's stand-in for `axpb`."""
+    o.view(np.float32, n)[:] = x.view(np.float32, n) * np.float32(a) + np.float32(b)
+
+
+# -- the 50-kernel step, as users write it ---------------------------------------------------
+
+FORMS = ("bound", "docs", "launch")  # fma bound outside; kernel[grid, block](...); cuctx.launch
+
+
+def step50(kernel: cuctx.Kernel, stream: cuctx.Stream, n: int, form: str) -> Callable:
+    """The 50-kernel step, ``o = x*a + b`` 50 times through a temporary, a new output each
+    call, written in one of `FORMS`: a launcher bound once outside (``fma = kernel[grid,
+    256, 0, stream]``), the docs' form (``kernel[grid, 256](...)`` inside, on the current
+    stream: run it inside ``with stream:``) or ``cuctx.launch`` inside."""
+    grid, a, b = -(-n // 256), 0.5, 1.0
+    if form == "docs":
+        return _docs_step(kernel, grid, n)
+    if form == "launch":
+        return _launch_step(kernel, grid, n)
+    fma = kernel[grid, 256, 0, stream]
+
+    def step(x: cuctx.DeviceArray) -> cuctx.DeviceArray:
+        t = cuctx.empty(n, np.float32, stream=stream)  # the temporary
+        fma(t, x, a, b, n)
+        for _ in range(48):
+            fma(t, t, a, b, n)
+        o = cuctx.empty(n, np.float32, stream=stream)  # the output, new every call
+        fma(o, t, a, b, n)
+        return o
+    return step
+
+
+def _docs_step(axpb: cuctx.Kernel, grid: int, n: int) -> Callable:
+    def step(x: cuctx.DeviceArray) -> cuctx.DeviceArray:
+        t = cuctx.empty(n, np.float32)
+        axpb[grid, 256](t, x, 0.5, 1.0, n)
+        for _ in range(48):
+            axpb[grid, 256](t, t, 0.5, 1.0, n)
+        o = cuctx.empty(n, np.float32)
+        axpb[grid, 256](o, t, 0.5, 1.0, n)
+        return o
+    return step
+
+
+def _launch_step(axpb: cuctx.Kernel, grid: int, n: int) -> Callable:
+    def step(x: cuctx.DeviceArray) -> cuctx.DeviceArray:
+        t = cuctx.empty(n, np.float32)
+        cuctx.launch(axpb, grid, 256, t, x, 0.5, 1.0, n)
+        for _ in range(48):
+            cuctx.launch(axpb, grid, 256, t, t, 0.5, 1.0, n)
+        o = cuctx.empty(n, np.float32)
+        cuctx.launch(axpb, grid, 256, o, t, 0.5, 1.0, n)
+        return o
+    return step
 
 
 def end_to_end(run: Callable[[], object], sync: Callable[[], object], count: int,
@@ -44,6 +111,28 @@ def small_token(kernel: cuctx.Kernel, stream: cuctx.Stream) -> Callable[..., Non
     return token
 
 
+LENGTH_CALLS = 64  # calls of the loop whose lengths change
+LENGTH_CHANGE = 17  # the call from which it runs one kernel more
+
+
+def length_token(kernel: cuctx.Kernel, stream: cuctx.Stream) -> Callable[..., None]:
+    """The issue's loop of 64 calls whose lengths change each call and whose structure
+    changes at call 17: call n (1, 2, ...) writes a new output through a temporary with 4
+    small kernels, 5 from call 17 on (one more chunk once the length passes 16); the
+    length goes to the first kernel (where the new row is made) and the last (where it is
+    written), so those two and the output are new every call."""
+    fma = kernel[-(-SMALL // 256), 256, 0, stream]
+
+    def token(out: cuctx.DeviceArray, x: cuctx.DeviceArray, n: int) -> None:
+        t = cuctx.empty(SMALL, np.float32, stream=stream)
+        fma(t, x, 0.5, float(n), SMALL)
+        for _ in range(2 if n < LENGTH_CHANGE else 3):
+            fma(t, t, 0.5, 1.0, SMALL)
+        fma(out, t, 0.5, float(n), SMALL)
+    token.size = SMALL
+    return token
+
+
 def capture_and_update(stream: cuctx.Stream, enqueue: Callable[..., None]):
     """llama.cpp's way: a maker of a fresh run's step, which captures ``enqueue(*args)`` on
     ``stream``, updates the executable with the new graph (or instantiates one when the
@@ -66,6 +155,56 @@ def capture_and_update(stream: cuctx.Stream, enqueue: Callable[..., None]):
             exe.launch(stream)
         return step
     return make
+
+
+def torch_step(torch, n: int, steps: int) -> dict[str, Callable[[], float]]:
+    """The step in PyTorch, one operation per kernel: eager, and torch.compile's CUDA graphs
+    when it compiles here."""
+    a, b = torch.tensor(0.5, device="cuda"), torch.tensor(1.0, device="cuda")
+
+    def step(x):
+        t = torch.addcmul(b, x, a)
+        for _ in range(48):
+            t = torch.addcmul(b, t, a)
+        return torch.addcmul(b, t, a)
+    inputs = [torch.ones(n, device="cuda") for _ in range(steps)]
+    sync = torch.cuda.synchronize
+
+    def loop(fn):
+        def run():
+            for x in inputs:
+                fn(x)
+        return run
+    candidates = {"torch eager": lambda: end_to_end(loop(step), sync, steps)}
+    try:
+        compiled = torch.compile(step, backend="cudagraphs")
+        for x in inputs[:5]:  # traced, recorded, then replayed
+            compiled(x).clone()
+        sync()
+        candidates["torch.compile cudagraphs"] = \
+            lambda: end_to_end(loop(lambda x: compiled(x).clone()), sync, steps)
+    except Exception as exc:  # noqa: BLE001 - whatever keeps torch.compile from running here
+        print(f"  (no torch.compile baseline: {type(exc).__name__}: {exc})")
+    return candidates
+
+
+def torch_chain(torch, n: int):
+    """The chain in a torch.cuda.CUDAGraph, captured once: its replay and a synchronize."""
+    from graphs import STEP_SOURCE  # (benchmarks/graphs.py)
+    step = torch.cuda._compile_kernel(STEP_SOURCE, "step")
+    x = torch.zeros(1024, device="cuda")
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        for i in range(n):
+            step(grid=(1, 1, 1), block=(32, 1, 1), args=[x, 1, i])
+        graph.capture_end()
+
+    def replay() -> None:
+        with torch.cuda.stream(stream):
+            graph.replay()
+    return replay, stream.synchronize
 
 
 def torch_small(torch, size: int, calls: int) -> Callable[[], float]:
@@ -146,3 +285,73 @@ def torch_decoder(torch, tokens: int):
         stream.synchronize()
     return run, out
 
+
+
+# -- decisions: each loop once from a cold start ------------------------------------------------
+
+COUNTS = ("calls", "replays", "updates", "builds", "eager")
+
+
+def counts_of(fn: cuctx.AutoGraph) -> dict[str, int]:
+    s = fn.stats()
+    return {k: s[k] for k in COUNTS}
+
+
+def graphed(fn: cuctx.AutoGraph) -> float:
+    """The share of calls graphs served (replays, updates and builds)."""
+    s = fn.stats()
+    return (s["replays"] + s["updates"] + s["builds"]) / max(s["calls"], 1)
+
+
+def decisions(steps: int, small_calls: int, tokens: int, chain: int) -> dict[str, dict]:
+    """AutoGraph's counts for each loop of the benchmark, run once from a cold start with
+    these call counts (a GPU's and the sim's runs make the same calls; array sizes do not
+    change the decisions, so the sim's arrays are small)."""
+    n = 65536 if cuctx.backend().sim is None else 1024
+    library = cuctx.Library.from_source(FMA_SOURCE, sim_kernels={"axpb": axpb_twin})
+    kernel, stream = library["axpb"], cuctx.Stream()
+    found: dict[str, dict] = {}
+    with stream:
+        for form in FORMS:
+            step = cuctx.autograph(step50(kernel, stream, n, form))
+            for _ in range(steps):
+                step(cuctx.full(n, 1.0, np.float32, stream=stream))
+            found[f"50-kernel step ({form})"] = counts_of(step)
+    for name, make, first, calls in (("small decoding loop", small_token, 0, small_calls),
+                                     ("64-call loop", length_token, 1, LENGTH_CALLS)):
+        auto = cuctx.autograph(make(kernel, stream))
+        x = cuctx.full(SMALL, 1.0, np.float32, stream=stream)
+        for k in range(first, first + calls):
+            auto(cuctx.empty(SMALL, np.float32, stream=stream), x, k)
+        found[name] = counts_of(auto)
+    model = dl.Model.create(cuctx.Library.from_source(dl.SOURCE, sim_kernels=dl.TWINS), tokens)
+    decode = cuctx.autograph(dl.decode_token)
+    dl.run(model, decode, tokens)
+    found["decoding example"] = counts_of(decode)
+    found[f"{chain}-kernel chain"] = _chain_decisions(chain)
+    stream.synchronize()
+    return found
+
+
+def tiny_chain(n: int) -> tuple[cuctx.Kernel, cuctx.Stream, cuctx.DeviceArray, Callable]:
+    """A chain of ``n`` tiny kernels (benchmarks/graphs.py's `step`, each waiting for the one
+    before on one stream): the kernel, the stream, the array and the function enqueuing it."""
+    from graphs import STEP_SOURCE, step_twin
+    kernel = cuctx.Library.from_source(STEP_SOURCE, sim_kernels={"step": step_twin})["step"]
+    stream = cuctx.Stream()
+    x = cuctx.zeros(1024, np.float32, stream=stream)
+    launcher = kernel[1, 32, 0, stream]
+
+    def chain() -> None:
+        for i in range(n):
+            launcher(x, 1, i)
+    return kernel, stream, x, chain
+
+
+def _chain_decisions(n: int) -> dict[str, int]:
+    _, stream, _, chain = tiny_chain(n)
+    auto = cuctx.autograph(chain)
+    for _ in range(20):
+        auto()
+    stream.synchronize()
+    return counts_of(auto)

@@ -1,40 +1,52 @@
-"""`@cuctx.autograph` against eager cuctx, raw CUDA graphs, C and PyTorch: issue 16's goals in
-one run, each printed at the end as measured, goal, met or not met.
+"""`@cuctx.autograph` against eager cuctx, raw CUDA graphs, C and PyTorch: issues 16's and 22's
+goals in one run, each printed at the end as measured, goal, met or not met.
 
 (a) The 50-kernel step: 64K floats, ``o = x*a + b`` 50 times, a new input and a new output
     array each call and one temporary inside; us per step over a loop of steps, then one
-    synchronize. cuctx eager, AutoGraph, and a raw replay of the same 50 nodes captured once
-    with fixed buffers; in PyTorch with one operation per kernel (``torch.addcmul(b, t, a)``,
-    0-d tensors) eager and ``torch.compile(step, backend="cudagraphs")`` (the caller clones
-    the output it returns, which the next call overwrites). Goals: AutoGraph <= 1.1x the raw
-    replay, <= 0.6x torch.compile, >= 4x faster than eager.
+    synchronize. Written three ways (_autograph_loops.FORMS): the launcher bound once outside
+    (``fma = kernel[grid, 256, 0, stream]``), the docs' form (``kernel[grid, 256](...)``
+    inside, on the current stream) and ``cuctx.launch`` inside; cuctx eager and AutoGraph of
+    each, a raw replay of the same 50 nodes captured once with fixed buffers, and PyTorch with
+    one operation per kernel (``torch.addcmul(b, t, a)``) eager and
+    ``torch.compile(step, backend="cudagraphs")`` (the caller clones the output it returns,
+    which the next call overwrites). Goals: the docs' form (and the bound one) <= 1.1x the
+    raw replay, <= 0.55x torch.compile, >= 4x eager; the forms within 10% of each other,
+    eagerly and under AutoGraph.
 (b) A chain of tiny kernels (each waits for the one before), 10 calls in a row then a
     synchronize, us per kernel: eager, AutoGraph, raw replay, the C program's replay
-    (benchmarks/graphs_c.c), torch.cuda.CUDAGraph. Goals: >= 4x eager, <= 1.1x raw replay.
-(c) Decoding: the issue's decoding-like loop of 5-8 small kernels (a temporary inside, a
-    scalar and the output new every call, a new structure every 16 calls), and the decoding
-    example's loop (cuctx/examples/decoding_loop.py: larger kernels); us per call over a
-    cold start: eager, AutoGraph, capture + update every call (llama.cpp's way), torch
-    re-capturing a CUDAGraph every call. Goals: AutoGraph fastest of them on both, and >= 2x
-    eager with small kernels.
+    (benchmarks/graphs_c.c), torch.cuda.CUDAGraph. Goals: >= 4x eager, <= 1.1x raw replay;
+    and AutoGraph's build of the chain <= 1.5x the C program's capture + instantiate of the
+    same launches.
+(c) Loops whose shape changes: the issue's decoding-like loop of 5-8 small kernels (a
+    temporary inside, a scalar and the output new every call, a new structure every 16
+    calls), the loop of 64 calls whose lengths change every call and whose structure changes
+    at call 17 (_autograph_loops.length_token), and the decoding example's loop
+    (cuctx/examples/decoding_loop.py: larger kernels); us per call over a cold start: eager,
+    AutoGraph, capture + update every call (llama.cpp's way), torch re-capturing a CUDAGraph
+    every call. Goals: AutoGraph >= 2x eager on the small loops, >= 75% of the 64 calls
+    served by graphs, and the fastest of the candidates on the decoding example.
 (d) Patching one kernel node of a 1000-node executable: AutoGraph's patch from the recorded
     bytes and `GraphExec.update_node`, against C (cuGraphExecKernelNodeSetParams). Goal:
     AutoGraph's <= 1.2x C.
 (e) The compiled launcher against the C program (benchmarks/launch.py's measurement).
     Goal: <= 1.0x C.
-Then the sim's host-cost model (HOST_* in cuctx/_driver/sim/_timing.py) beside what
-AutoGraph measured on this machine.
+Then each loop once from a cold start for AutoGraph's decisions alone (calls, replays,
+updates, builds, eager), on a GPU beside the sim's for the same calls (a child process on
+the sim backend), and the sim's host-cost model beside what AutoGraph measured here.
 
 Run on a GPU: ``python benchmarks/autograph.py``. ``CUCTX_BACKEND=sim`` runs small sizes as a
-smoke test; the C and PyTorch baselines are skipped with the reason, and its times are the
-sim's host times, not a GPU's.
+smoke test (the decisions with the GPU's call counts); the C and PyTorch baselines are
+skipped with the reason, and its times are the sim's host times, not a GPU's.
+``--decisions STEPS SMALL_CALLS TOKENS CHAIN`` prints the decisions alone, as JSON.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import struct
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,25 +57,18 @@ from cuda.bindings.driver import CUstream_flags, CUstreamCaptureMode
 
 import cuctx
 from _bench import compare, run, start
-from _autograph_loops import (capture_and_update, end_to_end, small_token, torch_decoder,
-                              torch_small)
+from _autograph_loops import (FMA_SOURCE, FORMS, LENGTH_CALLS, axpb_twin, capture_and_update,
+                              decisions, end_to_end, graphed, length_token, small_token,
+                              step50, tiny_chain, torch_chain, torch_decoder, torch_small,
+                              torch_step)
+from _autograph_report import goal, model_beside_measured, print_decisions, print_goals
 from graphs import STEP_SOURCE, best_us, c_program, step_twin, update_costs
 from graphs import Sizes as CSizes
-from cuctx._driver.sim import _timing
+from cuctx import _record
 from cuctx.examples import decoding_loop as dl
+from cuctx.graphs._autograph_build import construct
+from cuctx.graphs._autograph_record import Recording
 from cuctx.kernels._compiler import compile_source
-
-FMA_SOURCE = r"""
-extern "C" __global__ void axpb(float* o, const float* x, float a, float b, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) o[i] = x[i] * a + b;
-}
-"""
-
-
-def axpb_twin(grid, block, o, x, a, b, n):
-    """The sim's stand-in for `axpb`."""
-    o.view(np.float32, n)[:] = x.view(np.float32, n) * np.float32(a) + np.float32(b)
 
 
 @dataclass(frozen=True)
@@ -79,12 +84,7 @@ class Sizes:
 GPU = Sizes(n=65536, steps=200, chain=1000, small_calls=256, tokens=256, rounds=5)
 SIM = Sizes(n=1024, steps=8, chain=40, small_calls=40, tokens=70, rounds=1)
 CALLS_IN_A_ROW = 10
-GOALS: list[tuple[str, float | None, str, float, str]] = []  # what, value, sense, target, note
-
-
-def goal(what: str, value: float | None, sense: str, target: float, note: str = "") -> None:
-    """A goal to print at the end (``value`` None: not measured, ``note`` says why)."""
-    GOALS.append((what, value, sense, target, note))
+FORM_NAMES = {"bound": "bound launcher", "docs": "docs' form", "launch": "cuctx.launch"}
 
 
 def check(result: tuple, operation: str):
@@ -126,120 +126,83 @@ def torch_or_reason():
 
 # -- (a) the 50-kernel step ---------------------------------------------------------------
 
-def step50(sizes: Sizes, torch, why_no_torch: str | None) -> cuctx.AutoGraph:
+def step_forms(sizes: Sizes, torch, why_no_torch: str | None) -> list[cuctx.AutoGraph]:
     n, steps = sizes.n, sizes.steps
     kernel = cuctx.Library.from_source(FMA_SOURCE, sim_kernels={"axpb": axpb_twin})["axpb"]
     stream = cuctx.Stream()
-    fma = kernel[-(-n // 256), 256, 0, stream]
-    a, b = 0.5, 1.0
-
-    def step(x: cuctx.DeviceArray) -> cuctx.DeviceArray:
-        t = cuctx.empty(n, np.float32, stream=stream)  # the temporary
-        fma(t, x, a, b, n)
-        for _ in range(48):
-            fma(t, t, a, b, n)
-        o = cuctx.empty(n, np.float32, stream=stream)  # the output, new every call
-        fma(o, t, a, b, n)
-        return o
-    graphed = cuctx.autograph(step)
     inputs = [cuctx.full(n, 1.0, np.float32, stream=stream) for _ in range(steps)]
-    for x in inputs[:10]:  # eager first, then a graph once it pays
-        graphed(x)
-
-    def loop(fn: Callable) -> Callable[[], None]:
-        def run() -> None:
-            for x in inputs:
+    steps_of = {form: step50(kernel, stream, n, form) for form in FORMS}
+    graphs = {form: cuctx.autograph(step) for form, step in steps_of.items()}
+    with stream:  # the docs' form and cuctx.launch run on the current stream
+        for fn in graphs.values():
+            for x in inputs[:10]:  # eager first, then a graph once it pays
                 fn(x)
-        return run
+
+    def loop(fn: Callable) -> Callable[[], float]:
+        def calls() -> None:
+            with stream:
+                for x in inputs:
+                    fn(x)
+        return lambda: end_to_end(calls, stream.synchronize, steps)
     x0, t0, o0 = inputs[0], cuctx.empty(n, np.float32, stream=stream), \
         cuctx.empty(n, np.float32, stream=stream)
     grid = (-(-n // 256), 1, 1)
-    scalars = [ctypes.c_float(a), ctypes.c_float(b), ctypes.c_int(n)]
+    scalars = [ctypes.c_float(0.5), ctypes.c_float(1.0), ctypes.c_int(n)]
     pointers = [(t0, x0)] + [(t0, t0)] * 48 + [(o0, t0)]
     replay, raw_sync = raw_graph([(kernel._function, grid, (256, 1, 1),
                                    [ctypes.c_void_p(dst.ptr), ctypes.c_void_p(src.ptr), *scalars])
                                   for dst, src in pointers])
-    sync = stream.synchronize
-    candidates = {"cuctx eager": lambda: end_to_end(loop(step), sync, steps),
-                  "cuctx AutoGraph": lambda: end_to_end(loop(graphed), sync, steps),
-                  "raw replay": lambda: end_to_end(lambda: [replay() for _ in range(steps)],
-                                                   raw_sync, steps)}
+    candidates = {}
+    for form in FORMS:
+        candidates[f"eager, {FORM_NAMES[form]}"] = loop(steps_of[form])
+        candidates[f"AutoGraph, {FORM_NAMES[form]}"] = loop(graphs[form])
+    candidates["raw replay"] = lambda: end_to_end(lambda: [replay() for _ in range(steps)],
+                                                  raw_sync, steps)
     if torch is not None:
-        candidates.update(torch_step(torch, sizes))
+        candidates.update(torch_step(torch, n, steps))
     best = compare(f"the 50-kernel step, {n} floats, {steps} steps then a synchronize, per "
-                   "step", candidates, unit="us", reference="cuctx AutoGraph",
+                   "step", candidates, unit="us", reference="AutoGraph, docs' form",
                    rounds=sizes.rounds)
     if why_no_torch:
         print(f"  (no torch baseline: {why_no_torch})")
-    same = np.array_equal(graphed(inputs[0]).to_host(), step(inputs[0]).to_host())
-    s = graphed.stats()
-    print(f"  AutoGraph: {s['calls']} calls, {s['updates']} patched, {s['replays']} replayed, "
-          f"{s['builds']} builds, {s['eager']} eager; {s['patched_nodes']} nodes patched "
-          f"({s['patched_nodes'] / max(s['updates'], 1):.1f} per patched call); results "
-          f"{'equal to eager' if same else 'DIFFERENT from eager'}")
-    auto = best["cuctx AutoGraph"]
-    goal("50-kernel step: AutoGraph / raw replay", auto / best["raw replay"], "<=", 1.1)
-    goal("50-kernel step: eager / AutoGraph", best["cuctx eager"] / auto, ">=", 4.0)
+    with stream:
+        expected = steps_of["bound"](x0).to_host()
+        for form, fn in graphs.items():
+            s = fn.stats()
+            same = np.array_equal(fn(x0).to_host(), expected)
+            print(f"  AutoGraph, {FORM_NAMES[form]}: {s['calls']} calls, {s['updates']} "
+                  f"patched, {s['replays']} replayed, {s['builds']} builds, {s['eager']} "
+                  f"eager; results {'equal to eager' if same else 'DIFFERENT from eager'}")
     compiled = best.get("torch.compile cudagraphs")
-    goal("50-kernel step: AutoGraph / torch.compile(cudagraphs)",
-         None if compiled is None else auto / compiled, "<=", 0.6,
-         why_no_torch or "torch.compile(backend='cudagraphs') did not run (see above)")
-    return graphed
-
-
-def torch_step(torch, sizes: Sizes) -> dict[str, Callable[[], float]]:
-    """The step in PyTorch, one operation per kernel: eager, and torch.compile's CUDA graphs
-    when it compiles here."""
-    a, b = torch.tensor(0.5, device="cuda"), torch.tensor(1.0, device="cuda")
-
-    def step(x):
-        t = torch.addcmul(b, x, a)
-        for _ in range(48):
-            t = torch.addcmul(b, t, a)
-        return torch.addcmul(b, t, a)
-    inputs = [torch.ones(sizes.n, device="cuda") for _ in range(sizes.steps)]
-    sync = torch.cuda.synchronize
-
-    def loop(fn):
-        def run():
-            for x in inputs:
-                fn(x)
-        return run
-    candidates = {"torch eager": lambda: end_to_end(loop(step), sync, sizes.steps)}
-    try:
-        compiled = torch.compile(step, backend="cudagraphs")
-        for x in inputs[:5]:  # traced, recorded, then replayed
-            compiled(x).clone()
-        sync()
-        candidates["torch.compile cudagraphs"] = \
-            lambda: end_to_end(loop(lambda x: compiled(x).clone()), sync, sizes.steps)
-    except Exception as exc:  # noqa: BLE001 - whatever keeps torch.compile from running here
-        print(f"  (no torch.compile baseline: {type(exc).__name__}: {exc})")
-    return candidates
+    for form in ("docs", "bound"):
+        auto, what = best[f"AutoGraph, {FORM_NAMES[form]}"], f"50-kernel step, {FORM_NAMES[form]}"
+        goal(f"{what}: AutoGraph / raw replay", auto / best["raw replay"], "<=", 1.1)
+        goal(f"{what}: AutoGraph / torch.compile(cudagraphs)",
+             None if compiled is None else auto / compiled, "<=", 0.55,
+             why_no_torch or "torch.compile(backend='cudagraphs') did not run (see above)")
+        goal(f"{what}: eager / AutoGraph", best[f"eager, {FORM_NAMES[form]}"] / auto, ">=", 4.0)
+    for form in ("docs", "launch"):
+        for way in ("AutoGraph", "eager"):
+            goal(f"50-kernel step, {way}: {FORM_NAMES[form]} / bound launcher",
+                 best[f"{way}, {FORM_NAMES[form]}"] / best[f"{way}, bound launcher"], "<=", 1.1)
+    return list(graphs.values())
 
 
 # -- (b) the chain --------------------------------------------------------------------------
 
 def chain(sizes: Sizes, c: dict[str, float] | None) -> cuctx.AutoGraph:
     n = sizes.chain
-    kernel = cuctx.Library.from_source(STEP_SOURCE, sim_kernels={"step": step_twin})["step"]
-    stream = cuctx.Stream()
-    x = cuctx.zeros(1024, np.float32, stream=stream)
-    launcher = kernel[1, 32, 0, stream]
-
-    def eager() -> None:
-        for i in range(n):
-            launcher(x, 1, i)
-    graphed = cuctx.autograph(eager)
+    kernel, stream, x, eager = tiny_chain(n)
+    graphed_chain = cuctx.autograph(eager)
     for _ in range(20):  # eager until a graph pays, then built
-        graphed()
-        if graphed.stats()["builds"]:
+        graphed_chain()
+        if graphed_chain.stats()["builds"]:
             break
     replay, raw_sync = raw_graph([(kernel._function, (1, 1, 1), (32, 1, 1),
                                    [ctypes.c_void_p(x.ptr), ctypes.c_int(1), ctypes.c_int(i)])
                                   for i in range(n)])
     sync = stream.synchronize
-    runs = {"cuctx eager": (eager, sync), "cuctx AutoGraph": (graphed, sync),
+    runs = {"cuctx eager": (eager, sync), "cuctx AutoGraph": (graphed_chain, sync),
             "raw replay": (replay, raw_sync)}
     torch, _ = torch_or_reason()
     if torch is not None and getattr(torch.cuda, "_compile_kernel", None) is not None:
@@ -255,25 +218,31 @@ def chain(sizes: Sizes, c: dict[str, float] | None) -> cuctx.AutoGraph:
     auto = best["cuctx AutoGraph"]
     goal(f"{n}-kernel chain: eager / AutoGraph", best["cuctx eager"] / auto, ">=", 4.0)
     goal(f"{n}-kernel chain: AutoGraph / raw replay", auto / best["raw replay"], "<=", 1.1)
-    return graphed
+    build = build_us(graphed_chain, sizes.rounds)
+    c_build = None if c is None else c["capture_instantiate_ms"] * 1e3
+    print(f"\n== building the {n}-kernel chain's graph (us): AutoGraph {build:.0f} "
+          f"({build / n:.2f} per node); C capture + instantiate "
+          f"{'-' if c_build is None else f'{c_build:.0f} ({c_build / n:.2f} per node)'}")
+    goal(f"a build of the {n}-kernel chain: AutoGraph / C capture + instantiate",
+         None if c_build is None else build / c_build, "<=", 1.5,
+         "the C program needs a GPU" if c is None else "")
+    return graphed_chain
 
 
-def torch_chain(torch, n: int):
-    """The chain in a torch.cuda.CUDAGraph, captured once: its replay and a synchronize."""
-    step = torch.cuda._compile_kernel(STEP_SOURCE, "step")
-    x = torch.zeros(1024, device="cuda")
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        graph.capture_begin()
-        for i in range(n):
-            step(grid=(1, 1, 1), block=(32, 1, 1), args=[x, 1, i])
-        graph.capture_end()
+def build_us(fn: cuctx.AutoGraph, rounds: int) -> float:
+    """us of AutoGraph building the graph of one call of ``fn`` as a build does (the call
+    recorded, its graph constructed from the recording and instantiated; the launch aside),
+    the best of ``rounds``."""
+    recording = Recording(fn._arena)
+    _record.start(recording)
+    try:
+        fn._fn()
+    finally:
+        _record.stop()
 
-    def replay() -> None:
-        with torch.cuda.stream(stream):
-            graph.replay()
-    return replay, stream.synchronize
+    def build() -> None:
+        construct(recording)[0].instantiate().destroy()
+    return best_us(build, max(rounds, 3))
 
 
 # -- (c) decoding ---------------------------------------------------------------------------
@@ -323,6 +292,35 @@ def decoding_small(sizes: Sizes, torch, why_no_torch: str | None) -> cuctx.AutoG
     return last["AutoGraph"]
 
 
+def length_loop(sizes: Sizes) -> cuctx.AutoGraph:
+    """The 64-call loop whose lengths change: eager against AutoGraph from a cold start."""
+    kernel = cuctx.Library.from_source(FMA_SOURCE, sim_kernels={"axpb": axpb_twin})["axpb"]
+    stream = cuctx.Stream()
+    token = length_token(kernel, stream)
+    x = cuctx.full(token.size, 1.0, np.float32, stream=stream)
+    last: dict[str, cuctx.AutoGraph] = {}
+
+    def run(fn: Callable) -> float:
+        def calls() -> None:
+            for n in range(1, LENGTH_CALLS + 1):
+                fn(cuctx.empty(token.size, np.float32, stream=stream), x, n)
+        return end_to_end(calls, stream.synchronize, LENGTH_CALLS)
+
+    def autograph_run() -> float:
+        last["AutoGraph"] = cuctx.autograph(token)  # a cold start every run
+        return run(last["AutoGraph"])
+    best = compare(f"a loop of {LENGTH_CALLS} calls whose lengths change every call, its "
+                   "structure at call 17 (4, then 5 small kernels), per call",
+                   {"eager": lambda: run(token), "AutoGraph": autograph_run}, unit="us",
+                   reference="AutoGraph", rounds=sizes.rounds)
+    share = graphed(last["AutoGraph"])
+    print(f"  AutoGraph (last run): {share:.0%} of the calls served by graphs")
+    goal(f"{LENGTH_CALLS}-call loop: calls served by graphs (share)", share, ">=", 0.75)
+    goal(f"{LENGTH_CALLS}-call loop: eager / AutoGraph", best["eager"] / best["AutoGraph"],
+         ">=", 2.0)
+    return last["AutoGraph"]
+
+
 def decoding_example(sizes: Sizes) -> None:
     tokens = sizes.tokens
     library = cuctx.Library.from_source(dl.SOURCE, sim_kernels=dl.TWINS)
@@ -360,11 +358,11 @@ def decoding_example(sizes: Sizes) -> None:
 
 # -- (d) patching one node, (e) the launcher ------------------------------------------------
 
-def patch_one(sizes: Sizes, graphed: cuctx.AutoGraph, c: dict[str, float] | None,
+def patch_one(sizes: Sizes, built: cuctx.AutoGraph, c: dict[str, float] | None,
               why_no_c: str | None) -> None:
     """AutoGraph's patch of one kernel node (the chain's executable, from recorded bytes)
     and GraphExec.update_node, us per patch, against C."""
-    entry = graphed._last  # the chain's structure, built
+    entry = built._last  # the chain's structure, built
     patcher, values = entry.patcher, entry.values
     j = len(values) // 2
     flipped = list(values)
@@ -422,47 +420,7 @@ def launcher_vs_c() -> None:
          "" if cuctx.backend().native else "no compiled path")
 
 
-# -- the model and the run --------------------------------------------------------------------
-
-def model_beside_measured(graphs: list[cuctx.AutoGraph]) -> None:
-    """The sim's host costs beside what AutoGraph measured here (a GPU), us."""
-    print("\n== the sim's host-cost model (HOST_* in cuctx/_driver/sim/_timing.py), us")
-    if cuctx.backend().sim is not None:
-        print("  (on the sim the model is what decides: nothing measured to compare)")
-        return
-    eager = [e.eager_s / e.size for g in graphs for e in g._cache.values()
-             if e.eager_s is not None and e.size]
-    launches = [e.replay_s for g in graphs for e in g._cache.values() if e.replay_s is not None]
-    measured = {
-        "an operation enqueued eagerly": (_timing.HOST_EAGER_OP_NS, min(eager, default=None)),
-        "a graph launch (its nodes' share included)":
-            (_timing.HOST_GRAPH_LAUNCH_NS, min(launches, default=None)),
-        "a patched kernel node": (_timing.HOST_PATCH_NODE_NS, _least(graphs, "patch_s")),
-        "a node of a whole update": (_timing.HOST_WHOLE_NODE_NS,
-                                     _least(graphs, "whole_node_s")),
-        "a node of a build": (_timing.HOST_BUILD_NODE_NS, _least(graphs, "build_node_s"))}
-    for what, (model_ns, seconds) in measured.items():
-        seen = "not measured in this run" if seconds is None else f"{seconds * 1e6:.2f} measured"
-        print(f"  {what:<44} {model_ns / 1e3:7.2f} modelled, {seen}")
-
-
-def _least(graphs: list[cuctx.AutoGraph], name: str) -> float | None:
-    values = [getattr(g._policy, name) for g in graphs if getattr(g._policy, name) is not None]
-    return min(values, default=None)
-
-
-def print_goals() -> None:
-    print("\n== goals (issue 16)")
-    for what, value, sense, target, note in GOALS:
-        if value is None:
-            print(f"  {what:<62} not measured ({note})")
-            continue
-        met = value >= target if sense == ">=" else value <= target
-        print(f"  {what:<62} {value:7.2f}  goal {sense} {target:<4}  "
-              f"{'met' if met else 'NOT met'}")
-    if cuctx.backend().sim is not None:
-        print("  (on the sim: its host times, not a GPU's; the goals are for a GPU)")
-
+# -- the run ----------------------------------------------------------------------------------
 
 def main() -> None:
     backend, _ = start("the sim runs small sizes as a smoke test; its times are its host "
@@ -479,15 +437,28 @@ def main() -> None:
             why_no_c = f"the C program did not build or run: {exc}"
     torch, why_no_torch = torch_or_reason()
     with cuctx.Device(0):
-        graphs = [step50(sizes, torch, why_no_torch)]
+        graphs = step_forms(sizes, torch, why_no_torch)
         graphs.append(chain(sizes, c))
         graphs.append(decoding_small(sizes, torch, why_no_torch))
+        graphs.append(length_loop(sizes))
         decoding_example(sizes)
-        patch_one(sizes, graphs[1], c, why_no_c)
+        patch_one(sizes, graphs[3], c, why_no_c)
         launcher_vs_c()
+        counts = (GPU.steps, GPU.small_calls, GPU.tokens, GPU.chain)
+        print_decisions(decisions(*counts), list(map(str, counts)))
     model_beside_measured(graphs)
     print_goals()
 
 
+def main_decisions(args: list[str]) -> None:
+    """``--decisions STEPS SMALL_CALLS TOKENS CHAIN``: the loops' decisions, one JSON line."""
+    with cuctx.Device(0):
+        found = decisions(*map(int, args))
+    print(json.dumps(found))
+
+
 if __name__ == "__main__":
-    run(main)
+    if sys.argv[1:2] == ["--decisions"]:
+        run(lambda: main_decisions(sys.argv[2:]))
+    else:
+        run(main)

@@ -8,6 +8,8 @@
  *   eager_us_per_kernel       N launches then a synchronize, per kernel
  *   capture_ms                capturing the N launches into a graph
  *   instantiate_ms            cuGraphInstantiate of that graph
+ *   capture_instantiate_ms    both, timed together: a graph made of the N launches, ready to
+ *                             launch (what an AutoGraph build does; benchmarks/autograph.py)
  *   replay_us_per_node        cuGraphLaunch then a synchronize, per node
  *   patch_us_kK               K changed nodes patched one by one (cuGraphExecKernelNodeSetParams)
  *   update_us_kK              cuGraphExecUpdate from a graph built beforehand with K nodes changed
@@ -121,6 +123,16 @@ int main(int argc, char** argv) {
         CHECK(cuGraphInstantiate(&exec, graph, 0));
         instantiate = min_of(instantiate, now_us() - t0);
     }
+    double build = 1e30;
+    for (int r = 0; r < rounds; ++r) {
+        CUgraphExec built;
+        double t0 = now_us();
+        CUgraph captured = capture_chain(0, 1);
+        CHECK(cuGraphInstantiate(&built, captured, 0));
+        build = min_of(build, now_us() - t0);
+        CHECK(cuGraphExecDestroy(built));
+        CHECK(cuGraphDestroy(captured));
+    }
     CHECK(cuGraphUpload(exec, stream));
     CHECK(cuGraphLaunch(exec, stream));
     CHECK(cuStreamSynchronize(stream));
@@ -135,6 +147,7 @@ int main(int argc, char** argv) {
     printf("eager_us_per_kernel %.4f\n", eager / n_nodes);
     printf("capture_ms %.4f\n", capture / 1e3);
     printf("instantiate_ms %.4f\n", instantiate / 1e3);
+    printf("capture_instantiate_ms %.4f\n", build / 1e3);
     printf("replay_us_per_node %.4f\n", replay / n_nodes);
 
     CUgraphNode* nodes = malloc(sizeof(CUgraphNode) * n_nodes);

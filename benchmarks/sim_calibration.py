@@ -3,6 +3,11 @@ benchmarks/overlap.py on 1, 2, 4 and 8 streams, its speedup over one stream per 
 active backend. Run it on both (``CUCTX_BACKEND=sim`` and ``cuda``) on the GPU machine: the
 goal is the sim's speedups within +-20% of the H100's. ``--both`` runs the sim in a
 subprocess too and prints the ratio sim/GPU per N.
+
+The sim's other model, the host costs `@cuctx.autograph` decides from (``HOST_*`` in
+cuctx/_driver/sim/_timing.py, calibrated there with the source of each figure), is checked
+by benchmarks/autograph.py: on a GPU it prints those constants beside what AutoGraph measured,
+and the sim's decisions for its loops beside the GPU's.
 """
 
 from __future__ import annotations

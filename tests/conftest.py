@@ -34,6 +34,7 @@ import cuctx.sim
 from cuctx import _driver
 from cuctx._driver import ThreadState
 from cuctx._driver.cuda import probe
+from cuctx.graphs import _autograph, _autograph_policy
 from cuctx.kernels import _codegen
 from cuctx.kernels._compiler import nvrtc_version
 
@@ -187,6 +188,26 @@ def nvrtc_cache(tmp_path_factory, monkeypatch):
     path = tmp_path_factory.getbasetemp() / "nvrtc-cache"
     monkeypatch.setenv("CUCTX_CACHE_DIR", str(path))
     return path
+
+
+@pytest.fixture
+def graphs_pay(monkeypatch):
+    """AutoGraph's costs out of its decisions: they are modelled on the sim and measured on a
+    GPU, where they vary from machine to machine; the tests of AutoGraph's mechanics take
+    them out (a graph is built once a structure repeats, and stays), its policy's tests put
+    them back (`costs_decide`)."""
+    monkeypatch.setattr(_autograph, "SWITCH_AFTER", 10**9)
+    monkeypatch.setattr(_autograph_policy.Policy, "too_costly", lambda self, entry: None)
+
+
+@pytest.fixture
+def costs_decide(graphs_pay, monkeypatch):
+    """AutoGraph's costs back in its decisions (see `graphs_pay`)."""
+    monkeypatch.setattr(_autograph, "SWITCH_AFTER", _autograph_policy.SWITCH_AFTER)
+    monkeypatch.setattr(_autograph_policy.Policy, "too_costly", _TOO_COSTLY)
+
+
+_TOO_COSTLY = _autograph_policy.Policy.too_costly  # (taken before any test replaces it)
 
 
 def _release_foreign_caches() -> None:

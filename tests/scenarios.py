@@ -1,6 +1,6 @@
 """Scenarios several test modules share: the `add` kernel with its sim twin, a library loaded
-for one test, a graph run to completion, a Python child process, two streams handing a
-value over, and the race checker retiring its history.
+for one test, a graph run to completion, a block on the Python paths, a Python child
+process, two streams handing a value over, and the race checker retiring its history.
 
 Fixtures that every test may ask for by name (``backend``, ``sim``, ``gpu``, ``nvrtc_cache``)
 are in conftest.py; what a test module builds from, imports from here.
@@ -8,6 +8,7 @@ are in conftest.py; what a test module builds from, imports from here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import subprocess
@@ -52,6 +53,18 @@ def run_graph(graph: cuctx.Graph, times: int = 1) -> None:
     for _ in range(times):
         exe.launch()
     cuctx.current_stream().synchronize()
+
+
+@contextlib.contextmanager
+def python_paths(backend: Any) -> Iterator[None]:
+    """Inside the block, ``backend``'s compiled paths are off: its checked Python paths (and
+    their generated fast paths) take every call."""
+    native = backend.native
+    backend.native = None
+    try:
+        yield
+    finally:
+        backend.native = native
 
 
 def library_fixture(source: str, **twins: Callable[..., Any]) -> Any:

@@ -17,8 +17,8 @@ from .graphs import Graph, GraphExec, GraphNode, autograph
 from .kernels import (BlockSizeSuggestion, CompileError, CompileResult, Kernel,
                       KernelArgumentError, KernelAttributes, LaunchConfigError, Launcher,
                       Library, LinkError, Module, compile_source)
-from ._native_hooks import launch  # the compiled path's, where it is built
-from .memory import (DeviceArray, MemoryPool, asarray, copy, defer_cleanup, empty, full,
+from ._native_hooks import empty, launch  # the compiled paths', where they are built
+from .memory import (DeviceArray, MemoryPool, asarray, copy, defer_cleanup, full,
                      managed_empty, pinned_empty, register_host, to_device, zeros)
 from .stream import HostFunctionError, Stream, current_stream, legacy_stream, per_thread_stream
 from .errors import RaceError, RaceWarning

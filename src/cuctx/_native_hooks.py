@@ -23,17 +23,27 @@ replaced and `launch` is the Python function.
 
 from __future__ import annotations
 
+import time
+
 from cuda.bindings.driver import CUcontext, CUresult
 
-from . import _driver, _lifetimes, _record, _trace
+from . import _driver, _lifetimes, _record, _trace, memory
 from .kernels import _launcher
-from ._driver import ThreadState, native
+from ._driver import Backend, ThreadState, native
+from .errors import CudaError
+from .graphs import _autograph, _autograph_policy
+from .graphs._autograph import AutoGraph
+from .graphs._autograph_arena import Arena, Lease, Slot
+from .graphs._autograph_record import Recording
+from .graphs._autograph_state import GRAPH, Entry, Tally
 from .kernels._kernel import Kernel
+from .kernels._library import _Code
 from .kernels._launcher import Launcher
 from ._resource import ACTIVE
 from .context import Context, _object_for, fail
 from .device import Device
 from .event import Event
+from .memory import _array, _layout
 from .memory._array import DeviceArray
 from .stream import Stream
 
@@ -55,23 +65,16 @@ METHODS = (
     (Stream, "record"), (Stream, "wait"), (Event, "record"),
     (Context, "push"), (Context, "pop"), (Context, "__enter__"), (Context, "__exit__"),
     (Device, "__enter__"), (Device, "__exit__"), (Kernel, "__getitem__"),
-    (Launcher, "__call__"),
+    (Launcher, "__call__"), (AutoGraph, "__call__"),
 )
 
 
 def _install():
-    """Put the compiled methods on the classes; return the public `launch`."""
+    """Put the compiled methods on the classes; return the public `launch` and `empty`
+    (`empty` also in the modules that call it: `full`, `zeros`, `to_device` use it)."""
     module, _ = native.extension()
     if module is None:
-        return _launcher.launch
-    module.setup(Context=Context, Stream=Stream, Event=Event, DeviceArray=DeviceArray,
-                 ThreadState=ThreadState, Device=Device, Kernel=Kernel, Launcher=Launcher,
-                 Tape=_record.Tape,
-                 ACTIVE=ACTIVE, CUresult=CUresult, CUcontext=CUcontext, fail=fail,
-                 object_for=_object_for, driver_namespace=vars(_driver),
-                 step_aside=STEP_ASIDE, launch_step_aside=LAUNCH_STEP_ASIDE,
-                 announce=ANNOUNCE, emit_launch=_trace.emit_launch,
-                 recording=_record.threads)
+        return _launcher.launch, _array.empty
     for cls, name in METHODS:
         python = vars(cls)[name]
         if isinstance(python, staticmethod):
@@ -79,7 +82,26 @@ def _install():
                                                           python.__func__)))
         else:
             setattr(cls, name, module.Method(f"{cls.__name__}.{name}", python))
-    return module.Method("launch", _launcher.launch)
+    # (after the methods: setup gives Launcher its call slot, which a class assignment of
+    # __call__ would replace)
+    module.setup(Context=Context, Stream=Stream, Event=Event, DeviceArray=DeviceArray,
+                 ThreadState=ThreadState, Device=Device, Kernel=Kernel, Launcher=Launcher,
+                 Tape=_record.Tape, AutoGraph=AutoGraph, Recording=Recording, Entry=Entry,
+                 Policy=_autograph_policy.Policy, Tally=Tally, Arena=Arena, Slot=Slot,
+                 Lease=Lease, Backend=Backend, Code=_Code,
+                 ACTIVE=ACTIVE, CUresult=CUresult, CUcontext=CUcontext, fail=fail,
+                 object_for=_object_for, driver_namespace=vars(_driver),
+                 step_aside=STEP_ASIDE, launch_step_aside=LAUNCH_STEP_ASIDE,
+                 announce=ANNOUNCE, emit_launch=_trace.emit_launch,
+                 recording=_record.threads, autograph_namespace=vars(_autograph),
+                 policy_namespace=vars(_autograph_policy), GRAPH=GRAPH, CudaError=CudaError,
+                 defer=_lifetimes.defer_cleanup(), perf_counter=time.perf_counter,
+                 lifetimes_namespace=vars(_lifetimes),
+                 known_dtypes=_layout.KNOWN_DTYPES,
+                 default_dtype=_array.empty.__defaults__[0])
+    compiled_empty = module.Method("empty", _array.empty)
+    _array.empty = memory.empty = compiled_empty
+    return module.Method("launch", _launcher.launch), compiled_empty
 
 
-launch = _install()
+launch, empty = _install()

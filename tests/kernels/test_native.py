@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import cuctx
-from cuctx.kernels import _launcher
+from cuctx.kernels import _kernel, _launcher
 
 from conftest import requires_fast_paths
-from scenarios import ADD_SOURCE, add, add_arrays, library_fixture, run_python
+from scenarios import ADD_SOURCE, add, add_arrays, library_fixture, python_paths, run_python
 
 pytestmark = pytest.mark.usefixtures("nvrtc_cache")
 
@@ -195,6 +195,49 @@ def test_a_default_stream_runs_with_its_context_current(lib, native):
     finally:
         cuctx.Context.pop()
         other.destroy()
+
+
+def test_a_launch_without_a_stream_finds_the_current_streams_launcher_on_both_paths(
+        lib, native, monkeypatch):
+    """kernel[grid, block] and cuctx.launch without stream= take the launcher of the current
+    stream (the innermost `with stream:` of the current context, else its legacy stream),
+    looked up in C on the compiled path: the same launcher as the Python path finds, however
+    the current stream and context change between the calls."""
+    backend = cuctx.backend()
+    k, grid = lib["add"], 1
+    side, other = cuctx.Stream(), cuctx.Context.create()
+    try:
+        with other:
+            other_legacy = cuctx.current_stream()
+    finally:
+        cuctx.Context.pop()
+
+    def found() -> list:
+        launchers = [k[grid, 8], k[grid + 0, 8, 0]]  # (an int computed anew: the same key)
+        with side:
+            launchers += [k[grid, 8], k[grid, 8, 0, None]]
+            with other:
+                launchers.append(k[grid, 8])
+            launchers.append(k[grid, 8])
+        return launchers + [k[grid, 8]]
+
+    compiled = found()  # (made by the Python path the first time)
+    made = []
+    monkeypatch.setattr(_kernel, "make_launcher",
+                        lambda *args: made.append(args) or _launcher.make_launcher(*args))
+    assert found() == compiled and made == []  # found in C
+    with python_paths(backend):
+        python = found()
+    assert compiled == python
+    legacy = cuctx.legacy_stream()
+    assert [launcher.stream for launcher in compiled] == [legacy, legacy, side, side,
+                                                          other_legacy, side, legacy]
+    out, x = add_arrays()
+    with side:
+        cuctx.launch(k, 1, 8, out, x, 5.0, 8)  # on side
+    side.synchronize()
+    assert out.to_host().tolist() == [i + 5.0 for i in range(8)]
+    other.destroy()
 
 
 @requires_fast_paths

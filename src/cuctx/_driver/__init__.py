@@ -91,7 +91,7 @@ class _Local(threading.local):
         self.state = ThreadState()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # (slots: the compiled paths read `native` and `tls` there)
 class Backend:
     name: str  # "cuda" or "sim": for people (messages, `info`); code asks the slots below
     driver: object  # cuda.bindings.driver, or a SimDriver with the same names

@@ -18,7 +18,7 @@ from types import ModuleType
 # What the compiled paths call, by cuda.bindings' names.
 FUNCTIONS = ("cuLaunchKernel", "cuLaunchKernelEx", "cuEventRecord", "cuStreamWaitEvent",
              "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxGetCurrent",
-             "cuGraphExecKernelNodeSetParams", "cuGraphLaunch")
+             "cuGraphExecKernelNodeSetParams", "cuGraphLaunch", "cuGraphAddKernelNode")
 # The ABI of the function types csrc/native.h declares: CUDA 12.0's (cuLaunchKernelEx is 12.0's,
 # and so is the CUDA_KERNEL_NODE_PARAMS with `kern` and `ctx` that cuda.bindings' struct holds,
 # which cuGraphExecKernelNodeSetParams takes at that version: its _v2).
@@ -64,4 +64,31 @@ def load(driver, sim) -> tuple[object | None, str]:
         if err or not int(address or 0):
             return None, f"the driver gave no address for {name} (cuGetProcAddress: {err!r})"
         addresses[name] = int(address)
-    return module.Driver(addresses), "compiled paths calling the driver's functions"
+    compiled = module.Driver(addresses)
+    compiled.builds = _same_layout(module, driver)
+    return compiled, "compiled paths calling the driver's functions"
+
+
+def _same_layout(module: ModuleType, driver) -> bool:
+    """Whether the kernel node struct the compiled builds pass (csrc/native.h,
+    kernel_node_params) is laid out as cuda.bindings' CUDA_KERNEL_NODE_PARAMS, which is the
+    driver's at this ABI: the same values in each, compared byte for byte. Where they differ
+    (another cuda.bindings), AutoGraph builds its nodes through cuda.bindings instead."""
+    import ctypes
+    values = dict(func=0x1111_0000_0101, kern=0x3333_0000_0303, ctx=0x4444_0000_0404,
+                  grid=(2, 3, 4), block=(5, 6, 7), shared=8, params=0x2222_0000_0202)
+    try:
+        params = driver.CUDA_KERNEL_NODE_PARAMS()
+        params.func = driver.CUfunction(values["func"])
+        params.kern = driver.CUkernel(values["kern"])
+        params.ctx = driver.CUcontext(values["ctx"])
+        params.gridDimX, params.gridDimY, params.gridDimZ = values["grid"]
+        params.blockDimX, params.blockDimY, params.blockDimZ = values["block"]
+        params.sharedMemBytes = values["shared"]
+        params.kernelParams = values["params"]
+        ours = module.kernel_node_bytes(values["func"], values["kern"], values["ctx"],
+                                        values["grid"], values["block"], values["shared"],
+                                        values["params"])
+        return ctypes.string_at(params.getPtr(), len(ours)) == ours
+    except Exception:  # noqa: BLE001 - a binding that differs: no compiled builds
+        return False

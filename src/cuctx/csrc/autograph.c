@@ -18,6 +18,16 @@
  * exception. cuctx._record.threads maps the id of each recording thread to its recorder. */
 PyObject *thread_recorder(void)
 {
+    if (PyDict_GET_SIZE(L.recording) == 1) { /* one thread records: this one? (no key made) */
+        Py_ssize_t at = 0;
+        PyObject *key, *recorder;
+        if (PyDict_Next(L.recording, &at, &key, &recorder) && PyLong_CheckExact(key)) {
+            unsigned long id = PyLong_AsUnsignedLong(key);
+            if (!(id == (unsigned long)-1 && PyErr_Occurred()))
+                return id == PyThread_get_thread_ident() ? Py_NewRef(recorder) : NULL;
+            PyErr_Clear();
+        }
+    }
     PyObject *ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
     if (ident == NULL)
         return NULL;
@@ -77,18 +87,12 @@ int record_launch(PyObject *recorder, PyObject *launcher, PyObject *stream, PyOb
 
 /* -- comparing ------------------------------------------------------------------------- */
 
-/* Driver.changed(new, old): the indices where two lists of values differ (bytes compared
- * by content, anything else by !=), as `_autograph.AutoGraph._changed` finds them. */
-PyObject *Driver_changed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* The indices where two lists of values differ (bytes compared by content, anything else by
+ * !=), as `_autograph.AutoGraph._changed` finds them, into ``out`` (room for every index);
+ * their number, or -1 with an exception. */
+Py_ssize_t changed_into(PyObject *new, PyObject *old, Py_ssize_t *out)
 {
-    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1])
-            || PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "changed(new, old) takes two lists of one length");
-        return NULL;
-    }
-    PyObject *new = args[0], *old = args[1], *result = PyList_New(0);
-    if (result == NULL)
-        return NULL;
+    Py_ssize_t k = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(new); i++) {
         PyObject *a = PyList_GET_ITEM(new, i), *b = PyList_GET_ITEM(old, i);
         if (a == b)
@@ -100,20 +104,36 @@ PyObject *Driver_changed(PyObject *self, PyObject *const *args, Py_ssize_t nargs
                                 PyBytes_GET_SIZE(a)) != 0;
         else
             differs = PyObject_RichCompareBool(a, b, Py_NE);
-        if (differs < 0) {
-            Py_DECREF(result);
-            return NULL;
-        }
-        if (differs) {
-            PyObject *index = PyLong_FromSsize_t(i);
-            int failed = index == NULL || PyList_Append(result, index) < 0;
-            Py_XDECREF(index);
-            if (failed) {
-                Py_DECREF(result);
-                return NULL;
-            }
-        }
+        if (differs < 0)
+            return -1;
+        if (differs)
+            out[k++] = i;
     }
+    return k;
+}
+
+/* Driver.changed(new, old): changed_into as a list of ints. */
+PyObject *Driver_changed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1])
+            || PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "changed(new, old) takes two lists of one length");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(args[0]);
+    Py_ssize_t *indices = PyMem_Malloc((n ? n : 1) * sizeof(Py_ssize_t));
+    if (indices == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t k = changed_into(args[0], args[1], indices);
+    PyObject *result = k < 0 ? NULL : PyList_New(k);
+    for (Py_ssize_t j = 0; result && j < k; j++) {
+        PyObject *index = PyLong_FromSsize_t(indices[j]);
+        if (index == NULL)
+            Py_CLEAR(result);
+        else
+            PyList_SET_ITEM(result, j, index);
+    }
+    PyMem_Free(indices);
     return result;
 }
 
@@ -134,7 +154,9 @@ typedef struct {
     Node *nodes;
 } Patcher;
 
-static void *address_of(PyObject *handle)
+/* A handle (an int or a cuda.bindings object) as an address; NULL for 0 or with an
+ * exception. */
+void *address_of(PyObject *handle)
 {
     PyObject *value = PyNumber_Long(handle);
     if (value == NULL)
@@ -215,6 +237,37 @@ static int append_index(PyObject *list, Py_ssize_t i)
     return failed ? -1 : 0;
 }
 
+/* Learn what operation i's node is (once): 1 a kernel node the patcher patches, 0 another,
+ * -1 an exception. */
+int patcher_knows(PyObject *patcher, Py_ssize_t i)
+{
+    Patcher *self = (Patcher *)patcher;
+    if (i < 0 || i >= self->n) {
+        PyErr_SetString(PyExc_IndexError, "patch: an index out of range");
+        return -1;
+    }
+    Node *node = &self->nodes[i];
+    if (node->node == NULL && learn(self, i) < 0)
+        return -1;
+    return node->node != Py_None;
+}
+
+/* Give operation i's kernel node (patcher_knows said 1) the bytes ``value``: 0, or -1 with
+ * the exception GraphExec.update_node raises for a refusal. */
+int patcher_patch(PyObject *patcher, Py_ssize_t i, PyObject *value)
+{
+    Patcher *self = (Patcher *)patcher;
+    Node *node = &self->nodes[i];
+    Py_ssize_t size = PyBytes_GET_SIZE(value);
+    if (size > PyByteArray_GET_SIZE(node->buffer))
+        size = PyByteArray_GET_SIZE(node->buffer);
+    memcpy(PyByteArray_AS_STRING(node->buffer), PyBytes_AS_STRING(value), size);
+    int err = drv_set_kernel(self, node);
+    if (err > 0)
+        refuse(self, err, i); /* raises what GraphExec.update_node raises */
+    return err ? -1 : 0;
+}
+
 /* patch(changed, values): give each changed kernel node its recorded bytes; the indices
  * left to the Python path (other nodes, or none). A refusal raises as on that path. */
 static PyObject *Patcher_patch(Patcher *self, PyObject *const *args, Py_ssize_t nargs)
@@ -228,31 +281,20 @@ static PyObject *Patcher_patch(Patcher *self, PyObject *const *args, Py_ssize_t 
     PyObject *changed = args[0], *values = args[1], *left = PyList_New(0);
     if (left == NULL)
         return NULL;
-    Py_ssize_t k = PyList_GET_SIZE(changed), j = 0;
-    for (; j < k; j++) {
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(changed); j++) {
         Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(changed, j));
-        if (i < 0 || i >= self->n) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_IndexError, "patch: an index out of range");
+        if (i == -1 && PyErr_Occurred())
             goto error;
-        }
-        Node *node = &self->nodes[i];
-        if (node->node == NULL && learn(self, i) < 0)
+        int kernel = patcher_knows((PyObject *)self, i);
+        if (kernel < 0)
             goto error;
         PyObject *value = PyList_GET_ITEM(values, i);
-        if (node->node == Py_None || !PyBytes_CheckExact(value)) {
+        if (!kernel || !PyBytes_CheckExact(value)) {
             if (append_index(left, i) < 0)
                 goto error;
             continue;
         }
-        Py_ssize_t size = PyBytes_GET_SIZE(value);
-        if (size > PyByteArray_GET_SIZE(node->buffer))
-            size = PyByteArray_GET_SIZE(node->buffer);
-        memcpy(PyByteArray_AS_STRING(node->buffer), PyBytes_AS_STRING(value), size);
-        int err = drv_set_kernel(self, node);
-        if (err > 0)
-            refuse(self, err, i); /* raises what GraphExec.update_node raises */
-        if (err)
+        if (patcher_patch((PyObject *)self, i, value) < 0)
             goto error;
     }
     return left;
@@ -261,30 +303,35 @@ error:
     return NULL;
 }
 
-/* launch(stream): the executable launched on ``stream``: True, or False where the Python
+/* Whether patcher_launch can launch the executable on ``stream``: 1, or 0 where the Python
  * path launches it (host or event nodes, another context's stream, unloaded code, a trace
- * sink, a host function running). A refusal raises as GraphExec.launch raises it. */
-static PyObject *Patcher_launch(Patcher *self, PyObject *stream)
+ * sink, a host function running), or -1 with an exception. */
+int patcher_ready(PyObject *patcher, PyObject *stream)
 {
+    Patcher *self = (Patcher *)patcher;
     PyObject *ctx = self->ctx;
     if (!self->launchable || !L.ready || SLOT(ctx, L.state) != L.ACTIVE
             || step_aside_unless_recording() || !Py_IS_TYPE(stream, L.Stream)
             || SLOT(stream, L.ctx) != ctx)
-        Py_RETURN_FALSE;
+        return 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->owners); i++) {
-        PyObject *loaded = PyObject_GetAttr(PyTuple_GET_ITEM(self->owners, i), S_loaded);
-        if (loaded == NULL)
-            return NULL;
-        Py_DECREF(loaded);
-        if (loaded != Py_True)
-            Py_RETURN_FALSE;
+        int is = loaded(PyTuple_GET_ITEM(self->owners, i));
+        if (is <= 0)
+            return is;
     }
+    return 1;
+}
+
+/* The executable launched on ``stream`` (patcher_ready said 1): 0, or -1 with the exception
+ * GraphExec.launch raises; 1: not launched after all (the stream's context could not be
+ * made current: the Python path launches it). */
+int patcher_launch(PyObject *patcher, PyObject *stream)
+{
+    Patcher *self = (Patcher *)patcher;
     Driver *d = self->driver;
-    int pushed, err = enter_stream_context(d, stream, ctx, &pushed);
-    if (err < 0)
-        return NULL;
-    if (err > 0)
-        Py_RETURN_FALSE;
+    int pushed, err = enter_stream_context(d, stream, self->ctx, &pushed);
+    if (err)
+        return err < 0 ? -1 : 1;
     if (d->compiled) {
         void *s = key_of(stream);
         Py_BEGIN_ALLOW_THREADS /* a full queue waits for the GPU */
@@ -298,10 +345,22 @@ static PyObject *Patcher_launch(Patcher *self, PyObject *stream)
     if (err > 0)
         refuse(self, err, -1);
     if (err)
+        return -1;
+    /* the executable's: they keep what it uses */
+    return PySet_Add(self->streams, stream) < 0 ? -1 : 0;
+}
+
+/* launch(stream): the executable launched on ``stream``: True, or False where the Python
+ * path launches it (see patcher_ready). A refusal raises as GraphExec.launch raises it. */
+static PyObject *Patcher_launch(Patcher *self, PyObject *stream)
+{
+    int ready = patcher_ready((PyObject *)self, stream);
+    if (ready <= 0)
+        return ready < 0 ? NULL : Py_NewRef(Py_False);
+    int err = patcher_launch((PyObject *)self, stream);
+    if (err < 0)
         return NULL;
-    if (PySet_Add(self->streams, stream) < 0) /* the executable's: they keep what it uses */
-        return NULL;
-    Py_RETURN_TRUE;
+    return Py_NewRef(err ? Py_False : Py_True);
 }
 
 static int Patcher_traverse(Patcher *self, visitproc visit, void *arg)

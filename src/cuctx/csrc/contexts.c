@@ -30,9 +30,11 @@ static PyObject *local_dict(PyObject *tls)
 
 /* backend.tls.state, when it is a ThreadState (a new reference); NULL otherwise (inside a
  * host function it is the guard whose attributes raise: the checked path raises that). */
-static PyObject *thread_state(PyObject *backend)
+PyObject *thread_state(PyObject *backend)
 {
-    PyObject *tls = PyObject_GetAttr(backend, S_tls), *dict, *state = NULL;
+    PyObject *tls = Py_IS_TYPE(backend, L.Backend) ? Py_XNewRef(SLOT(backend, L.backend_tls))
+                                                    : PyObject_GetAttr(backend, S_tls);
+    PyObject *dict, *state = NULL;
     if (tls != NULL && (dict = local_dict(tls)) != NULL)
         state = PyDict_GetItemWithError(dict, S_state);
     Py_XDECREF(tls); /* `dict` holds the state, and the thread's dict holds `dict` */
@@ -203,3 +205,81 @@ PyObject *device_exit(PyObject *const *args, Py_ssize_t nargs)
     return pop(SLOT(args[0], L.device_backend), 1, NULL);
 }
 
+
+/* -- the current stream, as resolve_stream(None, ctx) finds it ---------------------------- */
+
+/* The context whose handle the driver called current last time (a strong reference): most
+ * programs work in one context, so the handle -> Context lookup (a WeakValueDictionary in
+ * Python) is made once. Verified by handle and backend at every use. */
+static PyObject *known_ctx;
+
+/* The calling thread's current context of ``backend`` (borrowed, valid until Python code
+ * runs), as cuctx.context.live_current finds it; NULL (no exception) where the Python path
+ * must find it: none current, one cuctx does not know yet, one not ACTIVE. */
+static PyObject *current_context(PyObject *backend, Driver *d)
+{
+    void *current = NULL;
+    int err = drv_current(d, &current);
+    if (err) {
+        if (err < 0)
+            PyErr_Clear();
+        return NULL;
+    }
+    if (current == NULL)
+        return NULL;
+    PyObject *ctx = known_ctx;
+    if (ctx == NULL || key_of(ctx) != current || SLOT(ctx, L.backend) != backend) {
+        PyObject *contexts = PyObject_GetAttr(backend, S_contexts);
+        PyObject *key = PyLong_FromVoidPtr(current);
+        ctx = contexts && key ? PyObject_GetItem(contexts, key) : NULL;
+        Py_XDECREF(contexts);
+        Py_XDECREF(key);
+        if (ctx == NULL || !Py_IS_TYPE(ctx, L.Context)) {
+            PyErr_Clear();
+            Py_XDECREF(ctx);
+            return NULL;
+        }
+        Py_XSETREF(known_ctx, ctx); /* (code may have run: take it as found, then check) */
+        if (key_of(ctx) != current)
+            return NULL;
+    }
+    return SLOT(ctx, L.state) == L.ACTIVE ? ctx : NULL;
+}
+
+/* The stream resolve_stream(None, ctx) gives (ctx: the given one, or NULL for the current
+ * context of ``backend``), borrowed: this thread's innermost ``with stream:`` of the context's
+ * device when it is of that context (of any context: ``any_context``, the rule of
+ * resolve_stream(None) without a context, for the current device), else the context's
+ * legacy default stream. NULL (no exception) where the Python path resolves it (a host
+ * function running, no context current, a default stream not made yet, ...). */
+PyObject *current_stream(PyObject *backend, PyObject *ctx, int any_context)
+{
+    Driver *d = native_of(backend);
+    if (d == NULL)
+        return NULL;
+    if (ctx == NULL && (ctx = current_context(backend, d)) == NULL)
+        return NULL;
+    if (SLOT(ctx, L.state) != L.ACTIVE)
+        return NULL;
+    PyObject *state = thread_state(backend), *stream = NULL;
+    if (state == NULL)
+        return NULL;
+    PyObject *streams = SLOT(state, L.streams);
+    Py_DECREF(state); /* the thread's local dict holds it */
+    if (streams == NULL || !PyDict_CheckExact(streams))
+        return NULL;
+    PyObject *stack = PyDict_GetItemWithError(streams, SLOT(ctx, L.device));
+    if (stack != NULL && PyList_CheckExact(stack) && PyList_GET_SIZE(stack) > 0) {
+        PyObject *top = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
+        if (Py_IS_TYPE(top, L.Stream) && (any_context || SLOT(top, L.ctx) == ctx))
+            return top;
+    }
+    PyObject *defaults = SLOT(ctx, L.default_streams);
+    if (defaults != NULL && PyDict_CheckExact(defaults))
+        stream = PyDict_GetItemWithError(defaults, S_legacy);
+    if (stream == NULL || !Py_IS_TYPE(stream, L.Stream)) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return stream;
+}

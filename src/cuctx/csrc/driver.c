@@ -6,7 +6,7 @@
 static const char *const FUNCTION_NAMES[F_COUNT] = {
     "cuLaunchKernel", "cuLaunchKernelEx", "cuEventRecord", "cuStreamWaitEvent",
     "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxGetCurrent", "cuGraphExecKernelNodeSetParams",
-    "cuGraphLaunch"};
+    "cuGraphLaunch", "cuGraphAddKernelNode"};
 
 void *key_of(PyObject *resource)
 {
@@ -16,6 +16,10 @@ void *key_of(PyObject *resource)
 
 Driver *native_of(PyObject *backend)
 {
+    if (L.ready && Py_IS_TYPE(backend, L.Backend)) { /* the slot, read directly */
+        PyObject *native = SLOT(backend, L.backend_native);
+        return native && Py_IS_TYPE(native, &DriverType) ? (Driver *)native : NULL;
+    }
     PyObject *native = PyObject_GetAttr(backend, S_native);
     if (native == NULL) {
         PyErr_Clear();
@@ -271,13 +275,22 @@ static PyMethodDef Driver_methods[] = {
      "changed(new, old): the indices where two lists of an autograph call's values differ."},
     {"patcher", (PyCFunction)(void (*)(void))Driver_patcher, METH_VARARGS | METH_KEYWORDS,
      "patcher(handle, ctx, streams, owners, make, refused, n, launchable): the compiled "
-     "patches and "
-     "launch of one AutoGraph executable."},
+     "patches and launch of one AutoGraph executable."},
+    {"add_kernel_node", (PyCFunction)(void (*)(void))Driver_add_kernel_node, METH_FASTCALL,
+     "add_kernel_node(graph, deps, function, kern, ctx, grid, block, shared_mem, data, "
+     "offsets): a kernel node of parameter bytes packed before, added in C; its handle as an "
+     "int (compiled drivers whose `builds` is set only)."},
+    {"enqueue", (PyCFunction)(void (*)(void))Driver_enqueue, METH_FASTCALL,
+     "enqueue(keys, values, start): an autograph call's recorded launches from start on, "
+     "enqueued from their packed bytes; the index of the first operation left to Python."},
     {NULL}};
 
 static PyMemberDef Driver_members[] = {
     {"compiled", T_BOOL, offsetof(Driver, compiled), READONLY,
      "True: the driver's C functions; False: the sim's Python functions"},
+    {"builds", T_BOOL, offsetof(Driver, builds), 0,
+     "True: add_kernel_node adds kernel nodes from C (set once the layout of the struct it "
+     "passes was checked against cuda.bindings')"},
     {NULL}};
 
 PyTypeObject DriverType = {

@@ -1,34 +1,6 @@
 /* cuctx._native (see native.h): Launch, one launcher's compiled fast path for one plan:
- * reading the plan (Driver.launcher), packing the arguments by it, the launch. */
+ * packing the arguments by the plan, the launch (launch_plan.c reads the plan). */
 #include "native.h"
-
-/* The most parameter bytes and parameters a compiled launch packs on its stack; a kernel
- * with more takes the generated Python fast path. */
-#define MAX_PARAM_BYTES 4096
-#define MAX_PARAMS 512
-
-enum { K_VALUE, K_ARRAY, K_CONVERT };
-
-typedef struct {
-    Py_ssize_t offset, size;
-    char code; /* b h i q e f d Q s */
-    int kind;
-    PyTypeObject *type; /* the guard: exactly this type */
-    PyObject *convert;  /* (arg, stream) -> value, or NULL */
-    PyObject *dtypes;   /* an array's: the dtypes it may have (a tuple), or NULL: any */
-} Param;
-
-struct Launch {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    Driver *driver;
-    PyObject *ctx, *owner, *device, *stream, *backend, *general, *fail, *config, *sim_args;
-    PyObject *launcher, *plan; /* what a recorder takes with the packed bytes */
-    void *function, *config_ptr;
-    unsigned grid[3], block[3], shared;
-    Py_ssize_t n, size;
-    Param *params;
-};
 
 static int pack(const Param *p, char *out, PyObject *value)
 {
@@ -176,68 +148,18 @@ static int hand_to_recorder(Launch *l, const char *buffer, PyObject *const *argv
     return took;
 }
 
-PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *tuple)
+/* The driver call of a launch whose parameters ``params`` points at, its refusal raised as
+ * the checked path raises it, and (with argv, n, tuple: its arguments) its announcement to
+ * the trace sinks that listen. */
+static PyObject *launch_now(Launch *l, void **params, PyObject *const *argv, Py_ssize_t n,
+                            PyObject *tuple, int announce)
 {
-    if (n != l->n)
-        goto general;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (Py_TYPE(argv[i]) != l->params[i].type)
-            goto general;
-    /* An unusable context, unloaded code, a host function running, a graph being captured: */
-    if (SLOT(l->ctx, L.state) != L.ACTIVE || any_true(L.launch_step_aside))
-        goto general;
-    PyObject *loaded = PyObject_GetAttr(l->owner, S_loaded);
-    if (loaded == NULL) {
-        PyErr_Clear();
-        goto general;
-    }
-    Py_DECREF(loaded);
-    if (loaded != Py_True)
-        goto general;
-
-    char buffer[MAX_PARAM_BYTES];
-    void *pointers[MAX_PARAMS];
-    memset(buffer, 0, l->size);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const Param *p = &l->params[i];
-        PyObject *arg = argv[i], *value = arg, *made = NULL;
-        if (p->kind == K_ARRAY) { /* the checks of cuctx.kernels._args._device_array_pointer */
-            PyObject *c = SLOT(arg, L.ctx), *contiguous = SLOT(arg, L.c_contiguous);
-            if (c == NULL || SLOT(c, L.state) != L.ACTIVE || SLOT(c, L.device) != l->device
-                    || contiguous != Py_True || (value = SLOT(arg, L.ptr)) == NULL)
-                goto general;
-            /* and of _args._typed: a dtype the parameter takes */
-            if (p->dtypes != NULL && !dtype_taken(SLOT(arg, L.dtype), p->dtypes))
-                goto general;
-        } else if (p->kind == K_CONVERT) {
-            PyObject *call[2] = {arg, l->stream};
-            value = made = PyObject_Vectorcall(p->convert, call, 2, NULL);
-            if (value == NULL)
-                return NULL; /* its error, as the checked path would raise it */
-        }
-        int packed = pack(p, buffer + p->offset, value);
-        Py_XDECREF(made);
-        if (packed < 0) { /* a value its code cannot hold: the checked path packs or names it */
-            PyErr_Clear();
-            goto general;
-        }
-        pointers[i] = buffer + p->offset;
-    }
-    if (recording()) {
-        int took = hand_to_recorder(l, buffer, argv, n, tuple);
-        if (took < 0)
-            return NULL;
-        if (took)
-            Py_RETURN_NONE;
-    }
-
     Driver *d = l->driver;
     int pushed, err = enter_stream_context(d, l->stream, l->ctx, &pushed);
     if (err < 0)
         return NULL;
     if (err > 0)
         return fail(l->backend, err, "cuCtxPushCurrent", l->ctx);
-    void **params = n ? pointers : NULL;
     if (d->compiled) {
         Py_BEGIN_ALLOW_THREADS /* a full launch queue waits for the GPU */
         if (l->config_ptr)
@@ -275,14 +197,91 @@ PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *t
         Py_DECREF(code);
         return result; /* NULL: fail raised */
     }
-    if (any_true(L.announce))  /* a trace sink listens: announced as the checked path does */
+    if (announce && any_true(L.announce)) /* as the checked path announces it */
         return announce_launch(l, argv, n, tuple);
     Py_RETURN_NONE;
+}
+
+PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *tuple)
+{
+    if (n != l->n)
+        goto general;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (Py_TYPE(argv[i]) != l->params[i].type)
+            goto general;
+    /* An unusable context, unloaded code, a host function running, a graph being captured: */
+    if (SLOT(l->ctx, L.state) != L.ACTIVE || any_true(L.launch_step_aside))
+        goto general;
+    if (loaded(l->owner) <= 0) {
+        PyErr_Clear();
+        goto general;
+    }
+
+    char buffer[MAX_PARAM_BYTES];
+    void *pointers[MAX_PARAMS];
+    memset(buffer, 0, l->size);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const Param *p = &l->params[i];
+        PyObject *arg = argv[i], *value = arg, *made = NULL;
+        if (p->kind == K_ARRAY) { /* the checks of cuctx.kernels._args._device_array_pointer */
+            PyObject *c = SLOT(arg, L.ctx), *contiguous = SLOT(arg, L.c_contiguous);
+            if (c == NULL || SLOT(c, L.state) != L.ACTIVE || SLOT(c, L.device) != l->device
+                    || contiguous != Py_True || (value = SLOT(arg, L.ptr)) == NULL)
+                goto general;
+            /* and of _args._typed: a dtype the parameter takes */
+            if (p->dtypes != NULL && !dtype_taken(SLOT(arg, L.dtype), p->dtypes))
+                goto general;
+        } else if (p->kind == K_CONVERT) {
+            PyObject *call[2] = {arg, l->stream};
+            value = made = PyObject_Vectorcall(p->convert, call, 2, NULL);
+            if (value == NULL)
+                return NULL; /* its error, as the checked path would raise it */
+        }
+        int packed = pack(p, buffer + p->offset, value);
+        Py_XDECREF(made);
+        if (packed < 0) { /* a value its code cannot hold: the checked path packs or names it */
+            PyErr_Clear();
+            goto general;
+        }
+        pointers[i] = buffer + p->offset;
+    }
+    if (recording()) {
+        int took = hand_to_recorder(l, buffer, argv, n, tuple);
+        if (took < 0)
+            return NULL;
+        if (took)
+            Py_RETURN_NONE;
+    }
+
+    return launch_now(l, n ? pointers : NULL, argv, n, tuple, 1);
 general:
     return launch_general(l, argv, n, tuple);
 }
 
-static PyObject *Launch_vectorcall(Launch *self, PyObject *const *args, size_t nargsf,
+/* A launch of parameter bytes packed before (a recorded launch run eagerly, as
+ * Launcher._enqueue does it): 1 launched, 0 not (the Python path launches it: an unusable
+ * context, unloaded code, a capture, a host function, a trace sink), -1 an exception. */
+int launch_packed(PyObject *fast, PyObject *bytes)
+{
+    Launch *l = (Launch *)fast;
+    if (!PyBytes_CheckExact(bytes) || PyBytes_GET_SIZE(bytes) != l->size
+            || SLOT(l->ctx, L.state) != L.ACTIVE || any_true(L.launch_step_aside)
+            || any_true(L.announce))
+        return 0;
+    if (loaded(l->owner) <= 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    void *pointers[MAX_PARAMS];
+    char *data = PyBytes_AS_STRING(bytes); /* (the driver copies the parameters) */
+    for (Py_ssize_t i = 0; i < l->n; i++)
+        pointers[i] = data + l->params[i].offset;
+    PyObject *done = launch_now(l, l->n ? pointers : NULL, NULL, 0, NULL, 0);
+    Py_XDECREF(done);
+    return done ? 1 : -1;
+}
+
+PyObject *Launch_vectorcall(Launch *self, PyObject *const *args, size_t nargsf,
                                    PyObject *kwnames)
 {
     /* launch(args): how Launcher's Python __call__ calls a fast path */
@@ -359,156 +358,3 @@ PyTypeObject LaunchType = {
     .tp_clear = (inquiry)Launch_clear,
     .tp_dealloc = (destructor)Launch_dealloc,
 };
-
-static int unsigned_triple(PyObject *seq, unsigned out[3])
-{
-    PyObject *items = PySequence_Tuple(seq);
-    if (items == NULL)
-        return -1;
-    int ok = PyTuple_GET_SIZE(items) == 3;
-    for (int i = 0; ok && i < 3; i++) {
-        unsigned long v = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(items, i));
-        ok = !(v == (unsigned long)-1 && PyErr_Occurred()) && v <= 0xFFFFFFFFUL;
-        out[i] = (unsigned)v;
-    }
-    Py_DECREF(items);
-    if (!ok && !PyErr_Occurred())
-        PyErr_SetString(PyExc_ValueError, "a dimension is three unsigned ints");
-    return ok ? 0 : -1;
-}
-
-/* Param codes the compiled path packs; 0: one it leaves to the generated path. */
-static char param_code(PyObject *code, Py_ssize_t size)
-{
-    const char *text = PyUnicode_AsUTF8(code);
-    if (text == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    size_t length = strlen(text);
-    if (length == 1) {
-        const char *codes = "bhiqefdQ";
-        const int sizes[] = {1, 2, 4, 8, 2, 4, 8, 8};
-        const char *at = strchr(codes, text[0]);
-        return at && sizes[at - codes] == size ? text[0] : 0;
-    }
-    if (length > 1 && text[length - 1] == 's' && atol(text) == size)
-        return 's';
-    return 0;
-}
-
-PyObject *Driver_launcher(Driver *self, PyObject *args, PyObject *kwargs)
-{
-    PyObject *plan, *ctx, *owner, *stream, *function, *grid, *block, *shared, *config,
-        *general, *failer, *sim_args, *launcher;
-    static char *names[] = {"plan", "ctx", "owner", "stream", "function", "grid", "block",
-                            "shared_mem", "config", "general", "fail", "sim_args", "launcher",
-                            NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOOO!O:launcher", names, &plan,
-                                     &ctx, &owner, &stream, &function, &grid, &block, &shared,
-                                     &config, &general, &failer, &PyTuple_Type, &sim_args,
-                                     &launcher))
-        return NULL;
-    if (!L.ready || PyTuple_GET_SIZE(sim_args) > 14)
-        Py_RETURN_NONE;
-    PyObject *types = PyObject_GetAttrString(plan, "types");
-    PyObject *params = PyObject_GetAttrString(plan, "params");
-    Launch *l = NULL;
-    if (types == NULL || params == NULL || !PyTuple_Check(types) || !PyTuple_Check(params)
-            || PyTuple_GET_SIZE(types) != PyTuple_GET_SIZE(params))
-        goto error;
-    Py_ssize_t n = PyTuple_GET_SIZE(params);
-    if (n > MAX_PARAMS)
-        goto none;
-    l = PyObject_GC_New(Launch, &LaunchType);
-    if (l == NULL)
-        goto error;
-    l->vectorcall = (vectorcallfunc)Launch_vectorcall;
-    l->driver = (Driver *)Py_NewRef(self);
-    l->ctx = Py_NewRef(ctx);
-    l->owner = Py_NewRef(owner);
-    l->stream = Py_NewRef(stream);
-    l->device = Py_XNewRef(SLOT(ctx, L.device));
-    l->backend = Py_XNewRef(SLOT(ctx, L.backend));
-    l->general = Py_NewRef(general);
-    l->fail = Py_NewRef(failer);
-    l->config = Py_NewRef(config);
-    l->sim_args = Py_NewRef(sim_args);
-    l->launcher = Py_NewRef(launcher);
-    l->plan = Py_NewRef(plan);
-    l->n = n;
-    l->size = 0;
-    l->config_ptr = NULL;
-    l->params = PyMem_Calloc(n ? n : 1, sizeof(Param));
-    PyObject_GC_Track(l);
-    if (l->params == NULL) {
-        PyErr_NoMemory();
-        goto error;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Param *p = &l->params[i];
-        PyObject *param = PyTuple_GET_ITEM(params, i), *type = PyTuple_GET_ITEM(types, i);
-        PyObject *kind, *code, *convert, *dtypes;
-        if (!PyArg_ParseTuple(param, "nnOOOO", &p->offset, &p->size, &code, &kind, &convert,
-                              &dtypes) || !PyType_Check(type))
-            goto error;
-        p->type = (PyTypeObject *)Py_NewRef(type);
-        p->code = param_code(code, p->size);
-        if (!p->code || p->offset < 0 || p->offset + p->size > MAX_PARAM_BYTES)
-            goto none;
-        if (p->offset + p->size > l->size)
-            l->size = p->offset + p->size;
-        if (PyUnicode_CompareWithASCIIString(kind, "value") == 0) {
-            p->kind = K_VALUE;
-        } else if (PyUnicode_CompareWithASCIIString(kind, "array") == 0) {
-            p->kind = K_ARRAY;
-            if (!PyType_IsSubtype(p->type, L.DeviceArray) || p->code != 'Q')
-                goto none;
-            if (dtypes != Py_None) {
-                if (!PyTuple_Check(dtypes))
-                    goto error;
-                p->dtypes = Py_NewRef(dtypes);
-            }
-        } else { /* "pointer" and "convert": the plan's conversion gives the value */
-            p->kind = K_CONVERT;
-            if (convert == Py_None)
-                goto none;
-            p->convert = Py_NewRef(convert);
-        }
-    }
-    if (unsigned_triple(grid, l->grid) < 0 || unsigned_triple(block, l->block) < 0)
-        goto error;
-    unsigned long s = PyLong_AsUnsignedLong(shared);
-    if (s == (unsigned long)-1 && PyErr_Occurred())
-        goto error;
-    l->shared = (unsigned)s;
-    PyObject *f = PyNumber_Long(function);
-    if (f == NULL)
-        goto error;
-    l->function = PyLong_AsVoidPtr(f);
-    Py_DECREF(f);
-    if (config != Py_None) { /* a cluster or cooperative launch: cuLaunchKernelEx */
-        PyObject *address = PyObject_CallMethodNoArgs(config, S_getPtr);
-        if (address == NULL)
-            goto error;
-        l->config_ptr = PyLong_AsVoidPtr(address);
-        Py_DECREF(address);
-        if (l->config_ptr == NULL)
-            goto error;
-    }
-    Py_DECREF(types);
-    Py_DECREF(params);
-    return (PyObject *)l;
-none:
-    Py_XDECREF(types);
-    Py_XDECREF(params);
-    Py_XDECREF(l);
-    Py_RETURN_NONE;
-error:
-    Py_XDECREF(types);
-    Py_XDECREF(params);
-    Py_XDECREF(l);
-    if (!PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "launcher(): not a launch plan");
-    return NULL;
-}

@@ -5,22 +5,44 @@
 
 /* -- kernel[...], cuctx.launch, Launcher.__call__ --------------------------------------- */
 
-/* The cached launcher of make_launcher's key (borrowed), NULL when there is none. */
+/* Whether a configuration value is the one the memo holds: the same object, or an equal
+ * int (a grid computed each call is a new int object); anything else takes the dict. */
+static int same_value(PyObject *a, PyObject *b)
+{
+    return a == b || (PyLong_CheckExact(a) && PyLong_CheckExact(b)
+                      && PyObject_RichCompareBool(a, b, Py_EQ) == 1);
+}
+
+/* The cached launcher of make_launcher's key (a new reference), NULL when there is none.
+ * The kernel's memo (grid, block, shared, stream, launcher) answers a configuration asked for
+ * again without building and hashing the key. */
 static PyObject *cached_launcher(PyObject *kernel, PyObject *grid, PyObject *block,
                                  PyObject *shared, PyObject *stream)
 {
-    PyObject *cache = SLOT(kernel, L.launchers);
+    PyObject *cache = SLOT(kernel, L.launchers), *memo = SLOT(kernel, L.launch_memo);
     if (cache == NULL || !PyDict_CheckExact(cache) || native_of(SLOT(kernel, L.backend)) == NULL)
         return NULL;
+    if (memo != NULL && PyTuple_CheckExact(memo) && PyTuple_GET_SIZE(memo) == 5
+            && PyTuple_GET_ITEM(memo, 3) == stream && same_value(PyTuple_GET_ITEM(memo, 0), grid)
+            && same_value(PyTuple_GET_ITEM(memo, 1), block)
+            && same_value(PyTuple_GET_ITEM(memo, 2), shared))
+        return Py_NewRef(PyTuple_GET_ITEM(memo, 4));
     PyObject *key = PyTuple_Pack(9, grid, block, shared, stream, Py_None, Py_False,
                                  (PyObject *)Py_TYPE(grid), (PyObject *)Py_TYPE(block),
                                  (PyObject *)Py_TYPE(shared));
     if (key == NULL)
         return NULL;
-    PyObject *launcher = PyDict_GetItemWithError(cache, key);
+    PyObject *launcher = Py_XNewRef(PyDict_GetItemWithError(cache, key));
     Py_DECREF(key);
-    if (launcher == NULL)
+    if (launcher == NULL) {
         PyErr_Clear(); /* an unhashable configuration: make_launcher does not cache it */
+        return NULL;
+    }
+    PyObject *remember = PyTuple_Pack(5, grid, block, shared, stream, launcher);
+    if (remember == NULL)
+        PyErr_Clear();
+    else
+        Py_XSETREF(SLOT(kernel, L.launch_memo), remember);
     return launcher;
 }
 
@@ -36,19 +58,35 @@ static PyObject *run_launcher(PyObject *launcher, PyObject *const *argv, Py_ssiz
     return result;
 }
 
+/* The stream a launch of ``kernel`` on ``stream`` runs on: make_launcher's
+ * resolve_stream(None, kernel._ctx or context_for()) for None (a new reference); NULL: the
+ * Python path resolves it. */
+static PyObject *stream_of(PyObject *kernel, PyObject *stream)
+{
+    if (stream != Py_None) /* a Stream; anything else make_launcher adopts */
+        return Py_IS_TYPE(stream, L.Stream) ? Py_NewRef(stream) : NULL;
+    PyObject *ctx = SLOT(kernel, L.ctx); /* a Module's kernel: its context; a Library's: None */
+    return Py_XNewRef(current_stream(SLOT(kernel, L.backend), ctx == Py_None ? NULL : ctx, 0));
+}
+
+/* kernel[grid, block], kernel[grid, block, shared_mem], kernel[grid, block, shared_mem,
+ * stream]: the cached launcher, the current stream resolved here when none is given. */
 static PyObject *kernel_getitem(PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyObject_TypeCheck(args[0], L.Kernel) || !PyTuple_CheckExact(args[1])
-            || PyTuple_GET_SIZE(args[1]) != 4)
+    if (nargs != 2 || !PyObject_TypeCheck(args[0], L.Kernel) || !PyTuple_CheckExact(args[1]))
         return PYTHON_PATH;
     PyObject *config = args[1];
-    PyObject *stream = PyTuple_GET_ITEM(config, 3);
-    if (!Py_IS_TYPE(stream, L.Stream)) /* None and other streams: make_launcher resolves it */
+    Py_ssize_t n = PyTuple_GET_SIZE(config);
+    if (n < 2 || n > 4)
+        return PYTHON_PATH;
+    PyObject *stream = stream_of(args[0], n == 4 ? PyTuple_GET_ITEM(config, 3) : Py_None);
+    if (stream == NULL)
         return PYTHON_PATH;
     PyObject *launcher = cached_launcher(args[0], PyTuple_GET_ITEM(config, 0),
                                         PyTuple_GET_ITEM(config, 1),
-                                        PyTuple_GET_ITEM(config, 2), stream);
-    return launcher ? Py_NewRef(launcher) : PYTHON_PATH;
+                                        n > 2 ? PyTuple_GET_ITEM(config, 2) : ZERO, stream);
+    Py_DECREF(stream);
+    return launcher ? launcher : PYTHON_PATH;
 }
 
 static int same_name(PyObject *name, PyObject *interned)
@@ -60,7 +98,7 @@ static PyObject *launch(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
 {
     if (nargs < 3 || !PyObject_TypeCheck(args[0], L.Kernel))
         return PYTHON_PATH;
-    PyObject *shared = ZERO, *stream = NULL;
+    PyObject *shared = ZERO, *stream = Py_None;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t i = 0; i < nkw; i++) {
         PyObject *name = PyTuple_GET_ITEM(kwnames, i);
@@ -71,12 +109,12 @@ static PyObject *launch(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
         else /* cluster, cooperative, or a mistake */
             return PYTHON_PATH;
     }
-    if (stream == NULL || !Py_IS_TYPE(stream, L.Stream))
+    if ((stream = stream_of(args[0], stream)) == NULL)
         return PYTHON_PATH;
     PyObject *launcher = cached_launcher(args[0], args[1], args[2], shared, stream);
+    Py_DECREF(stream);
     if (launcher == NULL)
         return PYTHON_PATH;
-    Py_INCREF(launcher);
     PyObject *result = run_launcher(launcher, args + 3, nargs - 3);
     Py_DECREF(launcher);
     return result;
@@ -95,13 +133,85 @@ static PyObject *launcher_call(PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
+/* A Launcher called: its type's call slot (see install_launcher_call), which takes the
+ * compiled launch without looking __call__ up. Anything else: the method in the class. */
+static PyObject *launcher_tp_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *fast = SLOT(self, L.fast);
+    if ((kwargs == NULL || PyDict_GET_SIZE(kwargs) == 0) && fast != NULL
+            && Py_IS_TYPE(fast, &LaunchType) && L.ready) {
+        Py_INCREF(fast); /* held while it runs, as in run_launcher */
+        PyObject *result = launch_run((Launch *)fast, &PyTuple_GET_ITEM(args, 0),
+                                      PyTuple_GET_SIZE(args), args);
+        Py_DECREF(fast);
+        return result;
+    }
+    PyObject *method = PyObject_GetAttr((PyObject *)Py_TYPE(self), S_call);
+    if (method == NULL)
+        return NULL;
+    PyObject *bound = PyMethod_New(method, self);
+    Py_DECREF(method);
+    if (bound == NULL)
+        return NULL;
+    PyObject *result = PyObject_Call(bound, args, kwargs);
+    Py_DECREF(bound);
+    return result;
+}
+
+/* kernel[...]: Kernel's subscript slot (see install_launcher_call), which takes
+ * kernel_getitem without looking __getitem__ up. Anything else: the method in the class. */
+static PyObject *kernel_mp_subscript(PyObject *self, PyObject *config)
+{
+    PyObject *args[2] = {self, config};
+    PyObject *result = L.ready ? kernel_getitem(args, 2) : PYTHON_PATH;
+    if (result != PYTHON_PATH)
+        return result;
+    PyObject *method = PyObject_GetAttr((PyObject *)Py_TYPE(self), S_getitem);
+    if (method == NULL)
+        return NULL;
+    result = PyObject_CallFunctionObjArgs(method, self, config, NULL);
+    Py_DECREF(method);
+    return result;
+}
+
+/* Whether ``type`` has no subclasses (they copied its slots when they were made). */
+static int alone(PyTypeObject *type)
+{
+    PyObject *subclasses = PyObject_CallMethod((PyObject *)type, "__subclasses__", NULL);
+    if (subclasses == NULL)
+        return -1;
+    int none = PyList_GET_SIZE(subclasses) == 0;
+    Py_DECREF(subclasses);
+    return none;
+}
+
+/* Give Launcher a call slot and Kernel a subscript slot in C (one of each per launch in
+ * kernel[...](...)), as setup gives Stream a hash slot. Assigning the Python method again
+ * puts Python's slot back; a class with subclasses keeps it. */
+int install_launcher_call(void)
+{
+    int launcher = alone(L.Launcher), kernel = launcher < 0 ? -1 : alone(L.Kernel);
+    if (kernel < 0)
+        return -1;
+    if (launcher) {
+        L.Launcher->tp_call = launcher_tp_call;
+        PyType_Modified(L.Launcher);
+    }
+    if (kernel && L.Kernel->tp_as_mapping != NULL) {
+        L.Kernel->tp_as_mapping->mp_subscript = kernel_mp_subscript;
+        PyType_Modified(L.Kernel);
+    }
+    return 0;
+}
+
 /* -- Method: a compiled method standing in for a Python one ---------------------------- */
 
 typedef PyObject *(*impl_fn)(PyObject *const *args, Py_ssize_t nargs);
 typedef PyObject *(*impl_kw_fn)(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 
-/* Each compiled path by the name of what it stands in for; only cuctx.launch takes
- * keywords (a call with keywords to any other goes to the checked path). */
+/* Each compiled path by the name of what it stands in for; only cuctx.launch, cuctx.empty
+ * and an autograph call take keywords (a call with keywords to any other goes to the
+ * checked path). */
 static const struct {
     const char *name;
     impl_fn impl;
@@ -113,7 +223,8 @@ static const struct {
     {"Context.__enter__", context_enter}, {"Context.__exit__", context_exit},
     {"Device.__enter__", device_enter}, {"Device.__exit__", device_exit},
     {"Kernel.__getitem__", kernel_getitem}, {"Launcher.__call__", launcher_call},
-    {"launch", NULL, launch},
+    {"launch", NULL, launch}, {"empty", NULL, array_empty},
+    {"AutoGraph.__call__", NULL, autograph_call},
     {NULL}};
 
 typedef struct {

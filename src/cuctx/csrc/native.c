@@ -7,12 +7,14 @@
 struct native_setup L;
 
 PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
-    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *S_array_struct, *ZERO;
+    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *S_array_struct,
+    *S_contexts, *S_legacy, *S_run, *S_trim, *S_acquire, *S_release, *S_call, *S_getitem, *S_defer_depth, *S_deferred,
+    *S_defer_lock, *ZERO;
 
 /* The sentinel an implementation returns to hand the call to the checked Python path. */
 PyObject python_path_marker;
 
-static Py_ssize_t slot_offset(PyTypeObject *type, const char *name)
+Py_ssize_t slot_offset(PyTypeObject *type, const char *name)
 {
     PyObject *descr = PyObject_GetAttrString((PyObject *)type, name);
     if (descr == NULL)
@@ -47,6 +49,21 @@ int any_true(PyObject *pairs)
         }
     }
     return 0;
+}
+
+/* Whether a launch's code (a Library or Module) is loaded: 1, 0, or -1 with an
+ * exception (another owner's `_loaded` that cannot be read). */
+int loaded(PyObject *owner)
+{
+    if (L.ready && PyObject_TypeCheck(owner, L.Code)) {
+        PyObject *value = SLOT(owner, L.code_loaded);
+        return value == Py_True;
+    }
+    PyObject *value = PyObject_GetAttr(owner, S_loaded);
+    if (value == NULL)
+        return -1;
+    Py_DECREF(value);
+    return value == Py_True;
 }
 
 /* True while a trace sink listens, a host function runs, ...: the checked paths announce
@@ -107,6 +124,12 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
             || take_type(kwargs, "ThreadState", &L.ThreadState)
             || take_type(kwargs, "Device", &L.Device) || take_type(kwargs, "Kernel", &L.Kernel)
             || take_type(kwargs, "Launcher", &L.Launcher) || take_type(kwargs, "Tape", &L.Tape)
+            || take_type(kwargs, "AutoGraph", &L.AutoGraph)
+            || take_type(kwargs, "Recording", &L.Recording)
+            || take_type(kwargs, "Entry", &L.Entry) || take_type(kwargs, "Policy", &L.Policy)
+            || take_type(kwargs, "Tally", &L.Tally) || take_type(kwargs, "Arena", &L.Arena)
+            || take_type(kwargs, "Slot", &L.Slot) || take_type(kwargs, "Lease", &L.Lease)
+            || take_type(kwargs, "Backend", &L.Backend) || take_type(kwargs, "Code", &L.Code)
             || take(kwargs, "ACTIVE", &L.ACTIVE) || take(kwargs, "CUresult", &L.CUresult)
             || take(kwargs, "CUcontext", &L.CUcontext) || take(kwargs, "fail", &L.fail)
             || take(kwargs, "object_for", &L.object_for)
@@ -115,8 +138,18 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
             || take(kwargs, "launch_step_aside", &L.launch_step_aside)
             || take(kwargs, "announce", &L.announce)
             || take(kwargs, "emit_launch", &L.emit_launch)
-            || take(kwargs, "recording", &L.recording))
+            || take(kwargs, "recording", &L.recording)
+            || take(kwargs, "autograph_namespace", &L.autograph_dict)
+            || take(kwargs, "policy_namespace", &L.policy_dict)
+            || take(kwargs, "GRAPH", &L.GRAPH) || take(kwargs, "CudaError", &L.CudaError)
+            || take(kwargs, "defer", &L.defer) || take(kwargs, "perf_counter", &L.perf_counter)
+            || take(kwargs, "lifetimes_namespace", &L.lifetimes_dict)
+            || take(kwargs, "known_dtypes", &L.known_dtypes)
+            || take(kwargs, "default_dtype", &L.default_dtype))
         return NULL;
+    if (!PyDict_Check(L.autograph_dict) || !PyDict_Check(L.policy_dict)
+            || !PyDict_Check(L.lifetimes_dict) || !PyDict_CheckExact(L.known_dtypes))
+        return PyErr_Format(PyExc_TypeError, "the namespaces and known_dtypes: dicts");
     if (!PyDict_Check(L.driver_dict) || !PyDict_CheckExact(L.recording)
             || !PyCallable_Check(L.emit_launch))
         return PyErr_Format(PyExc_TypeError,
@@ -142,14 +175,51 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
         {&L.ptr, &L.DeviceArray, "ptr"}, {&L.c_contiguous, &L.DeviceArray, "_c"},
         {&L.dtype, &L.DeviceArray, "dtype"},
         {&L.stack, &L.ThreadState, "stack"}, {&L.blocks, &L.ThreadState, "blocks"},
+        {&L.streams, &L.ThreadState, "streams"},
+        {&L.default_streams, &L.Context, "_default_streams"},
         {&L.primary, &L.Device, "_primary"}, {&L.lock, &L.Device, "_lock"},
         {&L.device_backend, &L.Device, "_backend"}, {&L.launchers, &L.Kernel, "_launchers"},
+        {&L.launch_memo, &L.Kernel, "_launch_memo"},
         {&L.fast, &L.Launcher, "_fast"}, {&L.tape_keys, &L.Tape, "keys"},
         {&L.tape_values, &L.Tape, "values"}, {&L.tape_items, &L.Tape, "items"},
-        {&L.tape_stream, &L.Tape, "_stream"}};
+        {&L.tape_stream, &L.Tape, "_stream"},
+        {&L.backend_native, &L.Backend, "native"}, {&L.backend_tls, &L.Backend, "tls"},
+        {&L.code_loaded, &L.Code, "_loaded"},
+        {&L.array_shape, &L.DeviceArray, "shape"}, {&L.array_strides, &L.DeviceArray, "strides"},
+        {&L.array_alloc, &L.DeviceArray, "_alloc"}, {&L.array_owner, &L.DeviceArray, "_owner"},
+        {&L.array_f, &L.DeviceArray, "_f"},
+        {&L.alloc_ptr, &L.Lease, "ptr"}, {&L.alloc_stream, &L.Lease, "stream"},
+        {&L.alloc_recorded, &L.Lease, "recorded"},
+        {&L.rec_streams, &L.Recording, "streams"}, {&L.rec_ctx, &L.Recording, "ctx"},
+        {&L.rec_broken, &L.Recording, "broken"}, {&L.rec_arena, &L.Recording, "arena"},
+        {&L.rec_allocations, &L.Recording, "allocations"},
+        {&L.arena_slots, &L.Arena, "slots"}, {&L.arena_most, &L.Arena, "_most"},
+        {&L.arena_lock, &L.Arena, "lock"}, {&L.arena_grown, &L.Arena, "_grown"},
+        {&L.slot_lease, &L.Slot, "lease"}, {&L.slot_capacity, &L.Slot, "capacity"},
+        {&L.ag_fn, &L.AutoGraph, "_fn"}, {&L.ag_lock, &L.AutoGraph, "_lock"},
+        {&L.ag_last, &L.AutoGraph, "_last"}, {&L.ag_tally, &L.AutoGraph, "_tally"},
+        {&L.ag_arena, &L.AutoGraph, "_arena"}, {&L.ag_policy, &L.AutoGraph, "_policy"},
+        {&L.ag_max_bytes, &L.AutoGraph, "max_bytes"},
+        {&L.e_keys, &L.Entry, "keys"}, {&L.e_compiled, &L.Entry, "compiled"},
+        {&L.e_mode, &L.Entry, "mode"}, {&L.e_values, &L.Entry, "values"},
+        {&L.e_patcher, &L.Entry, "patcher"}, {&L.e_seen, &L.Entry, "seen"},
+        {&L.e_changes, &L.Entry, "changes"}, {&L.e_count, &L.Entry, "count"},
+        {&L.e_size, &L.Entry, "size"}, {&L.e_eager_s, &L.Entry, "eager_s"},
+        {&L.e_replay_s, &L.Entry, "replay_s"}, {&L.e_construct_s, &L.Entry, "construct_s"},
+        {&L.e_strikes, &L.Entry, "strikes"},
+        {&L.p_measured, &L.Policy, "measured"}, {&L.p_model, &L.Policy, "model"},
+        {&L.p_patch_s, &L.Policy, "patch_s"}, {&L.p_whole_node_s, &L.Policy, "whole_node_s"},
+        {&L.p_replay_node_s, &L.Policy, "replay_node_s"}, {&L.p_run, &L.Policy, "run"},
+        {&L.p_run_entry, &L.Policy, "run_entry"},
+        {&L.t_calls, &L.Tally, "calls"}, {&L.t_replays, &L.Tally, "replays"},
+        {&L.t_updates, &L.Tally, "updates"}, {&L.t_recording_s, &L.Tally, "recording_s"},
+        {&L.t_replay_s, &L.Tally, "replay_s"}, {&L.t_update_s, &L.Tally, "update_s"},
+        {&L.t_saved_s, &L.Tally, "saved_s"}, {&L.t_patched_nodes, &L.Tally, "patched_nodes"}};
     for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++)
         if ((*slots[i].offset = slot_offset(*slots[i].type, slots[i].name)) < 0)
             return NULL;
+    if (recording_slot_offsets() < 0)
+        return NULL;
     /* Resource's slots sit at one offset in every subclass; Context, Event, DeviceArray and
      * Kernel must be Resources for the offsets read from Stream to hold for them */
     PyTypeObject *resources[] = {L.Context, L.Event, L.DeviceArray, L.Kernel};
@@ -169,6 +239,8 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
         PyType_Modified(L.Stream);
     }
     Py_DECREF(subclasses);
+    if (install_launcher_call() < 0 || install_autograph_call() < 0)
+        return NULL;
     L.ready = 1;
     Py_RETURN_NONE;
 }
@@ -176,6 +248,10 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
 static PyMethodDef module_methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
      "setup(**classes and helpers): what the compiled paths read (see cuctx._native_hooks)"},
+    {"kernel_node_bytes", kernel_node_bytes, METH_VARARGS,
+     "kernel_node_bytes(function, kern, ctx, grid, block, shared_mem, params_address): the "
+     "struct Driver.add_kernel_node passes, as bytes (its layout is checked against "
+     "cuda.bindings')"},
     {"host_address", host_address, METH_O,
      "host_address(ndarray): the address of its first element (__array_interface__'s data)"},
     {NULL}};
@@ -195,7 +271,10 @@ PyMODINIT_FUNC PyInit__native(void)
         {&S_dict, "__dict__"}, {&S_state, "state"}, {&S_loaded, "_loaded"},
         {&S_locked, "locked"}, {&S_getPtr, "getPtr"}, {&S_active, "_active"},
         {&S_shared_mem, "shared_mem"}, {&S_stream, "stream"}, {&S_launch, "launch"},
-        {&S_array_struct, "__array_struct__"}};
+        {&S_array_struct, "__array_struct__"}, {&S_contexts, "contexts"},
+        {&S_legacy, "legacy"}, {&S_run, "_run"}, {&S_trim, "trim"}, {&S_acquire, "acquire"},
+        {&S_release, "release"}, {&S_call, "__call__"}, {&S_getitem, "__getitem__"}, {&S_defer_depth, "_defer_depth"},
+        {&S_deferred, "_deferred"}, {&S_defer_lock, "_defer_lock"}};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].s = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;

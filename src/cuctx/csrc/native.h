@@ -18,12 +18,16 @@
  * One extension module from several sources, each sharing what this header declares:
  *   native.c    module init, setup(): the classes, the slot offsets, the guards
  *   driver.c    Driver: the driver functions, in C or (the sim) in Python
- *   launch.c    Launch: reading a plan, packing the arguments, the launch
+ *   launch.c    Launch: packing the arguments, the launch
+ *   launch_plan.c  Driver.launcher: a plan read into a Launch
  *   streams.c   Stream.record, Event.record, Stream.wait, Stream's hash
  *   contexts.c  context switches: push, pop, `with ctx:`, `with device:`
  *   methods.c   Method, and kernel[...], cuctx.launch, Launcher.__call__
  *   copies.c    host_address: a NumPy array's data address, for copies
  *   autograph.c an @autograph call's recorded launches, compared values, patches, launch
+ *   autograph_call.c  an @autograph call: recording it
+ *   autograph_serve.c serving it as a graph call, or its launches eagerly
+ *   arrays.c    cuctx.empty inside an @autograph call: the arena's lease
  */
 #ifndef CUCTX_NATIVE_H
 #define CUCTX_NATIVE_H
@@ -32,6 +36,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <string.h>
+#include <time.h>
 
 #if PY_VERSION_HEX < 0x030B0000
 #define PyFloat_Pack2 _PyFloat_Pack2
@@ -59,9 +64,19 @@ typedef CUresult (*pop_fn)(void **ctx);
 typedef CUresult (*current_fn)(void **ctx);
 typedef CUresult (*set_kernel_fn)(void *exec, void *node, const void *params);
 typedef CUresult (*graph_launch_fn)(void *exec, void *stream);
+/* CUDA_KERNEL_NODE_PARAMS_v2 (what cuGraphAddKernelNode takes at ABI 12000); its layout is
+ * checked against cuda.bindings' struct before it is used (cuctx/_driver/native.py). */
+typedef struct {
+    void *func;
+    unsigned grid[3], block[3], shared;
+    void **params, **extra;
+    void *kern, *ctx;
+} kernel_node_params;
+typedef CUresult (*add_kernel_fn)(void **node, void *graph, void *const *deps, size_t ndeps,
+                                  const kernel_node_params *params);
 
 enum { F_LAUNCH, F_LAUNCH_EX, F_RECORD, F_WAIT, F_PUSH, F_POP, F_CURRENT, F_SET_KERNEL,
-       F_GRAPH_LAUNCH, F_COUNT };
+       F_GRAPH_LAUNCH, F_ADD_KERNEL, F_COUNT };
 
 /* -- what setup() learnt about the classes (native.c) -------------------------------- */
 
@@ -69,6 +84,10 @@ struct native_setup {
     int ready;
     PyTypeObject *Context, *Stream, *Event, *DeviceArray, *ThreadState, *Device, *Kernel,
         *Launcher, *Tape;
+    /* an @autograph call's (cuctx/graphs/_autograph*.py) */
+    PyTypeObject *AutoGraph, *Recording, *Entry, *Policy, *Tally, *Arena, *Slot, *Lease;
+    PyTypeObject *Backend; /* cuctx._driver.Backend */
+    PyTypeObject *Code;    /* cuctx.kernels._library._Code: Library and Module */
     PyObject *ACTIVE;      /* cuctx._resource.ACTIVE: a context state, compared by identity */
     PyObject *CUresult;    /* makes the code of a failed call the enum fail() expects */
     PyObject *CUcontext;   /* a popped context's handle, for object_for */
@@ -80,20 +99,43 @@ struct native_setup {
     PyObject *announce;    /* ((namespace, name), ...): a launch is announced while any is true */
     PyObject *emit_launch; /* cuctx._trace.emit_launch(launcher, args, plan) */
     PyObject *recording;   /* cuctx._record.threads: the recorders of the recording threads */
+    PyObject *autograph_dict, *policy_dict; /* the namespaces of _autograph, _autograph_policy */
+    PyObject *GRAPH;       /* _autograph_state.GRAPH: an entry's mode, compared by identity */
+    PyObject *CudaError;   /* cuctx.errors.CudaError: a refused patch rebuilds the graph */
+    PyObject *defer;       /* _lifetimes.defer_cleanup(): the block an autograph call runs in */
+    PyObject *lifetimes_dict; /* _lifetimes' namespace: the counter of that block */
+    PyObject *perf_counter; /* time.perf_counter */
+    PyObject *known_dtypes, *default_dtype; /* _layout.KNOWN_DTYPES, cuctx.empty's default */
     /* slot offsets */
     Py_ssize_t backend, ctx, handle, key;          /* Resource */
-    Py_ssize_t state, device;                      /* Context */
+    Py_ssize_t state, device, default_streams;     /* Context */
     Py_ssize_t sync_event, recorded;               /* Stream, Event */
     Py_ssize_t ptr, c_contiguous, dtype;           /* DeviceArray */
-    Py_ssize_t stack, blocks;                      /* ThreadState */
+    Py_ssize_t stack, blocks, streams;             /* ThreadState */
     Py_ssize_t primary, lock, device_backend;      /* Device */
-    Py_ssize_t launchers, fast;                    /* Kernel, Launcher */
+    Py_ssize_t launchers, launch_memo, fast;       /* Kernel, Launcher */
     Py_ssize_t tape_keys, tape_values, tape_items, tape_stream; /* cuctx._record.Tape */
+    Py_ssize_t backend_native, backend_tls;        /* Backend */
+    Py_ssize_t code_loaded;                        /* _Code (Library, Module) */
+    Py_ssize_t array_shape, array_strides, array_alloc, array_owner, array_f; /* DeviceArray */
+    Py_ssize_t alloc_ptr, alloc_stream, alloc_recorded;     /* Allocation (a Lease) */
+    Py_ssize_t rec_streams, rec_ctx, rec_broken, rec_arena, rec_allocations; /* Recording */
+    Py_ssize_t rec_slots[12];                      /* all of them, in RECORDING_SLOTS' order */
+    Py_ssize_t arena_slots, arena_most, arena_lock, arena_grown, slot_lease, slot_capacity;
+    Py_ssize_t ag_fn, ag_lock, ag_last, ag_tally, ag_arena, ag_policy, ag_max_bytes;
+    Py_ssize_t e_keys, e_compiled, e_mode, e_values, e_patcher, e_seen, e_changes, e_count,
+        e_size, e_eager_s, e_replay_s, e_construct_s, e_strikes;   /* Entry */
+    Py_ssize_t p_measured, p_model, p_patch_s, p_whole_node_s, p_replay_node_s, p_run,
+        p_run_entry;                                                /* Policy */
+    Py_ssize_t t_calls, t_replays, t_updates, t_recording_s, t_replay_s, t_update_s,
+        t_saved_s, t_patched_nodes;                                 /* Tally */
 };
 extern struct native_setup L;
 
 extern PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
-    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *S_array_struct, *ZERO;
+    *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *S_array_struct,
+    *S_contexts, *S_legacy, *S_run, *S_trim, *S_acquire, *S_release, *S_call, *S_getitem, *S_defer_depth, *S_deferred,
+    *S_defer_lock, *ZERO;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
@@ -101,7 +143,9 @@ extern PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *
 extern PyObject python_path_marker;
 #define PYTHON_PATH (&python_path_marker)
 
+Py_ssize_t slot_offset(PyTypeObject *type, const char *name);
 int any_true(PyObject *pairs);
+int loaded(PyObject *owner);
 int step_aside(void);
 int step_aside_unless_recording(void);
 int recording(void);
@@ -111,6 +155,7 @@ int recording(void);
 typedef struct {
     PyObject_HEAD
     int compiled;
+    int builds; /* kernel nodes are added from C (the struct's layout was checked) */
     void *c[F_COUNT];
     PyObject *py[F_COUNT];
 } Driver;
@@ -131,11 +176,41 @@ PyObject *fail(PyObject *backend, int err, const char *operation, PyObject *ctx)
 
 /* -- Launch: one launcher's compiled fast path for one plan (launch.c) -------- */
 
-typedef struct Launch Launch;
+/* The most parameter bytes and parameters a compiled launch packs on its stack; a kernel
+ * with more takes the generated Python fast path. */
+#define MAX_PARAM_BYTES 4096
+#define MAX_PARAMS 512
+
+enum { K_VALUE, K_ARRAY, K_CONVERT };
+
+typedef struct {
+    Py_ssize_t offset, size;
+    char code; /* b h i q e f d Q s */
+    int kind;
+    PyTypeObject *type; /* the guard: exactly this type */
+    PyObject *convert;  /* (arg, stream) -> value, or NULL */
+    PyObject *dtypes;   /* an array's: the dtypes it may have (a tuple), or NULL: any */
+} Param;
+
+typedef struct Launch {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    Driver *driver;
+    PyObject *ctx, *owner, *device, *stream, *backend, *general, *fail, *config, *sim_args;
+    PyObject *launcher, *plan; /* what a recorder takes with the packed bytes */
+    void *function, *config_ptr;
+    unsigned grid[3], block[3], shared;
+    Py_ssize_t n, size;
+    Param *params;
+} Launch;
+
 extern PyTypeObject LaunchType;
 
 PyObject *Driver_launcher(Driver *self, PyObject *args, PyObject *kwargs);
 PyObject *launch_run(Launch *l, PyObject *const *argv, Py_ssize_t n, PyObject *tuple);
+PyObject *Launch_vectorcall(Launch *self, PyObject *const *args, size_t nargsf,
+                            PyObject *kwnames);
+int launch_packed(PyObject *fast, PyObject *bytes);
 
 /* -- the compiled paths a Method runs (streams.c, contexts.c) --------- */
 
@@ -149,6 +224,8 @@ PyObject *context_pop(PyObject *const *args, Py_ssize_t nargs);
 PyObject *context_exit(PyObject *const *args, Py_ssize_t nargs);
 PyObject *device_enter(PyObject *const *args, Py_ssize_t nargs);
 PyObject *device_exit(PyObject *const *args, Py_ssize_t nargs);
+PyObject *thread_state(PyObject *backend);
+PyObject *current_stream(PyObject *backend, PyObject *ctx, int any_context);
 
 /* -- a host array's address, for copies (copies.c) ------------------------------- */
 
@@ -161,12 +238,41 @@ extern PyTypeObject PatcherType;
 PyObject *thread_recorder(void);
 int record_launch(PyObject *recorder, PyObject *launcher, PyObject *stream, PyObject *bytes,
                   PyObject *args, PyObject *plan);
+Py_ssize_t changed_into(PyObject *new, PyObject *old, Py_ssize_t *out);
+void *address_of(PyObject *handle);
 PyObject *Driver_changed(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Driver_patcher(Driver *self, PyObject *args, PyObject *kwargs);
+int patcher_knows(PyObject *patcher, Py_ssize_t i);
+int patcher_patch(PyObject *patcher, Py_ssize_t i, PyObject *value);
+int patcher_ready(PyObject *patcher, PyObject *stream);
+int patcher_launch(PyObject *patcher, PyObject *stream);
+PyObject *autograph_call(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+int serve(PyObject *self, PyObject *rec);
+PyObject *Driver_enqueue(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Driver_add_kernel_node(Driver *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *kernel_node_bytes(PyObject *module, PyObject *args);
+int add_int(PyObject *obj, Py_ssize_t offset, Py_ssize_t delta);   /* int slot += delta */
+int add_float(PyObject *obj, Py_ssize_t offset, double delta);     /* float slot += delta */
+
+/* Seconds on the clock time.perf_counter reads (CLOCK_MONOTONIC on Linux). */
+static inline double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+int recording_slot_offsets(void);
+int install_autograph_call(void);
+
+/* -- cuctx.empty inside an autograph call (arrays.c) ------------------------------ */
+
+PyObject *array_empty(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 
 /* -- Method: a compiled method standing in for a Python one (methods.c) ------- */
 
 extern PyTypeObject MethodType;
+
+int install_launcher_call(void);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

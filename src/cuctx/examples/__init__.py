@@ -43,9 +43,10 @@ EXAMPLES: dict[str, Example] = {e.name: e for e in (
         "every token and whose structure changes every 64 tokens, run eagerly and with "
         "@cuctx.autograph on the same inputs.",
         "the outputs are equal; almost every call is patched (the nodes that take the "
-        "sequence length, then the graph launched), each new structure runs eagerly until a "
-        "graph pays (a build at its 4th call), each such call with its reason, the same on "
-        "every run of the sim; a GPU also prints the time per token of both."),
+        "sequence length, then the graph launched), each new structure runs eagerly at its "
+        "first call and builds its graph at its second (a graph of these kernels pays at "
+        "once, and the first structure lasted 64 calls), each such call with its reason, the "
+        "same on every run of the sim; a GPU also prints the time per token of both."),
     Example(
         "contexts_on_one_gpu", "streams and contexts on one GPU, on a timeline",
         "The same long kernels recorded with cuctx.timeline() on two streams of one context "

@@ -21,8 +21,10 @@ back to its graph. A call that does what a graph cannot hold (a synchronize, a q
 pageable copy) runs eagerly from the start: what was recorded before it is enqueued first;
 so does a call whose streams are being captured, and one that would build a graph while a
 capture forbids instantiating one (it would break that capture). Where the backend has the
-compiled path, recording, comparing, patching and launching run in C (`cuctx._native`,
-csrc/autograph.c).
+compiled path, every step of a call runs in C (`cuctx._native`: csrc/autograph_call.c, the
+call; autograph_serve.c, a graph call of structures of kernels on one stream, and the
+launches of an eager call; autograph.c, the recording, the comparisons, the patches and the
+launch; arrays.c, the temporaries): this module is the reference, and serves the rest.
 Everything is counted, timed and explained: `AutoGraph.stats`, `AutoGraph.explain`.
 """
 from __future__ import annotations
@@ -43,45 +45,13 @@ from .._lifetimes import defer_cleanup
 from ..errors import CudaError
 from ..stream import Stream
 from ._autograph_arena import Arena
-from ._autograph_build import construct, patch, patchable, patcher, unbuildable
-from ._autograph_policy import MARGIN, SWITCH_AFTER, Policy, us
-from ._autograph_record import WAIT, Recording
+from ._autograph_build import construct, patch, patchable, patcher
+from ._autograph_policy import MARGIN, SWITCH_AFTER, Policy, mean, us
+from ._autograph_record import Recording
+from ._autograph_state import EAGER, GRAPH, Entry, Tally, difference, site_of
 from ._exec import forbidding_instantiation
 
 REASONS_KEPT = 256  # the latest reasons stats() lists
-GRAPH, EAGER = "graph", "eager"
-
-
-class _Entry:
-    """One structure: its executable (once built), the values it holds, its measured costs
-    (None until measured; see `_autograph_policy.Policy`)."""
-
-    __slots__ = ("key", "keys", "size", "count", "seen", "exe", "nodes", "simple", "patcher",
-                 "values", "bytes", "mode", "strikes", "eager_s", "replay_s", "construct_s",
-                 "blocked", "outside", "__weakref__")
-
-    def __init__(self, key: tuple, recording: Recording) -> None:
-        self.key = key
-        self.keys = recording.keys  # the same as a list: compared without making a tuple
-        self.size = len(key)
-        # Operations that become nodes (all but waits; a record of an event is a node).
-        self.count = sum(1 for k in key if not (k.__class__ is tuple and k[0] is WAIT))
-        self.seen = 0
-        self.exe: Any = None
-        self.nodes: list = []
-        self.simple = False  # every node can be patched by itself (kernels, copies, fills)
-        self.patcher: Any = None  # the compiled patches and launch, where the backend has them
-        self.values: list = []
-        self.bytes = 0
-        self.mode = GRAPH
-        self.strikes = 0
-        self.eager_s: float | None = None  # running means, seconds per call
-        self.replay_s: float | None = None
-        self.construct_s: float | None = None
-        self.blocked = unbuildable(recording)
-        # Waits for outside work, by index: made before each launch of the executable.
-        self.outside = [i for i, k in enumerate(key)
-                        if k.__class__ is tuple and k[0] is WAIT and len(k) == 2]
 
 
 # Functions whose call returns before their body runs: (test, what it is, what a call gives).
@@ -93,6 +63,11 @@ _DEFERRED = ((inspect.isasyncgenfunction, "an async generator function", "an asy
 class AutoGraph:
     """A function whose cuctx work runs as a CUDA graph when that pays (see
     `cuctx.autograph`). Call it as the function; `stats` and `explain` tell what happened."""
+
+    # What the compiled per-call path reads and writes are slots (cuctx/csrc/autograph_call.c);
+    # __dict__ holds what functools.update_wrapper copies from the function.
+    __slots__ = ("_fn", "max_graphs", "max_bytes", "_lock", "_cache", "_last", "_tally",
+                 "_arena", "_reasons", "_policy", "__dict__", "__weakref__")
 
     def __init__(self, fn: Callable, max_graphs: int = 16, max_bytes: int = 256 << 20) -> None:
         if not callable(fn):
@@ -112,12 +87,9 @@ class AutoGraph:
         self.max_graphs = max_graphs
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._cache: OrderedDict[tuple, _Entry] = OrderedDict()  # least recently used first
-        self._last: _Entry | None = None
-        self._counts = dict.fromkeys(("calls", "replays", "updates", "builds", "eager"), 0)
-        self._times = dict.fromkeys(("recording", "replay", "update", "build", "eager"), 0.0)
-        self._saved = 0.0
-        self._patched = 0  # nodes patched so far (a whole update counts every node)
+        self._cache: OrderedDict[tuple, Entry] = OrderedDict()  # least recently used first
+        self._last: Entry | None = None
+        self._tally = Tally()
         self._arena = Arena()  # the memory of the calls' temporaries
         self._reasons: deque[dict] = deque(maxlen=REASONS_KEPT)
         self._policy = Policy()
@@ -125,7 +97,7 @@ class AutoGraph:
     def __get__(self, obj: Any, cls: Any = None) -> Any:
         return self if obj is None else types.MethodType(self, obj)
 
-    # -- a call -------------------------------------------------------------------------------
+    # -- a call (the compiled path, where there is one, does the same: _native_hooks) ------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _record.current() is not None:  # inside another autograph call: that one records
@@ -146,8 +118,8 @@ class AutoGraph:
             _record.stop()
             recorded = perf_counter()
             with self._lock:
-                self._counts["calls"] += 1
-                self._times["recording"] += recorded - start
+                self._tally.calls += 1
+                self._tally.recording_s += recorded - start
                 self._run(recording)
                 self._arena.trim(self.max_bytes)
         return result
@@ -157,21 +129,21 @@ class AutoGraph:
         if recording.broken is None:
             _record.stop()
             recording.enqueue_all()
-        with self._lock:
-            self._counts["calls"] += 1
-            self._counts["eager"] += 1
-            self._times["eager"] += perf_counter() - start
-            self._note("eager", f"the function raised {type(exc).__name__}: what it enqueued "
-                                "before ran eagerly", _site_of(exc))
+        self._ran_eagerly(start, f"the function raised {type(exc).__name__}: what it "
+                                 "enqueued before ran eagerly", site_of(exc))
 
     def _broken(self, recording: Recording, start: float) -> None:
         operation, site = recording.broken
+        self._ran_eagerly(start, f"{operation} cannot be part of a graph: the work recorded "
+                                 "before it ran eagerly, then the rest of the call", site)
+
+    def _ran_eagerly(self, start: float, reason: str, site: tuple | None) -> None:
         with self._lock:
-            self._counts["calls"] += 1
-            self._counts["eager"] += 1
-            self._times["eager"] += perf_counter() - start
-            self._note("eager", f"{operation} cannot be part of a graph: the work recorded "
-                                "before it ran eagerly, then the rest of the call", site)
+            tally = self._tally
+            tally.calls += 1
+            tally.eager += 1
+            tally.eager_s += perf_counter() - start
+            self._note("eager", reason, site)
 
     def _run(self, recording: Recording) -> None:
         """Serve a complete recording: eagerly, by a build, a replay or an update."""
@@ -183,31 +155,35 @@ class AutoGraph:
                     "went into the capture, as eager work does"))
         keys = recording.keys
         last = self._last
+        policy = self._policy
         if last is not None and last.size == len(keys) and last.keys == keys:
             entry = last
         else:
             key = tuple(keys)
             entry = self._cache.get(key)
             if entry is None:
-                entry = self._cache[key] = _Entry(key, recording)
+                entry = self._cache[key] = Entry(key, recording)
                 self._trim()
-                what = (f"a structure not seen before ({_difference(last, keys)})"
+                what = (f"a structure not seen before ({difference(last, keys)})"
                         if keys else "the call enqueued no work")
                 self._last = entry
                 entry.seen = 1
+                policy.called(entry)
                 return self._eager(entry, recording, what)
             self._cache.move_to_end(key)
         self._last = entry
         entry.seen += 1
-        policy = self._policy
+        policy.called(entry)
         if policy.measured is None and recording.ctx is not None:  # modelled on the sim
             policy.measured = recording.ctx._backend.sim is None
+        changed = self._changed(entry, recording)
+        entry.changes = mean(entry.changes, len(changed))
         if entry.exe is None:
             why_not = policy.why_not_build(entry)
             if why_not:
+                entry.values = recording.values
                 return self._eager(entry, recording, why_not)
             return self._build(entry, recording)
-        changed = self._changed(entry, recording)
         if entry.mode is EAGER:
             predicted, eager = policy.predict(entry, changed), policy.eager(entry)
             entry.strikes = entry.strikes + 1 if predicted < eager * (1 - MARGIN) else 0
@@ -222,18 +198,20 @@ class AutoGraph:
 
     # -- eager, build, replay, update -----------------------------------------------------------
 
-    def _eager(self, entry: _Entry | None, recording: Recording, reason: str) -> None:
+    def _eager(self, entry: Entry | None, recording: Recording, reason: str) -> None:
         t0 = perf_counter()
         recording.enqueue_all()
         spent = perf_counter() - t0
         if entry is not None:
             self._policy.eager_took(entry, spent)
-        self._counts["eager"] += 1
-        self._times["eager"] += spent
+        self._tally.eager += 1
+        self._tally.eager_s += spent
         self._note("eager", reason)
 
-    def _build(self, entry: _Entry, recording: Recording, reason: str | None = None) -> None:
+    def _build(self, entry: Entry, recording: Recording, reason: str | None = None) -> None:
         if _lifetimes.capturing and forbidding_instantiation():  # it would break the capture
+            if entry.exe is None:
+                entry.values = recording.values
             return self._eager(entry, recording, (
                 "a capture forbids instantiating a graph now (a \"thread_local\" or "
                 "\"global\" one of this thread, or a \"global\" one of another): ran "
@@ -248,6 +226,7 @@ class AutoGraph:
             exe = graph.instantiate()
         except (CudaError, TypeError, ValueError) as exc:
             entry.blocked = f"building its graph failed: {exc}"
+            entry.values = recording.values
             return self._eager(entry, recording, f"no graph for this structure: {exc}")
         built = perf_counter()
         if entry.exe is not None:
@@ -256,17 +235,21 @@ class AutoGraph:
         entry.simple = patchable(nodes, range(len(nodes)))
         native = recording.ctx._backend.native
         entry.patcher = None if native is None else patcher(native, exe, nodes)
+        entry.compiled = (entry.patcher is not None and len(recording.streams) == 1
+                          and all(key.__class__ is Launcher for key in entry.key))
         entry.values = recording.values
         entry.mode, entry.strikes = GRAPH, 0
         self._policy.built(entry, t1 - t0, built - t0)
         self._launch(entry, recording)
-        self._counts["builds"] += 1
-        self._times["build"] += perf_counter() - t0
+        self._tally.builds += 1
+        self._tally.build_s += perf_counter() - t0
         self._note("build", reason or f"the structure repeated ({entry.seen} calls): built "
                                       f"a graph of {len(graph.nodes)} nodes")
         self._trim()
 
-    def _graph_call(self, entry: _Entry, recording: Recording, changed: list[int]) -> None:
+    def _graph_call(self, entry: Entry, recording: Recording, changed: list[int]) -> None:
+        """Patch what changed (or update the whole graph) and launch: what the compiled
+        path's `serve` does for the structures it takes (``entry.compiled``)."""
         policy = self._policy
         t0 = perf_counter()
         estimate = 0.0
@@ -274,39 +257,47 @@ class AutoGraph:
             try:
                 estimate = self._update(entry, recording, changed)
             except CudaError as exc:  # a refused update (GraphUpdateError): build anew
-                return self._build(entry, recording, f"rebuilt: the update was refused: {exc}")
+                return self._rebuild(entry, recording, exc)
         t1 = perf_counter()
         self._launch(entry, recording)
         t2 = perf_counter()
+        tally = self._tally
         if changed:
-            self._counts["updates"] += 1
-            self._times["update"] += t1 - t0
-            self._times["replay"] += t2 - t1
+            tally.updates += 1
+            tally.update_s += t1 - t0
+            tally.replay_s += t2 - t1
         else:
-            self._counts["replays"] += 1
-            self._times["replay"] += t2 - t0
+            tally.replays += 1
+            tally.replay_s += t2 - t0
         cost = t2 - t0 if policy.measured else policy.replay(entry) + estimate
         policy.launched(entry, t2 - t1)
         entry.values = recording.values
         eager = policy.eager(entry)
-        self._saved += eager - cost
+        tally.saved_s += eager - cost
         entry.strikes = entry.strikes + 1 if cost > eager else 0
         if entry.strikes >= SWITCH_AFTER:
-            entry.mode, entry.strikes = EAGER, 0
-            self._note("eager", f"graph calls cost more than eager ones ({us(cost)} against "
-                                f"{us(eager)}, {len(changed)} changed operations): running "
-                                "this structure eagerly until graphs pay again")
+            self._give_way(entry, cost, eager, len(changed))
 
-    def _changed(self, entry: _Entry, recording: Recording) -> list[int]:
-        """The indices of the values that differ from those the executable holds."""
+    def _rebuild(self, entry: Entry, recording: Recording, refusal: CudaError) -> None:
+        self._build(entry, recording, f"rebuilt: the update was refused: {refusal}")
+
+    def _give_way(self, entry: Entry, cost: float, eager: float, changed: int) -> None:
+        entry.mode, entry.strikes = EAGER, 0
+        self._note("eager", f"graph calls cost more than eager ones ({us(cost)} against "
+                            f"{us(eager)}, {changed} changed operations): running this "
+                            "structure eagerly until graphs pay again")
+
+    def _changed(self, entry: Entry, recording: Recording) -> list[int]:
+        """The indices of the values that differ from those the entry holds."""
         new, old = recording.values, entry.values
-        if entry.patcher is not None:
-            return recording.ctx._backend.native.changed(new, old)
+        native = recording.ctx._backend.native if recording.ctx is not None else None
+        if native is not None:
+            return native.changed(new, old)
         if new == old:
             return []
         return list(compress(range(len(new)), map(ne, new, old)))
 
-    def _update(self, entry: _Entry, recording: Recording, changed: list[int]) -> float:
+    def _update(self, entry: Entry, recording: Recording, changed: list[int]) -> float:
         """Patch the changed nodes, or update the whole graph where that is cheaper; the
         seconds the policy expected it to cost."""
         policy = self._policy
@@ -315,17 +306,17 @@ class AutoGraph:
         if by_node:
             patched = patch(entry.exe, entry.nodes, recording, changed, entry.patcher)
             policy.patched(perf_counter() - t0, patched)
-            self._patched += patched
+            self._tally.patched_nodes += patched
             return estimate
         graph, _, _ = construct(recording)
         entry.exe.update(graph)
         if entry.patcher is not None:  # its slots were the old graph's
             entry.patcher = patcher(recording.ctx._backend.native, entry.exe, entry.nodes)
-        self._patched += len(graph.nodes)
+        self._tally.patched_nodes += len(graph.nodes)
         policy.updated_whole(entry, perf_counter() - t0)
         return estimate
 
-    def _launch(self, entry: _Entry, recording: Recording) -> None:
+    def _launch(self, entry: Entry, recording: Recording) -> None:
         """Launch the executable on role 0's stream, after the outside work the call waited
         for and the work queued before on its other streams; those then wait for it."""
         streams = recording.streams
@@ -362,6 +353,7 @@ class AutoGraph:
         if entry.exe is not None:
             entry.exe.destroy()
             entry.exe = entry.patcher = None
+            entry.compiled = False
         if self._last is entry:
             self._last = None
 
@@ -369,8 +361,7 @@ class AutoGraph:
 
     def _note(self, action: str, reason: str, site: tuple | None = None) -> None:
         site = site or _trace.user_site()
-        self._reasons.append({"call": self._counts["calls"], "action": action,
-                              "reason": reason,
+        self._reasons.append({"call": self._tally.calls, "action": action, "reason": reason,
                               "site": f"{site[0]}:{site[1]}" if site else None})
 
     def stats(self) -> dict[str, Any]:
@@ -384,9 +375,7 @@ class AutoGraph:
         ``action``, the ``reason`` and the user's ``site`` ("file:line")."""
         with self._lock:
             built = [e for e in self._cache.values() if e.exe is not None]
-            return {**self._counts,
-                    **{f"{name}_s": value for name, value in self._times.items()},
-                    "saved_s": self._saved, "patched_nodes": self._patched,
+            return {**self._tally.as_dict(),
                     "graphs": len(built), "bytes": sum(e.bytes for e in built),
                     "temp_bytes": self._arena.bytes, "structures": len(self._cache),
                     "reasons": list(self._reasons)}
@@ -425,7 +414,7 @@ class AutoGraph:
         # No lock: a repr must not wait (a debugger may print it while a call holds it).
         built = sum(1 for e in list(self._cache.values()) if e.exe is not None)
         return (f"<autograph {getattr(self._fn, '__qualname__', self._fn)!r}: "
-                f"{self._counts['calls']} calls, {built} of {self.max_graphs} graphs built>")
+                f"{self._tally.calls} calls, {built} of {self.max_graphs} graphs built>")
 
 
 def autograph(fn: Callable | None = None, *, max_graphs: int = 16,
@@ -442,23 +431,6 @@ def autograph(fn: Callable | None = None, *, max_graphs: int = 16,
     return AutoGraph(fn, max_graphs, max_bytes)
 
 
-def _difference(last: _Entry | None, keys: list) -> str:
-    """Where a new structure departs from the latest one, in words."""
-    if last is None:
-        return f"{len(keys)} operations"
-    for i, (a, b) in enumerate(zip(last.key, keys)):
-        if a != b:
-            return f"operation {i + 1} is {_describe(b)}, was {_describe(a)}"
-    return f"{len(keys)} operations, was {last.size}"
-
-
-def _describe(key: Any) -> str:
-    if key.__class__ is Launcher:
-        c = key.config
-        return f"a launch of {key.kernel.name!r} grid {c.grid} block {c.block}"
-    return f"a {key[0]} on stream {key[1]}"
-
-
 def _captured(recording: Recording) -> Any:
     """A stream of the call (or one it waited for) that is being captured, if any: a
     graph's launch has no place in a capture, the call's operations do."""
@@ -468,15 +440,3 @@ def _captured(recording: Recording) -> Any:
         if isinstance(stream, Stream) and (stream._ctx._key, stream._key) in capturing:
             return stream
     return None
-
-
-def _site_of(exc: BaseException) -> tuple | None:
-    """The user's line a traceback went through last (outside cuctx)."""
-    site, tb = None, exc.__traceback__
-    while tb is not None:
-        filename = tb.tb_frame.f_code.co_filename
-        if not filename.startswith(_trace._PACKAGE) and not filename.startswith(_trace.GENERATED):
-            site = (filename, tb.tb_lineno, tb.tb_frame.f_code.co_name)
-        tb = tb.tb_next
-    return site
-

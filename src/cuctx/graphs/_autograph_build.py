@@ -1,5 +1,10 @@
-"""A `Recording` as a `Graph` (through the explicit graph API, so every node is checked and
-keeps what it uses), and the per-node patches of an executable made from one.
+"""A `Recording` as a `Graph` (through the explicit graph API, so every node keeps what it
+uses), and the per-node patches of an executable made from one.
+
+A kernel node takes the parameter bytes its launch packed during the call (`kernel_node`):
+the launch checked its configuration and arguments, so nothing is checked or packed again;
+where the backend builds in C (`cuctx._native`'s add_kernel_node, on a GPU) the node is added
+from there. Copies, fills, host functions and events go through `Graph`'s methods.
 
 Stream order becomes dependencies: each role (stream) has a *tail*, the nodes its next
 operation comes after. A node on a role follows that role's tail and becomes it; a wait of
@@ -12,16 +17,18 @@ of the call's temporaries through its block, not its lease (`_autograph_arena.an
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
 import numpy as np
-from cuda.bindings.driver import CUresult
+from cuda.bindings.driver import CUgraphNode, CUkernel, CUresult
 
+from .. import _trace
 from ..context import fail
 from ..kernels._launcher import Launcher
 from ._autograph_arena import anchor
 from ._autograph_record import COPY, FILL, HOST, RECORD, Recording
 from ._graph import Graph, GraphNode
+from ._nodes import KernelParams, NodeInfo, describe_kernel
 
 if TYPE_CHECKING:
     from ._exec import GraphExec
@@ -51,45 +58,99 @@ def construct(recording: Recording) -> tuple[Graph, list[GraphNode | None], int]
     """A new graph doing what ``recording`` holds; its node for each operation (None for
     edges and outside waits); the estimated bytes of an executable of it."""
     keys, values, items = recording.keys, recording.values, recording.items
-    with recording.ctx:
+    ctx = recording.ctx
+    native = ctx._backend.native
+    builds = native if native is not None and native.builds else None
+    site = _trace.user_site()  # (the call's line, for every node: what errors name)
+    with ctx:
         graph = Graph()
-    tails: list[tuple[GraphNode, ...]] = [()] * len(recording.streams)
-    at_record: dict[int, tuple[GraphNode, ...]] = {}
-    nodes: list[GraphNode | None] = [None] * len(keys)
-    size = 0
-    for i, key in enumerate(keys):
-        if key.__class__ is Launcher:
-            args, _ = items[i]
-            role = recording.role_of(key.stream)
-            c = key.config
-            node = graph.launch(key.kernel, c.grid, c.block, *map(anchor, args),
-                                shared_mem=c.shared_mem, after=tails[role])
-            size += len(values[i]) + NODE_BYTES
-            nodes[i] = node
-            tails[role] = (node,)
-            continue
-        kind, role = key[0], key[1]
-        _, payload = items[i]
-        if kind is COPY:
-            node = graph.copy(anchor(payload[1]), anchor(payload[2]), after=tails[role])
-        elif kind is FILL:
-            node = graph.fill(anchor(payload[0]), fill_value(*payload), after=tails[role])
-        elif kind is HOST:
-            node = graph.host(payload[0], *payload[1], after=tails[role])
-        elif kind is RECORD:
-            nodes[i] = graph.record(payload[0], after=tails[role])
-            at_record[i] = tails[role]
-            size += NODE_BYTES
-            continue
-        else:  # WAIT: (WAIT, role, other role, None), (WAIT, role, None, record index), outside
-            if len(key) == 4:
-                other = tails[key[2]] if key[2] is not None else at_record[key[3]]
-                tails[role] = tuple({id(n): n for n in tails[role] + other}.values())
-            continue
-        nodes[i] = node
-        tails[role] = (node,)
-        size += NODE_BYTES
+        tails: list[tuple[GraphNode, ...]] = [()] * len(recording.streams)
+        at_record: dict[int, tuple[GraphNode, ...]] = {}
+        nodes: list[GraphNode | None] = [None] * len(keys)
+        size = 0
+        for i, key in enumerate(keys):
+            if key.__class__ is Launcher:
+                role = recording.role_of(key.stream)
+                node = nodes[i] = kernel_node(graph, key, values[i], items[i][0], tails[role],
+                                              site, builds)
+                size += len(values[i]) + NODE_BYTES
+                tails[role] = (node,)
+                continue
+            size += _node(graph, recording, i, tails, at_record, nodes)
     return graph, nodes, size
+
+
+class NodeSpec(NamedTuple):
+    """What a launcher's kernel nodes share: add_kernel_node's (function, kern, ctx, grid,
+    block, shared_mem), the parameters' offsets, and the words for the node."""
+
+    call: tuple
+    offsets: tuple[int, ...]
+    description: str
+
+
+def node_spec(launcher: Launcher) -> NodeSpec:
+    kernel, c = launcher.kernel, launcher.config
+    handle = int(kernel._handle)
+    # A library's CUkernel goes in `kern`, a module's CUfunction in `func` (as KernelParams).
+    function, kern = (None, handle) if isinstance(kernel._handle, CUkernel) else (handle, None)
+    spec = launcher._node_spec = NodeSpec(
+        (function, kern, int(launcher._ctx._handle), c.grid, c.block, c.shared_mem),
+        tuple(offset for offset, _ in kernel.param_layout), describe_kernel(kernel, c))
+    return spec
+
+
+def kernel_node(graph: Graph, launcher: Launcher, data: bytes, args: tuple,
+                after: tuple[GraphNode, ...], site: tuple | None, builds: Any) -> GraphNode:
+    """The kernel node of a recorded launch, of its packed parameter bytes, after ``after``
+    (in the graph's context, current): added in C where the backend ``builds``, else with
+    a parameter struct of cuda.bindings. It keeps the kernel's library and the arguments
+    (a temporary's block, not its lease)."""
+    spec = launcher._node_spec or node_spec(launcher)
+    kernel = launcher.kernel
+    deps = [node._handle for node in after]
+    if builds is not None:
+        err, handle = builds.add_kernel_node(graph._handle, deps, *spec.call, data,
+                                             spec.offsets)
+        handle = None if err else CUgraphNode(handle)
+    else:
+        params = KernelParams(kernel, launcher.config, graph._ctx)
+        params.buffer[:len(data)] = data
+        err, handle = graph._backend.driver.cuGraphAddKernelNode(graph._handle, deps,
+                                                                 len(deps), params.struct)
+    if err:
+        fail(graph._backend, CUresult(int(err)), "cuGraphAddKernelNode", graph._ctx,
+             hint=f"adding {spec.description}")
+    keep = (kernel._owner, *map(anchor, args))
+    return graph._append(GraphNode(graph, "kernel", handle,
+                                   NodeInfo(site, keep, spec.description, kernel,
+                                            launcher.config)))
+
+
+def _node(graph: Graph, recording: Recording, i: int, tails: list, at_record: dict,
+          nodes: list) -> int:
+    """Operation i (not a launch) as a node, or as an edge; the bytes it adds."""
+    key = recording.keys[i]
+    kind, role = key[0], key[1]
+    _, payload = recording.items[i]
+    if kind is COPY:
+        node = graph.copy(anchor(payload[1]), anchor(payload[2]), after=tails[role])
+    elif kind is FILL:
+        node = graph.fill(anchor(payload[0]), fill_value(*payload), after=tails[role])
+    elif kind is HOST:
+        node = graph.host(payload[0], *payload[1], after=tails[role])
+    elif kind is RECORD:
+        nodes[i] = graph.record(payload[0], after=tails[role])
+        at_record[i] = tails[role]
+        return NODE_BYTES
+    else:  # WAIT: (WAIT, role, other role, None), (WAIT, role, None, record index), outside
+        if len(key) == 4:
+            other = tails[key[2]] if key[2] is not None else at_record[key[3]]
+            tails[role] = tuple({id(n): n for n in tails[role] + other}.values())
+        return 0
+    nodes[i] = node
+    tails[role] = (node,)
+    return NODE_BYTES
 
 
 def fill_value(array: Any, pattern: bytes) -> Any:

@@ -168,24 +168,35 @@ class Recording(_record.Tape):
 
     def enqueue_all(self) -> None:
         """Enqueue every recorded operation, in order, through the eager paths (the
-        recorder must be stopped)."""
+        recorder must be stopped): runs of launches through the compiled path where the
+        backend has it (`cuctx._native`'s enqueue, from their packed bytes), the rest here."""
         keys, values, items = self.keys, self.values, self.items
-        for i, key in enumerate(keys):
+        native = self.ctx._backend.native if self.ctx is not None else None
+        i, n = 0, len(keys)
+        while i < n:
+            if native is not None:
+                i = native.enqueue(keys, values, i)
+                if i == n:
+                    break
+            key = keys[i]
             if key.__class__ is Launcher:
                 key._enqueue(values[i], *items[i])
-                continue
-            stream, payload = items[i]
-            kind = key[0]
-            if kind is COPY:
-                issue(stream, *payload)
-            elif kind is FILL:
-                memset(payload[0], payload[1], stream)
-            elif kind is HOST:
-                stream.launch_host_func(payload[0], *payload[1])
-            elif kind is RECORD:
-                stream.record(payload[0])
             else:
-                stream.wait(payload[0])
+                self._enqueue_one(key[0], *items[i])
+            i += 1
+
+    @staticmethod
+    def _enqueue_one(kind: str, stream: Stream, payload: tuple) -> None:
+        if kind is COPY:
+            issue(stream, *payload)
+        elif kind is FILL:
+            memset(payload[0], payload[1], stream)
+        elif kind is HOST:
+            stream.launch_host_func(payload[0], *payload[1])
+        elif kind is RECORD:
+            stream.record(payload[0])
+        else:
+            stream.wait(payload[0])
 
     def external_waits(self) -> list[tuple[Stream, Any]]:
         """The waits for outside work: (stream, event or stream), in order."""

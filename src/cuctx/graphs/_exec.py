@@ -106,8 +106,10 @@ class GraphExec(Resource):
         held.objects = (self._origin, graph, *keep, *host)
         held.slots.clear()
         self._specs = with_bodies(graph)
-        self._where = {node: i for i, node in enumerate(with_bodies(self._origin))}
-        self._where.update({node: i for i, node in enumerate(self._specs)})
+        origin = self._specs if graph is self._origin else with_bodies(self._origin)
+        self._where = {node: i for i, node in enumerate(origin)}
+        if graph is not self._origin:  # (an update's graph: its nodes name them too)
+            self._where.update({node: i for i, node in enumerate(self._specs)})
 
     # -- properties -----------------------------------------------------------------------
 

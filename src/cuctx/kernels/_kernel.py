@@ -63,8 +63,8 @@ class Kernel(Resource):
     # The Resource fields: ``_handle`` is the CUkernel (library) or CUfunction (module),
     # ``_ctx`` its owner's (None for a library's kernel: it runs in every context).
     __slots__ = ("name", "_owner", "_function", "_params", "_pack", "_limits_cache",
-                 "_checked", "_launchers", "_lock", "_access", "_access_modes", "_dtypes",
-                 "_launched", "__weakref__")
+                 "_checked", "_launchers", "_launch_memo", "_lock", "_access", "_access_modes",
+                 "_dtypes", "_launched", "__weakref__")
 
     def __init__(self, owner: Library | Module, handle, name: str):
         self.name = name
@@ -80,6 +80,9 @@ class Kernel(Resource):
         self._limits_cache: dict[Device, _Limits] = {}
         self._checked: set = set()  # (Config, Device) pairs already validated
         self._launchers: dict = {}  # kernel[...] and launch() configurations -> Launcher
+        # The compiled kernel[...]'s memo of the configuration asked for last:
+        # (grid, block, shared_mem, stream, launcher), or None (cuctx/csrc/methods.c).
+        self._launch_memo: tuple | None = None
         self._lock = threading.Lock()
         self._access: dict[int, str] | None = None  # set_access: parameter index -> mode
         self._access_modes: tuple[str, ...] | None = None  # cuctx.kernels._access.modes, once

@@ -39,7 +39,7 @@ class Launcher:
 
     __slots__ = ("kernel", "config", "stream", "_ctx", "_owner", "_backend", "_packer",
                  "_go_at", "_sim_args", "_ex_config", "_local", "_fast", "_fast_source",
-                 "_fast_plan", "_made", "_misses", "__weakref__")
+                 "_fast_plan", "_made", "_misses", "_node_spec", "__weakref__")
 
     def __init__(self, kernel: Kernel, config: Config, stream: Stream):
         ctx = stream._ctx
@@ -65,6 +65,7 @@ class Launcher:
         self._fast_plan: Plan | None = None
         self._made: dict[Plan, tuple[Callable, str]] = {}
         self._misses = 0  # checked launches with other types since the fast path was chosen
+        self._node_spec: Any = None  # AutoGraph's graph node of this launch, once built
         kernel._launched.add(self)
         self._owner._used_in(ctx)
         drv = ctx._backend.driver

@@ -80,6 +80,9 @@ class _Code(Resource):
     ``_handle`` is the CUlibrary / CUmodule, ``_ctx`` the Module's context and None for a
     Library (loaded for every context); ``_check`` also refuses an unloaded one."""
 
+    # `_loaded` a slot: the compiled launch reads it at every launch (cuctx/csrc/native.h,
+    # code_loaded); the rest in the instance's dict.
+    __slots__ = ("_loaded", "__dict__", "__weakref__")
     _names: dict[str, str]
 
     def _setup(self, backend, ctx: Context | None, handle, names: Mapping[str, str],

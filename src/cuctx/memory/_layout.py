@@ -50,11 +50,23 @@ def nbytes_of(shape: tuple[int, ...], dtype: np.dtype, what: str) -> int:
     return nbytes
 
 
+# The dtype arguments accepted so far (np.float32, "f4", a dtype...) and their (dtype,
+# itemsize): the compiled `empty` reads them (cuctx/csrc/arrays.c). Bounded, since any
+# hashable argument NumPy takes is a key.
+KNOWN_DTYPES: dict[Any, tuple[np.dtype, int]] = {}
+_KNOWN_MOST = 256
+
+
 def dtype_of(dtype: Any) -> np.dtype:
     dt = np.dtype(dtype)
     if dt.kind not in "biufc" or not dt.isnative:
         raise TypeError(f"device arrays hold bool, integer, float or complex values in native "
                         f"byte order, not {dt}")
+    if len(KNOWN_DTYPES) < _KNOWN_MOST:
+        try:
+            KNOWN_DTYPES[dtype] = (dt, dt.itemsize)
+        except TypeError:  # an unhashable argument: not remembered
+            pass
     return dt
 
 

@@ -46,7 +46,7 @@ class ContextModel:
     # -- the per-thread stack -------------------------------------------------------------
 
     def _stack(self) -> list[SimContext]:
-        stack = getattr(self._tls, "stack", None)
+        stack = self._tls.stack
         if stack is None:
             stack = self._tls.stack = []
         return stack

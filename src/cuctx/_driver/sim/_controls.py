@@ -73,7 +73,7 @@ class SimControls:
         ``correlation`` (its `Activity.correlation`), until the matching pop: CUPTI's
         cuptiActivityPushExternalCorrelationId. Pushes nest; the innermost id counts."""
         tls = self._driver._tls
-        if not hasattr(tls, "correlation"):
+        if tls.correlation is None:
             tls.correlation = []
         tls.correlation.append(int(correlation))
         return (OK,)
@@ -81,7 +81,7 @@ class SimControls:
     def pop_correlation(self) -> tuple[CUresult, int | None]:
         """(OK, the id pushed last on this thread), removing it; (INVALID_VALUE, None) when
         none is pushed."""
-        stack = getattr(self._driver._tls, "correlation", None)
+        stack = self._driver._tls.correlation
         if not stack:
             return (INVALID_VALUE, None)
         return (OK, stack.pop())

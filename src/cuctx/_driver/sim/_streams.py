@@ -201,7 +201,7 @@ class StreamModel(EventModel):
             legacy = self._ctx_streams(stream.ctx).get("legacy")
             if legacy is not None and legacy.last is not None and not legacy.last.done:
                 deps.append(legacy.last)
-        stack = getattr(self._tls, "correlation", None)
+        stack = self._tls.correlation
         op = Op(stream, fn, int(cost), label, deps, self._now, kind, nbytes, width,
                 stack[-1] if stack else None)
         stream.queue.append(op)
@@ -328,7 +328,7 @@ class StreamModel(EventModel):
     def _in_host_function(self) -> bool:
         """Whether this thread is inside a host function the sim is running: the driver
         refuses CUDA calls there (CUDA_ERROR_NOT_PERMITTED) or deadlocks on waits."""
-        return getattr(self._tls, "host_functions", 0) > 0
+        return self._tls.host_functions > 0
 
     def _synchronize_context(self, ctx):
         if self._in_host_function():
@@ -447,7 +447,7 @@ class StreamModel(EventModel):
         def run():
             # Host functions run on this thread (the one that made the work run), so the
             # marker is per thread: another thread's calls are not inside this function.
-            tls.host_functions = getattr(tls, "host_functions", 0) + 1
+            tls.host_functions += 1
             try:
                 call(data)
             finally:

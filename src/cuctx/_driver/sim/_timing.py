@@ -74,18 +74,27 @@ TIMESLICE_NS = 2_000_000
 _KEEP = 64
 
 # -- host costs: what AutoGraph decides from on the sim -------------------------------------
-# What the host side of cuctx costs on the machine issue 16 measured (an H100 80GB HBM3,
-# driver 580), per operation. The sim's clock models the GPU's work, not the host's, so
-# `@cuctx.autograph`'s cost policy (graphs/_autograph_policy.py) reads these instead of
-# timing the sim's own Python: the same calls are graphed on the sim as on that GPU, from run
-# to run. On a GPU they are the policy's first estimates, replaced by what it measures;
-# benchmarks/autograph.py prints the measured values beside these.
+# What the host side of cuctx costs on an H100 80GB HBM3 (driver 580), per operation: the one
+# place AutoGraph's host-cost model is calibrated. The sim's clock models the GPU's work, not
+# the host's, so `@cuctx.autograph`'s cost policy (graphs/_autograph_policy.py) reads these
+# instead of timing the sim's own Python: the same calls are graphed on the sim as on that GPU,
+# from run to run. On a GPU they are the policy's first estimates, replaced by what it
+# measures; benchmarks/autograph.py prints the measured values beside these, and the sim's
+# decisions beside the GPU's for its loops.
 #
-# One recorded operation enqueued eagerly (a launch through cuda.bindings): issue 16's
-# decoding-like loop spent 45.0 us on its 6 kernels, its 50-kernel step 383-445 us eagerly.
-HOST_EAGER_OP_NS = 7_500
-# A graph call's launch, its patches aside: that loop's graph call took 74.4 us with 5 nodes
-# patched at about 14 us each (issue 16), leaving about 4.5 us.
+# Issue 22 measured, on the H100, an operation enqueued eagerly at 5.03 us and a node of a
+# build at 54 us: both on Python paths that issue replaced (an eager call's launches went
+# through cuda.bindings, a build through the checked Graph API, packing every argument
+# again). The values below are for the compiled paths that replaced them, from the C
+# figures those paths now match, until an H100 run of benchmarks/autograph.py prints
+# measured ones to put here.
+#
+# One recorded operation enqueued eagerly: a launch through the compiled launcher from its
+# packed bytes; the compiled launcher took 3123 ns a launch on the H100 (issue 16's
+# benchmarks/launch.py, 1.085x the C program's).
+HOST_EAGER_OP_NS = 3_100
+# A graph call's launch, its patches aside: issue 16's decoding-like loop's graph call took
+# 74.4 us with 5 nodes patched at about 14 us each, leaving about 4.5 us.
 HOST_GRAPH_LAUNCH_NS = 4_500
 # Each node of a launch, on the host: an estimate (not measured): the driver launches a
 # straight-line graph in about constant host time, whatever its length.
@@ -93,11 +102,15 @@ HOST_REPLAY_NODE_NS = 50
 # A kernel node patched from its packed bytes by the compiled path: the C program's 0.8 us
 # (benchmarks/graphs_c.c on the H100, issue 16) and the call into it.
 HOST_PATCH_NODE_NS = 1_000
-# Each node of a whole update (the graph made again through cuctx's checked graph API, then
-# cuGraphExecUpdate) and of a build (the same, then cuGraphInstantiate): estimates (not
-# measured), about 3x an eager launch for the Python that makes a node.
-HOST_WHOLE_NODE_NS = 20_000
-HOST_BUILD_NODE_NS = 25_000
+# A build: the graph made from the recorded bytes (kernel nodes added from C) and
+# instantiated, a fixed part and a part per node. Estimates: issue 22's bound of 1.5x the C
+# program's capture + instantiate of the same launches (benchmarks/graphs_c.c,
+# capture_instantiate_ms), taking that at about 20 us and 2.5 us a node on an H100.
+HOST_BUILD_FIXED_NS = 30_000
+HOST_BUILD_NODE_NS = 4_000
+# Each node of a whole update: the graph made again as for a build, then cuGraphExecUpdate
+# (about as much again as an instantiation): an estimate.
+HOST_WHOLE_NODE_NS = 5_000
 
 KERNEL, HTOD, DTOH, DTOD, HTOH = "kernel", "memcpy HtoD", "memcpy DtoH", "memcpy DtoD", \
     "memcpy HtoH"

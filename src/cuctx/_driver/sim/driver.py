@@ -35,6 +35,16 @@ from ._pools import PoolModel
 from ._streams import StreamModel
 
 
+class _ThreadLocal(threading.local):
+    """The sim driver's per-thread state, with its defaults as class attributes: the checks
+    made at every call (`_in_host_function`, the context stack) read them without the
+    AttributeError a missing attribute of a threading.local costs."""
+
+    stack: list | None = None  # the context stack (ContextModel)
+    host_functions = 0  # host functions running on this thread now (StreamModel)
+    correlation: list | None = None  # external correlation ids pushed (sim controls)
+
+
 class SimDriver(
     CaptureOps,
     CaptureModel,
@@ -63,7 +73,7 @@ class SimDriver(
         self._spec = h100_spec()
         self._initialized = False
         self._lock = threading.RLock()
-        self._tls = threading.local()
+        self._tls = _ThreadLocal()
         self._devices = [SimDevice(i, self._spec) for i in range(devices)]
         self._init_contexts()
         self._init_streams()

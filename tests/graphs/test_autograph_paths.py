@@ -1,0 +1,179 @@
+"""@cuctx.autograph's per-call path: compiled where the backend has it (the call, the
+structure and value comparison, the arena's lease for a temporary, the patches, the launch
+and the bookkeeping: cuctx/csrc/autograph_call.c, arrays.c), the Python path its reference.
+Both take the same decisions and give the same results; these tests show the compiled one
+really serves the calls it is made for. Sim and GPU."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import cuctx
+from cuctx.graphs import _autograph, _autograph_arena
+
+from scenarios import ADD_SOURCE, add, library_fixture, python_paths
+
+pytestmark = [pytest.mark.usefixtures("nvrtc_cache", "graphs_pay"),
+              pytest.mark.paths("python", "native")]
+
+lib = library_fixture(ADD_SOURCE, add=add)
+N = 8
+
+
+def arange(start: float = 0) -> cuctx.DeviceArray:
+    return cuctx.to_device(np.arange(start, start + N, dtype=np.float32))
+
+
+def token(k: cuctx.Kernel, middle: int = 3) -> Callable:
+    """The docs' form: kernel[grid, block](...) inside the function, a temporary, a new
+    output and scalar every call; ``middle`` kernels between the first and the last."""
+    def step(out, x, a):
+        tmp = cuctx.empty(N, np.float32)
+        k[1, 32](tmp, x, np.float32(a), N)
+        for _ in range(middle):
+            k[1, 32](tmp, tmp, np.float32(1), N)
+        k[1, 32](out, tmp, np.float32(a), N)
+    return step
+
+
+def decisions(fn: cuctx.AutoGraph) -> tuple:
+    s = fn.stats()
+    return ({k: s[k] for k in ("calls", "replays", "updates", "builds", "eager")},
+            s["patched_nodes"], [(r["call"], r["action"], r["reason"]) for r in s["reasons"]])
+
+
+def test_graph_calls_and_temporaries_are_served_by_the_compiled_path_where_built(
+        lib, backend, monkeypatch):
+    """After the first calls, a graph call of a structure of kernels goes through neither
+    AutoGraph._run nor Arena.lend on the compiled path; on the Python path it goes through
+    both. Results are the function's own either way."""
+    step = cuctx.autograph(token(lib["add"]))
+    outs = [cuctx.empty(N, np.float32) for _ in range(8)]
+    for i in range(3):  # eager, built, then a graph call
+        step(outs[i], arange(i), float(i))
+    runs, lends = [], []
+    run, lend = _autograph.AutoGraph._run, _autograph_arena.Arena.lend
+    monkeypatch.setattr(_autograph.AutoGraph, "_run",
+                        lambda self, rec: runs.append(1) or run(self, rec))
+    monkeypatch.setattr(_autograph_arena.Arena, "lend",
+                        lambda self, *a: lends.append(1) or lend(self, *a))
+    for i in range(3, 8):
+        step(outs[i], arange(i), float(i))
+    compiled = backend.native is not None
+    assert (runs, lends) == (([], []) if compiled else ([1] * 5, [1] * 5))
+    assert step._last.compiled == compiled
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 2 * i + 3)
+    s = step.stats()
+    assert (s["builds"], s["updates"], s["patched_nodes"]) == (1, 6, 2 * 6)
+
+
+def test_both_paths_take_the_same_decisions(lib, backend, costs_decide):
+    """The same loop on each path: the same counts, patched nodes and reasons (on the sim,
+    where the modelled costs decide; a GPU measures its own)."""
+    if backend.sim is None:
+        pytest.skip("on a GPU each path measures its own costs")
+    k = lib["add"]
+
+    def run() -> tuple:
+        step = cuctx.autograph(token(k))
+        for n in range(40):
+            if n == 20:  # a new structure (its cache and history kept): one kernel more
+                step._fn = token(k, middle=4)
+            step(cuctx.empty(N, np.float32), arange(n), float(n))
+        return decisions(step)
+
+    compiled = run()
+    with python_paths(backend):
+        python = run()
+    assert compiled == python
+
+
+def test_keyword_arguments_reach_the_function(lib):
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(out, x, *, a=0.0, b):
+        k[1, 32](out, x, np.float32(a + b), N)
+
+    outs = [cuctx.empty(N, np.float32) for _ in range(4)]
+    for i, out in enumerate(outs):
+        step(out, x=arange(i), b=1.0) if i % 2 else step(out, arange(i), a=1.0, b=2.0)
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + (1 if i % 2 else 3))
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'b'"):
+        step(outs[0], arange())
+
+
+def test_an_error_of_the_function_propagates_and_its_work_runs(lib):
+    k = lib["add"]
+
+    class Stop(Exception):
+        pass
+
+    @cuctx.autograph
+    def step(out, x, stop):
+        k[1, 32](out, x, np.float32(1), N)
+        if stop:
+            raise Stop("stopped")
+
+    out = cuctx.zeros(N, np.float32)
+    for _ in range(3):
+        step(out, arange(), False)
+    with pytest.raises(Stop, match="stopped"):
+        step(out, arange(10), True)
+    np.testing.assert_array_equal(out.to_host(), np.arange(10, 10 + N) + 1.0)
+    assert "raised Stop" in step.stats()["reasons"][-1]["reason"]
+    step(out, arange(20), False)  # and the next call is a graph call again
+    np.testing.assert_array_equal(out.to_host(), np.arange(20, 20 + N) + 1.0)
+    s = step.stats()
+    assert (s["replays"] + s["updates"], s["builds"], s["eager"]) == (2, 1, 2)
+
+
+def test_the_launches_of_a_call_run_eagerly_are_enqueued_by_the_compiled_path(lib, backend,
+                                                                              monkeypatch):
+    """A call that runs eagerly enqueues what it recorded, in order: its launches from their
+    packed bytes in C where the backend has it (Launcher._enqueue is the Python path's),
+    around what only Python enqueues (a host function here)."""
+    from cuctx.kernels._launcher import Launcher
+
+    k = lib["add"]
+    ran = []
+
+    @cuctx.autograph
+    def step(out, x):
+        k[1, 32](out, x, np.float32(1), N)
+        cuctx.current_stream().launch_host_func(ran.append, len(ran))
+        k[1, 32](out, out, np.float32(1), N)
+
+    enqueued = []
+    python = Launcher._enqueue
+    monkeypatch.setattr(Launcher, "_enqueue",
+                        lambda self, *a: enqueued.append(1) or python(self, *a))
+    out = cuctx.zeros(N, np.float32)
+    step(out, arange())  # a structure seen for the first time: run eagerly
+    np.testing.assert_array_equal(out.to_host(), np.arange(N) + 2.0)
+    assert ran == [0] and step.stats()["eager"] == 1
+    assert enqueued == ([] if backend.native is not None else [1, 1])
+
+
+def test_a_gpu_build_adds_its_kernel_nodes_from_c(lib, backend):
+    """On a GPU the compiled path adds a build's kernel nodes from the recorded bytes in C,
+    its struct's layout checked against cuda.bindings' when the backend loaded; the graph is
+    the same as one built through cuda.bindings (the sim's driver takes cuda.bindings'
+    structs, so there they are always used)."""
+    if backend.sim is not None or backend.native is None:
+        pytest.skip("kernel nodes are added from C on a GPU's compiled path only")
+    assert backend.native.builds, "the kernel node struct's layout differs from cuda.bindings'"
+    step = cuctx.autograph(token(lib["add"]))
+    outs = [cuctx.empty(N, np.float32) for _ in range(4)]
+    for i, out in enumerate(outs):
+        step(out, arange(i), float(i))
+    graph = step._last.exe.graph
+    assert [n.kind for n in graph.nodes] == ["kernel"] * 5
+    assert len(graph.edges) == 4  # a chain, as the stream ordered the launches
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 2 * i + 3)
