@@ -234,11 +234,12 @@ class GraphModel:
     def cuGraphAddChildGraphNode(self, hGraph, dependencies, numDependencies, childGraph):
         def make():
             child = self._graph(childGraph)
-            if child is None or child is self._graph(hGraph) or any(
-                    n.type == T.CU_GRAPH_NODE_TYPE_CONDITIONAL for n in child.walk()):
+            if child is None or child is self._graph(hGraph):
                 return INVALID_VALUE, None
-            if any(n.type in MEMORY_NODES for n in child.walk()):
-                return NOT_SUPPORTED, None  # "contains allocation or free nodes" (H100)
+            # "contains allocation or free nodes", or conditional nodes (H100, driver 580)
+            if any(n.type in MEMORY_NODES or n.type == T.CU_GRAPH_NODE_TYPE_CONDITIONAL
+                   for n in child.walk()):
+                return NOT_SUPPORTED, None
             return OK, ChildWork(child)
         err, handle = self._add_node(hGraph, dependencies, numDependencies, make)
         if not err:
