@@ -83,7 +83,6 @@ class LibraryModel:
         self._kernels: dict[int, SimKernel] = {}  # CUkernel and CUfunction handles
         self._managed_ranges: list[tuple[int, int, np.ndarray]] = []
         self._twin_ctx = None  # the context of the twin running now (`_twins.run_twin`)
-        self._twin_read_only = None  # why, once it was given memory it may only read
 
     # -- memory a twin may touch ----------------------------------------------------------
 
@@ -96,8 +95,8 @@ class LibraryModel:
     def _kernel_view(self, ptr: int, nbytes: int):
         """(CUresult, uint8 ndarray) of [ptr, ptr + nbytes) for the twin running now:
         managed memory anywhere; device memory within a live allocation, and of another
-        device only with access (`_reach`): read-only where the access is, else an illegal
-        address (and then, in place of the view, None or why in words)."""
+        device only with access (`_reach`), else an illegal address (and then, in place of
+        the view, None or why in words)."""
         found = self._managed_at(ptr)
         if found is None:
             block = self._block_at(ptr)
@@ -113,13 +112,7 @@ class LibraryModel:
                     f"memory of device {block.device} from device {ctx.device} without peer "
                     f"access (cuctx.Device({ctx.device}).enable_peer_access("
                     f"cuctx.Device({block.device})) grants it)")
-            err, view = self._device_view(ptr, nbytes)
-            if not err and reach == "r":  # a write through it is an illegal address
-                view = view.view()
-                view.flags.writeable = False
-                self._twin_read_only = (f"memory of {self._owner_of(block)} that device "
-                                        f"{ctx.device} may only read (its pool's access is 'r')")
-            return err, view
+            return self._device_view(ptr, nbytes)
         start, end, data = found
         if ptr + nbytes > end:
             return ILLEGAL_ADDRESS, None

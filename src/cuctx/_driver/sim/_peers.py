@@ -12,9 +12,10 @@ same device answers CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, as recorded on a real H1
 
 Kernels are held to the grants (`_reach`, asked by `_library._kernel_view` for every view a
 twin makes): memory of another device is an illegal address for a kernel without them, as
-it is unmapped on a GPU, and so is a write to memory granted read-only
-(CU_MEM_ACCESS_FLAGS_PROT_READ; whether a GPU's driver takes it for a pool was not
-measured). A host pool's memory belongs to no device: every device needs a grant (the CUDA
+it is unmapped on a GPU. Read-only access (CU_MEM_ACCESS_FLAGS_PROT_READ) is refused for
+a pool with CUDA_ERROR_NOT_SUPPORTED, and lowering the owning device's access with
+CUDA_ERROR_INVALID_DEVICE (both measured: two H200s and an H100, driver 580). A host pool's
+memory belongs to no device: every device needs a grant (the CUDA
 13 documentation: its default accessibility is from the host only). Copies between devices
 need neither with cuMemcpyPeerAsync, which names both contexts; a copy of device pointers
 (cuMemcpyDtoDAsync, 2D, 3D) needs the current context to reach both sides
@@ -26,13 +27,13 @@ from __future__ import annotations
 from cuda.bindings.driver import CUmemAccess_flags, CUmemLocationType
 
 from ._common import (CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_DEVICE, INVALID_VALUE,
-                      NOT_INITIALIZED, OK, PEER_ACCESS_ALREADY_ENABLED, PEER_ACCESS_NOT_ENABLED,
-                      PEER_ACCESS_UNSUPPORTED)
+                      NOT_INITIALIZED, NOT_SUPPORTED, OK, PEER_ACCESS_ALREADY_ENABLED,
+                      PEER_ACCESS_NOT_ENABLED, PEER_ACCESS_UNSUPPORTED)
 
 NONE = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE
 READ = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ
 READWRITE = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-_GRANTS = {READWRITE: "rw", READ: "r"}
+_GRANTS = {READWRITE: "rw"}
 _DEVICE = CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
 
 
@@ -91,7 +92,7 @@ class PeerModel:
         return (OK,)
 
     def _reach(self, ctx, block) -> str | None:
-        """What a kernel running in ``ctx`` may do with ``block``: "rw", "r" (read) or None.
+        """What a kernel running in ``ctx`` may do with ``block``: "rw" or None.
         A host pool's block (`_pools`): what its access list grants ``ctx``'s device (the
         host's memory: no device has access by right). Memory of its own device: "rw" (any
         context of it). A pool's block of another device: what that pool's access list
@@ -110,8 +111,7 @@ class PeerModel:
         return "rw" if (ctx.handle, block.ctx.handle) in self._peer_access else None
 
     def _may_reach(self, ctx, block) -> bool:
-        """Whether a copy checked against ``ctx`` (`_memory._copy_context`) may use ``block``:
-        where `_reach` says "rw" (the sim's choice for "r": copies are refused, not measured)."""
+        """Whether a copy checked against ``ctx`` (`_memory._copy_context`) may use ``block``."""
         return self._reach(ctx, block) == "rw"
 
     def _release_context_resources(self, ctx):
@@ -123,20 +123,24 @@ class PeerModel:
 
     def cuMemPoolSetAccess(self, pool, map, count):  # noqa: A002 - the driver's parameter name
         found = self._pool(pool)
-        if found is None or found.location == "managed" or count < 0 \
-                or count > len(map or ()):
+        if found is None or count < 0 or count > len(map or ()):
             return (INVALID_VALUE,)
-        owner = found.device  # -1: a host pool, whose memory no device owns
+        # -1: a host pool, whose memory no device owns; a managed pool's access list is
+        # recorded for every device alike (an H100, driver 580: device 0 of a pool located
+        # on device 0 reads PROT_NONE, and setting it is answered CUDA_SUCCESS)
+        owner = -1 if found.location == "managed" else found.device
         changes = {}
         for desc in list(map or ())[:count]:  # all checked before any is applied
-            if desc.location.type != _DEVICE or desc.flags not in _GRANTS and desc.flags != NONE:
+            if desc.location.type != _DEVICE or desc.flags not in (READWRITE, READ, NONE):
                 return (INVALID_VALUE,)
+            if desc.flags == READ:
+                return (NOT_SUPPORTED,)
             device = desc.location.id
             if self._device(device) is None:
                 return (INVALID_DEVICE,)
             if device == owner:
-                if desc.flags != READWRITE:  # the owner's access cannot be revoked
-                    return (INVALID_VALUE,)
+                if desc.flags != READWRITE:  # the owner's access cannot be lowered
+                    return (INVALID_DEVICE,)
                 continue
             if owner >= 0 and not self.cuDeviceCanAccessPeer(device, owner)[1]:
                 return (INVALID_DEVICE,)
@@ -151,6 +155,6 @@ class PeerModel:
             return (INVALID_VALUE, None)
         if self._device(location.id) is None:
             return (INVALID_DEVICE, None)
-        if location.id == found.device or found.location == "managed":
+        if location.id == found.device and found.location != "managed":
             return (OK, READWRITE)
         return (OK, found.access.get(location.id, NONE))

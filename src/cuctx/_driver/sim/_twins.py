@@ -26,7 +26,7 @@ from cuda.bindings.driver import CUresult
 
 from ...devcode._layout import Param
 from ...devcode._twin_check import where
-from ._common import ILLEGAL_ADDRESS, LAUNCH_FAILED, MISALIGNED_ADDRESS
+from ._common import LAUNCH_FAILED, MISALIGNED_ADDRESS
 
 _FLOAT = {2: "<e", 4: "<f", 8: "<d"}
 _SIGNED = {1: "<b", 2: "<h", 4: "<i", 8: "<q"}
@@ -125,7 +125,6 @@ def decode_args(driver, kinds: list[str], raw: list[bytes]) -> list:
 def run_twin(driver, ctx, name: str, twin, grid, block, kinds, raw):
     """Run one launch's twin; None, or the sticky CUresult its failure gives."""
     driver._twin_ctx = ctx  # what its views may reach depends on it (`_kernel_view`)
-    driver._twin_read_only = None
     try:
         args = decode_args(driver, kinds, raw)
         twin(grid, block, *args)
@@ -140,11 +139,6 @@ def run_twin(driver, ctx, name: str, twin, grid, block, kinds, raw):
         return fault.code
     except Exception as exc:  # noqa: BLE001 - a twin's bug fails the launch, as a trap
         at = _line_of(exc, twin)
-        if isinstance(exc, ValueError) and driver._twin_read_only and "read-only" in str(exc):
-            # NumPy refused a write to a read-only view: memory granted for reading only
-            remember_fault(ctx, None, f"the sim twin of kernel {name!r} ({where(twin)}) wrote "
-                           f"{driver._twin_read_only} at {at}")
-            return ILLEGAL_ADDRESS
         remember_fault(ctx, exc, f"the sim twin of kernel {name!r} raised {exc!r} at {at}")
         warnings.warn(f"the sim twin of kernel {name!r} raised {exc!r} at {at}; the launch "
                       f"fails with CUDA_ERROR_LAUNCH_FAILED\n{traceback.format_exc()}",
