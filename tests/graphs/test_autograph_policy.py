@@ -88,6 +88,7 @@ def test_build_costs_follow_the_latest_builds():
     assert costs.estimate(10) == pytest.approx(100e-6, rel=0.01)
 
 
+@pytest.mark.host_timing
 @pytest.mark.paths("python", "native")
 @pytest.mark.usefixtures("nvrtc_cache")
 def test_structures_that_last_20_calls_are_built_at_their_second(lib, backend, monkeypatch):
@@ -112,7 +113,7 @@ def test_structures_that_last_20_calls_are_built_at_their_second(lib, backend, m
     builds = [r["call"] for r in step.stats()["reasons"] if r["action"] == "build"]
     assert builds[1:] == [22, 42]  # the later structures: at their second call
     assert builds[0] <= 20
-    if backend.sim is not None:  # the model: a graph of 8 saves 19 us a call, its build
-        assert builds[0] == 4     # takes 62: it pays over the 4 calls seen so far
+    if backend.sim is not None:  # the model (an H100's costs): a graph of 8 saves 25 us a
+        assert builds[0] == 6     # call, its build takes 139: it pays over the 6 calls seen
         s = step.stats()
-        assert (s["builds"], s["eager"], s["updates"]) == (3, 5, 52)
+        assert (s["builds"], s["eager"], s["updates"]) == (3, 7, 50)

@@ -81,7 +81,7 @@ def test_ipc_arrays_pools_and_events_pickle_into_a_spawned_child(device):
     pool = MemoryPool(device, ipc=True)
     two = len(cuctx.devices()) > 1 and Device(1).can_access_peer(device)
     if two:
-        pool.set_access(1, "r")  # this process's access: the child's import has its own
+        pool.set_access(1, "rw")  # this process's access: the child's import has its own
     stream = cuctx.Stream()
     arr = cuctx.empty(16, np.int32, pool=pool, stream=stream)
     source = cuctx.pinned_empty(16, np.int32)

@@ -1,9 +1,10 @@
 """Which devices may use a pool's memory (MemoryPool.set_access / access: cuMemPoolSetAccess),
 on both backends: a kernel on device 1 is refused an array of device 0's pool until the pool
-grants device 1 access, then reads and writes it; "r" lets it read; taking access away
-refuses it again. Device.enable_peer_access covers the default pools only, not an explicit
-pool. On the sim a kernel that reaches the memory anyway (a raw address) faults, as on a GPU,
-and one that writes what it may only read faults too. Bad requests are clear errors."""
+grants device 1 access, then reads and writes it; taking access away refuses it again.
+Read-only access ("r") is refused by the driver (measured on two H200s, driver 580) and
+cuctx says so. Device.enable_peer_access covers the default pools only, not an explicit
+pool. On the sim a kernel that reaches the memory anyway (a raw address) faults, as on a GPU.
+Bad requests are clear errors."""
 
 from __future__ import annotations
 
@@ -71,15 +72,13 @@ def test_a_kernel_on_another_device_uses_a_pools_array_once_granted(two, lib):
         lib["add"][1, N](out, x, 1.0, N)
 
 
-def test_read_access_lets_a_kernel_read(two, lib):
+def test_read_only_access_is_refused_saying_so(two):
     d0, d1 = two
-    pool, x = pool_array(d0)
-    pool.set_access(d1, "r")
-    assert pool.access(d1) == "r"
-    with d1:
-        out = cuctx.zeros(N, np.float32)
-        lib["add"][1, N](out, x, 0.5, N)
-        assert out.to_host().tolist() == [i + 0.5 for i in range(N)]
+    pool, _ = pool_array(d0)
+    with pytest.raises(cuctx.NotSupportedError, match=r"cuMemPoolSetAccess.*no read-only "
+                       r"access to a pool's memory .*grant 'rw'"):
+        pool.set_access(d1, "r")
+    assert pool.access(d1) is None  # nothing changed
 
 
 def test_peer_access_covers_the_default_pools_only(two, lib):
@@ -113,9 +112,11 @@ def test_bad_requests_are_refused(two):
     assert pool.access(d1) is None  # nothing changed
 
 
-def test_on_the_sim_a_kernel_faults_on_a_pools_memory_it_may_not_use(sim, lib):
+def test_on_the_sim_a_kernel_faults_on_a_pools_memory_it_may_not_use(backend, lib):
     """A raw address passes no argument check: the sim's kernel reach check reads the
     pool's access list, as the GPU's page tables would."""
+    if backend.sim is None:
+        pytest.skip("on a GPU the fault is sticky for the whole process: the sim shows it")
     d0, d1 = Device(0), Device(1)
     pool, x = pool_array(d0)
     with d1:
@@ -126,29 +127,19 @@ def test_on_the_sim_a_kernel_faults_on_a_pools_memory_it_may_not_use(sim, lib):
             cuctx.synchronize()
 
 
-def test_on_the_sim_a_kernel_that_writes_what_it_may_only_read_faults(sim, lib):
-    d0, d1 = Device(0), Device(1)
-    pool, x = pool_array(d0)
-    pool.set_access(d1, "r")
-    with d1:
-        y = cuctx.zeros(N, np.float32)
-        lib["add"][1, N](x, y, 1.0, N)  # writes x
-        with pytest.raises(cuctx.StickyFaultError, match=r"ILLEGAL_ADDRESS.*wrote memory of "
-                           r"device 0 that device 1 may only read \(its pool's access is 'r'\)"):
-            cuctx.synchronize()
-    assert x.to_host().tolist() == list(range(N))  # device 0 goes on, its memory untouched
-
-
 def test_the_sims_raw_pool_access_follows_the_driver_rules(sim):
     pool, _ = pool_array(Device(0))
     drv = sim.driver
     grant = CUmemAccessDesc()
     grant.location.type = CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
     grant.location.id = 1
-    grant.flags = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ
-    assert drv.cuMemPoolSetAccess(pool._handle, [grant], 1) == (CUresult.CUDA_SUCCESS,)
-    location = grant.location
-    assert drv.cuMemPoolGetAccess(pool._handle, location)[1] == grant.flags
-    grant.location.id = 0  # the owner's access cannot be lowered
+    grant.flags = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ  # H200s, driver 580:
     assert drv.cuMemPoolSetAccess(pool._handle, [grant], 1) == (
-        CUresult.CUDA_ERROR_INVALID_VALUE,)
+        CUresult.CUDA_ERROR_NOT_SUPPORTED,)
+    grant.flags = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    assert drv.cuMemPoolSetAccess(pool._handle, [grant], 1) == (CUresult.CUDA_SUCCESS,)
+    assert drv.cuMemPoolGetAccess(pool._handle, grant.location)[1] == grant.flags
+    grant.location.id = 0  # the owner's access cannot be lowered (an H100, driver 580)
+    grant.flags = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE
+    assert drv.cuMemPoolSetAccess(pool._handle, [grant], 1) == (
+        CUresult.CUDA_ERROR_INVALID_DEVICE,)

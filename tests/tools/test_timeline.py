@@ -321,6 +321,7 @@ def test_a_path_it_cannot_write_raises_the_oserror_open_raises(backend, tmp_path
         tl.save(tmp_path / "folder.json")
 
 
+@pytest.mark.host_timing
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
                     reason="matplotlib is not installed (pip install 'cuctx[timeline]')")
 def test_the_picture_is_a_png_with_a_lane_per_stream_and_short_labels(backend, tmp_path,

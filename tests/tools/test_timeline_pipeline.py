@@ -73,6 +73,7 @@ class Pipeline:
         return last - first
 
 
+@pytest.mark.host_timing
 @pytest.mark.parametrize("source", ["auto", "events"])
 def test_the_pipeline_shows_its_overlap_inside_a_timeline(lib, source):
     pipeline = Pipeline(lib)

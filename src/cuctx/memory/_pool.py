@@ -21,7 +21,7 @@ from cuda.bindings.driver import (CUmemAccess_flags, CUmemAccessDesc, CUmemAlloc
 
 from .. import _lifetimes
 from .._resource import upper
-from ..context import call
+from ..context import call, fail
 from ..device import Device
 from ..errors import NOT_SUPPORTED, CudaError, NotSupportedError
 from ..stream import Stream
@@ -58,8 +58,9 @@ class MemoryPool:
 
     ``location`` is where its memory lives: ``"device"`` (device memory), ``"host"``
     (page-locked host memory, which ``arr.host`` views on the host) or ``"managed"`` (managed
-    memory, preferring ``device``; ``arr.host`` too). Host and managed pools need a CUDA 13
-    driver and a device that supports them (NotSupportedError otherwise). ``ipc=True`` makes
+    memory, preferring ``device``; ``arr.host`` too). Host pools need a CUDA 13 driver and a
+    device that supports them, managed pools a driver newer than CUDA 13.0 (NotSupportedError
+    otherwise). ``ipc=True`` makes
     a device pool whose arrays another process can use as the same memory (see
     docs/memory.md). ``max_size`` caps what it reserves (the driver rounds it up to its
     reservation granularity, 32 MiB on an H100); ``release_threshold`` (bytes, default 0) is
@@ -233,7 +234,8 @@ class MemoryPool:
 
     def set_access(self, device: Device | int, mode: str | None) -> None:
         """Let kernels on ``device`` read and write ("rw"), only read ("r"), or not use (None)
-        this pool's memory, now and for arrays allocated later (cuMemPoolSetAccess). Copies
+        this pool's memory, now and for arrays allocated later (cuMemPoolSetAccess). CUDA 13.0
+        drivers refuse "r" for a pool (NotSupportedError, saying so). Copies
         between devices need no access. An imported pool's access is this process's own
         (the exporting process sets its own). Taking access away waits first for the work
         queued on ``device``, since a kernel still using the memory would fault."""
@@ -260,7 +262,12 @@ class MemoryPool:
         desc.location.type = _L.CU_MEM_LOCATION_TYPE_DEVICE
         desc.location.id = device.ordinal
         desc.flags = _ACCESS[mode]
-        call(self._backend, "cuMemPoolSetAccess", self._handle, [desc], 1)
+        err, = self._backend.driver.cuMemPoolSetAccess(self._handle, [desc], 1)
+        if err:
+            fail(self._backend, err, "cuMemPoolSetAccess", hint=(
+                "the driver gives no read-only access to a pool's memory (measured on H200s, "
+                "driver 580): grant 'rw', or copy the data to the other device"
+                if mode == "r" and int(err) == NOT_SUPPORTED else ""))
 
     def _device_arg(self, device: Device | int, operation: str) -> Device:
         if isinstance(device, int) and not isinstance(device, bool):
@@ -310,6 +317,14 @@ def _supported(device: Device, location: str) -> None:
     attribute = {"host": "host_memory_pools_supported",
                  "managed": "concurrent_managed_access"}[location]
     version = int(call(device._backend, "cuDriverGetVersion"))
+    if location == "managed" and version // 10 == 1300:  # CUDA 13.0
+        # Measured on two H200s, driver 580: the pool is made, and the first allocation from
+        # it ends the process (a segmentation fault in cuMemAllocFromPoolAsync).
+        raise NotSupportedError(
+            NOT_SUPPORTED, "MemoryPool", "",
+            "managed memory pools crash CUDA 13.0 drivers at their first allocation (a "
+            "segmentation fault, measured); cuctx makes them on newer drivers only: use "
+            "cuctx.managed_empty for managed arrays")
     try:
         supported = version >= 13000 and getattr(device.properties, attribute)
     except NotSupportedError:  # the driver predates the attribute

@@ -82,34 +82,26 @@ _KEEP = 64
 # measures; benchmarks/autograph.py prints the measured values beside these, and the sim's
 # decisions beside the GPU's for its loops.
 #
-# Issue 22 measured, on the H100, an operation enqueued eagerly at 5.03 us and a node of a
-# build at 54 us: both on Python paths that issue replaced (an eager call's launches went
-# through cuda.bindings, a build through the checked Graph API, packing every argument
-# again). The values below are for the compiled paths that replaced them, from the C
-# figures those paths now match, until an H100 run of benchmarks/autograph.py prints
-# measured ones to put here.
+# Calibrated on an H100 (driver 580), benchmarks/autograph.py on the compiled paths, one run
+# (issue 22's closing run; its "host-cost model" lines print these beside what it measures).
 #
 # One recorded operation enqueued eagerly: a launch through the compiled launcher from its
-# packed bytes; the compiled launcher took 3123 ns a launch on the H100 (issue 16's
-# benchmarks/launch.py, 1.085x the C program's).
-HOST_EAGER_OP_NS = 3_100
-# A graph call's launch, its patches aside: issue 16's decoding-like loop's graph call took
-# 74.4 us with 5 nodes patched at about 14 us each, leaving about 4.5 us.
-HOST_GRAPH_LAUNCH_NS = 4_500
+# packed bytes: 3.37 us measured.
+HOST_EAGER_OP_NS = 3_370
+# A graph call's launch, its patches aside: 1.78 us measured.
+HOST_GRAPH_LAUNCH_NS = 1_780
 # Each node of a launch, on the host: an estimate (not measured): the driver launches a
 # straight-line graph in about constant host time, whatever its length.
 HOST_REPLAY_NODE_NS = 50
-# A kernel node patched from its packed bytes by the compiled path: the C program's 0.8 us
-# (benchmarks/graphs_c.c on the H100, issue 16) and the call into it.
-HOST_PATCH_NODE_NS = 1_000
+# A kernel node patched from its packed bytes by the compiled path: 0.27 us measured.
+HOST_PATCH_NODE_NS = 270
 # A build: the graph made from the recorded bytes (kernel nodes added from C) and
-# instantiated, a fixed part and a part per node. Estimates: issue 22's bound of 1.5x the C
-# program's capture + instantiate of the same launches (benchmarks/graphs_c.c,
-# capture_instantiate_ms), taking that at about 20 us and 2.5 us a node on an H100.
-HOST_BUILD_FIXED_NS = 30_000
-HOST_BUILD_NODE_NS = 4_000
+# instantiated, a fixed part and a part per node, fitted from the builds of the run: 55.7 us
+# and 10.4 us a node (the C program's capture + instantiate: 1.31 us a node).
+HOST_BUILD_FIXED_NS = 55_700
+HOST_BUILD_NODE_NS = 10_400
 # Each node of a whole update: the graph made again as for a build, then cuGraphExecUpdate
-# (about as much again as an instantiation): an estimate.
+# (about as much again as an instantiation): an estimate, not measured.
 HOST_WHOLE_NODE_NS = 5_000
 
 KERNEL, HTOD, DTOH, DTOD, HTOH = "kernel", "memcpy HtoD", "memcpy DtoH", "memcpy DtoD", \
