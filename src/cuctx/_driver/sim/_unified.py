@@ -60,6 +60,9 @@ class UnifiedCopies:
         return OK, span, False
 
     def cuMemcpyAsync(self, dst, src, ByteCount, hStream):
+        """Queued as the sim's other copies (synchronous with a pageable side, timed by the
+        kind of its sides); 0 bytes is a successful no-op once the stream is checked, as an
+        empty 2D copy is."""
         n = size_t(ByteCount)
         err, ctx = self._stream_context(hStream)
         if err or n == 0:
