@@ -280,3 +280,16 @@ def test_cluster_occupancy(backend):
     assert kernel.max_active_clusters((2, 2), 1024, 32768) >= 1
     with pytest.raises(cuctx.LaunchConfigError, match="portable limit is 8"):
         kernel.max_active_clusters(16, 64)
+
+
+def test_cluster_occupancy_of_the_sim_is_an_h100s(sim):
+    """What an H100 80GB HBM3 answered (driver 580, scripts/probe_link.py) for a kernel as
+    resident as this one: at most 8 blocks of a cluster launch per SM (not the 16 of plain
+    occupancy), and clusters of 4 and 8 blocks on at most 16 SMs of each GPC."""
+    kernel = cuctx.Library.from_source(OCCUPANCY_SRC)["k"]
+    assert (kernel.occupancy(128), kernel.occupancy(1024, 49152)) == (16, 2)
+    assert kernel.max_cluster_size(128) == 8
+    assert [kernel.max_active_clusters(size, 128) for size in (1, 2, 4, 8)] == \
+        [1056, 528, 248, 124]
+    assert [kernel.max_active_clusters(size, 1024, 49152) for size in (1, 2, 4, 8)] == \
+        [264, 132, 62, 30]

@@ -1,6 +1,32 @@
 """Occupancy of the sim: the CUDA occupancy calculator's rules for sm_90 (warps, blocks,
 registers and shared memory per multiprocessor), the thread and dynamic shared memory limits
-of a kernel, and cuOccupancy* (clusters: a model of an H100's GPCs)."""
+of a kernel, and cuOccupancy* (clusters: a model of an H100's GPCs).
+
+The cluster model is fitted to what an H100 80GB HBM3 (driver 580) answered in
+scripts/probe_link.py (its item 5) for a kernel resident 16 times per SM in blocks of 128
+threads and twice in blocks of 1024 threads with 48 KiB of dynamic shared memory:
+cuOccupancyMaxActiveClusters for clusters of 1, 2, 4 and 8 blocks gave 1056, 528, 248, 124
+and 264, 132, 62, 30; cuOccupancyMaxPotentialClusterSize gave 8. Each figure below is the
+one that explains them:
+
+- at most 8 blocks of a cluster launch per SM (``_CLUSTER_BLOCKS_PER_SM``): single-block
+  clusters of 128 threads are 1056 = 132 x 8, not the 132 x 16 that the occupancy of such
+  blocks gives, while those of 1024 threads are 264 = 132 x 2, so it is a ceiling, not a
+  share;
+- a cluster runs on one GPC, and one of more than 2 blocks on at most 16 of its SMs
+  (``_GPC_CLUSTER_SMS``; 16 is also the largest cluster an H100 runs at all): clusters of 2
+  take every SM (528 = 132 x 8 / 2, 132 = 132 x 2 / 2) but those of 4 and 8 leave 8 SMs
+  out (248 = 124 x 8 / 4, 124 = 124 x 8 / 8), two in each GPC of 18;
+- the 132 SMs in 8 GPCs of 18, 18, 18, 18, 16, 16, 14, 14 (``_H100_GPCS``): clusters per GPC
+  are its SMs (at most 16 for more than 2 blocks) times the blocks per SM, over the cluster
+  size, rounded down; with 2 blocks per SM that gives 6 x 8 + 2 x 7 = 62 clusters of 4 and
+  6 x 4 + 2 x 3 = 30 of 8. Among the splits of 132 SMs into 8 GPCs of at most 9 TPCs (a
+  full GH100's) this is the only one that gives all eight answers.
+
+Which TPCs are fused off varies from chip to chip, and the answers for clusters of 3, 5, 6
+and 7 blocks were not measured (the 16-SM rule may start at 3 or 4):
+scripts/probe_cluster_occupancy.py prints a GPU's answers beside the sim's.
+"""
 
 from __future__ import annotations
 
@@ -86,12 +112,13 @@ class OccupancyModel:
         err, kernel, spec = self._occupancy_kernel(func)
         if err:
             return (err, None)
-        per_sm = occupancy(kernel, _threads(config), int(config.sharedMemBytes), spec)
-        return (OK, min(_PORTABLE_CLUSTER, min(_gpcs(spec)) * per_sm))
+        per_sm = _cluster_blocks_per_sm(kernel, config, spec)
+        sms = min(_cluster_sms(gpc, _PORTABLE_CLUSTER) for gpc in _gpcs(spec))
+        return (OK, min(_PORTABLE_CLUSTER, sms * per_sm))
 
     def cuOccupancyMaxActiveClusters(self, func, config):
-        """Clusters of the config's size resident at once: per GPC, its SMs' blocks over
-        the cluster size."""
+        """Clusters of the config's size resident at once: per GPC, the blocks its SMs take
+        from a cluster launch over the cluster size (the module's docstring tells why)."""
         err, kernel, spec = self._occupancy_kernel(func)
         if err:
             return (err, None)
@@ -100,13 +127,15 @@ class OccupancyModel:
             return (INVALID_VALUE, None)  # no cluster in the config, none set for the kernel
         if not 1 <= cluster <= _PORTABLE_CLUSTER:
             return (INVALID_CLUSTER_SIZE, None)
-        per_sm = occupancy(kernel, _threads(config), int(config.sharedMemBytes), spec)
-        return (OK, sum(sms * per_sm // cluster for sms in _gpcs(spec)))
+        per_sm = _cluster_blocks_per_sm(kernel, config, spec)
+        return (OK, sum(_cluster_sms(gpc, cluster) * per_sm // cluster for gpc in _gpcs(spec)))
 
 
-# An H100 SXM's 132 SMs in its 8 GPCs (66 TPCs of 2 SMs). Which TPCs are fused off varies
-# from chip to chip, so the split is a model; scripts/probe_link.py prints a GPU's answers.
+# An H100 SXM's 132 SMs in its 8 GPCs (66 TPCs of 2 SMs), as its cluster answers show them.
 _H100_GPCS = (18, 18, 18, 18, 16, 16, 14, 14)
+_CLUSTER_BLOCKS_PER_SM = 8
+_GPC_CLUSTER_SMS = 16  # the SMs of a GPC that take clusters larger than a TPC's 2
+_TPC_SMS = 2
 _PORTABLE_CLUSTER = 8
 _CLUSTER_ATTRIBUTE = CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
 _B2D = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_int)  # CUoccupancyB2DSize
@@ -117,6 +146,18 @@ def _gpcs(spec: dict) -> tuple[int, ...]:
     if count == sum(_H100_GPCS):
         return _H100_GPCS
     return (16,) * (count // 16) + ((count % 16,) if count % 16 else ())
+
+
+def _cluster_sms(gpc: int, cluster: int) -> int:
+    """The SMs of a GPC of ``gpc`` SMs that take clusters of ``cluster`` blocks."""
+    return gpc if cluster <= _TPC_SMS else min(gpc, _GPC_CLUSTER_SMS)
+
+
+def _cluster_blocks_per_sm(kernel: SimKernel, config, spec: dict) -> int:
+    """Blocks of the config's size an SM takes from a cluster launch: its occupancy, at most
+    8."""
+    per_sm = occupancy(kernel, _threads(config), int(config.sharedMemBytes), spec)
+    return min(per_sm, _CLUSTER_BLOCKS_PER_SM)
 
 
 def _threads(config) -> int:
