@@ -13,6 +13,7 @@ import gc
 
 import numpy as np
 import pytest
+from cuda.bindings.driver import CUDA_MEMCPY2D, CUmemorytype, CUresult
 
 import cuctx
 from cuctx import Device, MemoryPool
@@ -123,3 +124,168 @@ def test_a_cuda_13_0_driver_makes_no_managed_pool_and_says_why(sim):
     with pytest.raises(cuctx.NotSupportedError, match=r"managed memory pools crash CUDA 13\.0 "
                        r"drivers at their first allocation .*use cuctx\.managed_empty"):
         MemoryPool(0, location="managed")
+
+
+# -- copies of a host pool's arrays ----------------------------------------------------------
+# A host pool's memory is host memory: the driver refuses it as the device side of
+# cuMemcpyHtoDAsync (CUDA_ERROR_INVALID_VALUE, two H200s, driver 580), so cuctx copies it
+# with cuMemcpyAsync and CU_MEMORYTYPE_UNIFIED, and the sim refuses the device forms as the
+# driver does: on both backends these tests fail if a copy takes the device forms.
+
+GRID = np.arange(4 * 5 * 6, dtype=np.float32).reshape(4, 5, 6)
+LAYOUTS = {  # the copy planner's layouts: (the view, what it makes of a copy)
+    "whole": lambda a: a,                      # one linear copy
+    "pitched2d": lambda a: a[0, :, 1:5],       # one 2D copy
+    "pitched3d": lambda a: a[:, 1:4, 2:5],     # one 3D copy
+    "column": lambda a: a[:, 2, 3],            # linear copies in a loop
+    "transposed": lambda a: a.transpose(2, 0, 1),  # staged through a host temporary
+}
+
+
+def others(kind: str, shape: tuple, monkeypatch) -> np.ndarray | cuctx.DeviceArray:
+    """A zeroed array of ``kind`` to copy a host pool's array to and from (another host
+    pool's, for "host pool")."""
+    if kind == "pageable":
+        return np.zeros(shape, np.float32)
+    if kind == "pinned":
+        out = cuctx.pinned_empty(shape, np.float32)
+        out[...] = 0
+        return out
+    pool = made("host", monkeypatch) if kind == "host pool" else None
+    return cuctx.zeros(shape, np.float32, pool=pool)
+
+
+def read(arr) -> np.ndarray:
+    cuctx.synchronize()
+    return arr.copy() if isinstance(arr, np.ndarray) else arr.to_host()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", ["pageable", "pinned", "device", "host pool"])
+def test_a_host_pools_arrays_copy_to_and_from_every_kind_of_memory(backend, layout, kind,
+                                                                   monkeypatch):
+    view = LAYOUTS[layout]
+    with Device(0):
+        pooled = cuctx.to_device(GRID, pool=made("host", monkeypatch))
+        expected = view(GRID)
+        other = others(kind, GRID.shape, monkeypatch)
+        cuctx.copy(view(other), view(pooled))  # from the host pool
+        model = np.zeros_like(GRID)
+        view(model)[...] = expected
+        np.testing.assert_array_equal(read(other), model)
+        back = cuctx.zeros(GRID.shape, np.float32, pool=pooled.pool)
+        cuctx.copy(view(back), view(other))  # into the host pool
+        np.testing.assert_array_equal(read(back), model)
+        np.testing.assert_array_equal(back.host, model)
+
+
+def test_a_host_pools_arrays_copy_inside_a_capture(backend, monkeypatch):
+    with Device(0):
+        pool = made("host", monkeypatch)
+        s = cuctx.Stream()
+        pooled = cuctx.to_device(GRID, stream=s, pool=pool)
+        device = cuctx.zeros(GRID.shape, np.float32, stream=s)
+        pinned = cuctx.pinned_empty((5, 4), np.float32)
+        back = cuctx.zeros((5, 4), np.float32, stream=s, pool=pool)
+        with s.capture() as graph:
+            cuctx.copy(device, pooled, s)  # linear, host pool -> device
+            cuctx.copy(pinned, device[1, :, 1:5], s)  # 2D, device -> pinned
+            cuctx.copy(back, pooled[2, :, 2:6], s)  # 2D, host pool -> host pool
+        assert [node.kind for node in graph.nodes] == ["copy"] * 3
+        s.synchronize()
+        assert not device.to_host().any()  # the capture ran nothing
+        graph.instantiate().launch(s)
+        s.synchronize()
+        np.testing.assert_array_equal(device.to_host(), GRID)
+        np.testing.assert_array_equal(pinned, GRID[1, :, 1:5])
+        np.testing.assert_array_equal(back.host, GRID[2, :, 2:6])
+
+
+def test_a_host_pools_array_copies_to_another_device_without_access(backend, monkeypatch):
+    pool, x = on_device_0("host", monkeypatch)
+    with Device(0):
+        s0 = cuctx.Stream()
+    with Device(1):
+        assert pool.access(1) is None  # kernels on device 1 may not use it; copies may
+        out = cuctx.zeros(N, np.float32)
+        cuctx.copy(out, x)  # device 1's copy of host memory, on its stream
+        assert out.to_host().tolist() == list(range(N))
+        out.fill(7.0)
+        cuctx.copy(x, out)
+        cuctx.synchronize()
+        with pytest.raises(ValueError, match="made by the other side's device"):
+            cuctx.copy(out, x, s0)
+    assert x.host.tolist() == [7.0] * N
+
+
+@pytest.mark.usefixtures("graphs_pay")
+def test_autograph_copies_host_pool_and_device_arrays_as_eagerly(backend, monkeypatch):
+    @cuctx.autograph
+    def step(out, x):
+        cuctx.copy(out, x)
+        cuctx.copy(x[::2], out[1::2])  # a 2D copy of every other element
+
+    with Device(0):
+        pool = made("host", monkeypatch)
+        results = []
+        for i in range(8):  # a host pool's sources, then device arrays among them
+            src = cuctx.to_device(np.arange(i, i + N, dtype=np.float32),
+                                  pool=pool if i < 4 or i % 2 else None)
+            out = cuctx.zeros(N, np.float32, pool=pool if i % 3 == 0 else None)
+            step(out, src)
+            results.append((i, out, src))
+        for i, out, src in results:
+            expected = np.arange(i, i + N, dtype=np.float32)
+            assert out.to_host().tolist() == expected.tolist()
+            expected[::2] = expected[1::2]
+            assert src.to_host().tolist() == expected.tolist()
+    stats = step.stats()
+    assert stats["builds"] + stats["replays"] + stats["updates"] >= 4  # graphs ran
+
+
+# The driver's refusal: measured for cuMemcpyHtoDAsync; the other calls that name a device
+# side are refused by the same rule in the sim, and their GPU runs check that rule.
+REFUSED = {
+    "cuMemcpyHtoDAsync": lambda d, p, dev, host, h: d.cuMemcpyHtoDAsync(p, host, 32, h),
+    "cuMemcpyDtoHAsync": lambda d, p, dev, host, h: d.cuMemcpyDtoHAsync(host, p, 32, h),
+    "cuMemcpyDtoDAsync to": lambda d, p, dev, host, h: d.cuMemcpyDtoDAsync(p, dev, 32, h),
+    "cuMemcpyDtoDAsync from": lambda d, p, dev, host, h: d.cuMemcpyDtoDAsync(dev, p, 32, h),
+    "cuMemcpy2DAsync as DEVICE": lambda d, p, dev, host, h: d.cuMemcpy2DAsync(
+        pitched(p, DEVICE, host, HOST), h),
+}
+HOST, DEVICE, UNIFIED = (CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE,
+                         CUmemorytype.CU_MEMORYTYPE_UNIFIED)
+
+
+def pitched(dst: int, dst_type, src: int, src_type) -> CUDA_MEMCPY2D:
+    """A 2D copy of 4 rows of 8 bytes, each side named as its memory type says."""
+    copy = CUDA_MEMCPY2D()
+    for side, address, memory_type in (("dst", dst, dst_type), ("src", src, src_type)):
+        setattr(copy, side + "MemoryType", memory_type)
+        setattr(copy, side + ("Host" if memory_type == HOST else "Device"), address)
+        setattr(copy, side + "Pitch", 8)
+    copy.WidthInBytes, copy.Height = 8, 4
+    return copy
+
+
+@pytest.mark.parametrize("call", REFUSED)
+def test_the_driver_refuses_a_host_pools_memory_as_device_memory(backend, call, monkeypatch):
+    drv = backend.driver
+    with Device(0):
+        s = cuctx.Stream()
+        pooled = cuctx.zeros(8, np.float32, stream=s, pool=made("host", monkeypatch))
+        device = cuctx.zeros(8, np.float32, stream=s)
+        host = cuctx.pinned_empty(8, np.float32)
+        host[:] = 3.0
+        s.synchronize()
+        h = s._handle
+        assert REFUSED[call](drv, pooled.ptr, device.ptr, host.ctypes.data, h) \
+            == (CUresult.CUDA_ERROR_INVALID_VALUE,)
+        # The unified forms take it, and so does a memset.
+        assert drv.cuMemcpyAsync(pooled.ptr, host.ctypes.data, 32, h) == (CUresult.CUDA_SUCCESS,)
+        assert drv.cuMemsetD32Async(pooled.ptr + 16, 0, 4, h) == (CUresult.CUDA_SUCCESS,)
+        assert drv.cuMemcpy2DAsync(pitched(device.ptr, DEVICE, pooled.ptr, UNIFIED), h) \
+            == (CUresult.CUDA_SUCCESS,)
+        s.synchronize()
+        assert pooled.host.tolist() == [3.0] * 4 + [0.0] * 4
+        assert device.to_host().tolist() == pooled.host.tolist()

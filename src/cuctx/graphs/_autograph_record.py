@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..memory import _layout
+from ..memory import _alloc, _layout
 from .. import _record, _trace
-from ..memory._copy import _address, issue, memset
+from ..memory._copy import _address, issue, memset, memory_type
 from ..memory._host import page_locked
 from ..kernels._launcher import Launcher
 from ..event import Event
@@ -111,6 +111,8 @@ class Recording(_record.Tape):
                 self.interrupt(PAGEABLE)
                 return False
             key = (COPY, role, plan, dst_on_device, src_on_device)
+            if _alloc.host_pools:  # a host pool's array is another memory type: another node
+                key += (memory_type(dst, dst_on_device), memory_type(src, src_on_device))
             value = (_address(dst, dst_on_device), _address(src, src_on_device))
         elif kind is FILL:
             array, pattern = payload

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from cuda.bindings.driver import CUmemorytype
+
 from .. import _trace
 from ..kernels._launcher import Launcher
 from ._autograph_build import unbuildable
-from ._autograph_record import WAIT, Recording
+from ._autograph_record import COPY, WAIT, Recording
 
 GRAPH, EAGER = "graph", "eager"
 
@@ -73,6 +75,9 @@ class Tally:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
+UNIFIED = CUmemorytype.CU_MEMORYTYPE_UNIFIED
+
+
 def difference(last: Entry | None, keys: list) -> str:
     """Where a new structure departs from the latest one, in words."""
     if last is None:
@@ -87,6 +92,8 @@ def describe(key: Any) -> str:
     if key.__class__ is Launcher:
         c = key.config
         return f"a launch of {key.kernel.name!r} grid {c.grid} block {c.block}"
+    if key[0] is COPY and UNIFIED in key[5:]:  # (`Recording.enqueue`: its memory types)
+        return f"a copy of a host pool's array on stream {key[1]}"
     return f"a {key[0]} on stream {key[1]}"
 
 

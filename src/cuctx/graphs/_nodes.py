@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 from cuda.bindings.driver import (CUDA_HOST_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS,
                                   CUDA_MEMCPY3D, CUDA_MEMSET_NODE_PARAMS, CUgraphNodeType,
-                                  CUkernel, CUmemorytype)
+                                  CUkernel)
 
 from ..memory import _layout
 from ..kernels._access import condition_params
 from ..kernels._args import PACK_ERRORS
-from ..memory._copy import _address, _matching, fill_pattern
+from ..memory._alloc import in_host_pool
+from ..memory._copy import _address, _matching, fill_pattern, memory_type
 from ..memory._host import page_locked
 from ..kernels._launch_config import Config
 from .._lifetimes import TRAMPOLINE_FN, GraphOwner
@@ -170,9 +171,6 @@ def describe_kernel(kernel: Kernel, config: Config) -> str:
 
 # -- copies ---------------------------------------------------------------------------------
 
-_HOST, _DEVICE = CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE
-
-
 def _side(obj: Any, ctx: Context, operation: str, role: str, written: bool,
           copy: bool = True) -> bool:
     """Check one side of a graph copy (or fill: not ``copy``); True for device memory."""
@@ -181,7 +179,8 @@ def _side(obj: Any, ctx: Context, operation: str, role: str, written: bool,
         if obj._backend is not ctx._backend:
             raise ValueError(f"{operation}: the {role} {obj!r} is of another backend")
         here, there = ctx._device, obj._ctx._device
-        if there is not here and not (copy and there in here._peers):
+        # (a host pool's array is host memory: any device's copy reaches it)
+        if there is not here and not (copy and (there in here._peers or in_host_pool(obj))):
             raise ValueError(
                 f"{operation}: the {role} {obj!r} is on device {there.ordinal}, the graph's "
                 f"context on device {here.ordinal}; " + (
@@ -207,8 +206,8 @@ def _side(obj: Any, ctx: Context, operation: str, role: str, written: bool,
 
 def copy_params(dst: Any, src: Any, ctx: Context, operation: str) -> tuple[CUDA_MEMCPY3D, str]:
     """The one 3D copy from ``src`` to ``dst`` (device arrays of the graph's device or of a
-    device it has peer access to, or page-locked host arrays), checked as `cuctx.copy`
-    checks; and its description."""
+    device it has peer access to, arrays of a host pool, or page-locked host arrays),
+    checked as `cuctx.copy` checks; and its description."""
     dst_dev = _side(dst, ctx, operation, "destination", True)
     src_dev = _side(src, ctx, operation, "source", False)
     if not (dst_dev or src_dev):
@@ -238,8 +237,8 @@ def copy_params(dst: Any, src: Any, ctx: Context, operation: str) -> tuple[CUDA_
     params.Height, params.Depth = height, depth
     params.dstPitch, params.srcPitch = dst_pitch, src_pitch
     params.dstHeight, params.srcHeight = dst_slice // dst_pitch, src_slice // src_pitch
-    params.dstMemoryType = _DEVICE if dst_dev else _HOST
-    params.srcMemoryType = _DEVICE if src_dev else _HOST
+    params.dstMemoryType = memory_type(dst, dst_dev)
+    params.srcMemoryType = memory_type(src, src_dev)
     d = _address(dst, dst_dev) + plan.dst_offset
     s = _address(src, src_dev) + plan.src_offset
     if dst_dev:
@@ -250,9 +249,13 @@ def copy_params(dst: Any, src: Any, ctx: Context, operation: str) -> tuple[CUDA_
         params.srcDevice = s
     else:
         params.srcHost = s
-    where = {(True, True): "device to device", (True, False): "host to device",
-             (False, True): "device to host"}[dst_dev, src_dev]
-    return params, f"copy {where} {n} x {dst.dtype} {dst.shape}"
+    return params, f"copy {_memory(src, src_dev)} to {_memory(dst, dst_dev)} {n} x " \
+        f"{dst.dtype} {dst.shape}"
+
+
+def _memory(obj: Any, on_device: bool) -> str:
+    """One side of a copy node in its description."""
+    return ("host pool" if in_host_pool(obj) else "device") if on_device else "host"
 
 
 # -- fills ----------------------------------------------------------------------------------

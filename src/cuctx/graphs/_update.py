@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from cuda.bindings.driver import CUgraphExecUpdateResult
 
+from ..memory._alloc import in_host_pool
 from ..memory._array import DeviceArray
 
 if TYPE_CHECKING:
@@ -104,8 +105,10 @@ def _changed(x: GraphNode, y: GraphNode) -> int:
             on_device = isinstance(p, DeviceArray)
             if on_device != isinstance(q, DeviceArray):
                 return PARAMETERS  # a host side became a device side, or back
-            if on_device and (p._ctx is not q._ctx):
+            if on_device and p._ctx is not q._ctx:
                 return PARAMETERS
+            if on_device and x.kind == "copy" and in_host_pool(p) != in_host_pool(q):
+                return PARAMETERS  # a host pool's side is another memory type (unified)
     elif x.kind == "child" and x._extra is not None and y._extra is not None:
         return diagnose(x._extra, y._extra)[0]
     return ERROR

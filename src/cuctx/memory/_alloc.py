@@ -95,6 +95,19 @@ def _release(ptr: int, nbytes: int, stream: Stream, recorded: list[Stream]) -> b
     return not err
 
 
+# Whether a MemoryPool of host memory (location="host") was made in this process: until one
+# is, no array can be memory of one, and copies need not look (`in_host_pool`).
+host_pools = False
+
+
+def in_host_pool(arr: Any) -> bool:
+    """Whether the DeviceArray ``arr`` is memory of a host-located pool: host memory, which
+    the driver refuses as the device side of cuMemcpyHtoDAsync and the other copies that name
+    one (`_copy.memory_type`). Only asked once `host_pools` is set."""
+    alloc = arr._alloc
+    return alloc is not None and alloc.pool is not None and alloc.pool._location == "host"
+
+
 def pool_device(pool: Any, device: Any) -> Any:
     """The device of ``pool`` (a MemoryPool that can allocate), checked against ``device``."""
     if not isinstance(pool, upper.memory_pool):

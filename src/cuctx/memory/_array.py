@@ -404,11 +404,11 @@ def to_device(ary: Any, stream: Stream | Any | None = None, *,
 
 def copy(dst: DeviceArray | np.ndarray, src: DeviceArray | np.ndarray,
          stream: Stream | Any | None = None) -> None:
-    """Copy ``src`` into ``dst`` (same shape and dtype, any layouts: views, transposes and
-    reversed axes included), stream-ordered on ``stream`` (default: the current stream of
-    the device side's context; of ``dst``'s between devices or contexts, where a stream of
-    either side may be given). Every direction: host to device, device to host, device to
-    device, between contexts of a device, and between devices (peer).
+    """Copy ``src`` into ``dst`` (same shape and dtype, any layouts), stream-ordered on
+    ``stream`` (default: the current stream of the device side's context; of ``dst``'s
+    between devices or contexts, where a stream of either side may be given, but of the
+    device side's opposite a host pool's array). Every direction: host to device and back,
+    device to device, between contexts of a device, between devices, with host pools' arrays.
 
     A copy with a page-locked host side (`pinned_empty`, `register_host`) is asynchronous;
     with a pageable host side it is synchronous, as in CUDA: it returns when the host

@@ -11,6 +11,15 @@ while its stream is captured (CUDA cannot capture cuMemcpyPeerAsync) it is the s
 within a device, of device pointers, which needs peer access. Every call is made with its
 stream's context current (`Stream._call`).
 
+An array of a host-located pool (`MemoryPool(device, location="host")`) is host memory,
+which the driver refuses as the device side of those calls (CUDA_ERROR_INVALID_VALUE for
+cuMemcpyHtoDAsync, two H200s, driver 580): a copy with such a side is made with the
+unified-addressing forms, where the driver infers each side from its address: one
+cuMemcpyAsync for a linear copy, CU_MEMORYTYPE_UNIFIED (and its ``...Device`` field) for that
+side of a 2D or 3D copy (`memory_type`). Between devices such a copy is a host copy of the
+other side's device, never cuMemcpyPeerAsync. Until a host pool is made no array can be one,
+so ordinary copies pay a test of one module flag (`_alloc.host_pools`).
+
 Each copy issued and each memset is announced on the trace with both sides' byte extents; a
 staged copy announces each of its stages (what the streams really do).
 """
@@ -24,9 +33,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from cuda.bindings.driver import CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUmemorytype
 
-from . import _layout
+from . import _alloc, _layout
 from .. import _lifetimes, _record, _trace
-from ._alloc import allocate
+from ._alloc import allocate, in_host_pool
 from ._host import page_locked
 from ._layout import Plan
 from .._driver import native
@@ -34,8 +43,25 @@ from ..context import fail
 from ..stream import Stream, refuse_legacy_in_global_capture, resolve_stream
 
 _HOST, _DEVICE = CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE
+_UNIFIED = CUmemorytype.CU_MEMORYTYPE_UNIFIED
 _LINEAR = {(True, False): "cuMemcpyHtoDAsync", (False, True): "cuMemcpyDtoHAsync",
            (True, True): "cuMemcpyDtoDAsync"}
+_LINEAR_UNIFIED = "cuMemcpyAsync"  # a linear copy with a host pool's side
+
+
+def memory_type(obj, on_device: bool) -> CUmemorytype:
+    """How a 2D or 3D copy (or a graph's copy node) names one side: a NumPy array as host
+    memory, a device array as device memory, an array of a host-located pool by its unified
+    address (the driver refuses it as device memory)."""
+    if not on_device:
+        return _HOST
+    return _UNIFIED if _alloc.host_pools and in_host_pool(obj) else _DEVICE
+
+
+def _unified(dst_obj, src_obj, dst_on_device: bool, src_on_device: bool) -> bool:
+    """Whether a side of a copy is an array of a host-located pool (asked only once
+    `_alloc.host_pools` is set)."""
+    return dst_on_device and in_host_pool(dst_obj) or src_on_device and in_host_pool(src_obj)
 
 
 def _interface_address(host: np.ndarray) -> int:
@@ -89,23 +115,25 @@ def _issue(stream: Stream, plan: Plan, dst_obj, src_obj, dst_on_device: bool,
     drv = stream._backend.driver
     dst += plan.dst_offset
     src += plan.src_offset
+    name = _LINEAR_UNIFIED if _alloc.host_pools and _unified(
+        dst_obj, src_obj, dst_on_device, src_on_device) else _LINEAR[dst_on_device, src_on_device]
     if plan.rows is None and not plan.loops:  # one linear copy: every contiguous pair
-        name = _LINEAR[dst_on_device, src_on_device]
         err, = stream._call(getattr(drv, name), dst, src, plan.width, stream._handle)
         if err:
             fail(stream._backend, err, name, stream._ctx)
     else:
-        _issue_calls(stream, drv, plan, dst, src, dst_on_device, src_on_device)
+        _issue_calls(stream, drv, plan, dst, src, name, memory_type(dst_obj, dst_on_device),
+                     memory_type(src_obj, src_on_device))
     if _trace.sinks:  # (announce_copy inline: the trace walks every frame to the user's)
         _trace.emit_lazily("copy", stream._ctx, stream,
                            (_copy_accesses, dst_obj, src_obj, dst_on_device, src_on_device))
 
 
-def _issue_calls(stream: Stream, drv, plan: Plan, dst: int, src: int, dst_on_device: bool,
-                 src_on_device: bool) -> None:
-    """The calls of a plan with rows or loops: 1D, 2D or 3D copies, one per loop index."""
+def _issue_calls(stream: Stream, drv, plan: Plan, dst: int, src: int, name: str,
+                 dst_type: CUmemorytype, src_type: CUmemorytype) -> None:
+    """The calls of a plan with rows or loops: 1D copies (the driver's function ``name``),
+    or 2D or 3D copies naming each side as its `memory_type`, one per loop index."""
     if plan.rows is None:
-        name = _LINEAR[dst_on_device, src_on_device]
         call = getattr(drv, name)
 
         def one(d, s):
@@ -113,11 +141,13 @@ def _issue_calls(stream: Stream, drv, plan: Plan, dst: int, src: int, dst_on_dev
     else:
         name = "cuMemcpy3DAsync" if plan.slices else "cuMemcpy2DAsync"
         call = getattr(drv, name)
-        params = _params(plan, dst_on_device, src_on_device)
+        params = _params(plan, dst_type, src_type)
+        dst_field = "dstHost" if dst_type is _HOST else "dstDevice"
+        src_field = "srcHost" if src_type is _HOST else "srcDevice"
 
         def one(d, s):
-            _place(params, "dst", d, dst_on_device)
-            _place(params, "src", s, src_on_device)
+            setattr(params, dst_field, d)
+            setattr(params, src_field, s)
             return stream._call(call, params, stream._handle)
     for index in itertools.product(*(range(n) for n, _, _ in plan.loops)):
         d = dst + sum(i * step for i, (_, step, _) in zip(index, plan.loops))
@@ -127,24 +157,19 @@ def _issue_calls(stream: Stream, drv, plan: Plan, dst: int, src: int, dst_on_dev
             fail(stream._backend, err, name, stream._ctx)
 
 
-def _params(plan: Plan, dst_on_device: bool, src_on_device: bool):
+def _params(plan: Plan, dst_type: CUmemorytype, src_type: CUmemorytype):
     height, dst_pitch, src_pitch = plan.rows
     params = CUDA_MEMCPY3D() if plan.slices else CUDA_MEMCPY2D()
     params.WidthInBytes = plan.width
     params.Height = height
     params.dstPitch, params.srcPitch = dst_pitch, src_pitch
-    params.dstMemoryType = _DEVICE if dst_on_device else _HOST
-    params.srcMemoryType = _DEVICE if src_on_device else _HOST
+    params.dstMemoryType, params.srcMemoryType = dst_type, src_type
     if plan.slices:
         depth, dst_slice, src_slice = plan.slices
         params.Depth = depth
         params.dstHeight = dst_slice // dst_pitch
         params.srcHeight = src_slice // src_pitch
     return params
-
-
-def _place(params, side: str, address: int, on_device: bool) -> None:
-    setattr(params, side + ("Device" if on_device else "Host"), address)
 
 
 # -- fills ---------------------------------------------------------------------------------
@@ -370,7 +395,10 @@ def copy_device(dst, src, stream) -> None:
     layouts = _checked(dst, src, True, True)
     if not layouts.size:
         return
-    if dst._ctx._device is not src._ctx._device:
+    if _alloc.host_pools and dst._ctx._device is not src._ctx._device \
+            and _unified(dst, src, True, True):
+        stream = _host_pool_stream(stream, dst, src)
+    elif dst._ctx._device is not src._ctx._device:
         if _record.threads:  # an autograph call enqueues what it recorded, and stops
             _record.interrupt("cuctx.copy between devices")
         stream = _either_stream(stream, dst, src, "cuctx.copy (between devices)")
@@ -396,6 +424,18 @@ def copy_device(dst, src, stream) -> None:
         _host_copy(dst, host, stream, to_device=True)
         return
     _issue(stream, layouts.plan, dst, src, True, True, dst.ptr, src.ptr)
+
+
+def _host_pool_stream(stream, dst, src) -> Stream:
+    """The stream of a copy between devices with a side in a host pool (host memory): a
+    copy to or from the other side's device, on a stream of that side's context (the driver
+    checks device memory against the current context); between two host pools' arrays, as
+    between devices."""
+    if in_host_pool(dst) and in_host_pool(src):
+        return _either_stream(stream, dst, src, "cuctx.copy")
+    device_side = src if in_host_pool(dst) else dst
+    return resolve_stream(stream, device_side._ctx, "cuctx.copy (of host memory of a "
+                          "host pool, made by the other side's device)")
 
 
 def _check_graph_peer_access(run: Stream, dst, src) -> None:

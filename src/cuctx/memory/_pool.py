@@ -25,7 +25,7 @@ from ..context import call, fail
 from ..device import Device
 from ..errors import NOT_SUPPORTED, CudaError, NotSupportedError
 from ..stream import Stream
-from . import _ipc
+from . import _alloc, _ipc
 from ._array import DeviceArray
 from ._ipc import IpcDescriptor, SharedPool
 
@@ -110,6 +110,7 @@ class MemoryPool:
             _ipc._made[self._ipc_key] = self
         if location == "host":  # host memory: the device it serves needs access too
             self._set_access(device, "rw")
+            _alloc.host_pools = True  # copies look at their arrays from now on
         if release_threshold is not None:
             self.release_threshold = release_threshold
 

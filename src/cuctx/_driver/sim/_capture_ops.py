@@ -30,6 +30,7 @@ from ._common import (CAPTURE_ISOLATION, CAPTURE_MERGE, CAPTURE_UNSUPPORTED, INV
 from ._graph_nodes import HostWork, KernelWork, copy_work, memset_work
 
 HOST, DEVICE = CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE
+UNIFIED = CUmemorytype.CU_MEMORYTYPE_UNIFIED
 EVENT_WAIT_EXTERNAL = 1
 _2D_FIELDS = ("srcXInBytes", "srcY", "srcMemoryType", "srcHost", "srcDevice", "srcArray",
               "srcPitch", "dstXInBytes", "dstY", "dstMemoryType", "dstHost", "dstDevice",
@@ -154,6 +155,14 @@ class CaptureOps:
             hStream, lambda s: self._linear_copy(s, DEVICE, int(dstDevice), DEVICE,
                                                  int(srcDevice), n),
             lambda: super(CaptureOps, self).cuMemcpyDtoDAsync(dstDevice, srcDevice, n, hStream))
+
+    def cuMemcpyAsync(self, dst, src, ByteCount, hStream):
+        """Captured: a memcpy node whose sides the driver infers from the addresses
+        (CU_MEMORYTYPE_UNIFIED)."""
+        n = size_t(ByteCount)
+        return self._capture_node(
+            hStream, lambda s: self._linear_copy(s, UNIFIED, int(dst), UNIFIED, int(src), n),
+            lambda: super(CaptureOps, self).cuMemcpyAsync(dst, src, n, hStream))
 
     def cuMemcpyPeerAsync(self, dstDevice, dstContext, srcDevice, srcContext, ByteCount,
                           hStream):

@@ -23,6 +23,7 @@ from ._common import ILLEGAL_ADDRESS, INVALID_VALUE, OK
 from ._launches import Launch
 from ._library import SimModule
 from ._timing import HOST, KERNEL, LAUNCH_NS, MEMSET, copy_kind, duration
+from ._unified import host_located
 
 T = CUgraphNodeType
 _COPY_FIELDS = tuple(name for name in dir(CUDA_MEMCPY3D()) if not name.startswith("_")
@@ -278,7 +279,8 @@ def copy_work(driver, copy: CUDA_MEMCPY3D, ctx, reach_from=None):
                                              else "Device")))
         block = driver._block_at(address) if kind != CUmemorytype.CU_MEMORYTYPE_HOST else None
         kinds.append(kind)
-        devices.append(block.device if block is not None else None)
+        # (a host pool's memory is host memory: `_unified`)
+        devices.append(block.device if block is not None and not host_located(block) else None)
     nbytes = own.WidthInBytes * own.Height * own.Depth
     return OK, CopyWork(own, ctx, nbytes, tuple(kinds), tuple(devices))
 

@@ -8,9 +8,10 @@ stale pointer into a released block stays invalid for ever.
 
 Checking accesses: driver calls (cuMemcpy*, cuMemset*) check their ranges when called and
 answer CUDA_ERROR_INVALID_VALUE, as the real driver does; so is a copy's device memory that
-the *current* context does not reach, whatever its stream's context (`_copy_context`). The
-work they queue remembers the allocation it was checked against and checks again when it
-runs: valid while that
+the *current* context does not reach, whatever its stream's context (`_copy_context`), and
+a host-located pool's memory where a copy names device memory (it is host memory:
+`_unified`; memsets take it). The work they queue remembers the allocation it was checked
+against and checks again when it runs: valid while that
 allocation's free has not run (even if the block already holds a later, smaller allocation
 on the freeing stream); after it has run, valid only where a later allocation of the block
 covers the bytes (the GPU would touch the new owner's data: a race the sim shows as such).
@@ -40,6 +41,7 @@ from ._common import (CONTEXT_IS_DESTROYED, ILLEGAL_ADDRESS, INVALID_CONTEXT, IN
 from ._host import HostMemory, HostSide
 from ._pitched import PitchedCopies
 from ._timing import DTOD, DTOH, HTOD, MEMSET, PTOP, peer_copy_time
+from ._unified import UnifiedCopies, host_located
 
 ADDRESS_BASE = 0x7000_0000_0000  # where the device address space starts (CUDA's is similar)
 ALIGNMENT = 512  # cuMemAlloc's alignment
@@ -135,9 +137,9 @@ class DeviceSpan:
         return OK, block.data[self.offset:end]
 
 
-class MemoryModel(PitchedCopies, HostMemory):
+class MemoryModel(PitchedCopies, UnifiedCopies, HostMemory):
     """cuMemAlloc*, cuMemFree*, cuMemcpy*, cuMemset*, cuPointerGetAttribute (host memory
-    in `HostMemory`, 2D and 3D copies in `PitchedCopies`)."""
+    in `HostMemory`, 2D and 3D copies in `PitchedCopies`, cuMemcpyAsync in `UnifiedCopies`)."""
 
     def _init_memory(self):
         self._next_address = ADDRESS_BASE
@@ -291,16 +293,19 @@ class MemoryModel(PitchedCopies, HostMemory):
             return (err,)
         return (self._drain(hStream),)
 
-    def _checked(self, hStream, *device_ranges, in_current: bool = True):
+    def _checked(self, hStream, *device_ranges, in_current: bool = True,
+                 device_only: bool = True):
         """The call-time checks of a copy or memset: a usable stream, live device ranges
         that, ``in_current``, the context a copy is checked against reaches
         (`_copy_context`; memsets and peer copies, which name their contexts, are not
-        checked so). Returns (CUresult, [DeviceSpan per range])."""
+        checked so), and, ``device_only`` (copies), are not a host pool's host memory
+        (`_unified`). Returns (CUresult, [DeviceSpan per range])."""
         err, ctx = self._stream_context(hStream)
         if err:
             return err, None
         spans = [self._device_span(p, n) for p, n in device_ranges]
-        if any(span is None for span in spans):
+        if any(span is None or device_only and host_located(span.alloc.block)
+               for span in spans):
             return INVALID_VALUE, None
         if in_current:
             checker = self._copy_context(ctx)
@@ -413,7 +418,7 @@ class MemoryModel(PitchedCopies, HostMemory):
             return (INVALID_VALUE,)
         if span == 0:  # as on an H100: cuMemsetD8Async(0, 0, 0, stream) succeeds
             return (self._stream_context(hStream)[0],)
-        err, spans = self._checked(hStream, (dst, span), in_current=False)
+        err, spans = self._checked(hStream, (dst, span), in_current=False, device_only=False)
         if err:
             return (err,)
         target = spans[0]

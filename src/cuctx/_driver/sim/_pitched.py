@@ -3,8 +3,10 @@ cuda.bindings' own CUDA_MEMCPY2D / CUDA_MEMCPY3D.
 
 Each side is host or device memory: CU_MEMORYTYPE_HOST names it by ``srcHost``/``dstHost``,
 CU_MEMORYTYPE_DEVICE and CU_MEMORYTYPE_UNIFIED by ``srcDevice``/``dstDevice`` (unified:
-device or host memory by where the address falls, as under unified addressing; a device
-address may also be page-locked host memory, which has the same address on the device).
+device or host memory by where the address falls, as under unified addressing, `_unified`;
+a device address may also be page-locked host memory of cuMemHostAlloc or
+cuMemHostRegister, which has the same address on the device, but not a host-located pool's
+memory: CUDA_ERROR_INVALID_VALUE, as the 1D copies answer).
 CUDA arrays are not modelled: CU_MEMORYTYPE_ARRAY answers CUDA_ERROR_NOT_SUPPORTED. A side
 is ``Depth`` slices of ``Height`` rows of ``WidthInBytes`` bytes; rows lie ``Pitch`` apart,
 slices ``Pitch * Height`` apart (the side's ``srcHeight``/``dstHeight``), and the copy starts
@@ -27,9 +29,10 @@ from cuda.bindings.driver import CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUmemorytype
 
 from ._common import INVALID_VALUE, NOT_SUPPORTED, OK
 from ._timing import copy_kind
+from ._unified import host_located, pageable_side
 
 HOST, DEVICE = CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE
-ARRAY = CUmemorytype.CU_MEMORYTYPE_ARRAY
+ARRAY, UNIFIED = CUmemorytype.CU_MEMORYTYPE_ARRAY, CUmemorytype.CU_MEMORYTYPE_UNIFIED
 _MAX_PITCH = "CU_DEVICE_ATTRIBUTE_MAX_PITCH"
 
 
@@ -85,8 +88,8 @@ class PitchedCopies:
         return self._copy(hStream, nbytes, run, host, "copy3D" if three_d else "copy2D", kind)
 
     def _pitched_plan(self, copy, depth: int, three_d: bool, reach_from=None):
-        """(CUresult, (bytes, operation, the pageable or else any host side or None, the
-        activity kind)) for ``copy`` checked now; (OK, None) for an empty copy. With
+        """(CUresult, (bytes, operation, the pageable host side or None, the activity
+        kind)) for ``copy`` checked now; (OK, None) for an empty copy. With
         ``reach_from`` (a context), device memory it does not reach is CUDA_ERROR_INVALID_VALUE
         (`_copy_context`). Graph copy nodes share it."""
         width, height = copy.WidthInBytes, copy.Height
@@ -111,11 +114,9 @@ class PitchedCopies:
             src = np.ndarray(shape, np.uint8, src_bytes, strides=(source.slice, source.pitch, 1))
             dst = np.ndarray(shape, np.uint8, dst_bytes, strides=(target.slice, target.pitch, 1))
             dst[...] = src  # NumPy copies through a buffer when the two overlap
-        hosts = [s.bytes for s in sides if s.host]  # pageable if either side is
-        host = next((h for h in hosts if not h.pinned), hosts[0] if hosts else None)
         between = not (source.host or target.host) \
             and source.bytes.alloc.block.device != target.bytes.alloc.block.device
-        return OK, (width * height * depth, run, host,
+        return OK, (width * height * depth, run, pageable_side(source.bytes, target.bytes),
                     copy_kind(source.host, target.host, between))
 
     def _pitched_side(self, copy, prefix: str, width: int, height: int, depth: int,
@@ -144,10 +145,14 @@ class PitchedCopies:
         side = _Side(start, pitch, slice_, extent)
         if not (width and height and depth):
             return OK, side
-        on_device = kind != HOST and self._block_at(address) is not None
-        if kind == DEVICE and not on_device and not self._pinned(start, extent):
-            return INVALID_VALUE, None  # neither device memory nor page-locked host memory
-        side.host = not on_device
+        if kind == UNIFIED:
+            err, side.bytes, side.host = self._unified_side(start, extent, reach_from)
+            return err, (None if err else side)
+        block = self._block_at(address) if kind == DEVICE else None
+        if kind == DEVICE and (block is None and not self._pinned(start, extent)
+                               or block is not None and host_located(block)):
+            return INVALID_VALUE, None  # neither device memory nor cuMemHostAlloc'd memory
+        side.host = block is None
         side.bytes = self._host_side(start, extent) if side.host \
             else self._device_span(start, extent)
         if side.bytes is None or (reach_from is not None and not side.host

@@ -3,9 +3,9 @@
 frees (cuMemFreeAsync), attributes, trimming and destruction. Explicit pools hold device
 memory, page-locked host memory (CU_MEM_LOCATION_TYPE_HOST) or managed memory preferring a
 device (CU_MEM_ALLOCATION_TYPE_MANAGED), as CUDA 13 makes them; the blocks of the last two
-are host-addressable (`_managed`), and neither takes an IPC handle type (the CUDA 13
-documentation: CUDA_ERROR_INVALID_VALUE). Host NUMA locations are not modelled
-(CUDA_ERROR_NOT_SUPPORTED).
+are host-addressable (`_managed`; a host pool's is host memory to copies, `_unified`), and
+neither takes an IPC handle type (the CUDA 13 documentation: CUDA_ERROR_INVALID_VALUE). Host
+NUMA locations are not modelled (CUDA_ERROR_NOT_SUPPORTED).
 
 Reuse: a freed block goes back to its pool at once, and a later allocation *on the same
 stream* may reuse it straight away (stream order makes that safe: the work queued for the
