@@ -41,7 +41,7 @@ from ._common import (CONTEXT_IS_DESTROYED, ILLEGAL_ADDRESS, INVALID_CONTEXT, IN
 from ._host import HostMemory, HostSide
 from ._pitched import PitchedCopies
 from ._timing import DTOD, DTOH, HTOD, MEMSET, PTOP, peer_copy_time
-from ._unified import UnifiedCopies, host_located
+from ._unified import UnifiedCopies, copy_bytes, host_located
 
 ADDRESS_BASE = 0x7000_0000_0000  # where the device address space starts (CUDA's is similar)
 ALIGNMENT = 512  # cuMemAlloc's alignment
@@ -364,13 +364,7 @@ class MemoryModel(PitchedCopies, UnifiedCopies, HostMemory):
             return (err,)
         target, source = spans
 
-        def run():
-            err, src_bytes = source.get()
-            if not err:
-                err, dst_bytes = target.get()
-            if err:
-                return err
-            dst_bytes[:] = src_bytes  # NumPy copies through a buffer when the ranges overlap
+        run = copy_bytes(source, target)
         if target.alloc.block.device == source.alloc.block.device:
             return self._copy(hStream, n, run, None, label, DTOD)
         # Between devices: checked against a context that reaches both sides, or a peer copy.

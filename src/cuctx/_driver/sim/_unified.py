@@ -26,6 +26,18 @@ from ._host import HostSide
 from ._timing import copy_kind
 
 
+def copy_bytes(source, target):
+    """The work of a copy between two spans (device or host): their bytes, at run time."""
+    def run():
+        err, src_bytes = source.get()
+        if not err:
+            err, dst_bytes = target.get()
+        if err:
+            return err
+        dst_bytes[:] = src_bytes  # NumPy copies through a buffer when the ranges overlap
+    return run
+
+
 def host_located(block) -> bool:
     """Whether ``block`` is memory of a host-located pool: host memory with a block's
     address."""
@@ -74,13 +86,7 @@ class UnifiedCopies:
         if err:
             return (err,)
 
-        def run():
-            err, src_bytes = source.get()
-            if not err:
-                err, dst_bytes = target.get()
-            if err:
-                return err
-            dst_bytes[:] = src_bytes  # NumPy copies through a buffer when the ranges overlap
+        run = copy_bytes(source, target)
         between = not (source_host or target_host) \
             and source.alloc.block.device != target.alloc.block.device
         kind = copy_kind(source_host, target_host, between)
