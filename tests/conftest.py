@@ -94,10 +94,23 @@ def path(request) -> str:
     return getattr(request, "param", "default")
 
 
+# CUCTX_TEST_PATHS="checked" (scripts/gpu-check's second pass, CUCTX_NATIVE=0): run only
+# these of the named path variants. The second pass exists for the tests that run on what the
+# backend loaded; the "python" variants already ran in the first pass exactly as they would
+# here, and the "native" ones would skip.
+_ONLY_PATHS = os.environ.get("CUCTX_TEST_PATHS")
+
+
 def pytest_generate_tests(metafunc):
     marker = metafunc.definition.get_closest_marker("paths")
     if marker is not None and "path" in metafunc.fixturenames:
-        metafunc.parametrize("path", marker.args or PATHS, indirect=True)
+        names = marker.args or PATHS
+        if _ONLY_PATHS is not None:
+            ran = pytest.mark.skip(reason="this path variant ran in the first pass "
+                                   f"(CUCTX_TEST_PATHS={_ONLY_PATHS})")
+            names = [n if n in _ONLY_PATHS.split(",") else pytest.param(n, marks=ran)
+                     for n in names]
+        metafunc.parametrize("path", names, indirect=True)
 
 
 @contextmanager
@@ -135,7 +148,7 @@ def _needs_the_gpu_alone(request) -> None:
                             "-n (scripts/gpu-check does)")
 
 
-_ALONE = {"device_memory": "judges the GPU's free memory",
+_ALONE = {"device_memory": "judges (or takes for a moment) the GPU's free memory",
           "host_timing": "judges what the host's own speed decides"}
 
 
@@ -145,8 +158,44 @@ def backend(request, path):
     such as torch or cuda.core, leave their contexts current on the main thread)."""
     if request.param == "cuda":
         _needs_the_gpu_alone(request)
-    with on_path(fresh(request.param), path) as b:
+    with on_path(fresh(request.param), path) as b, _primary_held(b, request):
         yield from _checked_stack(b)
+
+
+# Handles of the devices whose primary context this process holds (cuda: for the whole run).
+_held: dict[int, list[int]] = {}
+
+
+@contextmanager
+def _primary_held(b: _driver.Backend, request):
+    """Hold every device's primary context during the test (cuDevicePrimaryCtxRetain), as the
+    other code of a real program does (PyTorch and CuPy keep it for good). Without a hold,
+    each test's last reference destroys the context and the next test creates it again:
+    about 0.1 s alone, and seconds a test when a process per CPU does the same on one GPU
+    (the driver serializes context creation). On the cuda backend the hold lasts the whole
+    run (a device reset leaves it in place, as the driver promises); the sim is fresh for each
+    test and takes it afresh. A test that judges when cuctx itself releases the primary
+    context is marked ``primary_unheld`` and runs without the hold."""
+    drv = b.driver
+    key = id(b)
+    if key not in _held:
+        err, count = drv.cuDeviceGetCount()
+        handles = [drv.cuDeviceGet(i)[1] for i in range(0 if err else count)]
+        for handle in handles:
+            drv.cuDevicePrimaryCtxRetain(handle)
+        _held[key] = handles
+    unheld = request.node.get_closest_marker("primary_unheld") is not None
+    if unheld:
+        for handle in _held[key]:
+            drv.cuDevicePrimaryCtxRelease(handle)
+    try:
+        yield
+    finally:
+        if unheld:
+            for handle in _held[key]:
+                drv.cuDevicePrimaryCtxRetain(handle)
+        if b.sim is not None:  # this sim is not used again: forget its hold with it
+            del _held[key]
 
 
 def _checked_stack(b: _driver.Backend):
@@ -179,7 +228,7 @@ def gpu(request, path):
     if not HAVE_GPU:
         pytest.skip(f"needs a GPU: {CUDA_REASON}")
     _needs_the_gpu_alone(request)
-    with on_path(fresh("cuda"), path) as b:
+    with on_path(fresh("cuda"), path) as b, _primary_held(b, request):
         yield from _foreign_cleanup(b)
 
 

@@ -38,6 +38,7 @@ def in_thread(fn):
 
 # -- primary contexts ---------------------------------------------------------------------
 
+@pytest.mark.primary_unheld
 def test_primary_context_is_retained_while_referenced(backend):
     device = cuctx.Device(0)
     ctx = device.primary_context

@@ -68,6 +68,7 @@ def test_after_long_runs_a_new_structure_is_built_at_its_second_call():
 
 def test_build_costs_are_fitted_as_a_fixed_part_and_a_part_per_node():
     costs = BuildCosts()
+    costs.add(5, 1.0)  # a context's first build (cold): not counted
     assert costs.estimate(10) is None
     for nodes in (5, 50, 500, 5, 50):
         costs.add(nodes, 30e-6 + 4e-6 * nodes)
@@ -75,14 +76,26 @@ def test_build_costs_are_fitted_as_a_fixed_part_and_a_part_per_node():
     assert fixed == pytest.approx(30e-6) and per_node == pytest.approx(4e-6)
     assert costs.estimate(100) == pytest.approx(430e-6)
     one_size = BuildCosts()  # builds of one size: all of it per node
+    one_size.add(10, 5e-3)
     one_size.add(10, 100e-6)
     assert one_size.fit() == pytest.approx((0.0, 10e-6))
+
+
+def test_the_first_build_in_each_context_is_not_counted():
+    """It pays what comes once in a context (an H200 took milliseconds); counted, it made
+    every later structure look too costly to build."""
+    costs = BuildCosts()
+    costs.add(10, 20e-3, context=1)
+    costs.add(10, 20e-3, context=2)
+    assert costs.estimate(10) is None
+    costs.add(10, 100e-6, context=1)
+    assert costs.estimate(10) == pytest.approx(100e-6)
 
 
 def test_build_costs_follow_the_latest_builds():
     costs = BuildCosts()
     for _ in range(3):
-        costs.add(10, 1e-3)  # slow at first (a cold start)
+        costs.add(10, 1e-3)  # slow at first (the first one, a cold start, is not counted)
     for _ in range(30):
         costs.add(10, 100e-6)
     assert costs.estimate(10) == pytest.approx(100e-6, rel=0.01)
@@ -110,9 +123,14 @@ def test_structures_that_last_20_calls_are_built_at_their_second(lib, backend, m
         step(outs[-1], x, 8 + call // 20)
     for call, out in enumerate(outs):
         np.testing.assert_array_equal(out.to_host(), np.arange(N) + 8 + call // 20)
-    builds = [r["call"] for r in step.stats()["reasons"] if r["action"] == "build"]
-    assert builds[1:] == [22, 42]  # the later structures: at their second call
-    assert builds[0] <= 20
+    stats = step.stats()
+    builds = [r["call"] for r in stats["reasons"] if r["action"] == "build"]
+    said = "\n".join(f"call {r['call']}: {r['action']}: {r['reason']}" for r in stats["reasons"])
+    # The later structures (from calls 21 and 41): at their second call on the sim; on a GPU,
+    # whose costs are measured as they come, at their second or third.
+    late = 0 if backend.sim is not None else 1
+    assert len(builds) == 3 and builds[0] <= 20, said
+    assert 22 <= builds[1] <= 22 + late and 42 <= builds[2] <= 42 + late, said
     if backend.sim is not None:  # the model (an H100's costs): a graph of 8 saves 25 us a
         assert builds[0] == 6     # call, its build takes 139: it pays over the 6 calls seen
         s = step.stats()

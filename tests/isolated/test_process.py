@@ -18,7 +18,8 @@ import cuctx
 
 import calls
 
-pytestmark = pytest.mark.usefixtures("sim")
+# The module shares one executor: one worker of pytest -n runs it (--dist loadgroup).
+pytestmark = [pytest.mark.usefixtures("sim"), pytest.mark.xdist_group("process")]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,9 @@ import calls
 
 ray = pytest.importorskip("ray", reason="needs Ray: pip install -e '.[test]' (or 'cuctx[ray]')")
 
-pytestmark = pytest.mark.usefixtures("sim")
+# One worker of pytest -n takes every test of a Ray cluster (--dist loadgroup): the modules
+# that start one, and the tests of each module, share it.
+pytestmark = [pytest.mark.usefixtures("sim"), pytest.mark.xdist_group("ray")]
 
 HEAD_PORTS = ("port", "node-manager-port", "object-manager-port", "dashboard-port",
               "dashboard-agent-listen-port", "dashboard-agent-grpc-port",

@@ -239,7 +239,7 @@ class AutoGraph:
                           and all(key.__class__ is Launcher for key in entry.key))
         entry.values = recording.values
         entry.mode, entry.strikes = GRAPH, 0
-        self._policy.built(entry, t1 - t0, built - t0)
+        self._policy.built(entry, t1 - t0, built - t0, recording.ctx.handle)
         self._launch(entry, recording)
         self._tally.builds += 1
         self._tally.build_s += perf_counter() - t0

@@ -71,14 +71,23 @@ def model() -> Model:
 class BuildCosts:
     """What builds cost in this process (every function's, on a GPU): seconds against nodes,
     fitted as a fixed part plus a part per node by least squares over the builds, the older
-    ones weighing less (each new build scales the earlier ones' weight by 1 - SMOOTH)."""
+    ones weighing less (each new build scales the earlier ones' weight by 1 - SMOOTH).
+
+    The first build in each context is not counted: it pays what comes once there (the
+    driver's graph machinery set up, the kernels' code loaded), several milliseconds on an
+    H200 where a build costs tens of microseconds. Counted, it made every later structure of
+    the process look too costly to build, and no build came to correct it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sums = [0.0] * 5  # weights, and the weighted n, t, n*n, n*t
+        self._contexts: set[int] = set()  # those that have had their first build
 
-    def add(self, nodes: int, seconds: float) -> None:
+    def add(self, nodes: int, seconds: float, context: int = 0) -> None:
         with self._lock:
+            if context not in self._contexts:
+                self._contexts.add(context)
+                return
             keep = 1 - SMOOTH
             self._sums = [s * keep + x for s, x in zip(
                 self._sums, (1.0, nodes, seconds, nodes * nodes, nodes * seconds))]
@@ -104,6 +113,7 @@ class BuildCosts:
     def clear(self) -> None:
         with self._lock:
             self._sums = [0.0] * 5
+            self._contexts.clear()
 
 
 BUILDS = BuildCosts()
@@ -232,10 +242,10 @@ class Policy:
         if self.measured and entry.seen > 1:
             entry.eager_s = mean(entry.eager_s, seconds)
 
-    def built(self, entry: Any, construct: float, total: float) -> None:
+    def built(self, entry: Any, construct: float, total: float, context: int) -> None:
         if self.measured:
             entry.construct_s = construct
-            BUILDS.add(entry.count, total)
+            BUILDS.add(entry.count, total, context)
 
     def launched(self, entry: Any, seconds: float) -> None:
         if self.measured:
