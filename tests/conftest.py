@@ -133,7 +133,14 @@ def on_path(b: _driver.Backend, path: str):
 GPU_SHARED = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
 
 
-def _needs_the_gpu_alone(request) -> None:
+def pytest_runtest_setup(item):
+    """A test of the cuda backend (its parameter's `gpu` mark: `backend`'s, or a subprocess
+    run on "cuda") that must have the GPU alone skips under pytest -n."""
+    if item.get_closest_marker("gpu") is not None:
+        _needs_the_gpu_alone(item)
+
+
+def _needs_the_gpu_alone(node) -> None:
     """A test marked ``device_memory`` judges the GPU's free memory (cuMemGetInfo), which
     every process on the GPU changes; one marked ``host_timing`` judges what depends on the
     host's own speed (AutoGraph's decisions from measured costs, a timeline's overlap), which
@@ -143,7 +150,7 @@ def _needs_the_gpu_alone(request) -> None:
     pass, in one process. On the sim each process has its own virtual GPU and clock."""
     if GPU_SHARED:
         for marker, why in _ALONE.items():
-            if request.node.get_closest_marker(marker):
+            if node.get_closest_marker(marker):
                 pytest.skip(f"{why}, which the other test processes change: run it without "
                             "-n (scripts/gpu-check does)")
 
@@ -156,8 +163,6 @@ _ALONE = {"device_memory": "judges (or takes for a moment) the GPU's free memory
 def backend(request, path):
     """The backend for one test, on an empty context stack (other libraries on the GPU,
     such as torch or cuda.core, leave their contexts current on the main thread)."""
-    if request.param == "cuda":
-        _needs_the_gpu_alone(request)
     with on_path(fresh(request.param), path) as b, _primary_held(b, request):
         yield from _checked_stack(b)
 
@@ -227,7 +232,7 @@ def gpu(request, path):
     """The cuda backend for GPU-only tests (interop with torch, CuPy, Numba, cuda.core)."""
     if not HAVE_GPU:
         pytest.skip(f"needs a GPU: {CUDA_REASON}")
-    _needs_the_gpu_alone(request)
+    _needs_the_gpu_alone(request.node)
     with on_path(fresh("cuda"), path) as b, _primary_held(b, request):
         yield from _foreign_cleanup(b)
 

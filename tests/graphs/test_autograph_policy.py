@@ -127,10 +127,13 @@ def test_structures_that_last_20_calls_are_built_at_their_second(lib, backend, m
     builds = [r["call"] for r in stats["reasons"] if r["action"] == "build"]
     said = "\n".join(f"call {r['call']}: {r['action']}: {r['reason']}" for r in stats["reasons"])
     # The later structures (from calls 21 and 41): at their second call on the sim; on a GPU,
-    # whose costs are measured as they come, at their second or third.
+    # whose costs are measured as they come, at their second or third. (The first, with no
+    # history to learn from, is built once it has repeated as long as its build costs: on
+    # an H200, whose builds cost ~100 us a node, not within its 20 calls.)
     late = 0 if backend.sim is not None else 1
-    assert len(builds) == 3 and builds[0] <= 20, said
-    assert 22 <= builds[1] <= 22 + late and 42 <= builds[2] <= 42 + late, said
+    later = [b for b in builds if b > 20]
+    assert len(later) == 2, said
+    assert 22 <= later[0] <= 22 + late and 42 <= later[1] <= 42 + late, said
     if backend.sim is not None:  # the model (an H100's costs): a graph of 8 saves 25 us a
         assert builds[0] == 6     # call, its build takes 139: it pays over the 6 calls seen
         s = step.stats()

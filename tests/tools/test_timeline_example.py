@@ -22,6 +22,7 @@ def timelines(out: str) -> list[str]:
 
 
 @requires_nvrtc
+@pytest.mark.host_timing  # the overlaps: under 32 test processes an H200 host showed none
 @pytest.mark.parametrize("name", BACKENDS)
 def test_the_example_writes_timelines_and_prints_the_overlaps(name, tmp_path):
     if name == "cuda" and importlib.util.find_spec("cupti") is None:
