@@ -232,8 +232,8 @@ def test_a_reader_that_leaves_early_gets_no_error_message(command):
 
 
 @pytest.mark.parametrize("name", BACKENDS)
-def test_demo_runs_every_example_and_says_what_it_shows(name):
-    proc = cli("demo", backend=name)
+def test_demo_runs_every_example_and_says_what_it_shows(name, tmp_path):
+    proc = cli("demo", backend=name, TMPDIR=str(tmp_path))  # (where its timelines go)
     assert proc.returncode == 0, proc.stderr
     assert "RaceWarning" not in proc.stderr, proc.stderr  # the sim checks every run
     out = proc.stdout
