@@ -178,6 +178,14 @@ def capture(r: Recorder, s: Setup) -> None:
     step("graph launch: node types", lambda: types(drv, lg) if lg is not None else None)
 
 
+def instantiate_once(drv, g):
+    """cuGraphInstantiate's answer for ``g``; the executable, if any, destroyed again."""
+    err, exe = drv.cuGraphInstantiate(g, 0)
+    if not err:
+        drv.cuGraphExecDestroy(exe)
+    return err
+
+
 def graphs_in_a_capture(r: Recorder, s: Setup) -> None:
     """What cuctx's GraphExec.launch and upload refuse on a capturing stream, and
     Graph.instantiate while this thread captures (thread-local mode: an H100 refuses
@@ -187,13 +195,8 @@ def graphs_in_a_capture(r: Recorder, s: Setup) -> None:
     drv.cuGraphAddMemsetNode(g, None, 0, r.memset(s.allocs[0], 1, 1), s.ctx)
     x = drv.cuGraphInstantiate(g, 0)[1]
 
-    def instantiate():
-        err, exe = drv.cuGraphInstantiate(g, 0)
-        if not err:
-            drv.cuGraphExecDestroy(exe)
-        return err
-
-    for label, call in (("cuGraphInstantiate of another graph", instantiate),
+    for label, call in (("cuGraphInstantiate of another graph",
+                         lambda: instantiate_once(drv, g)),
                         ("cuGraphUpload", lambda: drv.cuGraphUpload(x, stream)),
                         ("cuStreamIsCapturing", lambda: drv.cuStreamIsCapturing(stream))):
         step(f"begin capture thread-local: {label}", lambda: drv.cuStreamBeginCapture(
@@ -216,10 +219,7 @@ def instantiating_beside_captures(r: Recorder, s: Setup) -> None:
     x = drv.cuGraphInstantiate(g, 0)[1]
 
     def instantiate():
-        err, exe = drv.cuGraphInstantiate(g, 0)
-        if not err:
-            drv.cuGraphExecDestroy(exe)
-        return err
+        return instantiate_once(drv, g)
 
     relax = MODE.CU_STREAM_CAPTURE_MODE_RELAXED
     for label, mode, call, thread_mode in (
