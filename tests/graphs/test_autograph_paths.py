@@ -6,13 +6,16 @@ really serves the calls it is made for. Sim and GPU."""
 
 from __future__ import annotations
 
+import ctypes
 from typing import Callable
 
 import numpy as np
 import pytest
 
 import cuctx
-from cuctx.graphs import _autograph, _autograph_arena
+from cuctx import _record
+from cuctx._driver import native
+from cuctx.graphs import _autograph, _autograph_arena, _autograph_build, _autograph_record
 
 from scenarios import ADD_SOURCE, add, library_fixture, python_paths
 
@@ -177,3 +180,78 @@ def test_a_gpu_build_adds_its_kernel_nodes_from_c(lib, backend):
     assert len(graph.edges) == 4  # a chain, as the stream ordered the launches
     for i, out in enumerate(outs):
         np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 2 * i + 3)
+
+
+class _KernelNodeParams(ctypes.Structure):
+    """csrc/native.h's kernel_node_params (CUDA_KERNEL_NODE_PARAMS_v2)."""
+    _fields_ = [("func", ctypes.c_void_p), ("grid", ctypes.c_uint * 3),
+                ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
+                ("params", ctypes.POINTER(ctypes.c_void_p)), ("extra", ctypes.c_void_p),
+                ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+
+def test_a_build_of_kernels_on_one_stream_is_made_in_c_as_python_makes_it(lib, backend):
+    """The compiled build of a one-stream recording of launches (`kernel_chain`: the nodes
+    added in one call, then their GraphNodes in one; what a GPU's builds use) against a
+    stand-in for cuGraphAddKernelNode, on any backend: each node follows the one before and
+    takes its launch's recorded parameter bytes; each GraphNode is the one `kernel_node`
+    makes (the call's line, the description, the kernel and configuration, keeping the
+    library and the arguments: a temporary's block, not its lease). A refusal names the
+    kernel it came at."""
+    module, why = native.extension()
+    if module is None:
+        pytest.skip(f"no compiled extension: {why}")
+    added = []  # (graph, deps, grid, block, the first parameter's 8 bytes)
+    refuse_at = []
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+                      ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
+                      ctypes.POINTER(_KernelNodeParams))
+    def add_kernel_node(node, graph, deps, count, params):
+        if refuse_at and len(added) == refuse_at[0]:
+            return 1  # CUDA_ERROR_INVALID_VALUE
+        p = params.contents
+        added.append((graph, [deps[i] for i in range(count)], tuple(p.grid), tuple(p.block),
+                      ctypes.string_at(p.params[0], 8)))
+        node[0] = 0x1000 + len(added)
+        return 0
+    address = ctypes.cast(add_kernel_node, ctypes.c_void_p).value
+    builder = module.Driver({name: address for name in native.FUNCTIONS})  # (only one runs)
+    builder.builds = True
+    fn = cuctx.autograph(token(lib["add"], middle=2))
+    out, x = cuctx.empty(N, np.float32), arange()
+    recording = _autograph_record.Recording(fn._arena)
+    _record.start(recording)
+    try:
+        fn._fn(out, x, 2.0)
+    finally:
+        _record.stop()
+    site = ("step.py", 7, "step")
+    with recording.ctx:
+        graph = cuctx.Graph()
+        nodes = _autograph_build.kernel_chain(graph, recording, site, builder)
+    handles = [0x1001 + i for i in range(4)]
+    assert [a[1] for a in added] == [[]] + [[h] for h in handles[:-1]]  # a chain
+    assert {a[0] for a in added} == {graph._key}
+    assert all(a[2] == (1, 1, 1) and a[3] == (32, 1, 1) for a in added)
+    assert [a[4] for a in added] == [v[:8] for v in recording.values]  # the output pointer
+    assert list(graph.nodes) == nodes and [int(n._handle) for n in nodes] == handles
+    for node, launcher, (args, _) in zip(nodes, recording.keys, recording.items):
+        assert (node.graph, node.kind, node.site) == (graph, "kernel", site)
+        assert node.description == _autograph_build.node_spec(launcher).description
+        assert node._kernel is launcher.kernel and node._config is launcher.config
+        assert node._keep[0] is launcher.kernel._owner and len(node._keep) == 1 + len(args)
+        for kept, arg in zip(node._keep[1:], args):
+            if isinstance(arg, cuctx.DeviceArray) and arg._alloc.__class__ is \
+                    _autograph_arena.Lease:  # the temporary: its block, not its lease
+                assert kept is not arg and kept.ptr == arg.ptr
+                assert kept._alloc is arg._alloc.block
+            else:
+                assert kept is arg
+    added.clear()
+    refuse_at.append(2)
+    with recording.ctx:
+        refused = cuctx.Graph()
+        with pytest.raises(cuctx.CudaError, match="adding kernel 'add'"):
+            _autograph_build.kernel_chain(refused, recording, site, builder)
+    assert len(refused.nodes) == 0 and len(added) == 2

@@ -81,6 +81,18 @@ def test_build_costs_are_fitted_as_a_fixed_part_and_a_part_per_node():
     assert one_size.fit() == pytest.approx((0.0, 10e-6))
 
 
+def test_small_builds_are_estimated_by_small_builds_not_by_large_ones():
+    """A process that also builds large graphs (milliseconds, varying by more than a small
+    build costs) must not make a structure of five kernels look too costly to build."""
+    costs = BuildCosts()
+    costs.add(5, 1.0)  # (the first, not counted)
+    for nodes, seconds in ((5, 100e-6), (1000, 11e-3), (8, 120e-6), (1000, 13e-3),
+                           (6, 107e-6), (50, 600e-6)):
+        costs.add(nodes, seconds)
+    assert costs.estimate(5) == pytest.approx(100e-6, rel=0.25)
+    assert costs.estimate(1000) == pytest.approx(12e-3, rel=0.25)
+
+
 def test_the_first_build_in_each_context_is_not_counted():
     """It pays what comes once in a context (an H200 took milliseconds); counted, it made
     every later structure look too costly to build."""

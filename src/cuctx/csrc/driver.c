@@ -280,6 +280,10 @@ static PyMethodDef Driver_methods[] = {
      "add_kernel_node(graph, deps, function, kern, ctx, grid, block, shared_mem, data, "
      "offsets): a kernel node of parameter bytes packed before, added in C; its handle as an "
      "int (compiled drivers whose `builds` is set only)."},
+    {"add_kernel_chain", (PyCFunction)(void (*)(void))Driver_add_kernel_chain, METH_FASTCALL,
+     "add_kernel_chain(graph, specs, values): the kernel nodes of a one-stream recording, "
+     "each after the one before, added in C; (0, their handles as ints) or (CUresult, the "
+     "index of the refused one) (compiled drivers whose `builds` is set only)."},
     {"enqueue", (PyCFunction)(void (*)(void))Driver_enqueue, METH_FASTCALL,
      "enqueue(keys, values, start): an autograph call's recorded launches from start on, "
      "enqueued from their packed bytes; the index of the first operation left to Python."},

@@ -252,6 +252,9 @@ static PyMethodDef module_methods[] = {
      "kernel_node_bytes(function, kern, ctx, grid, block, shared_mem, params_address): the "
      "struct Driver.add_kernel_node passes, as bytes (its layout is checked against "
      "cuda.bindings')"},
+    {"kernel_graph_nodes", (PyCFunction)(void (*)(void))kernel_graph_nodes, METH_FASTCALL,
+     "kernel_graph_nodes(graph, handles, specs, keys, items, site, anchor, node_type, "
+     "handle_type): the GraphNodes of a build's kernel nodes (see autograph_build.c)"},
     {"host_address", host_address, METH_O,
      "host_address(ndarray): the address of its first element (__array_interface__'s data)"},
     {NULL}};

@@ -27,6 +27,7 @@
  *   autograph.c an @autograph call's recorded launches, compared values, patches, launch
  *   autograph_call.c  an @autograph call: recording it
  *   autograph_serve.c serving it as a graph call, or its launches eagerly
+ *   autograph_build.c building its graph: the kernel nodes and their GraphNodes
  *   arrays.c    cuctx.empty inside an @autograph call: the arena's lease
  */
 #ifndef CUCTX_NATIVE_H
@@ -250,6 +251,8 @@ PyObject *autograph_call(PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
 int serve(PyObject *self, PyObject *rec);
 PyObject *Driver_enqueue(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Driver_add_kernel_node(Driver *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Driver_add_kernel_chain(Driver *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *kernel_graph_nodes(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *kernel_node_bytes(PyObject *module, PyObject *args);
 int add_int(PyObject *obj, Py_ssize_t offset, Py_ssize_t delta);   /* int slot += delta */
 int add_float(PyObject *obj, Py_ssize_t offset, double delta);     /* float slot += delta */

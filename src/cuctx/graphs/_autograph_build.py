@@ -1,10 +1,13 @@
-"""A `Recording` as a `Graph` (through the explicit graph API, so every node keeps what it
-uses), and the per-node patches of an executable made from one.
+"""A `Recording` as a `Graph` (every node keeps what it uses), and the per-node patches of
+an executable made from one.
 
 A kernel node takes the parameter bytes its launch packed during the call (`kernel_node`):
-the launch checked its configuration and arguments, so nothing is checked or packed again;
-where the backend builds in C (`cuctx._native`'s add_kernel_node, on a GPU) the node is added
-from there. Copies, fills, host functions and events go through `Graph`'s methods.
+the launch checked its configuration and arguments, so nothing is checked or packed again.
+Where the backend builds in C (`cuctx._native`, on a GPU), the nodes of a recording of
+launches on one stream and their GraphNodes are made in C at once (`kernel_chain`: a build
+costs about what the driver costs), any other recording's kernel nodes one by one;
+elsewhere (the sim) through cuda.bindings' structs. Copies, fills, host functions and events go
+through `Graph`'s methods.
 
 Stream order becomes dependencies: each role (stream) has a *tail*, the nodes its next
 operation comes after. A node on a role follows that role's tail and becomes it; a wait of
@@ -23,6 +26,7 @@ import numpy as np
 from cuda.bindings.driver import CUgraphNode, CUkernel, CUresult
 
 from .. import _trace
+from .._driver.native import extension
 from ..context import fail
 from ..kernels._launcher import Launcher
 from ._autograph_arena import anchor
@@ -64,6 +68,10 @@ def construct(recording: Recording) -> tuple[Graph, list[GraphNode | None], int]
     site = _trace.user_site()  # (the call's line, for every node: what errors name)
     with ctx:
         graph = Graph()
+        if builds is not None and len(recording.streams) == 1 and all(
+                key.__class__ is Launcher for key in keys):
+            return graph, kernel_chain(graph, recording, site, builds), \
+                sum(map(len, values)) + NODE_BYTES * len(keys)
         tails: list[tuple[GraphNode, ...]] = [()] * len(recording.streams)
         at_record: dict[int, tuple[GraphNode, ...]] = {}
         nodes: list[GraphNode | None] = [None] * len(keys)
@@ -82,7 +90,8 @@ def construct(recording: Recording) -> tuple[Graph, list[GraphNode | None], int]
 
 class NodeSpec(NamedTuple):
     """What a launcher's kernel nodes share: add_kernel_node's (function, kern, ctx, grid,
-    block, shared_mem), the parameters' offsets, and the words for the node."""
+    block, shared_mem), the parameters' offsets, and the words for the node (in this order:
+    the compiled build reads them by position)."""
 
     call: tuple
     offsets: tuple[int, ...]
@@ -125,6 +134,23 @@ def kernel_node(graph: Graph, launcher: Launcher, data: bytes, args: tuple,
     return graph._append(GraphNode(graph, "kernel", handle,
                                    NodeInfo(site, keep, spec.description, kernel,
                                             launcher.config)))
+
+
+def kernel_chain(graph: Graph, recording: Recording, site: tuple | None,
+                 builds: Any) -> list[GraphNode]:
+    """The kernel nodes of a recording of launches on one stream, each after the one before,
+    and their GraphNodes (each what `kernel_node` makes), added in C: a build costs about
+    what the driver costs, not Python per node."""
+    keys = recording.keys
+    specs = [key._node_spec or node_spec(key) for key in keys]
+    err, handles = builds.add_kernel_chain(graph._handle, specs, recording.values)
+    if err:
+        fail(graph._backend, CUresult(int(err)), "cuGraphAddKernelNode", graph._ctx,
+             hint=f"adding {specs[handles].description}")
+    nodes = extension()[0].kernel_graph_nodes(graph, handles, specs, keys, recording.items,
+                                              site, anchor, GraphNode, CUgraphNode)
+    graph._extend(nodes, handles)
+    return nodes
 
 
 def _node(graph: Graph, recording: Recording, i: int, tails: list, at_record: dict,

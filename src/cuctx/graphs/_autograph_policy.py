@@ -70,8 +70,12 @@ def model() -> Model:
 
 class BuildCosts:
     """What builds cost in this process (every function's, on a GPU): seconds against nodes,
-    fitted as a fixed part plus a part per node by least squares over the builds, the older
-    ones weighing less (each new build scales the earlier ones' weight by 1 - SMOOTH).
+    fitted as a fixed part plus a part per node by least squares of the relative error over
+    the builds, the older ones weighing less (each new build scales the earlier ones' weight
+    by 1 - SMOOTH). Relative, because the decisions that matter are about small graphs:
+    fitted by their absolute error, a process's large builds (a 1000-node graph takes
+    milliseconds, and varies by more than a small build costs) set the fixed part, and a
+    structure of five kernels could look as costly as one of fifty.
 
     The first build in each context is not counted: it pays what comes once there (the
     driver's graph machinery set up, the kernels' code loaded), several milliseconds on an
@@ -89,7 +93,8 @@ class BuildCosts:
                 self._contexts.add(context)
                 return
             keep = 1 - SMOOTH
-            self._sums = [s * keep + x for s, x in zip(
+            w = 1.0 / max(seconds, 1e-9) ** 2  # (least squares of the relative error)
+            self._sums = [s * keep + w * x for s, x in zip(
                 self._sums, (1.0, nodes, seconds, nodes * nodes, nodes * seconds))]
 
     def fit(self) -> tuple[float, float] | None:

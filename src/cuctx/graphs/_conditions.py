@@ -250,6 +250,8 @@ def with_bodies(graph: Graph) -> list[GraphNode]:
     """The nodes of ``graph`` in the order they were added, each conditional node followed
     by the nodes of its bodies (not those of child graphs: the driver's child node holds a
     copy, whose nodes the graph's handles do not name)."""
+    if not graph._parts:  # (no conditional bodies, no child graphs: the usual graph)
+        return list(graph._nodes)
     out = []
     for node in graph._nodes:
         out.append(node)

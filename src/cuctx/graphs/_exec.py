@@ -81,11 +81,9 @@ class GraphExec(Resource):
         self._handle = handle
         self._key = int(handle)
         self._origin = graph  # its node handles name the executable's nodes
-        self._where: dict[GraphNode, int] = {}
-        self._handles = [node._handle for node in with_bodies(graph)]
-        self._specs: list[GraphNode] = []
         self._held = _Held()
         self._take(graph)
+        self._handles = [node._handle for node in self._specs]
         self._finalizer = _lifetimes.finalize(self, _destroy_exec, drv, handle, ctx, self._held)
         _live.setdefault(ctx._key, weakref.WeakSet()).add(self)
         ctx._on_teardown(_forget_context)
@@ -107,9 +105,9 @@ class GraphExec(Resource):
         held.slots.clear()
         self._specs = with_bodies(graph)
         origin = self._specs if graph is self._origin else with_bodies(self._origin)
-        self._where = {node: i for i, node in enumerate(origin)}
+        self._where = dict(zip(origin, range(len(origin))))
         if graph is not self._origin:  # (an update's graph: its nodes name them too)
-            self._where.update({node: i for i, node in enumerate(self._specs)})
+            self._where.update(zip(self._specs, range(len(self._specs))))
 
     # -- properties -----------------------------------------------------------------------
 

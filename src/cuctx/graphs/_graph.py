@@ -167,6 +167,11 @@ class Graph(Resource):
         self._by_handle[int(node._handle)] = node
         return node
 
+    def _extend(self, nodes: list[GraphNode], handles: list[int]) -> None:
+        """`_append` of many nodes at once (``handles``: theirs, as ints)."""
+        self._nodes.extend(nodes)
+        self._by_handle.update(zip(handles, nodes))
+
     # -- adding nodes ---------------------------------------------------------------------
 
     def _after(self, after: GraphNode | Iterable[GraphNode],

@@ -226,7 +226,15 @@ _CONDITION_TYPES = frozenset({"cudaGraphConditionalHandle", "CUgraphConditionalH
 
 def condition_params(kernel: Any) -> tuple[tuple[int, str], ...]:
     """(index, declaration) of each parameter the kernel's source declares as a condition
-    handle (``cudaGraphConditionalHandle``, through its typedefs too); () without source."""
+    handle (``cudaGraphConditionalHandle``, through its typedefs too); () without source.
+    Read from the source once per kernel (a graph asks it for every kernel node)."""
+    found = kernel._conditions
+    if found is None:
+        found = kernel._conditions = _condition_params(kernel)
+    return found
+
+
+def _condition_params(kernel: Any) -> tuple[tuple[int, str], ...]:
     params = declared(kernel)
     if not params:
         return ()

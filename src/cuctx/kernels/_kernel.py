@@ -64,7 +64,7 @@ class Kernel(Resource):
     # ``_ctx`` its owner's (None for a library's kernel: it runs in every context).
     __slots__ = ("name", "_owner", "_function", "_params", "_pack", "_limits_cache",
                  "_checked", "_launchers", "_launch_memo", "_lock", "_access", "_access_modes",
-                 "_dtypes", "_launched", "__weakref__")
+                 "_dtypes", "_launched", "_conditions", "__weakref__")
 
     def __init__(self, owner: Library | Module, handle, name: str):
         self.name = name
@@ -86,6 +86,7 @@ class Kernel(Resource):
         self._lock = threading.Lock()
         self._access: dict[int, str] | None = None  # set_access: parameter index -> mode
         self._access_modes: tuple[str, ...] | None = None  # cuctx.kernels._access.modes, once
+        self._conditions: tuple | None = None  # cuctx.kernels._access.condition_params, once
         self._dtypes: dict[int, tuple[str, ...] | None] | None = None  # set_dtypes: index -> names
         # Every launcher made (cached or not): set_dtypes takes their fast paths back.
         self._launched: weakref.WeakSet[Launcher] = weakref.WeakSet()
