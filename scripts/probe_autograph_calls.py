@@ -144,8 +144,41 @@ def steady() -> None:
         "replays", "updates", "builds", "eager")) + ")")
 
 
+def per_call() -> None:
+    """The small loop once from a cold start, each call timed alone (the caller's
+    ``cuctx.empty`` apart): us by what the call did (its stats' difference), median and
+    total over the run."""
+    kernel = cuctx.Library.from_source(FMA_SOURCE, sim_kernels={"axpb": axpb_twin})["axpb"]
+    stream = cuctx.Stream()
+    x = cuctx.full(SMALL, 1.0, np.float32, stream=stream)
+    auto = cuctx.autograph(small_token(kernel, stream))
+    kinds: dict[str, list[float]] = {}
+    empties = []
+    stream.synchronize()
+    for k in range(256):
+        t0 = time.perf_counter()
+        out = cuctx.empty(SMALL, np.float32, stream=stream)
+        t1 = time.perf_counter()
+        before = auto.stats()
+        t2 = time.perf_counter()
+        auto(out, x, k)
+        t3 = time.perf_counter()
+        after = auto.stats()
+        kind = next(key for key in ("builds", "eager", "updates", "replays")
+                    if after[key] > before[key])
+        kinds.setdefault(kind, []).append((t3 - t2) * 1e6)
+        empties.append((t1 - t0) * 1e6)
+    stream.synchronize()
+    print("== the small loop, each call alone (us): median, total over the run")
+    for kind, times in kinds.items():
+        print(f"  {kind:8s} {len(times):4d} calls  median {sorted(times)[len(times) // 2]:7.1f}"
+              f"  total {sum(times):8.1f}")
+    print(f"  caller's cuctx.empty: median {sorted(empties)[128]:.1f}, total {sum(empties):.1f}")
+
+
 if __name__ == "__main__":
     with cuctx.racecheck("off"):
         steady()
+        per_call()
         if "--steady" not in sys.argv:
             main()

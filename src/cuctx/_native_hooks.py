@@ -43,7 +43,7 @@ from ._resource import ACTIVE
 from .context import Context, _object_for, fail
 from .device import Device
 from .event import Event
-from .memory import _array, _layout
+from .memory import _alloc, _array, _layout
 from .memory._array import DeviceArray
 from .stream import Stream
 
@@ -98,7 +98,7 @@ def _install():
                  defer=_lifetimes.defer_cleanup(), perf_counter=time.perf_counter,
                  lifetimes_namespace=vars(_lifetimes),
                  known_dtypes=_layout.KNOWN_DTYPES,
-                 default_dtype=_array.empty.__defaults__[0])
+                 default_dtype=_array.empty.__defaults__[0], from_pool=_alloc.from_pool)
     compiled_empty = module.Method("empty", _array.empty)
     _array.empty = memory.empty = compiled_empty
     return module.Method("launch", _launcher.launch), compiled_empty

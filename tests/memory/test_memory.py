@@ -12,6 +12,7 @@ from cuda.bindings.driver import CUresult
 from conftest import busy
 
 import cuctx
+from cuctx.memory import _array
 from cuctx import (Context, ContextDestroyedError, ContextPoisonedError, Device, DeviceArray,
                    OutOfMemoryError, Stream, StickyFaultError)
 
@@ -52,6 +53,35 @@ def test_empty_arrays_need_no_memory(backend):
     assert arr.nbytes == 0 and arr.shape == (0, 4)
     assert arr.to_host().shape == (0, 4)
     assert cuctx.to_device(np.zeros((3, 0))).size == 0
+
+
+@pytest.mark.paths("python", "native", "checked")
+def test_empty_makes_the_same_array_on_every_path(backend, path, monkeypatch):
+    """cuctx.empty's array is made in C where the backend has the compiled path (the memory
+    from the pool as the Python path allocates it, without its `allocate`; allocations are
+    traced there as here), in Python otherwise: the same array either way, and the same
+    refusals."""
+    allocated = []
+    real = _array.allocate
+    monkeypatch.setattr(_array, "allocate", lambda *a: allocated.append(a) or real(*a))
+    s = Stream()
+    arr = cuctx.empty((3, 4), np.float32, stream=s)
+    assert (arr.shape, arr.strides, arr.dtype, arr._c, arr._f) == (
+        (3, 4), (16, 4), np.float32, True, False)
+    assert arr.context is s.context and arr._alloc.stream is s and arr._alloc.nbytes == 48
+    assert arr.ptr == arr._alloc.ptr != 0 and arr._owner is None
+    column = cuctx.empty(5, "f8", stream=s)  # a 1-D array is Fortran-contiguous too
+    assert (column.shape, column.strides, column._c, column._f) == ((5,), (8,), True, True)
+    assert len(allocated) == (0 if backend.native is not None else 2)
+    arr.copy_from(np.arange(12, dtype=np.float32).reshape(3, 4), stream=s)
+    np.testing.assert_array_equal(arr.to_host(stream=s),
+                                  np.arange(12, dtype=np.float32).reshape(3, 4))
+    with pytest.raises(ValueError, match="negative dimension"):
+        cuctx.empty((2, -1), np.float32)
+    with pytest.raises(TypeError, match="a shape is an int or a tuple of ints"):
+        cuctx.empty(True)
+    with pytest.raises(TypeError, match="native byte order"):
+        cuctx.empty(4, ">f4")
 
 
 def test_full_takes_its_dtype_from_the_value(backend):

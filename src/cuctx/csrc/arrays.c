@@ -1,9 +1,14 @@
-/* cuctx._native (see native.h): cuctx.empty inside an @autograph call, compiled: the k-th
- * allocation of the call borrows the lease of its arena slot (k, stream) while nothing else
- * holds that lease (cuctx/graphs/_autograph_arena.py, whose `lend` is the reference), and the
- * DeviceArray is made here. Every other case (not recording, a pool or device given, a
- * shape or dtype not seen in this form, a slot lent or missing, a capture...) takes the
- * Python path, which allocates as it always does. */
+/* cuctx._native (see native.h): cuctx.empty, compiled: the array is made here (its dims,
+ * dtype, strides and contiguity as DeviceArray._make sets them), of memory that
+ *   - inside an @autograph call: the k-th allocation of the call borrows the lease of its
+ *     arena slot (k, stream) while nothing else holds that lease
+ *     (cuctx/graphs/_autograph_arena.py, whose `lend` is the reference);
+ *   - otherwise: memory._alloc.from_pool allocates on the stream, as the Python path's
+ *     `allocate` does once it has checked what is checked here (its errors are raised as
+ *     they are there).
+ * Every other case (a pool or device given, a shape or dtype not seen in this form, an
+ * empty shape, a slot lent or missing, another thread recording, a capture, a host
+ * function...) takes the Python path. */
 #include "native.h"
 
 /* The dims of an int or a tuple of ints (exact ints >= 0: anything else, and bools, are the
@@ -99,9 +104,10 @@ static PyObject *idle_lease(PyObject *arena, Py_ssize_t index, unsigned long lon
     return lease;
 }
 
-/* A DeviceArray of ``lease``'s memory, as DeviceArray._make makes one (a new reference). */
-static PyObject *lent_array(PyObject *ctx, PyObject *dims, PyObject *dtype, Py_ssize_t itemsize,
-                            PyObject *lease)
+/* A DeviceArray of ``alloc``'s memory (an Allocation, a Lease included), as
+ * DeviceArray._make makes one (a new reference). */
+static PyObject *array_of(PyObject *ctx, PyObject *dims, PyObject *dtype, Py_ssize_t itemsize,
+                          PyObject *alloc)
 {
     int fortran;
     PyObject *strides = c_strides(dims, itemsize, &fortran);
@@ -112,11 +118,11 @@ static PyObject *lent_array(PyObject *ctx, PyObject *dims, PyObject *dtype, Py_s
         Py_DECREF(strides);
         return NULL;
     }
-    PyObject *ptr = SLOT(lease, L.alloc_ptr);
+    PyObject *ptr = SLOT(alloc, L.alloc_ptr);
     struct { Py_ssize_t offset; PyObject *value; } values[] = {
         {L.array_shape, dims}, {L.dtype, dtype}, {L.array_strides, strides}, {L.ptr, ptr},
         {L.handle, ptr}, {L.key, ptr}, {L.ctx, ctx}, {L.backend, SLOT(ctx, L.backend)},
-        {L.array_alloc, lease}, {L.array_owner, Py_None}, {L.c_contiguous, Py_True},
+        {L.array_alloc, alloc}, {L.array_owner, Py_None}, {L.c_contiguous, Py_True},
         {L.array_f, fortran ? Py_True : Py_False}};
     for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++)
         SLOT(array, values[i].offset) = Py_NewRef(values[i].value);
@@ -128,8 +134,8 @@ static PyObject *lent_array(PyObject *ctx, PyObject *dims, PyObject *dtype, Py_s
  * zeros and to_device call it too */
 PyObject *array_empty(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    if (!recording() || nargs < 1 || nargs > 2 || any_true(L.launch_step_aside))
-        return PYTHON_PATH; /* (a capture: nothing is lent; a host function: refused) */
+    if (nargs < 1 || nargs > 2 || any_true(L.launch_step_aside))
+        return PYTHON_PATH; /* (a capture: its own rules; a host function: refused) */
     PyObject *dtype_arg = nargs == 2 ? args[1] : L.default_dtype, *stream = Py_None;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t i = 0; i < nkw; i++) {
@@ -150,9 +156,14 @@ PyObject *array_empty(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
     }
     PyObject *dtype = PyTuple_GET_ITEM(known, 0);
     Py_ssize_t itemsize = PyLong_AsSsize_t(PyTuple_GET_ITEM(known, 1));
-    PyObject *recorder = thread_recorder();
-    if (recorder == NULL || itemsize <= 0 || !Py_IS_TYPE(recorder, L.Recording)) {
-        PyErr_Clear();
+    PyObject *recorder = NULL;
+    if (recording() && ((recorder = thread_recorder()) == NULL
+                        || !Py_IS_TYPE(recorder, L.Recording))) {
+        PyErr_Clear(); /* (another thread records, or another kind of recorder) */
+        Py_XDECREF(recorder);
+        return PYTHON_PATH;
+    }
+    if (itemsize <= 0) {
         Py_XDECREF(recorder);
         return PYTHON_PATH;
     }
@@ -164,28 +175,43 @@ PyObject *array_empty(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
     } else if (!Py_IS_TYPE(stream, L.Stream)) {
         stream = NULL;
     }
-    if (stream == NULL || (dims = dims_of(args[0], &count)) == NULL || count == 0
+    if (stream == NULL || native_of(SLOT(stream, L.backend)) == NULL /* CUCTX_NATIVE=0 */
+            || (dims = dims_of(args[0], &count)) == NULL || count == 0
             || __builtin_mul_overflow(count, (unsigned long long)itemsize, &nbytes)
             || nbytes > PY_SSIZE_T_MAX)
         goto done;
     Py_INCREF(stream);
-    PyObject *ctx = SLOT(stream, L.ctx), *arena = SLOT(recorder, L.rec_arena);
-    PyObject *made = SLOT(recorder, L.rec_allocations);
-    Py_ssize_t index = made ? PyLong_AsSsize_t(made) : -1;
-    PyObject *lease = index >= 0 && arena && SLOT(ctx, L.state) == L.ACTIVE
-                          ? idle_lease(arena, index, nbytes, stream) : NULL;
-    PyObject *array = lease ? lent_array(ctx, dims, dtype, itemsize, lease) : NULL;
-    PyObject *next = array ? PyLong_FromSsize_t(index + 1) : NULL;
-    if (next != NULL) { /* Recording.allocate: the call's allocations so far */
-        Py_XSETREF(SLOT(recorder, L.rec_allocations), next);
-        result = array;
-    } else { /* (a memory error at most: the Python path meets it again and reports it) */
-        Py_XDECREF(array);
+    PyObject *ctx = SLOT(stream, L.ctx);
+    if (SLOT(ctx, L.state) != L.ACTIVE) { /* the Python path raises what fits */
+    } else if (recorder == NULL) { /* eager: from_pool allocates, or raises as it does there */
+        PyObject *alloc = PyObject_CallFunction(L.from_pool, "KO", nbytes, stream);
+        if (alloc == NULL) {
+            Py_DECREF(stream);
+            Py_DECREF(dims);
+            return NULL;
+        }
+        PyObject *array = array_of(ctx, dims, dtype, itemsize, alloc);
+        Py_DECREF(alloc);
+        Py_DECREF(stream);
+        Py_DECREF(dims);
+        return array; /* (NULL: a memory error, raised; the allocation freed with alloc) */
+    } else {
+        PyObject *arena = SLOT(recorder, L.rec_arena), *made = SLOT(recorder, L.rec_allocations);
+        Py_ssize_t index = made ? PyLong_AsSsize_t(made) : -1;
+        PyObject *lease = index >= 0 && arena ? idle_lease(arena, index, nbytes, stream) : NULL;
+        PyObject *array = lease ? array_of(ctx, dims, dtype, itemsize, lease) : NULL;
+        PyObject *next = array ? PyLong_FromSsize_t(index + 1) : NULL;
+        if (next != NULL) { /* Recording.allocate: the call's allocations so far */
+            Py_XSETREF(SLOT(recorder, L.rec_allocations), next);
+            result = array;
+        } else { /* (a memory error at most: the Python path meets it again and reports it) */
+            Py_XDECREF(array);
+        }
     }
     Py_DECREF(stream);
 done:
     PyErr_Clear();
     Py_XDECREF(dims);
-    Py_DECREF(recorder);
+    Py_XDECREF(recorder);
     return result;
 }

@@ -28,7 +28,8 @@
  *   autograph_call.c  an @autograph call: recording it
  *   autograph_serve.c serving it as a graph call, or its launches eagerly
  *   autograph_build.c building its graph: the kernel nodes and their GraphNodes
- *   arrays.c    cuctx.empty inside an @autograph call: the arena's lease
+ *   arrays.c    cuctx.empty: its array made in C, the memory an @autograph call's
+ *               arena lends, or (eagerly) memory._alloc.from_pool's
  */
 #ifndef CUCTX_NATIVE_H
 #define CUCTX_NATIVE_H
@@ -107,6 +108,7 @@ struct native_setup {
     PyObject *lifetimes_dict; /* _lifetimes' namespace: the counter of that block */
     PyObject *perf_counter; /* time.perf_counter */
     PyObject *known_dtypes, *default_dtype; /* _layout.KNOWN_DTYPES, cuctx.empty's default */
+    PyObject *from_pool;                    /* memory._alloc.from_pool: an eager allocation */
     /* slot offsets */
     Py_ssize_t backend, ctx, handle, key;          /* Resource */
     Py_ssize_t state, device, default_streams;     /* Context */
