@@ -61,10 +61,12 @@ def test_empty_makes_the_same_array_on_every_path(backend, path, monkeypatch):
     from the pool as the Python path allocates it, without its `allocate`; allocations are
     traced there as here), in Python otherwise: the same array either way, and the same
     refusals."""
+    s = Stream()
+    for dtype in (np.float32, "f8"):  # the compiled path takes a dtype argument seen before
+        cuctx.empty(1, dtype, stream=s)
     allocated = []
     real = _array.allocate
     monkeypatch.setattr(_array, "allocate", lambda *a: allocated.append(a) or real(*a))
-    s = Stream()
     arr = cuctx.empty((3, 4), np.float32, stream=s)
     assert (arr.shape, arr.strides, arr.dtype, arr._c, arr._f) == (
         (3, 4), (16, 4), np.float32, True, False)

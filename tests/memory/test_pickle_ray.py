@@ -41,9 +41,12 @@ def cluster(backend, ray_cluster):
     gpus = 0 if backend.sim is not None else 1
     if ray.cluster_resources().get("GPU", 0) < gpus:
         pytest.skip("the Ray cluster of this run has no GPU")
+    # This cuctx first, then this process's own PYTHONPATH (where the packages of a machine
+    # without an index live, Ray's included: replaced, the task's worker never started).
+    path = [str(Path(cuctx.__file__).resolve().parents[1]),
+            *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     yield {"num_gpus": gpus, "runtime_env": {"env_vars": {
-        "CUCTX_BACKEND": backend.name,
-        "PYTHONPATH": str(Path(cuctx.__file__).resolve().parents[1])}}}
+        "CUCTX_BACKEND": backend.name, "PYTHONPATH": os.pathsep.join(path)}}}
     gc.collect()
     cuctx.synchronize()
 
