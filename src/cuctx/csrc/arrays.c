@@ -184,17 +184,14 @@ PyObject *array_empty(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
     PyObject *ctx = SLOT(stream, L.ctx);
     if (SLOT(ctx, L.state) != L.ACTIVE) { /* the Python path raises what fits */
     } else if (recorder == NULL) { /* eager: from_pool allocates, or raises as it does there */
+        Py_INCREF(dtype); /* (from_pool runs Python: another thread may replace the entry) */
         PyObject *alloc = PyObject_CallFunction(L.from_pool, "KO", nbytes, stream);
-        if (alloc == NULL) {
-            Py_DECREF(stream);
-            Py_DECREF(dims);
-            return NULL;
-        }
-        PyObject *array = array_of(ctx, dims, dtype, itemsize, alloc);
-        Py_DECREF(alloc);
+        PyObject *array = alloc ? array_of(ctx, dims, dtype, itemsize, alloc) : NULL;
+        Py_XDECREF(alloc); /* (array NULL: an error raised; the allocation freed with alloc) */
+        Py_DECREF(dtype);
         Py_DECREF(stream);
         Py_DECREF(dims);
-        return array; /* (NULL: a memory error, raised; the allocation freed with alloc) */
+        return array;
     } else {
         PyObject *arena = SLOT(recorder, L.rec_arena), *made = SLOT(recorder, L.rec_allocations);
         Py_ssize_t index = made ? PyLong_AsSsize_t(made) : -1;
