@@ -26,6 +26,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from contextlib import contextmanager, nullcontext
+from typing import Any
 
 import pytest
 
@@ -56,12 +57,24 @@ requires_nvrtc = pytest.mark.skipif(NVRTC_MISSING is not None,
 requires_fast_paths = pytest.mark.skipif(
     not _codegen.ENABLED, reason="launch fast paths are turned off (CUCTX_FASTPATH=0)")
 
+# CUCTX_TEST_BACKENDS="cuda" (scripts/gpu-check's first pass): the variants of the other
+# backends skip. The sim's run in CI exactly so (the README's test command); on the device
+# machine they only took its time.
+_ONLY_BACKENDS = os.environ.get("CUCTX_TEST_BACKENDS")
+
+
+def _variant(name: str, *marks) -> Any:
+    if _ONLY_BACKENDS is not None and name not in _ONLY_BACKENDS.split(","):
+        marks = (*marks, pytest.mark.skip(
+            reason=f"the {name} variant runs elsewhere (CUCTX_TEST_BACKENDS={_ONLY_BACKENDS}; "
+                   "the sim's in CI)"))
+    return pytest.param(name, id=name, marks=list(marks))
+
+
 BACKENDS = [
-    pytest.param("sim", id="sim"),
-    pytest.param("cuda", id="cuda", marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not HAVE_GPU, reason=f"needs a GPU: {CUDA_REASON}"),
-    ]),
+    _variant("sim"),
+    _variant("cuda", pytest.mark.gpu,
+             pytest.mark.skipif(not HAVE_GPU, reason=f"needs a GPU: {CUDA_REASON}")),
 ]
 
 
