@@ -331,18 +331,7 @@ class MemoryModel(PitchedCopies, UnifiedCopies, HostMemory):
         side = self._host_side(host, n)
         if side is None:
             return (INVALID_VALUE,)
-        span = spans[0]
-
-        def run():
-            err, view = span.get()
-            if not err:
-                err, host_bytes = side.get()
-            if err:
-                return err
-            if to_device:
-                view[:] = host_bytes
-            else:
-                host_bytes[:] = view
+        run = copy_bytes(side, spans[0]) if to_device else copy_bytes(spans[0], side)
         return self._copy(hStream, n, run, side, "HtoD" if to_device else "DtoH",
                           HTOD if to_device else DTOH)
 
