@@ -5,6 +5,7 @@ tests share one executor (each leaves it with every worker ready)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import sys
 import threading
@@ -98,6 +99,52 @@ def test_a_wait_with_a_timeout_gives_up_and_the_call_goes_on(ex):
     with pytest.raises(TimeoutError):
         call.exception(timeout=0.05)
     assert call.result() == 1.0 and call.exception() is None and pids(ex) == before
+
+
+def done_soon(future, seconds: float = 60) -> bool:
+    """Whether ``future`` is done within ``seconds``, waited for without reading it."""
+    deadline = time.monotonic() + seconds
+    while not future.done() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return future.done()
+
+
+def test_answers_no_caller_reads_itself_come_all_the_same(ex):
+    # The slot's thread reads them, woken by the worker: at once while callers read few
+    # answers themselves, after a grace once they did (a caller may be late to say so).
+    settled(ex)
+    on0 = ex.options(device=0)
+    for _ in range(3):
+        assert [on0.submit(calls.square, 3).result() for _ in range(12)] == [9] * 12
+        lone = on0.submit(calls.square, 4)  # nobody reads it: polled with done()
+        assert done_soon(lone) and lone.result() == 16
+    futures = [on0.submit(calls.square, i) for i in range(20)]
+    done = concurrent.futures.as_completed(futures, timeout=60)
+    assert sorted(f.result() for f in done) == [i * i for i in range(20)]
+    waited = on0.submit(calls.square, 5)
+    assert waited in concurrent.futures.wait([waited], timeout=60).done
+
+
+def test_a_wait_that_gives_up_leaves_the_answer_to_the_slot(ex):
+    before = settled(ex)
+    call = ex.options(device=0).submit(calls.sleep, 0.3)
+    with pytest.raises(TimeoutError):
+        call.result(timeout=0.05)
+    assert done_soon(call) and call.result() == 0.3 and pids(ex) == before
+
+
+def test_a_wait_for_a_call_no_worker_took_yet_reads_its_answer(ex):
+    # The second call waits for the first one's worker: its waiter waits until it is sent,
+    # then reads its answer itself; a timeout still counts from the wait's start.
+    before = settled(ex)
+    on0 = ex.options(device=0)
+    first, second = on0.submit(calls.sleep, 0.3), on0.submit(calls.square, 6)
+    with pytest.raises(TimeoutError):
+        second.result(timeout=0.05)
+    assert second.result(timeout=60) == 36 and first.result() == 0.3
+    third, fourth = on0.submit(calls.sleep, 0.1), on0.submit(calls.square, 7)
+    assert fourth.exception() is None and fourth.result() == 49 and third.done()
+    assert pids(ex) == before
 
 
 def test_a_done_callback_may_wait_for_another_call_of_the_same_worker(ex):

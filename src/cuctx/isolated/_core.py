@@ -28,13 +28,24 @@ class WorkerInfo(NamedTuple):
 
 
 class CallFuture(Future):
-    """A call's Future. While the call runs, the engine may set ``attend(future, timeout)``:
-    `result` and `exception` call it first, so that the waiting thread reads the worker's
-    answer itself (the process engine's round trip then wakes no other thread)."""
+    """A call's Future. While the call runs, the engine sets ``attend(future, timeout)``
+    (`sent`): `result` and `exception` call it first, so that the waiting thread reads the
+    worker's answer itself (the process engine's round trip then wakes no other thread). A
+    thread that waits for a call not sent yet (no worker was free) waits until it is sent,
+    then attends it: a replacement worker's first answer does not wait for the slot's thread,
+    which starts the next standby then."""
 
     def __init__(self) -> None:
         super().__init__()
         self.attend: Callable[[CallFuture, float | None], None] | None = None
+        self._awaited = 0  # threads that wait for the call to be sent (under _condition)
+
+    def sent(self, attend: Callable[[CallFuture, float | None], None]) -> None:
+        """The engine sent the call: ``attend`` reads its answer."""
+        self.attend = attend
+        if self._awaited:  # counted before the waiter looked at ``attend``: wake it
+            with self._condition:
+                self._condition.notify_all()
 
     def result(self, timeout: float | None = None) -> Any:
         return super().result(self._attended(timeout))
@@ -45,8 +56,14 @@ class CallFuture(Future):
     def _attended(self, timeout: float | None) -> float | None:
         """Attend (if the engine says how), then what is left of ``timeout``."""
         attend = self.attend
-        if attend is None or self.done():
-            return timeout
+        if attend is None:
+            if self.done():
+                return timeout
+            deadline = None if timeout is None else time.monotonic() + timeout
+            attend = self._until_sent(deadline)
+            if attend is None:  # done, or past the timeout
+                return None if deadline is None else max(0.0, deadline - time.monotonic())
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         if timeout is None:
             attend(self, None)
             return None
@@ -54,6 +71,19 @@ class CallFuture(Future):
         attend(self, timeout)
         return max(0.0, deadline - time.monotonic())
 
+    def _until_sent(self, deadline: float | None):
+        """Wait until the call is sent (its ``attend``), done, or ``deadline`` passed."""
+        with self._condition:
+            self._awaited += 1
+            try:
+                while self.attend is None and not self.done():
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return None
+                    self._condition.wait(left)
+            finally:
+                self._awaited -= 1
+            return self.attend
 
 class Call:
     """One submitted call: its future, its name for messages, its pickles, where it may run

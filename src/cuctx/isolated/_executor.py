@@ -73,9 +73,9 @@ class IsolatedExecutor(Executor):
         except Exception as exc:  # noqa: BLE001 - a pickling error may be of any type
             raise unsendable(fn, name, args, kwargs, self._engine.reductions([]), exc) \
                 from exc
-        # The worker sees shared arrays as the caller left them: its queued work first.
-        for ctx in {id(a.context): a.context for a, _ in arrays}.values():
-            ctx.synchronize()
+        if arrays:  # the worker sees shared arrays as the caller left them: queued work first
+            for ctx in {id(a.context): a.context for a, _ in arrays}.values():
+                ctx.synchronize()
         call = Call(CallFuture(), name, fn_bytes, args_bytes, arrays, device, timeout)
         slot = self._core.submit(call)
         if slot is not None:

@@ -6,7 +6,9 @@ the device's warm standby), reads what it sends, and replaces it when it dies. C
 sent by whichever thread hands them out (the caller's, in `submit`, when a worker is idle),
 and a caller waiting in ``future.result()`` reads its answer itself (`_attend`), so a round
 trip wakes no thread of the caller: the slot's thread reads what no caller waits for, and
-every loss.
+every loss. That thread sleeps on a pipe the worker rings only for answers no caller said
+it reads (`_wire`'s "who reads an answer"), not on the socket's data, which would wake it
+for every answer too.
 """
 
 from __future__ import annotations
@@ -74,27 +76,30 @@ class ProcessEngine:
                 with shared:
                     worker.send_pool(shared.key, shared.device, shared.fd)
                 worker.pools.add(key)
-        call.future.attend = functools.partial(self._attend, slot, worker)
-        worker.send(_wire.CALL, *_wire.call_message(call.fn_bytes, call.args_bytes))
+        worker.calls = number = _wire.next_number(worker.calls)
+        call.future.sent(functools.partial(self._attend, slot, worker, number))
+        worker.send_call(call.fn_bytes, call.args_bytes)
         deadline = slot.deadline
         if deadline is not None:
             self.watchdog.watch(deadline)
 
-    def _attend(self, slot: Slot, worker: ProcessWorker, future: CallFuture,
+    def _attend(self, slot: Slot, worker: ProcessWorker, number: int, future: CallFuture,
                 timeout: float | None) -> None:
-        """A caller waits for ``future``: read the worker's answers in its thread until that
-        one is in (or ``timeout`` passed), so that it is not woken by the slot's thread
-        after that thread read the answer. A message that is not a result, or the end of
-        the socket, is left to the slot's thread, which replaces the worker."""
+        """A caller waits for ``future`` (call ``number`` of ``worker``): read the worker's
+        answer in its thread (or until ``timeout`` passed), having told the worker so, so
+        that the slot's thread is not woken for it. A message that is not a result, or the
+        end of the socket, is left to the slot's thread, which replaces the worker."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else deadline - time.monotonic()
             if not worker.reader.acquire(timeout=-1 if left is None else max(left, 0)):
                 return
+            done, told = None, False
             try:
                 # A result once taken, by either thread, clears its future's ``attend``.
                 if future.attend is None or worker.stash is not None or worker.closed:
                     return
+                worker.number[0], told = number, True  # the worker need not ring for it
                 if not worker.channel.wait(left):
                     return
                 try:
@@ -110,6 +115,8 @@ class ProcessEngine:
                     return
                 done = self._answered(slot)
             finally:
+                if told and done is None:
+                    worker.hand_back()  # not read here: the slot's thread is to see it
                 worker.reader.release()
             self._deliver(slot, worker, *done, message)
 
@@ -217,7 +224,8 @@ class ProcessEngine:
         worker is reaped already, as how it died is in the call's error)."""
         core = self.core
         while True:
-            worker.channel.watch()  # then read, unless a waiting caller reads it
+            if worker.watch():  # then read, unless a waiting caller reads it
+                continue
             with worker.reader:
                 taken = worker.take()
                 if taken is None:

@@ -195,7 +195,7 @@ class RayEngine:
         except Exception as exc:  # noqa: BLE001 - Ray's: the slot's thread says it died
             ref = exc
         else:
-            call.future.attend = functools.partial(self._attend, slot, call, ref)
+            call.future.sent(functools.partial(self._attend, slot, call, ref))
         self._queues[id(slot)].put((call, ref))
 
     def _attend(self, slot: Slot, call: Call, ref, future: CallFuture,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import signal
 import socket
 import subprocess
@@ -46,7 +47,7 @@ except BaseException:
     os.write(int(sys.argv[1]), struct.pack({_wire.HEADER.format!r}, {_wire.FAILED!r},
                                            len(text)) + text)
     raise
-main(int(sys.argv[1]), int(sys.argv[2]))
+main(*map(int, sys.argv[1:]))
 """
 
 
@@ -65,22 +66,36 @@ class StartFailed(Exception):
 class ProcessWorker:
     """One worker process: its Popen and the caller's end of its socket."""
 
-    __slots__ = ("device", "proc", "channel", "pools", "reader", "stash", "closed")
+    __slots__ = ("device", "proc", "channel", "pools", "reader", "stash", "closed", "calls",
+                 "number", "_bell", "_ring", "_word", "_watching")
 
     def __init__(self, device: int, lifeline: int, env: dict[str, str],
                  backend: _driver.Backend) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # The slot's thread sleeps on the bell (the read end); the worker rings it after an
+        # answer no caller reads, and so does a caller that stops waiting (_wire.ring).
+        bell, ring = os.pipe()
+        word = -1
         try:
-            fds = (theirs.fileno(), lifeline)
+            os.set_blocking(bell, False)
+            os.set_blocking(ring, False)
+            word = _wire.shared_word_fd()  # the number of the call a caller reads itself
+            self._word, self.number = _wire.map_word(word)
+            fds = (theirs.fileno(), lifeline, device, ring, word)
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, *map(str, fds), str(device)], pass_fds=fds,
-                env=env,
+                [sys.executable, "-c", _BOOT, *map(str, fds)],
+                pass_fds=(theirs.fileno(), lifeline, ring, word), env=env,
                 stdin=subprocess.DEVNULL)
         except BaseException:
             ours.close()
+            os.close(bell)
+            os.close(ring)
             raise
         finally:
             theirs.close()
+            if word >= 0:
+                os.close(word)  # mapped: the map stays
+        self._bell, self._ring = bell, ring
         self.device = device
         self.pools: set[str] = set()  # keys of the ipc pools the worker has
         self.channel = _wire.Channel(ours)
@@ -90,6 +105,12 @@ class ProcessWorker:
         self.reader = threading.Lock()
         self.stash: tuple | None = None
         self.closed = False
+        self.calls = 0  # the number of the last call sent (_wire.next_number)
+        # The slot's thread's sleep: the bell, or the worker's end of the socket (a hang-up
+        # only: data wakes the thread when the worker rings for it).
+        self._watching = select.poll()
+        self._watching.register(bell, select.POLLIN)
+        self._watching.register(ours, select.POLLRDHUP)
         # Sent at once: the worker reads it once its imports are done. With it, this
         # process's ipc pools, which the worker imports before it is ready: a call's first
         # array of one then costs its own import only (pools made later go at first use).
@@ -119,6 +140,24 @@ class ProcessWorker:
             self.retire(EXIT_GRACE_S)
             raise StartFailed(last_line(text), text)
 
+    def watch(self) -> bool:
+        """For the slot's thread: return once the worker (or a caller) rang, or the worker's
+        end of the socket closed; then `take` under ``reader``. True when it only rang for
+        the answer of the last call sent, which a caller said it reads itself: nothing to
+        do (the worker rang before the caller said so)."""
+        hung_up = any(fd != self._bell for fd, _ in self._watching.poll())
+        try:
+            os.read(self._bell, 4096)
+        except (BlockingIOError, OSError):  # a hang-up, not a ring
+            pass
+        return not hung_up and self.number[0] == self.calls
+
+    def hand_back(self) -> None:
+        """Under ``reader``, for a caller that stops waiting before it read its answer: the
+        worker is to ring for it, and the slot's thread to look now (_wire's protocol)."""
+        self.number[0] = 0
+        _wire.ring(self._ring)
+
     def take(self) -> tuple | None:
         """Under ``reader``: the message a caller set aside, else the next one if it is there
         now ((None, None) at the end); None when there is none (a caller read it)."""
@@ -137,6 +176,13 @@ class ProcessWorker:
         socket and says why)."""
         try:
             self.channel.send(tag, *parts)
+        except OSError:
+            pass
+
+    def send_call(self, fn_bytes: bytes, args_bytes: bytes) -> None:
+        """`send` of a CALL message."""
+        try:
+            self.channel.send_call(fn_bytes, args_bytes)
         except OSError:
             pass
 
@@ -172,8 +218,13 @@ class ProcessWorker:
         self.kill()
         how = self.reap()
         with self.reader:  # not while a caller reads: its descriptor's number may be reused
-            self.closed = True
-            self.channel.close()
+            if not self.closed:
+                self.closed = True
+                self.channel.close()
+                os.close(self._bell)
+                os.close(self._ring)
+                self.number.release()
+                self._word.close()
         return how
 
 

@@ -10,54 +10,62 @@ beside a message as SCM_RIGHTS, never in a pickle.
 
 from __future__ import annotations
 
+import array
 import copyreg
 import functools
 import io
 import marshal
+import mmap
+import os
 import pickle
 import select
 import socket
 import struct
+import tempfile
 import traceback
 import types
 import weakref
-from collections import ChainMap, OrderedDict
+from collections import ChainMap, OrderedDict, deque
 from collections.abc import Mapping
 from typing import Any, Callable
 
 # Tags: caller -> worker
-SETUP, CALL, EXIT, POOL = b"S", b"C", b"X", b"P"
+SETUP, CALL, EXIT, POOL, FD = b"S", b"C", b"X", b"P", b"D"
 # Tags: worker -> caller (ENDING is the Runner's answer when a call asks its worker to end:
 # the process engine's worker ends without a message; a Ray actor's answer tells the caller)
 READY, FAILED, RESULT, FAULT, ENDING = b"Y", b"E", b"R", b"F", b"Q"
 
 HEADER = struct.Struct("<cQ")  # tag, length
 _CALL = struct.Struct("<I")  # the length of the function's pickle, before the arguments'
+_CALL_HEAD = struct.Struct("<cQI")  # a CALL's header and that length, packed at once
 _SMALL = 1 << 16  # below this, one send of header and body (one syscall, one copy)
+_FD_SPACE = socket.CMSG_SPACE(4 * array.array("i").itemsize)  # room for up to 4 fds
 
 
 class Channel:
     """Framed messages on one end of a socket pair. One thread sends and one receives at a
-    time (the executor's dispatch rules see to it); either may run while the other does."""
+    time (the executor's dispatch rules see to it); either may run while the other does.
 
-    __slots__ = ("sock", "_reading", "_watching")
+    A read takes what is there, in one syscall (a small message's header and body together),
+    and keeps what follows a message for the next `recv`. ``takes_fds``: the worker's end,
+    which file descriptors reach (`send_fd`): it reads with room for them, since a read past
+    a descriptor's bytes without that room would close the descriptor."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    __slots__ = ("sock", "_reading", "_left", "_fds")
+
+    def __init__(self, sock: socket.socket, takes_fds: bool = False) -> None:
         self.sock = sock
-        # A poll object serves one thread at a time: one for the thread that reads (it holds
-        # the worker's reader lock), one for the thread that watches without reading.
-        self._reading, self._watching = select.poll(), select.poll()
-        for poll in (self._reading, self._watching):
-            poll.register(sock, select.POLLIN)
+        self._reading = select.poll()  # for the thread that reads (one at a time)
+        self._reading.register(sock, select.POLLIN)
+        self._left = b""  # what a read got past the last message
+        self._fds: deque[int] | None = deque() if takes_fds else None
 
     def wait(self, timeout: float | None) -> bool:
         """For the thread that reads: True once a message (or the other end's close) can be
         read; False when ``timeout`` seconds (None: no limit) passed first."""
+        if self._left:
+            return True
         return bool(self._reading.poll(None if timeout is None else max(timeout, 0) * 1000))
-
-    def watch(self) -> None:
-        """For one other thread: return once a message (or the close) can be read."""
-        self._watching.poll()
 
     def send(self, tag: bytes, *parts: bytes | memoryview) -> None:
         size = sum(len(p) for p in parts)
@@ -69,33 +77,105 @@ class Channel:
             for part in parts:
                 self.sock.sendall(part)
 
+    def send_call(self, fn_bytes: bytes, args_bytes: bytes) -> None:
+        """A CALL message (`call_message`'s parts), framed as one: one syscall if small."""
+        size = len(fn_bytes) + len(args_bytes)
+        if size >= _SMALL:
+            self.send(CALL, *call_message(fn_bytes, args_bytes))
+            return
+        self.sock.sendall(b"".join((_CALL_HEAD.pack(CALL, _CALL.size + size, len(fn_bytes)),
+                                    fn_bytes, args_bytes)))
+
     def recv(self) -> tuple[bytes, memoryview]:
         """The next message; EOFError when the other end is gone."""
-        tag, size = HEADER.unpack(self._exactly(HEADER.size))
-        return tag, memoryview(self._exactly(size))
-
-    def _exactly(self, size: int) -> bytearray:
-        buf = bytearray(size)
-        view, got = memoryview(buf), 0
+        data = self._left or self._read()
+        while len(data) < HEADER.size:
+            data += self._read()
+        tag, size = HEADER.unpack_from(data)
+        end = HEADER.size + size
+        if len(data) >= end:
+            self._left = data[end:]
+            return tag, memoryview(data)[HEADER.size:end]
+        # A large message: the rest straight into its buffer (and no further).
+        self._left = b""
+        body = bytearray(size)
+        view, got = memoryview(body), len(data) - HEADER.size
+        view[:got] = memoryview(data)[HEADER.size:]
         while got < size:
             n = self.sock.recv_into(view[got:])
             if not n:
                 raise EOFError("the other end of the worker's socket is closed")
             got += n
-        return buf
+        return tag, view
+
+    def _read(self) -> bytes:
+        if self._fds is None:
+            data = self.sock.recv(_SMALL)
+        else:  # a read stops after the bytes that carry descriptors: one FD message's
+            data, ancillary, _, _ = self.sock.recvmsg(_SMALL, _FD_SPACE)
+            for level, kind, fds in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    self._fds.extend(array.array("i", fds))
+        if not data:
+            raise EOFError("the other end of the worker's socket is closed")
+        return data
 
     def send_fd(self, fd: int) -> None:
-        """Pass a file descriptor (a duplicate appears in the other process)."""
-        socket.send_fds(self.sock, [b"d"], [fd])
+        """Pass a file descriptor (a duplicate appears in the other process): an FD message,
+        which carries it."""
+        socket.send_fds(self.sock, [HEADER.pack(FD, 0)], [fd])
 
     def recv_fd(self) -> int:
-        _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
-        if not fds:
+        """The descriptor of the next message, an FD message."""
+        tag, _ = self.recv()
+        if tag != FD or not self._fds:
             raise EOFError("the worker's socket closed before a file descriptor came")
-        return fds[0]
+        return self._fds.popleft()
 
     def close(self) -> None:
         self.sock.close()
+
+
+# -- who reads an answer --------------------------------------------------------------------
+#
+# A caller waiting in ``future.result()`` reads its own call's answer; the slot's thread reads
+# any other, and sees the worker's end. Were that thread to watch the socket's data, each
+# answer would wake both threads, and the two would pass the GIL and the reader lock to each
+# other on every round trip. So it sleeps on a pipe (and on the socket's hang-up only), and
+# the worker rings that pipe after an answer unless the caller wrote that call's number
+# into a word of memory both share: "I read this one". A caller that stops waiting before
+# its answer came clears the word, then rings the pipe itself, so no answer is left unread.
+
+def next_number(number: int) -> int:
+    """The number of the call after ``number`` (1, 2, ... 2**32 - 1, 1: never 0)."""
+    return number % 0xFFFFFFFF + 1
+
+
+def shared_word_fd() -> int:
+    """A file of one word, to map in both processes (`map_word`)."""
+    fd = os.memfd_create("cuctx-isolated-call") if hasattr(os, "memfd_create") else \
+        _temporary_fd()
+    os.ftruncate(fd, mmap.PAGESIZE)
+    return fd
+
+
+def _temporary_fd() -> int:
+    with tempfile.TemporaryFile() as f:
+        return os.dup(f.fileno())
+
+
+def map_word(fd: int) -> tuple[mmap.mmap, memoryview]:
+    """The word of ``fd`` (`shared_word_fd`), mapped: (the map, a view of one uint32)."""
+    mapped = mmap.mmap(fd, mmap.PAGESIZE)
+    return mapped, memoryview(mapped).cast("I")
+
+
+def ring(fd: int) -> None:
+    """Wake the thread that sleeps on the pipe whose (non-blocking) write end is ``fd``."""
+    try:
+        os.write(fd, b"!")
+    except (BlockingIOError, OSError):  # full: it is woken already; closed: nobody sleeps
+        pass
 
 
 # -- pickles --------------------------------------------------------------------------------
@@ -158,9 +238,14 @@ def _code(code: types.CodeType) -> tuple:
 _PLAIN = frozenset({int, float, complex, str, bytes, bool, type(None)})
 
 
+_NO_ARGUMENTS = pickle.dumps(((), {}), pickle.HIGHEST_PROTOCOL)
+
+
 def arguments(args: tuple, kwargs: dict, reductions: Callable[[], dict]) -> bytes:
     """A call's arguments pickled: at once when each is a plain value (the usual small
     call), else by `dumps` with ``reductions()`` (DeviceArrays, values of ``__main__``)."""
+    if not args and not kwargs:
+        return _NO_ARGUMENTS
     if all(type(a) in _PLAIN for a in args) and \
             all(type(v) in _PLAIN for v in kwargs.values()):
         return pickle.dumps((args, kwargs), pickle.HIGHEST_PROTOCOL)

@@ -181,11 +181,28 @@ def _watch_lifeline(fd: int) -> None:
     os._exit(0)
 
 
-def main(fd: int, lifeline: int) -> None:
-    """The process engine's worker: setup, READY, then calls until EXIT or EOF."""
+GRACE_S = 0.001  # how long an answer may wait for a caller that reads it itself
+EAGER_UNTIL = 8
+
+
+def _read_soon(channel: _wire.Channel, attended: memoryview, number: int) -> bool:
+    """Whether a caller reads answer ``number`` itself, though it had not said so when the
+    answer went: it says so within GRACE_S, or the next message comes (sent only once the
+    answer was read). A caller descheduled between its send and its word would otherwise
+    cost the slot's thread a wakeup, and that thread's GIL the next call's caller."""
+    return channel.wait(GRACE_S) or attended[0] == number
+
+
+def main(fd: int, lifeline: int, ordinal: int, ring: int, word: int) -> None:
+    """The process engine's worker: setup, READY, then calls until EXIT or EOF (``ordinal``
+    is the setup's device too, for `_spawn._BOOT`'s early context). ``ring``:
+    the bell of its slot's thread; ``word``: the number of the call whose answer a caller
+    reads itself (no ring for it; _wire's protocol)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle
     threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
-    channel = _wire.Channel(socket.socket(fileno=fd))
+    channel = _wire.Channel(socket.socket(fileno=fd), takes_fds=True)
+    _, attended = _wire.map_word(word)
+    os.close(word)
     try:
         tag, message = channel.recv()
         setup = pickle.loads(message)
@@ -193,12 +210,19 @@ def main(fd: int, lifeline: int) -> None:
         runner = Runner(setup["device"])
         for key, device in setup["pools"]:  # the caller's ipc pools, each with its descriptor
             _import_pool(key, device, channel.recv_fd())
+        try:  # what a function sent by value needs (a standby's first call pays nothing)
+            import cloudpickle  # noqa: F401
+        except ImportError:
+            pass
     except EOFError:
         return
     except BaseException:  # noqa: BLE001 - told to the caller, which gives up on this device
         channel.send(_wire.FAILED, traceback.format_exc().encode())
         return
     channel.send(_wire.READY)
+    # eager: ring at once, for callers that read few answers themselves; left once they
+    # read EAGER_UNTIL answers in a row themselves.
+    number, eager, read = 0, True, 0
     while True:
         try:
             tag, message = channel.recv()
@@ -209,9 +233,22 @@ def main(fd: int, lifeline: int) -> None:
         if tag == _wire.POOL:
             _import_pool(*pickle.loads(message), channel.recv_fd())
             continue
+        if number and attended[0] == number:  # a caller read the last answer itself
+            read += 1
+            eager = eager and read < EAGER_UNTIL
+        else:
+            read = 0
+        number = _wire.next_number(number)
         tag, outcome = runner.run(message)
         if tag == _wire.ENDING:  # the caller learns how when it reaps this process
             end(pickle.loads(outcome)[0])
         channel.send(tag, outcome)
+        # After the send: a caller that stops waiting clears the word, then looks (a ring
+        # of its own); read before that, the word saw an answer already there.
+        if tag != _wire.RESULT:
+            _wire.ring(ring)
+        elif attended[0] != number and (eager or not _read_soon(channel, attended, number)):
+            _wire.ring(ring)
+            eager = True
         if tag == _wire.FAULT:
             end(1)  # at once: nothing more can run in this process's contexts
