@@ -59,3 +59,40 @@ def test_an_ipc_array_a_worker_returns_is_the_callers_own(ex):
     back = ex.submit(same, array[1:3]).result()
     assert back._alloc is array._alloc and back.ptr == array.ptr + 8
     assert back.to_host().tolist() == [1.0, 2.0]
+
+
+def record_warnings() -> None:
+    """In the worker, for the calls after this one: every warning goes to a list."""
+    import warnings
+
+    seen = warnings.__dict__.setdefault("_cuctx_test_seen", [])
+    warnings.showwarning = lambda message, category, *rest, **kw: seen.append(str(message))
+    warnings.simplefilter("always")
+
+
+def fill_on_its_own_stream(array: cuctx.DeviceArray) -> None:
+    array.fill(7.0, stream=Stream())  # queued; the call returns before it may have run
+
+
+def warnings_seen() -> list[str]:
+    import warnings
+
+    return list(warnings._cuctx_test_seen)
+
+
+def test_a_calls_shared_arrays_outlive_the_work_it_queued_on_its_own_streams(backend,
+                                                                            monkeypatch):
+    """The worker frees (unmaps) a call's shared arrays on the stream they were imported on,
+    which is not ordered after a stream the call made: only once the call's work is done.
+    Freed before, a fill still queued read unmapped memory (CUDA_ERROR_LAUNCH_FAILED on an
+    H200, now and then), and the race checker named the free."""
+    monkeypatch.setenv("CUCTX_BACKEND", backend.name)
+    monkeypatch.setenv("CUCTX_RACECHECK", "warn")
+    with Device(0), cuctx.IsolatedExecutor(devices=[0]) as ex:
+        array = cuctx.zeros(1 << 16, np.float32, pool=MemoryPool(0, ipc=True))
+        ex.submit(record_warnings).result()
+        for _ in range(3):
+            ex.submit(fill_on_its_own_stream, array).result()
+        assert ex.submit(warnings_seen).result() == []
+        assert (array.to_host() == 7.0).all()  # the worker's writes, done before the answer
+    gc.collect()

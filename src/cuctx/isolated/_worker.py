@@ -63,12 +63,16 @@ class Runner:
                 return _wire.ENDING, pickle.dumps(ending(exc))
             except BaseException as exc:  # noqa: BLE001 - sent to the caller
                 error = exc
-            del args, kwargs
             try:  # asynchronous faults surface here
                 self._synchronize()
             except Exception as exc:  # noqa: BLE001 - sent to the caller
                 if error is None or sticky(exc) is not None:
                     error = exc
+            # Only now: the call's shared arrays are freed (unmapped) on the stream they were
+            # imported on, which is not ordered after the streams the call made. Dropped
+            # before the synchronize, a copy still queued on one of them could read memory
+            # already unmapped (CUDA_ERROR_LAUNCH_FAILED on a GPU, now and then).
+            del args, kwargs
         fault = sticky(error) if error is not None else None
         if fault is None:
             fault = self._poisoned()
