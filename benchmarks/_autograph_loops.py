@@ -290,11 +290,14 @@ def torch_decoder(torch, tokens: int):
 # -- decisions: each loop once from a cold start ------------------------------------------------
 
 COUNTS = ("calls", "replays", "updates", "builds", "eager")
+WHY_KEPT = 8  # reasons kept per loop: printed where the sim and a GPU differ
 
 
-def counts_of(fn: cuctx.AutoGraph) -> dict[str, int]:
+def counts_of(fn: cuctx.AutoGraph) -> dict:
+    """The counts, and ``why``: the reasons of the first eager calls, builds and switches."""
     s = fn.stats()
-    return {k: s[k] for k in COUNTS}
+    why = [f"call {r['call']} {r['action']}: {r['reason']}" for r in s["reasons"][:WHY_KEPT]]
+    return {**{k: s[k] for k in COUNTS}, "why": why}
 
 
 def graphed(fn: cuctx.AutoGraph) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -72,9 +73,13 @@ def print_decisions(mine: dict[str, dict], args: list[str]) -> None:
         print(f"  {name:<28} {here:<4} {line(counts)}")
         if here != "sim" and sims is not None:
             other = sims[name]
+            same = agree(counts, other)
             print(f"  {'':<28} sim  {line(other)}   "
-                  f"{'agree' if agree(counts, other) else 'DIFFER'} (within {WITHIN:.0%} of "
-                  f"the calls)")
+                  f"{'agree' if same else 'DIFFER'} (within {WITHIN:.0%} of the calls)")
+            if not same:  # what each side decided from
+                for side, found in ((here, counts), ("sim", other)):
+                    for reason in found.get("why", []):
+                        print(f"    {side:<4} {reason}")
     if sims is None:
         print(f"  (no sim decisions beside them: {why})")
     if here != "sim" and sims is not None:
@@ -108,8 +113,12 @@ def model_beside_measured(graphs: list[cuctx.AutoGraph]) -> None:
             (_timing.HOST_BUILD_FIXED_NS, None if fit is None else fit[0]),
         "a build, per node (HOST_BUILD_NODE_NS)":
             (_timing.HOST_BUILD_NODE_NS, None if fit is None else fit[1])}
+    typical = {"an operation enqueued eagerly (HOST_EAGER_OP_NS)": eager,
+               "a graph launch, its nodes' share included": launches}
     for what, (model_ns, seconds) in measured.items():
         seen = "not measured in this run" if seconds is None else f"{seconds * 1e6:.2f} measured"
+        if typical.get(what):  # the least is the warm loops'; the decisions see the median
+            seen += f" (least; median {statistics.median(typical[what]) * 1e6:.2f})"
         print(f"  {what:<52} {model_ns / 1e3:7.2f} modelled, {seen}")
 
 

@@ -143,7 +143,19 @@ def round_trips(inner: int, with_ray: bool) -> None:
         print(f"  (a local Ray cluster and its first actor: {time.perf_counter() - started:.1f} s)")
         us = best_time(lambda: ex.submit(noop).result(), inner=max(inner // 10, 10)) * 1e6
         line("Ray actors", us, "us", 600)
+    bare = ray.remote(Echo).remote()  # Ray's own floor: an actor method call, no cuctx
+    ray.get(bare.echo.remote(b""))
+    floor = best_time(lambda: ray.get(bare.echo.remote(b"")), inner=max(inner // 10, 10)) * 1e6
+    print(f"  {'a bare Ray actor call (Ray alone)':<46} {floor:10.3f} us   "
+          f"Ray actors / bare = {us / floor:.2f}")
     ray.shutdown()
+
+
+class Echo:
+    """A Ray actor that returns what it is given: the round trip Ray itself costs."""
+
+    def echo(self, data: bytes) -> bytes:
+        return data
 
 
 def shared_arrays(samples: int) -> None:

@@ -83,23 +83,25 @@ _KEEP = 64
 # decisions beside the GPU's for its loops.
 #
 # Calibrated on an H100 (driver 580), benchmarks/autograph.py on the compiled paths, one run
-# (issue 22's closing run; its "host-cost model" lines print these beside what it measures).
+# (its "host-cost model" lines print these beside what it measures), once AutoGraph built its
+# graphs in C: the earlier figures (a build 55.7 us and 10.4 us a node) had the sim build
+# where the GPU still ran eagerly (9 eager calls of the 64-call loop against the GPU's 22).
 #
 # One recorded operation enqueued eagerly: a launch through the compiled launcher from its
-# packed bytes: 3.37 us measured.
-HOST_EAGER_OP_NS = 3_370
-# A graph call's launch, its patches aside: 1.78 us measured.
-HOST_GRAPH_LAUNCH_NS = 1_780
+# packed bytes: 3.64 us measured.
+HOST_EAGER_OP_NS = 3_640
+# A graph call's launch, its patches aside: 2.88 us measured.
+HOST_GRAPH_LAUNCH_NS = 2_880
 # Each node of a launch, on the host: an estimate (not measured): the driver launches a
 # straight-line graph in about constant host time, whatever its length.
 HOST_REPLAY_NODE_NS = 50
-# A kernel node patched from its packed bytes by the compiled path: 0.27 us measured.
-HOST_PATCH_NODE_NS = 270
+# A kernel node patched from its packed bytes by the compiled path: 0.45 us measured.
+HOST_PATCH_NODE_NS = 450
 # A build: the graph made from the recorded bytes (kernel nodes added from C) and
-# instantiated, a fixed part and a part per node, fitted from the builds of the run: 55.7 us
-# and 10.4 us a node (the C program's capture + instantiate: 1.31 us a node).
-HOST_BUILD_FIXED_NS = 55_700
-HOST_BUILD_NODE_NS = 10_400
+# instantiated, a fixed part and a part per node, fitted from the builds of the run: 197.1 us
+# and 5.63 us a node (the C program's capture + instantiate: 2.53 us a node).
+HOST_BUILD_FIXED_NS = 197_100
+HOST_BUILD_NODE_NS = 5_630
 # Each node of a whole update: the graph made again as for a build, then cuGraphExecUpdate
 # (about as much again as an instantiation): an estimate, not measured.
 HOST_WHOLE_NODE_NS = 5_000
