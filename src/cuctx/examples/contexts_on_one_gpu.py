@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import threading
 
 import numpy as np
 
@@ -66,10 +67,19 @@ def two_streams(spin: cuctx.Kernel, out: Output) -> None:
     arrays = [cuctx.empty(N, np.float32, stream=s) for s in streams]
 
     def work() -> None:
-        for i, (s, x) in enumerate(zip(streams, arrays)):
-            cuctx.copy(x, host[i], stream=s)
-            spin[N // 256, 256, 0, s](x, N, ITERS)
-            cuctx.copy(host[i], x, stream=s)
+        # The GPU starts once both streams' work is queued: a host function on the first
+        # stream waits for `queued`, and the second stream waits for the first. Else what
+        # overlaps would depend on how fast this host queues (inside a timeline, slowly).
+        queued = threading.Event()
+        streams[0].launch_host_func(queued.wait)
+        try:
+            streams[1].wait(streams[0])
+            for i, (s, x) in enumerate(zip(streams, arrays)):
+                cuctx.copy(x, host[i], stream=s)
+                spin[N // 256, 256, 0, s](x, N, ITERS)
+                cuctx.copy(host[i], x, stream=s)
+        finally:
+            queued.set()
 
     # Once before the timeline: the first launch loads the kernel into the context and makes
     # its launcher, the first copies plan themselves; inside the timeline that host time
