@@ -159,7 +159,8 @@ def import_pool(cls, device: Device, fd: int, key: str,
     with _lock:
         pool = _imported.get((backend, key))
         if pool is None:
-            err, handle = backend.driver.cuMemPoolImportFromShareableHandle(fd, POSIX_FD, 0)
+            with in_context(device.primary_context, "MemoryPool._import"):  # (see _init)
+                err, handle = backend.driver.cuMemPoolImportFromShareableHandle(fd, POSIX_FD, 0)
             if err:
                 fail(backend, err, "cuMemPoolImportFromShareableHandle", hint=(
                     f"fd {fd} is not a pool another process shared (MemoryPool._share())"))

@@ -21,7 +21,8 @@ from cuda.bindings.driver import (CUmemAccess_flags, CUmemAccessDesc, CUmemAlloc
 
 from .. import _lifetimes
 from .._resource import upper
-from ..context import call, fail
+from .._resource import DESTROYED
+from ..context import Context, call, fail, in_context
 from ..device import Device
 from ..errors import NOT_SUPPORTED, CudaError, NotSupportedError
 from ..stream import Stream
@@ -74,7 +75,7 @@ class MemoryPool:
 
     __slots__ = ("_backend", "_device", "_handle", "_key", "_ipc", "_max_size", "_default",
                  "_imported", "_ipc_key", "_shared", "_imports", "_origin", "_location",
-                 "_finalizer", "__weakref__")
+                 "_primary", "_finalizer", "__weakref__")
 
     def __init__(self, device: Device | int, *, location: str = "device", ipc: bool = False,
                  max_size: int | None = None, release_threshold: int | None = None):
@@ -103,7 +104,8 @@ class MemoryPool:
         props.handleTypes = _ipc.POSIX_FD if ipc else \
             CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
         props.maxSize = limit
-        handle = call(device._backend, "cuMemPoolCreate", props)
+        with in_context(device.primary_context, "MemoryPool"):  # (see `_init`)
+            handle = call(device._backend, "cuMemPoolCreate", props)
         self._init(device, handle, ipc=ipc, max_size=max_size, key=uuid.uuid4().hex,
                    location=location)
         if ipc:
@@ -129,8 +131,14 @@ class MemoryPool:
         self._shared = False  # exported to a handle once (the driver's condition for pointers)
         self._imports: dict[int, _ipc._Import] = {}  # token -> this process's import of it
         self._origin = None  # an imported pool's `_handoff.Origin`, when it came by pickle
+        # A pool is made, imported and destroyed with the device's primary context current,
+        # and keeps that context retained: the pool is the device's, and must not depend on
+        # whichever context was current. (One made while a created context was current
+        # crashed the process once in cuMemPoolDestroy after that context was destroyed:
+        # tests/test_reprs.py on an H100, not reproduced in 8 runs since.)
+        self._primary = None if default else device.primary_context
         self._finalizer = None if default else _lifetimes.finalize(
-            self, _destroy, self._backend, handle)
+            self, _destroy, self._backend, handle, self._primary)
 
     @classmethod
     def _default_of(cls, device: Device) -> MemoryPool:
@@ -339,8 +347,15 @@ def _supported(device: Device, location: str) -> None:
                                           "cuctx.managed_empty for managed arrays"))
 
 
-def _destroy(backend, handle) -> None:
-    backend.driver.cuMemPoolDestroy(handle)  # arrays of it hold it: none is left
+def _destroy(backend, handle, primary: Context) -> None:
+    if primary._state is DESTROYED:  # reset by other code: the driver must not see it again
+        return
+    drv = backend.driver
+    drv.cuCtxPushCurrent(primary._handle)
+    try:
+        drv.cuMemPoolDestroy(handle)  # arrays of it hold it: none is left
+    finally:
+        drv.cuCtxPopCurrent()
 
 
 upper.memory_pool = MemoryPool
