@@ -20,8 +20,7 @@ from cuda.bindings.driver import (CUmemAccess_flags, CUmemAccessDesc, CUmemAlloc
                                   CUmemPool_attribute, CUmemPoolProps, cuuint64_t)
 
 from .. import _lifetimes
-from .._resource import upper
-from .._resource import DESTROYED
+from .._resource import DESTROYED, upper
 from ..context import Context, call, fail, in_context
 from ..device import Device
 from ..errors import NOT_SUPPORTED, CudaError, NotSupportedError
