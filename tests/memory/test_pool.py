@@ -39,8 +39,12 @@ def pools_on_gpu_opt_in(request):
     its device (scripts/probe_pool_lifetime.py: cuMemPoolDestroy then succeeds, 18 of 18 on
     an H200, exported or not). On two H200s the opt-in runs (-n 8, the suite holding the
     primary contexts) crashed once in two: a worker in test_pool_access.py's
-    test_read_only_access_is_refused_saying_so. Until the cause is found a crash would end a
-    whole GPU check, so these runs wait for CUCTX_GPU_POOL_TESTS=1."""
+    test_read_only_access_is_refused_saying_so. That one was a trigger: asked for read-only
+    access, the driver refuses and the process crashes later (3 runs of 3; none once cuctx
+    stopped asking it). Another remains: test_pool_access, test_pool_locations and this module
+    in one process, on two H200s, crashed (a floating point exception after 8 tests) or hung.
+    Until it is found a crash would end a whole GPU check, so these runs wait for
+    CUCTX_GPU_POOL_TESTS=1."""
     call = getattr(request.node, "callspec", None)
     if call is not None and call.params.get("backend") == "cuda" \
             and os.environ.get("CUCTX_GPU_POOL_TESTS") != "1":

@@ -1,10 +1,11 @@
 """Which devices may use a pool's memory (MemoryPool.set_access / access: cuMemPoolSetAccess),
 on both backends: a kernel on device 1 is refused an array of device 0's pool until the pool
 grants device 1 access, then reads and writes it; taking access away refuses it again.
-Read-only access ("r") is refused by the driver (measured on two H200s, driver 580) and
-cuctx says so. Device.enable_peer_access covers the default pools only, not an explicit
-pool. On the sim a kernel that reaches the memory anyway (a raw address) faults, as on a GPU.
-Bad requests are clear errors."""
+Read-only access ("r") is refused by CUDA 13.0 drivers, and asking one crashed the process
+later (measured on two H200s, driver 580): cuctx refuses it without asking, saying so.
+Device.enable_peer_access covers the default pools only, not an explicit pool. On the sim a
+kernel that reaches the memory anyway (a raw address) faults, as on a GPU. Bad requests are
+clear errors."""
 
 from __future__ import annotations
 
@@ -79,6 +80,23 @@ def test_read_only_access_is_refused_saying_so(two):
                        r"access to a pool's memory .*grant 'rw'"):
         pool.set_access(d1, "r")
     assert pool.access(d1) is None  # nothing changed
+
+
+def test_read_only_access_is_refused_without_asking_the_driver(two, monkeypatch):
+    """Asked for read-only access, a CUDA 13.0 driver refuses, and the process crashed in a
+    later cuMemAllocFromPoolAsync or cuMemPoolDestroy (two H200s, driver 580: 3 runs of 3
+    with both paths' variants in one process): cuctx refuses before the driver is asked."""
+    d0, d1 = two
+    pool, _ = pool_array(d0)
+    if int(d0._backend.driver.cuDriverGetVersion()[1]) >= 13010:
+        pytest.skip("a driver newer than CUDA 13.0 is asked (no measurement says it crashes)")
+    asked = []
+    real = d0._backend.driver.cuMemPoolSetAccess
+    monkeypatch.setattr(d0._backend.driver, "cuMemPoolSetAccess",
+                        lambda *args: asked.append(args) or real(*args), raising=False)
+    with pytest.raises(cuctx.NotSupportedError, match="no read-only access"):
+        pool.set_access(d1, "r")
+    assert asked == []
 
 
 def test_peer_access_covers_the_default_pools_only(two, lib):

@@ -260,6 +260,16 @@ class MemoryPool:
                 NOT_SUPPORTED, "MemoryPool.set_access", "",
                 f"{device!r} cannot access memory of {self._device!r} (cuDeviceCanAccessPeer "
                 "is 0); copy the data with cuctx.copy instead (copies need no access)")
+        if mode == "r" and int(call(self._backend, "cuDriverGetVersion")) < 13010:
+            # Measured on two H200s, driver 580 (CUDA 13.0): the driver refuses read-only
+            # access (NOT_SUPPORTED), and a process whose second device has a context then
+            # crashes in a later cuMemAllocFromPoolAsync or cuMemPoolDestroy (a floating
+            # point exception, a segmentation fault). So the driver is never asked.
+            raise NotSupportedError(
+                NOT_SUPPORTED, "cuMemPoolSetAccess", "",
+                "the driver gives no read-only access to a pool's memory (CUDA 13.0 and "
+                "older; asking it crashed the process later, measured on H200s, driver 580): "
+                "grant 'rw', or copy the data to the other device")
         if mode != "rw" and self.access(device) is not None:
             device.synchronize()  # nothing of it may still use the memory
         self._set_access(device, mode)
@@ -271,10 +281,7 @@ class MemoryPool:
         desc.flags = _ACCESS[mode]
         err, = self._backend.driver.cuMemPoolSetAccess(self._handle, [desc], 1)
         if err:
-            fail(self._backend, err, "cuMemPoolSetAccess", hint=(
-                "the driver gives no read-only access to a pool's memory (measured on H200s, "
-                "driver 580): grant 'rw', or copy the data to the other device"
-                if mode == "r" and int(err) == NOT_SUPPORTED else ""))
+            fail(self._backend, err, "cuMemPoolSetAccess")
 
     def _device_arg(self, device: Device | int, operation: str) -> Device:
         if isinstance(device, int) and not isinstance(device, bool):
