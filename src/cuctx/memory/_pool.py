@@ -74,7 +74,7 @@ class MemoryPool:
 
     __slots__ = ("_backend", "_device", "_handle", "_key", "_ipc", "_max_size", "_default",
                  "_imported", "_ipc_key", "_shared", "_imports", "_origin", "_location",
-                 "_primary", "_finalizer", "__weakref__")
+                 "_finalizer", "__weakref__")
 
     def __init__(self, device: Device | int, *, location: str = "device", ipc: bool = False,
                  max_size: int | None = None, release_threshold: int | None = None):
@@ -131,13 +131,12 @@ class MemoryPool:
         self._imports: dict[int, _ipc._Import] = {}  # token -> this process's import of it
         self._origin = None  # an imported pool's `_handoff.Origin`, when it came by pickle
         # A pool is made, imported and destroyed with the device's primary context current,
-        # and keeps that context retained: the pool is the device's, and must not depend on
-        # whichever context was current. (One made while a created context was current
-        # crashed the process once in cuMemPoolDestroy after that context was destroyed:
-        # tests/test_reprs.py on an H100, not reproduced in 8 runs since.)
-        self._primary = None if default else device.primary_context
+        # and keeps that context retained (its finalizer holds it): the pool is the device's,
+        # and must not depend on whichever context was current. (One made while a created
+        # context was current crashed the process once in cuMemPoolDestroy after that
+        # context was destroyed: tests/test_reprs.py on an H100, not reproduced in 8 runs.)
         self._finalizer = None if default else _lifetimes.finalize(
-            self, _destroy, self._backend, handle, self._primary)
+            self, _destroy, self._backend, handle, device.primary_context)
 
     @classmethod
     def _default_of(cls, device: Device) -> MemoryPool:
