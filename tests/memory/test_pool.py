@@ -7,7 +7,6 @@ defer_cleanup, the race checker, captures and AutoGraph. Bad arguments are clear
 from __future__ import annotations
 
 import gc
-import os
 import weakref
 
 import numpy as np
@@ -18,38 +17,11 @@ from cuctx import Device, MemoryPool
 
 from scenarios import ADD_SOURCE, add, library_fixture
 
-pytestmark = [pytest.mark.usefixtures("nvrtc_cache", "pools_on_gpu_opt_in"),
+pytestmark = [pytest.mark.usefixtures("nvrtc_cache"),
               pytest.mark.paths("python", "native")]
 
 lib = library_fixture(ADD_SOURCE, add=add)
 MiB = 1 << 20
-
-
-@pytest.fixture
-def pools_on_gpu_opt_in(request):
-    """The cuda runs of this module and test_ipc.py crash the process on an H100 (driver
-    580.159.04) now and then: a segmentation fault in cuMemPoolDestroy of a pool just
-    exported (test_ipc's test_a_shared_pool_closes...), a floating point exception in
-    cuMemAllocFromPoolAsync, or a hang. Measured (issue 21): in about half the runs of
-    test_interop.py::test_cuda_core_buffer followed by test_ipc.py, and in 7 of 20 runs of
-    tests/memory; never in 8 runs of test_ipc.py alone, 3 runs without its child-process
-    test, or 6 runs of raw cuda.bindings loops of the same calls. Ruled out: a synchronize
-    before cuMemPoolDestroy, never destroying exported pools, keeping the driver's exported
-    descriptor open (the driver does not close it), and a pool outliving every context of
-    its device (scripts/probe_pool_lifetime.py: cuMemPoolDestroy then succeeds, 18 of 18 on
-    an H200, exported or not). On two H200s the opt-in runs (-n 8, the suite holding the
-    primary contexts) crashed once in two: a worker in test_pool_access.py's
-    test_read_only_access_is_refused_saying_so. That one was a trigger: asked for read-only
-    access, the driver refuses and the process crashes later (3 runs of 3; none once cuctx
-    stopped asking it). Another remains: test_pool_access, test_pool_locations and this module
-    in one process, on two H200s, crashed (a floating point exception after 8 tests) or hung.
-    Until it is found a crash would end a whole GPU check, so these runs wait for
-    CUCTX_GPU_POOL_TESTS=1."""
-    call = getattr(request.node, "callspec", None)
-    if call is not None and call.params.get("backend") == "cuda" \
-            and os.environ.get("CUCTX_GPU_POOL_TESTS") != "1":
-        pytest.skip("explicit pools crashed a GPU run of tests/memory (see "
-                    "test_pool.pools_on_gpu_opt_in): CUCTX_GPU_POOL_TESTS=1 runs them")
 
 
 def collect() -> None:
@@ -159,6 +131,39 @@ def test_arrays_hold_their_pool_which_goes_with_the_last_one(backend):
         collect()
         assert gone() is None
         assert Device(0).mem_info().free == before
+
+
+def test_a_pool_dying_in_one_collection_with_its_arrays_is_destroyed_after_their_frees(
+        backend, monkeypatch):
+    """A traceback's frames (a `pytest.raises`, an exception kept) can hold a pool and its
+    arrays, which then die in one garbage collection, their finalizers in any order. The
+    pool must be destroyed after its arrays' frees were queued: the other order crashed
+    the process at the next pool's allocation on two H200s (driver 580)."""
+    drv = backend.driver
+    calls = []
+    real_free, real_destroy = drv.cuMemFreeAsync, drv.cuMemPoolDestroy
+    monkeypatch.setattr(drv, "cuMemFreeAsync",
+                        lambda ptr, stream: calls.append(("free", int(ptr)))
+                        or real_free(ptr, stream), raising=False)
+    monkeypatch.setattr(drv, "cuMemPoolDestroy",
+                        lambda handle: calls.append(("destroy", int(handle)))
+                        or real_destroy(handle), raising=False)
+    with Device(0):
+        for _ in range(4):  # (each collection's order is arbitrary: several chances)
+            pool = MemoryPool(0)
+            arrays = [cuctx.zeros(256, np.float32, pool=pool) for _ in range(3)]
+            ptrs, key = [a.ptr for a in arrays], pool._key
+            garbage = [pool, arrays]
+            garbage.append(garbage)  # one cycle, collected at once
+            del pool, arrays, garbage
+            calls.clear()
+            gc.collect()
+            assert ("destroy", key) in calls
+            destroyed = calls.index(("destroy", key))
+            assert all(calls.index(("free", ptr)) < destroyed for ptr in ptrs), calls
+        # and a new pool allocates afterwards
+        pool = MemoryPool(0)
+        assert cuctx.full(8, 2.0, np.float32, pool=pool).to_host().tolist() == [2.0] * 8
 
 
 def test_the_sims_pools_are_gone_with_their_arrays(sim):

@@ -20,7 +20,12 @@ from ..stream import Stream
 class Allocation:
     """One stream-ordered allocation; freed on its stream when the last array using it goes,
     or when its context is destroyed or reset, whichever comes first. ``release(ptr, nbytes,
-    stream, recorded, *extra)`` frees it (an imported allocation's differs: `_pool`)."""
+    stream, recorded, pool, *extra)`` frees it (an imported allocation's differs: `_ipc`).
+
+    The pending free holds the pool: a pool and its arrays that become garbage together (a
+    traceback's frames hold both) have their finalizers run in any order, and a pool
+    destroyed before the free of its memory was queued crashed the process at the next
+    pool's allocation (two H200s, driver 580: a floating point exception, 3 runs of 3)."""
 
     __slots__ = ("ptr", "nbytes", "stream", "recorded", "pool", "shared", "_finalizer",
                  "__weakref__")
@@ -34,7 +39,7 @@ class Allocation:
         self.pool = pool  # the MemoryPool it came from; None: the device's default pool
         self.shared = None  # (token, export data) once exported to another process (`_pool`)
         self._finalizer = weakref.finalize(self, free_or_defer, release or _release, ptr,
-                                           nbytes, stream, self.recorded, *extra)
+                                           nbytes, stream, self.recorded, pool, *extra)
         self._finalizer.atexit = False  # (free_or_defer holds it in host functions)
         ctx = stream._ctx
         live = _live.get(ctx)
@@ -75,14 +80,15 @@ def _orphan_live(ctx) -> None:
             _lifetimes.orphans.setdefault(ctx._device, []).append(alloc.ptr)
 
 
-def _release(ptr: int, nbytes: int, stream: Stream, recorded: list[Stream]) -> bool:
-    """Free on ``stream`` (after the recorded streams); False when the driver refused it."""
+def _release(ptr: int, nbytes: int, stream: Stream, recorded: list[Stream], pool=None) -> bool:
+    """Free on ``stream`` (after the recorded streams); False when the driver refused it.
+    ``pool`` (the MemoryPool it came from, None for the default pool's) is only held."""
     if stream._ctx._state is not ACTIVE:
         if stream._ctx._state is POISONED:  # the pool outlives it: a usable context frees it
             _lifetimes.orphans.setdefault(stream._ctx._device, []).append(ptr)
         return True
     if _lifetimes.capturing and _lifetimes.held_by_capture(
-            stream, ptr, functools.partial(_release, ptr, nbytes, stream, recorded)):
+            stream, ptr, functools.partial(_release, ptr, nbytes, stream, recorded, pool)):
         return True  # memory from before the capture: freed when it ends, not in the graph
     for other in recorded:
         if other._ctx._state is ACTIVE:

@@ -284,8 +284,8 @@ def _import_bytes(data: CUmemPoolPtrExportData, raw: bytes) -> None:
     ctypes.memmove(data.getPtr(), raw, 64)
 
 
-def _release_import(ptr: int, nbytes: int, stream: Stream, recorded: list, imports: dict,
-                    token: int, record: _Import, generation: int) -> bool:
+def _release_import(ptr: int, nbytes: int, stream: Stream, recorded: list, pool: Any,
+                    imports: dict, token: int, record: _Import, generation: int) -> bool:
     """Free this process's import unless a newer holder took it over; then wait for the free,
     so the mapping is gone before the exporting process frees the memory."""
     with _lock:
@@ -293,7 +293,7 @@ def _release_import(ptr: int, nbytes: int, stream: Stream, recorded: list, impor
             return True  # imported again while this free waited: the newer one frees it
         if imports.get(token) is record:
             del imports[token]
-    freed = _release(ptr, nbytes, stream, recorded)
+    freed = _release(ptr, nbytes, stream, recorded, pool)
     if freed and stream._ctx._state is ACTIVE and not _lifetimes.capturing:
         stream._call(stream._backend.driver.cuStreamSynchronize, stream._handle)
     return freed
