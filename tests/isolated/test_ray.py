@@ -148,6 +148,42 @@ def test_timeouts_and_deaths_cost_one_actor(ex):
     assert ex.options(device=1).submit(calls.square, 7).result() == 49
 
 
+def test_an_actor_killed_mid_call_costs_that_call_only(ex):
+    """Its process gone (SIGKILL): the connection to it ends, the call raises, and Ray's
+    restart serves the next call."""
+    before = settled(ex)
+    with pytest.raises(cuctx.WorkerDiedError, match="Ray: "):
+        ex.options(device=0).submit(calls.kill_self).result()
+    assert ex.options(device=0).submit(calls.square, 6).result() == 36
+    assert settled(ex)[0] != before[0]
+
+
+def test_calls_go_as_ray_actor_calls_where_the_actors_node_cannot_be_reached(ex, monkeypatch):
+    """Ray Client from outside the cluster's network, say: no connection to an actor's
+    channel, so each call is a Ray actor call, with the same results, errors and timeouts."""
+    from cuctx.isolated import _channel, _ray
+    engine = ex._engine
+    slot = next(s for s in engine.core.slots if s.device == 0)
+
+    def unreachable(address, authkey, timeout):
+        raise ConnectionRefusedError(f"{address} cannot be reached")
+    monkeypatch.setattr(_channel, "connect", unreachable)
+    with pytest.raises(cuctx.WorkerDiedError):  # its next incarnation cannot be reached
+        ex.options(device=0).submit(calls.kill_self).result()
+    assert ex.options(device=0).submit(calls.square, 5).result() == 25
+    assert isinstance(engine._calls[id(slot)], _ray.RayCalls)
+    with pytest.raises(ValueError, match="by ray calls"):
+        ex.options(device=0).submit(calls.raise_value_error, "by ray calls").result()
+    with pytest.raises(cuctx.WorkerTimeoutError):
+        ex.options(device=0, timeout=0.5).submit(calls.sleep, 60).result()
+    assert ex.options(device=0).submit(calls.square, 4).result() == 16
+    monkeypatch.undo()  # reachable again: the next incarnation has its channel
+    with pytest.raises(cuctx.WorkerDiedError):
+        ex.options(device=0).submit(calls.kill_self).result()
+    assert ex.options(device=0).submit(calls.square, 3).result() == 9
+    assert isinstance(engine._calls[id(slot)], _ray.ChannelCalls)
+
+
 def test_device_arrays_travel_by_value(ex):
     array = cuctx.to_device(np.arange(4.0))
     assert ex.submit(lambda a: a.to_host().tolist(), array).result() == [0.0, 1.0, 2.0, 3.0]

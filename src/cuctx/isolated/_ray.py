@@ -1,16 +1,18 @@
 """The Ray engine: one Ray actor per slot, on this machine or a Ray cluster.
 
-Each actor runs the same `Runner` as a process worker. A thread per slot sends its calls
-(``actor.run.remote``) and waits for each with the call's timeout. Ray restarts an actor
-that dies (``max_restarts=-1``); a fault or a timeout kills the actor so that Ray restarts
-it, and the slot waits until the new incarnation answers before it takes the next call.
-Arrays travel by value: a `DeviceArray` argument arrives in the actor as a new array with
-its contents (zero copy needs one machine: the process engine).
+Each actor runs the same `Runner` as a process worker. Ray places, restarts and kills the
+actors; calls and answers go over a TCP connection to each actor incarnation (`_channel`),
+which costs tens of microseconds where a Ray actor call costs about a millisecond (Ray
+actor calls where the caller cannot reach the actor's node: `RayCalls`). A thread per slot
+waits for each answer with the call's timeout. Ray restarts an actor that dies
+(``max_restarts=-1``); a fault, a timeout or a lost connection kills the actor so that Ray
+restarts it, and the slot waits until the new incarnation answers before it takes the next
+call. Arrays travel by value: a `DeviceArray` argument arrives in the actor as a new array
+with its contents (zero copy needs one machine: the process engine).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import pickle
 import queue
@@ -23,9 +25,8 @@ import uuid
 from .. import _driver
 from ..errors import WorkerDiedError, WorkerTimeoutError
 from ..memory import DeviceArray, to_device
-from . import _wire
-from ._core import (Call, CallFuture, Core, Slot, cancelled, fault_error, last_line,
-                    resolve)
+from . import _channel, _wire
+from ._core import Call, Core, Slot, cancelled, fault_error, last_line, resolve
 
 _RESTART_LIMIT_S = 120.0  # how long a slot waits for Ray to bring an actor back
 
@@ -56,11 +57,59 @@ class RayWorker:
     def ready(self) -> tuple[int, str]:
         return os.getpid(), self._token
 
+    def channel(self, authkey: bytes) -> tuple[str, int]:
+        """Serve calls on a new TCP listener of this node (`_channel`); its address."""
+        import ray
+        return _channel.serve(ray.util.get_node_ip_address(), authkey, self._answer)
+
     def run(self, message: bytes) -> bytes:
-        """The call's answer: its tag, then its body (one bytes object: Ray sends that with
-        the least work)."""
-        tag, body = self._runner.run(memoryview(message))
+        """A call sent as a Ray actor call (`RayCalls`)."""
+        return self._answer(memoryview(message))
+
+    def _answer(self, message: memoryview) -> bytes:
+        """The call's answer: its tag, then its body, in one bytes object."""
+        tag, body = self._runner.run(message)
         return tag + body
+
+
+class ChannelCalls:
+    """A slot's calls over its actor incarnation's channel (`_channel`)."""
+
+    def __init__(self, conn) -> None:
+        self._conn = conn
+
+    def send(self, message: bytes) -> None:
+        self._conn.send_bytes(message)
+
+    def receive(self, timeout: float | None) -> bytes:
+        """The answer (TimeoutError past ``timeout``; EOFError or OSError: the actor is gone)."""
+        if not self._conn.poll(timeout):
+            raise TimeoutError
+        return self._conn.recv_bytes()
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class RayCalls:
+    """A slot's calls as Ray actor calls, where the caller cannot reach its actor's node."""
+
+    def __init__(self, ray, actor) -> None:
+        self._ray, self._actor, self._ref = ray, actor, None
+
+    def send(self, message: bytes) -> None:
+        self._ref = self._actor.run.remote(message)
+
+    def receive(self, timeout: float | None) -> bytes:
+        try:
+            return self._ray.get(self._ref, timeout=timeout)
+        except self._ray.exceptions.GetTimeoutError:
+            raise TimeoutError from None
+        finally:
+            self._ref = None
+
+    def close(self) -> None:
+        self._ref = None
 
 
 def _device_array(host) -> DeviceArray:
@@ -161,7 +210,8 @@ class RayEngine:
         self._standby = standby
         self._standbys: dict[int, object] = {}
         self._closing = False
-        self._queues = {id(slot): queue.SimpleQueue() for slot in core.slots}
+        self._queues = {id(slot): queue.SimpleQueue() for slot in core.slots}  # sent calls
+        self._calls: dict[int, ChannelCalls | RayCalls] = {}  # slot -> how its calls go
         if standby:
             for device in sorted({s.device for s in core.slots}):
                 self._standbys[device] = self._new_actor(device)
@@ -185,37 +235,15 @@ class RayEngine:
         return {DeviceArray: _by_value}
 
     def dispatch(self, slot: Slot, call: Call) -> None:
-        """Send ``call`` to ``slot``'s actor from the thread that hands it out. The slot's
-        thread waits for its answer, and so does a caller waiting in ``future.result()``
-        (`_attend`): whichever has it first resolves it, so the round trip wakes no other
-        thread of the caller."""
+        """Send ``call`` to ``slot``'s actor from the thread that hands it out; the slot's
+        thread waits for its answer."""
         try:
-            ref = slot.worker.run.remote(b"".join(_wire.call_message(call.fn_bytes,
-                                                                     call.args_bytes)))
-        except Exception as exc:  # noqa: BLE001 - Ray's: the slot's thread says it died
-            ref = exc
+            self._calls[id(slot)].send(b"".join(_wire.call_message(call.fn_bytes,
+                                                                   call.args_bytes)))
+        except Exception as exc:  # noqa: BLE001 - the slot's thread says the actor is lost
+            self._queues[id(slot)].put((call, exc))
         else:
-            call.future.sent(functools.partial(self._attend, slot, call, ref))
-        self._queues[id(slot)].put((call, ref))
-
-    def _attend(self, slot: Slot, call: Call, ref, future: CallFuture,
-                timeout: float | None) -> None:
-        try:
-            answer = self._ray.get(ref, timeout=timeout)
-        except Exception:  # noqa: BLE001 - past the timeout, or a loss: the slot's thread's
-            return
-        if answer[:1] == _wire.RESULT:  # anything else is a loss: the slot's thread's
-            self._finish(slot, call, memoryview(answer)[1:])
-
-    def _finish(self, slot: Slot, call: Call, message: memoryview) -> None:
-        """``call`` answered ``message``: unless the other waiter took it, send the slot's
-        next call and resolve this one."""
-        done, following = self.core.finished(slot, call)
-        if done is None:
-            return
-        if following is not None:
-            self.dispatch(slot, following)
-        resolve(done, *_wire.outcome(message))
+            self._queues[id(slot)].put((call, None))
 
     # -- a slot's thread --------------------------------------------------------------------
 
@@ -227,8 +255,15 @@ class RayEngine:
                 if ready is None:
                     return
                 pid, token = ready
-                if not self._run(slot, actor, self.core.ready(slot, actor, pid)) \
-                        or slot.state == "closing":  # closed, or lost at Ctrl-C
+                calls = self._connect(actor)
+                if calls is None:  # the incarnation was lost meanwhile: wait for the next
+                    continue
+                self._calls[id(slot)] = calls
+                try:
+                    go_on = self._run(slot, actor, calls, self.core.ready(slot, actor, pid))
+                finally:
+                    calls.close()
+                if not go_on or slot.state == "closing":  # closed, or lost at Ctrl-C
                     self._kill(actor)
                     return
                 if self._standby:  # the spare takes over; this actor ends
@@ -236,6 +271,19 @@ class RayEngine:
                     actor, token = self._start(slot), None
         finally:
             self.core.closed(slot)
+
+    def _connect(self, actor) -> ChannelCalls | RayCalls | None:
+        """How calls reach ``actor``'s live incarnation: its channel, or Ray actor calls where
+        its node cannot be reached from here; None if it was lost meanwhile."""
+        ray, authkey = self._ray, os.urandom(32)
+        try:
+            address = ray.get(actor.channel.remote(authkey), timeout=_RESTART_LIMIT_S)
+        except ray.exceptions.RayActorError:
+            return None
+        try:
+            return ChannelCalls(_channel.connect(tuple(address), authkey, CONNECT_TIMEOUT_S))
+        except OSError:  # (Ray Client from outside the cluster's network, say)
+            return RayCalls(ray, actor)
 
     def _start(self, slot: Slot):
         with self._lock:
@@ -269,36 +317,36 @@ class RayEngine:
         for idle in self.core.break_(last_line(text), slot.device, None, text):
             self._queues[id(idle)].put(None)
 
-    def _run(self, slot: Slot, actor, call: Call | None) -> bool:
+    def _run(self, slot: Slot, actor, calls: ChannelCalls | RayCalls, call: Call | None
+             ) -> bool:
         """Serve calls until the actor is lost (True) or the slot closes (False)."""
-        ray, core, pid = self._ray, self.core, slot.pid
+        core, pid = self.core, slot.pid
         if call is not None:
             self.dispatch(slot, call)
-        calls = self._queues[id(slot)]
+        sent = self._queues[id(slot)]
         while True:
             if slot.state == "closing":
                 return False
-            item = calls.get()
+            item = sent.get()
             if item is None:  # shutdown: the slot was idle
                 return False
-            call, ref = item
+            call, error = item
             remaining = None if slot.deadline is None else max(0.0, slot.deadline
                                                                - time.monotonic())
             try:
-                if isinstance(ref, Exception):  # .remote() itself failed
-                    raise ref
-                answer = ray.get(ref, timeout=remaining)
+                if error is not None:  # sending it failed
+                    raise error
+                answer = calls.receive(remaining)
                 tag, message = answer[:1], memoryview(answer)[1:]
-            except ray.exceptions.GetTimeoutError:
-                if core.lost(slot, call) is None:
-                    continue  # a waiting caller had its answer just in time
+            except TimeoutError:
+                core.lost(slot, call)
                 self._kill(actor, restart=True)  # Ray brings it back
                 resolve(call, error=WorkerTimeoutError(call.name, slot.device, pid,
                                                        call.timeout))
                 return True
-            except Exception as exc:  # noqa: BLE001 - Ray's errors: the actor is lost
-                if core.lost(slot, call) is None:
-                    continue
+            except Exception as exc:  # noqa: BLE001 - a closed connection, Ray's errors
+                core.lost(slot, call)
+                self._kill(actor, restart=True)  # (a no-op where its process is gone)
                 resolve(call, error=cancelled(call) if core.aborted else WorkerDiedError(
                     call.name, slot.device, pid, f"Ray: {type(exc).__name__}"))
                 return True
@@ -310,8 +358,12 @@ class RayEngine:
                         if tag == _wire.FAULT
                         else WorkerDiedError(call.name, slot.device, pid, report[1]))
                 return True
-            self._finish(slot, call, message)
-            call = item = answer = message = ref = None  # the caller's arrays are the caller's
+            done, following = core.finished(slot, call)
+            if following is not None:
+                self.dispatch(slot, following)
+            if done is not None:
+                resolve(done, *_wire.outcome(message))
+            call = item = answer = message = done = None  # the caller's arrays are theirs
 
     # -- shutdown ---------------------------------------------------------------------------
 
