@@ -141,7 +141,8 @@ class Device:
     backend. ``with device:`` makes its primary context current for the block."""
 
     __slots__ = ("_backend", "ordinal", "_handle", "_primary", "_runtime_primary",
-                 "_properties", "_lock", "_peers", "_peer_holds", "_memory_pool", "__weakref__")
+                 "_properties", "_lock", "_peers", "_peer_holds", "_granted_by", "_memory_pool",
+                 "__weakref__")
 
     def __new__(cls, ordinal: int | Device = 0) -> Device:
         if isinstance(ordinal, Device):
@@ -172,6 +173,7 @@ class Device:
             device._lock = threading.Lock()
             device._peers = set()  # devices whose memory kernels on this one may use
             device._peer_holds = {}  # peer -> the two primary contexts the access lives in
+            device._granted_by = weakref.WeakSet()  # MemoryPools of others this one may use
             device._memory_pool = None  # its default pool's MemoryPool, once asked for
             backend.devices[ordinal] = device
         return device
@@ -392,6 +394,11 @@ class Device:
             live = self._primary() if self._primary is not None else None
             if live is not None and live._state is ACTIVE:
                 live._tear_down_first()
+            # Other devices' pools map their memory into this device's address space, which
+            # the reset ends under them: a pool destroyed or allocating afterwards crashed the
+            # process (two H200s). Their access goes first, as peer access goes with the reset.
+            for pool in list(self._granted_by):
+                pool._revoke(self)
             call(self._backend, "cuDevicePrimaryCtxReset", self._handle)
             ctx = self._primary() if self._primary is not None else None
             if ctx is not None:
@@ -402,7 +409,7 @@ class Device:
                     del self._backend.contexts[ctx._key]
             self._runtime_primary = None
         # Peer access lives in primary contexts: the reset ended this device's, and others'
-        # access to this device's memory. Enable again after a reset.
+        # access to this device's memory, and pools' grants to it. Enable again after a reset.
         self._peers.clear()
         self._peer_holds.clear()
         for device in self._backend.devices.values():

@@ -116,6 +116,61 @@ def test_peer_access_covers_the_default_pools_only(two, lib):
         d1.disable_peer_access(d0)
 
 
+def primary_active(device: Device) -> bool:
+    err, _, active = device._backend.driver.cuDevicePrimaryCtxGetState(device._handle)
+    assert not err
+    return bool(active)
+
+
+@pytest.mark.primary_unheld
+def test_a_grant_keeps_the_devices_primary_context_until_taken_away_or_destroyed(
+        two, monkeypatch):
+    """Device 1's address space maps the pool's memory while it has access: its primary
+    context stays retained till the access goes, or the pool is destroyed (and then after
+    cuMemPoolDestroy)."""
+    d0, d1 = two
+    drv = d0._backend.driver
+    calls = []
+    for name in ("cuMemPoolDestroy", "cuDevicePrimaryCtxRelease"):
+        real = getattr(drv, name)
+        monkeypatch.setattr(drv, name, lambda *args, real=real, name=name:
+                            calls.append((name, args)) or real(*args), raising=False)
+    pool, x = pool_array(d0)
+    gc.collect()
+    assert not primary_active(d1)  # nothing holds device 1's
+    pool.set_access(d1, "rw")
+    gc.collect()
+    assert primary_active(d1)  # the grant does
+    pool.set_access(d1, None)
+    gc.collect()
+    assert not primary_active(d1)
+    pool.set_access(d1, "rw")
+    calls.clear()
+    del pool, x
+    gc.collect()
+    assert not primary_active(d1)
+    names = [name for name, args in calls if name == "cuMemPoolDestroy"
+             or int(args[0]) == int(d1._handle)]
+    assert names == ["cuMemPoolDestroy", "cuDevicePrimaryCtxRelease"]
+
+
+def test_a_reset_of_a_granted_device_takes_the_access_away(two, lib):
+    d0, d1 = two
+    pool, x = pool_array(d0)
+    pool.set_access(d1, "rw")
+    d1.reset()
+    assert pool.access(d1) is None
+    with d1:
+        out = cuctx.zeros(N, np.float32)
+        with pytest.raises(KernelArgumentError, match="no access to that pool's memory"):
+            lib["add"][1, N](out, x, 1.0, N)
+        pool.set_access(d1, "rw")  # granted again
+        lib["add"][1, N](out, x, 1.0, N)
+        cuctx.synchronize()
+    assert out.to_host().tolist() == [i + 1.0 for i in range(N)]
+    assert x.to_host().tolist() == list(range(N))  # the pool's memory is as it was
+
+
 def test_bad_requests_are_refused(two):
     d0, d1 = two
     pool, _ = pool_array(d0)

@@ -74,7 +74,7 @@ class MemoryPool:
 
     __slots__ = ("_backend", "_device", "_handle", "_key", "_ipc", "_max_size", "_default",
                  "_imported", "_ipc_key", "_shared", "_imports", "_origin", "_location",
-                 "_finalizer", "__weakref__")
+                 "_granted", "_finalizer", "__weakref__")
 
     def __init__(self, device: Device | int, *, location: str = "device", ipc: bool = False,
                  max_size: int | None = None, release_threshold: int | None = None):
@@ -135,8 +135,13 @@ class MemoryPool:
         # and must not depend on whichever context was current. (One made while a created
         # context was current crashed the process once in cuMemPoolDestroy after that
         # context was destroyed: tests/test_reprs.py on an H100, not reproduced in 8 runs.)
+        # The primary contexts of the other devices it granted access (ordinal -> Context):
+        # their address spaces map its memory, which the driver still reaches when the pool
+        # allocates or is destroyed, so they stay retained until then (as enable_peer_access
+        # keeps both; held by the finalizer, which drops them after cuMemPoolDestroy).
+        self._granted: dict[int, Context] = {}
         self._finalizer = None if default else _lifetimes.finalize(
-            self, _destroy, self._backend, handle, device.primary_context)
+            self, _destroy, self._backend, handle, device.primary_context, self._granted)
 
     @classmethod
     def _default_of(cls, device: Device) -> MemoryPool:
@@ -244,7 +249,8 @@ class MemoryPool:
         drivers refuse "r" for a pool (NotSupportedError, saying so). Copies
         between devices need no access. An imported pool's access is this process's own
         (the exporting process sets its own). Taking access away waits first for the work
-        queued on ``device``, since a kernel still using the memory would fault."""
+        queued on ``device``, since a kernel still using the memory would fault. A grant keeps
+        ``device``'s primary context retained; ``device.reset()`` takes the access away."""
         if mode not in _ACCESS:
             raise ValueError(f"mode must be 'rw', 'r' or None, not {mode!r}")
         device = self._device_arg(device, "set_access")
@@ -281,6 +287,24 @@ class MemoryPool:
         err, = self._backend.driver.cuMemPoolSetAccess(self._handle, [desc], 1)
         if err:
             fail(self._backend, err, "cuMemPoolSetAccess")
+        if device is not self._device:
+            if mode is None:
+                self._granted.pop(device.ordinal, None)
+                device._granted_by.discard(self)
+            else:
+                self._granted[device.ordinal] = device.primary_context
+                device._granted_by.add(self)
+
+    def _revoke(self, device: Device) -> None:
+        """Take ``device``'s access away before its primary context is reset (Device.reset),
+        its work torn down already."""
+        if device.ordinal not in self._granted:
+            return
+        try:
+            self._set_access(device, None)
+        except CudaError:  # (its own device reset before: the driver keeps what it mapped)
+            self._granted.pop(device.ordinal, None)
+            device._granted_by.discard(self)
 
     def _device_arg(self, device: Device | int, operation: str) -> Device:
         if isinstance(device, int) and not isinstance(device, bool):
@@ -352,7 +376,9 @@ def _supported(device: Device, location: str) -> None:
                                           "cuctx.managed_empty for managed arrays"))
 
 
-def _destroy(backend, handle, primary: Context) -> None:
+def _destroy(backend, handle, primary: Context, granted: dict[int, Context]) -> None:
+    """Destroy the pool with its device's primary context current; ``granted`` (the other
+    devices' primary contexts it keeps retained) is released after, with the arguments."""
     if primary._state is DESTROYED:  # reset by other code: the driver must not see it again
         return
     drv = backend.driver
