@@ -394,11 +394,14 @@ class Device:
             live = self._primary() if self._primary is not None else None
             if live is not None and live._state is ACTIVE:
                 live._tear_down_first()
-            # Other devices' pools map their memory into this device's address space, which
-            # the reset ends under them: a pool destroyed or allocating afterwards crashed the
-            # process (two H200s). Their access goes first, as peer access goes with the reset.
-            for pool in list(self._granted_by):
-                pool._revoke(self)
+            # Pools map their memory into the address spaces of the devices they granted
+            # access, which a reset ends under them (a pool destroyed or allocating after is
+            # the suspect of crashes on two H200s): the grants to this device, and those of
+            # this device's pools, go first, as peer access goes with the reset.
+            for device in self._backend.devices.values():
+                for pool in list(device._granted_by):
+                    if device is self or pool._device is self:
+                        pool._revoke(device)
             call(self._backend, "cuDevicePrimaryCtxReset", self._handle)
             ctx = self._primary() if self._primary is not None else None
             if ctx is not None:

@@ -171,6 +171,14 @@ def test_a_reset_of_a_granted_device_takes_the_access_away(two, lib):
     assert x.to_host().tolist() == list(range(N))  # the pool's memory is as it was
 
 
+def test_a_reset_of_the_pools_own_device_takes_its_grants_away(two):
+    d0, d1 = two
+    pool, x = pool_array(d0)
+    pool.set_access(d1, "rw")
+    d0.reset()
+    assert pool.access(d1) is None
+
+
 def test_bad_requests_are_refused(two):
     d0, d1 = two
     pool, _ = pool_array(d0)
