@@ -36,10 +36,14 @@ def pools_on_gpu_opt_in(request):
     of 3 with the fix; these modules together, 0 of 3; tests/memory, 0 of 2). Another
     remains: the parallel gpu-check on two H200s (32 workers, driver 580) still crashed two
     workers, one in cuMemPoolDestroy at a collection, one in an allocation of
-    test_pool_locations' test_a_host_pool_serves_another_device_once_granted. Until it is
-    found a crash would end a whole GPU check, so these runs wait for
-    CUCTX_GPU_POOL_TESTS=1 (the read-only refusal was an earlier trigger: cuctx no longer
-    asks the driver)."""
+    test_pool_locations' test_a_host_pool_serves_another_device_once_granted. The suspect:
+    a pool that outlived the address space it maps into (a pool that granted device 1
+    access, kept alive by a traceback, while a later test of the same worker reset device
+    1: tests/core, the fuzzer). cuctx now takes grants away at a reset and keeps a granted
+    device's primary context retained (test_pool_access); that has not run on a GPU yet.
+    Until a parallel GPU check with CUCTX_GPU_POOL_TESTS=1 passes, a crash would end a
+    whole GPU check, so these runs wait for it (the read-only refusal was an earlier
+    trigger: cuctx no longer asks the driver)."""
     call = getattr(request.node, "callspec", None)
     if call is not None and call.params.get("backend") == "cuda" \
             and os.environ.get("CUCTX_GPU_POOL_TESTS") != "1":
