@@ -277,9 +277,14 @@ class RayEngine:
         its node cannot be reached from here; None if it was lost meanwhile."""
         ray, authkey = self._ray, os.urandom(32)
         try:
-            address = ray.get(actor.channel.remote(authkey), timeout=_RESTART_LIMIT_S)
+            address = ray.get(actor.channel.remote(authkey), timeout=CONNECT_TIMEOUT_S)
         except ray.exceptions.RayActorError:
             return None
+        except ray.exceptions.GetTimeoutError:  # it answers, but not this: a new one
+            self._kill(actor, restart=True)
+            return None
+        except ray.exceptions.RayError:  # it could not listen: Ray actor calls, then
+            return RayCalls(ray, actor)
         try:
             return ChannelCalls(_channel.connect(tuple(address), authkey, CONNECT_TIMEOUT_S))
         except OSError:  # (Ray Client from outside the cluster's network, say)
