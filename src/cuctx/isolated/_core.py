@@ -85,6 +85,7 @@ class CallFuture(Future):
                 self._awaited -= 1
             return self.attend
 
+
 class Call:
     """One submitted call: its future, its name for messages, its pickles, where it may run
     and for how long. ``timed_out`` is set (under the core's lock) by the watchdog."""

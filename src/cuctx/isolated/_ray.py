@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import uuid
+from multiprocessing import AuthenticationError
 
 from .. import _driver
 from ..errors import WorkerDiedError, WorkerTimeoutError
@@ -237,13 +238,13 @@ class RayEngine:
     def dispatch(self, slot: Slot, call: Call) -> None:
         """Send ``call`` to ``slot``'s actor from the thread that hands it out; the slot's
         thread waits for its answer."""
+        error = None
         try:
             self._calls[id(slot)].send(b"".join(_wire.call_message(call.fn_bytes,
                                                                    call.args_bytes)))
         except Exception as exc:  # noqa: BLE001 - the slot's thread says the actor is lost
-            self._queues[id(slot)].put((call, exc))
-        else:
-            self._queues[id(slot)].put((call, None))
+            error = exc
+        self._queues[id(slot)].put((call, error))
 
     # -- a slot's thread --------------------------------------------------------------------
 
@@ -285,9 +286,9 @@ class RayEngine:
             return None
         except ray.exceptions.RayError:  # it could not listen: Ray actor calls, then
             return RayCalls(ray, actor)
-        try:
+        try:  # (unreachable: Ray Client from outside the cluster's network, say)
             return ChannelCalls(_channel.connect(tuple(address), authkey, CONNECT_TIMEOUT_S))
-        except OSError:  # (Ray Client from outside the cluster's network, say)
+        except (OSError, EOFError, AuthenticationError):
             return RayCalls(ray, actor)
 
     def _start(self, slot: Slot):

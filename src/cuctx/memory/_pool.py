@@ -288,12 +288,17 @@ class MemoryPool:
         if err:
             fail(self._backend, err, "cuMemPoolSetAccess")
         if device is not self._device:
-            if mode is None:
-                self._granted.pop(device.ordinal, None)
-                device._granted_by.discard(self)
-            else:
-                self._granted[device.ordinal] = device.primary_context
-                device._granted_by.add(self)
+            self._note_grant(device, mode)
+
+    def _note_grant(self, device: Device, mode: str | None) -> None:
+        """Hold ``device``'s primary context while it has access (and let Device.reset find
+        this pool), or let both go."""
+        if mode is None:
+            self._granted.pop(device.ordinal, None)
+            device._granted_by.discard(self)
+        else:
+            self._granted[device.ordinal] = device.primary_context
+            device._granted_by.add(self)
 
     def _revoke(self, device: Device) -> None:
         """Take ``device``'s access away before its primary context is reset (Device.reset),
@@ -303,8 +308,7 @@ class MemoryPool:
         try:
             self._set_access(device, None)
         except CudaError:  # (its own device reset before: the driver keeps what it mapped)
-            self._granted.pop(device.ordinal, None)
-            device._granted_by.discard(self)
+            self._note_grant(device, None)
 
     def _device_arg(self, device: Device | int, operation: str) -> Device:
         if isinstance(device, int) and not isinstance(device, bool):
