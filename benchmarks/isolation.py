@@ -72,8 +72,15 @@ def line(what: str, value: float, unit: str, goal: float, note: str = "") -> Non
           f"{verdict}" + (f"  ({note})" if note else ""))
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def open_fds() -> dict[int, str]:
+    """This process's open file descriptors and what each one is."""
+    fds = {}
+    for entry in os.listdir("/proc/self/fd"):
+        try:
+            fds[int(entry)] = os.readlink(f"/proc/self/fd/{entry}")
+        except OSError:  # the listing's own descriptor, closed by now
+            pass
+    return fds
 
 
 def zombies() -> int:
@@ -190,8 +197,15 @@ def cycles(count: int) -> None:
     print(f"\n== {count} fault cycles")
     device = cuctx.Device(0)
     with cuctx.IsolatedExecutor(devices=[0]) as ex:
+        for _ in range(3):  # what the first faults open once (and Ray, stopped before, closes)
+            try:
+                ex.submit(fault).result()
+            except cuctx.WorkerFaultError:
+                pass
         ex.submit(noop).result()
+        time.sleep(0.5)
         fds, free = open_fds(), device.mem_info().free
+        replaced = ex.workers[0].replaced
         begin = time.perf_counter()
         for _ in range(count):
             try:
@@ -200,11 +214,17 @@ def cycles(count: int) -> None:
                 pass
         ex.submit(noop).result()  # a live worker again, as at the start
         spent = time.perf_counter() - begin
-        leaked_fds, left_zombies = open_fds() - fds, zombies()
+        now, settle = open_fds(), time.monotonic() + 2
+        while len(now) > len(fds) and time.monotonic() < settle:  # the last worker's reaping
+            time.sleep(0.05)
+            now = open_fds()
+        leaked_fds, left_zombies = len(now) - len(fds), zombies()
+        opened = sorted(set(now.values()) - set(fds.values()))
         lost_memory = free - device.mem_info().free
-        replaced = ex.workers[0].replaced
+        replaced = ex.workers[0].replaced - replaced
     print(f"  {count} faults, {replaced} workers replaced, {spent / count:.3f} s per cycle")
-    line("file descriptors leaked", leaked_fds, "", 0)
+    line("file descriptors leaked", leaked_fds, "", 0,
+         f"opened since: {', '.join(opened)}" if leaked_fds > 0 else "")
     line("zombie processes", left_zombies, "", 0)
     line("device memory not given back", lost_memory // 2**20, "MiB", 0,
          "cuMemGetInfo: every process's memory" if cuctx.backend().sim is None

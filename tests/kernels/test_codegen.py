@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import linecache
+import re
 import threading
 import traceback
 
@@ -41,7 +42,10 @@ def test_the_source_is_kept_named_and_readable(lib):
     source = launcher.fast_source
     assert source.startswith("def launch(args):") and "pack_into(buffer" in source
     name = launcher._fast.__code__.co_filename
-    assert name == "<cuctx fast launch add (DeviceArray, DeviceArray, float, int)>"
+    # Numbered ("... #2>") when another test of this process generated other source under
+    # the same name (another kernel called add, on another backend or path).
+    assert re.fullmatch(r"<cuctx fast launch add \(DeviceArray, DeviceArray, float, int\)"
+                        r"( #\d+)?>", name)
     assert "".join(linecache.getlines(name)) == source
     assert inspect.getsource(launcher._fast) == source
 

@@ -21,9 +21,6 @@ import pytest
 
 import cuctx
 from cuctx import Device, MemoryPool
-from test_pool import pools_on_gpu_opt_in  # noqa: F401 - the fixture, shared
-
-pytestmark = pytest.mark.usefixtures("pools_on_gpu_opt_in")
 
 SPAWN = multiprocessing.get_context("spawn")  # fork breaks CUDA
 

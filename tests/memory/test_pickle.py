@@ -23,9 +23,7 @@ from cuctx import Device, MemoryPool
 from cuctx.memory import _handoff, _ipc
 
 from scenarios import ADD_SOURCE, add
-from test_pool import pools_on_gpu_opt_in  # noqa: F401 - the fixture, shared
 
-pytestmark = pytest.mark.usefixtures("pools_on_gpu_opt_in")
 
 SPAWN = multiprocessing.get_context("spawn")  # fork breaks CUDA
 WAIT_S = 120

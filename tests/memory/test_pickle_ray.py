@@ -15,12 +15,9 @@ import pytest
 import cuctx
 from cuctx import Device, MemoryPool
 
-from test_pool import pools_on_gpu_opt_in  # noqa: F401 - the fixture, shared
-
 ray = pytest.importorskip("ray", reason="needs Ray: pip install -e '.[test]' (or 'cuctx[ray]')")
 
-pytestmark = [pytest.mark.usefixtures("pools_on_gpu_opt_in"),
-              pytest.mark.xdist_group("ray")]  # one worker runs the Ray tests (test_ray.py)
+pytestmark = [pytest.mark.xdist_group("ray")]  # one worker runs the Ray tests (test_ray.py)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ defer_cleanup, the race checker, captures and AutoGraph. Bad arguments are clear
 from __future__ import annotations
 
 import gc
-import os
 import weakref
 
 import numpy as np
@@ -18,37 +17,11 @@ from cuctx import Device, MemoryPool
 
 from scenarios import ADD_SOURCE, add, library_fixture
 
-pytestmark = [pytest.mark.usefixtures("nvrtc_cache", "pools_on_gpu_opt_in"),
+pytestmark = [pytest.mark.usefixtures("nvrtc_cache"),
               pytest.mark.paths("python", "native")]
 
 lib = library_fixture(ADD_SOURCE, add=add)
 MiB = 1 << 20
-
-
-@pytest.fixture
-def pools_on_gpu_opt_in(request):
-    """The cuda runs of the explicit-pool modules (this one, test_pool_access,
-    test_pool_locations, test_ipc, test_pickle, test_pickle_ray) crash a GPU process now and
-    then: a segmentation fault in cuMemPoolDestroy, or a floating point exception in the next
-    pool's cuMemAllocFromPoolAsync. One trigger was found and fixed: a pool and its arrays
-    collected together (an exception's traceback held both) destroyed the pool before the
-    arrays' frees were queued (test_pool_access alone crashed 3 runs of 3 on two H200s, and 0
-    of 3 with the fix; these modules together, 0 of 3; tests/memory, 0 of 2). Another
-    remains: the parallel gpu-check on two H200s (32 workers, driver 580) still crashed two
-    workers, one in cuMemPoolDestroy at a collection, one in an allocation of
-    test_pool_locations' test_a_host_pool_serves_another_device_once_granted. The suspect:
-    a pool that outlived the address space it maps into (a pool that granted device 1
-    access, kept alive by a traceback, while a later test of the same worker reset device
-    1: tests/core, the fuzzer). cuctx now takes grants away at a reset and keeps a granted
-    device's primary context retained (test_pool_access); that has not run on a GPU yet.
-    Until a parallel GPU check with CUCTX_GPU_POOL_TESTS=1 passes, a crash would end a
-    whole GPU check, so these runs wait for it (the read-only refusal was an earlier
-    trigger: cuctx no longer asks the driver)."""
-    call = getattr(request.node, "callspec", None)
-    if call is not None and call.params.get("backend") == "cuda" \
-            and os.environ.get("CUCTX_GPU_POOL_TESTS") != "1":
-        pytest.skip("explicit pools crashed a GPU run of tests/memory (see "
-                    "test_pool.pools_on_gpu_opt_in): CUCTX_GPU_POOL_TESTS=1 runs them")
 
 
 def collect() -> None:

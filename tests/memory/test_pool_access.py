@@ -20,9 +20,8 @@ from cuctx import Device, MemoryPool
 from cuctx.kernels import KernelArgumentError
 
 from scenarios import ADD_SOURCE, add, library_fixture
-from test_pool import pools_on_gpu_opt_in  # noqa: F401 - the fixture, shared
 
-pytestmark = [pytest.mark.usefixtures("nvrtc_cache", "pools_on_gpu_opt_in"),
+pytestmark = [pytest.mark.usefixtures("nvrtc_cache"),
               pytest.mark.paths("python", "native")]
 
 lib = library_fixture(ADD_SOURCE, add=add)
