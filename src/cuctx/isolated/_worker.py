@@ -229,6 +229,7 @@ def main(fd: int, lifeline: int, ordinal: int, ring: int, word: int) -> None:
     number, eager, read = 0, True, 0
     while True:
         try:
+            channel.wait(None)  # (looks a moment before it sleeps: the next call may be near)
             tag, message = channel.recv()
         except EOFError:
             return
