@@ -241,6 +241,18 @@ TRAMPOLINE_FN = CUhostFn(ctypes.cast(_TRAMPOLINE, ctypes.c_void_p).value)
 _EXIT_WAIT_S = 5.0
 
 
+# ``exiting[0]`` is set once the interpreter exits (after every later atexit handler, the
+# order being LIFO): frees of garbage collected from then on are not run, as weakref.finalize's
+# with ``atexit = False`` are not (the driver tears everything down then). A list, so that a
+# finalizer holding it reads it still while the interpreter clears this module's globals.
+exiting = [False]
+
+
+@atexit.register
+def _exit() -> None:
+    exiting[0] = True
+
+
 @atexit.register
 def _wait_for_host_functions() -> None:
     """At interpreter exit, give host functions still queued on a GPU a few seconds to run:

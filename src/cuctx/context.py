@@ -138,7 +138,7 @@ class Context(Resource):
     """
 
     __slots__ = ("_drv", "_device", "kind", "_state", "_fault", "_why_destroyed", "_finalizer",
-                 "_default_streams", "_teardown", "_before_teardown", "__weakref__")
+                 "_default_streams", "_teardown", "_before_teardown", "_allocations", "__weakref__")
 
     def __init__(self) -> None:
         raise TypeError("make contexts with Context.create(device), device.primary_context "
@@ -154,11 +154,11 @@ class Context(Resource):
         ctx._device = device
         ctx.kind = kind
         ctx._state = ACTIVE
-        ctx._fault = None
-        ctx._why_destroyed = ""
+        ctx._fault, ctx._why_destroyed = None, ""
         ctx._default_streams = {}  # "legacy"/"per-thread" -> Stream, made on first use
         ctx._teardown = []  # called with the context when it is destroyed
         ctx._before_teardown = []  # called while it is still usable, just before
+        ctx._allocations = None  # the pending frees of its allocations (memory._alloc)
         ctx._finalizer = finalize(ctx, *finalizer) if finalizer else None
         backend.contexts[ctx._key] = ctx
         return ctx

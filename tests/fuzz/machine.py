@@ -497,13 +497,12 @@ def _still_held() -> str:
     """What cuctx itself still holds, for a leak report: allocations not freed (and the
     contexts they belong to), pointers waiting for a usable context, live contexts."""
     from cuctx import _lifetimes
-    from cuctx.memory import _alloc
-    held = [(ctx, alloc._finalizer.peek()) for ctx, allocs in list(_alloc._live.items())
-            for alloc in list(allocs)]
-    sizes = [args[2] for _, (_, _, args, _) in held if args]
-    contexts = sorted({repr(ctx) for ctx, _ in held})
+    every = [c for c in gc.get_objects() if isinstance(c, cuctx.Context)]
+    held = [(ctx, free[:]) for ctx in every for free in list((ctx._allocations or {}).values())]
+    sizes = [free[2] for _, free in held if free]
+    contexts = sorted({repr(ctx) for ctx, free in held if free})
     orphans = sum(len(p) for p in _lifetimes.orphans.values())
-    live = [c for c in gc.get_objects() if isinstance(c, cuctx.Context) and c.state != "destroyed"]
+    live = [c for c in every if c.state != "destroyed"]
     return (f"cuctx still holds {len(held)} allocation(s), {sum(sizes)} bytes, in {contexts}; "
             f"{orphans} orphaned pointer(s); {len(live)} live Context object(s): "
             f"{sorted(repr(c) for c in live)[:6]}")

@@ -12,6 +12,7 @@ from cuda.bindings.driver import CUresult
 from conftest import busy
 
 import cuctx
+from cuctx import _trace
 from cuctx.memory import _array
 from cuctx import (Context, ContextDestroyedError, ContextPoisonedError, Device, DeviceArray,
                    OutOfMemoryError, Stream, StickyFaultError)
@@ -537,6 +538,34 @@ def test_sim_releases_a_contexts_memory_with_it(sim):
     ctx.destroy()
     assert device.mem_info().free == before
     assert sim.driver._device_view(ptr, 8)[0] == CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
+
+
+def test_a_context_dropped_with_its_arrays_frees_them_before_it_goes(backend):
+    """A created context and its arrays that become garbage in one collection (a traceback's
+    frames hold both): the arrays' frees run while the context works (pushing a destroyed
+    context to free corrupts the heap)."""
+    freed = []
+    sink = lambda op: freed.extend(a.ptr for a in op.accesses)  # noqa: E731
+    _trace.add_sink(sink, kinds=["free"])
+    try:
+        with cuctx.racecheck("off"):  # (the checker's history would hold the context)
+            for _ in range(3):  # (each collection's order is arbitrary: several chances)
+                ctx = Context.create(Device(0))
+                try:
+                    arrays = [cuctx.zeros(256, np.float32) for _ in range(3)]
+                    ctx.synchronize()  # (queued work holds its context)
+                finally:
+                    Context.pop()
+                ptrs = [a.ptr for a in arrays]
+                garbage = [ctx, arrays]
+                garbage.append(garbage)
+                del ctx, arrays, garbage
+                freed.clear()
+                gc.collect()
+                assert sorted(freed) == sorted(ptrs)
+    finally:
+        _trace.remove_sink(sink)
+    assert cuctx.to_device(np.arange(4)).to_host().tolist() == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("make", ["register_host", "pinned_empty"])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import cuctx
-from cuctx import Device, MemoryPool
+from cuctx import Device, MemoryPool, _trace
 
 from scenarios import ADD_SOURCE, add, library_fixture
 
@@ -141,29 +141,33 @@ def test_a_pool_dying_in_one_collection_with_its_arrays_is_destroyed_after_their
     the process at the next pool's allocation on two H200s (driver 580)."""
     drv = backend.driver
     calls = []
-    real_free, real_destroy = drv.cuMemFreeAsync, drv.cuMemPoolDestroy
-    monkeypatch.setattr(drv, "cuMemFreeAsync",
-                        lambda ptr, stream: calls.append(("free", int(ptr)))
-                        or real_free(ptr, stream), raising=False)
+    real_destroy = drv.cuMemPoolDestroy
     monkeypatch.setattr(drv, "cuMemPoolDestroy",
                         lambda handle: calls.append(("destroy", int(handle)))
                         or real_destroy(handle), raising=False)
-    with Device(0):
-        for _ in range(4):  # (each collection's order is arbitrary: several chances)
+
+    def freed(op):  # announced once the driver took the free (the compiled path's too)
+        calls.extend(("free", access.ptr) for access in op.accesses)
+    _trace.add_sink(freed, kinds=["free"])
+    try:
+        with Device(0):
+            for _ in range(4):  # (each collection's order is arbitrary: several chances)
+                pool = MemoryPool(0)
+                arrays = [cuctx.zeros(256, np.float32, pool=pool) for _ in range(3)]
+                ptrs, key = [a.ptr for a in arrays], pool._key
+                garbage = [pool, arrays]
+                garbage.append(garbage)  # one cycle, collected at once
+                del pool, arrays, garbage
+                calls.clear()
+                gc.collect()
+                assert ("destroy", key) in calls
+                destroyed = calls.index(("destroy", key))
+                assert all(calls.index(("free", ptr)) < destroyed for ptr in ptrs), calls
+            # and a new pool allocates afterwards
             pool = MemoryPool(0)
-            arrays = [cuctx.zeros(256, np.float32, pool=pool) for _ in range(3)]
-            ptrs, key = [a.ptr for a in arrays], pool._key
-            garbage = [pool, arrays]
-            garbage.append(garbage)  # one cycle, collected at once
-            del pool, arrays, garbage
-            calls.clear()
-            gc.collect()
-            assert ("destroy", key) in calls
-            destroyed = calls.index(("destroy", key))
-            assert all(calls.index(("free", ptr)) < destroyed for ptr in ptrs), calls
-        # and a new pool allocates afterwards
-        pool = MemoryPool(0)
-        assert cuctx.full(8, 2.0, np.float32, pool=pool).to_host().tolist() == [2.0] * 8
+            assert cuctx.full(8, 2.0, np.float32, pool=pool).to_host().tolist() == [2.0] * 8
+    finally:
+        _trace.remove_sink(freed)
 
 
 def test_the_sims_pools_are_gone_with_their_arrays(sim):

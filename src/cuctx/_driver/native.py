@@ -18,7 +18,8 @@ from types import ModuleType
 # What the compiled paths call, by cuda.bindings' names.
 FUNCTIONS = ("cuLaunchKernel", "cuLaunchKernelEx", "cuEventRecord", "cuStreamWaitEvent",
              "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxGetCurrent",
-             "cuGraphExecKernelNodeSetParams", "cuGraphLaunch", "cuGraphAddKernelNode")
+             "cuGraphExecKernelNodeSetParams", "cuGraphLaunch", "cuGraphAddKernelNode",
+             "cuMemAllocAsync", "cuMemFreeAsync")
 # The ABI of the function types csrc/native.h declares: CUDA 12.0's (cuLaunchKernelEx is 12.0's,
 # and so is the CUDA_KERNEL_NODE_PARAMS with `kern` and `ctx` that cuda.bindings' struct holds,
 # which cuGraphExecKernelNodeSetParams takes at that version: its _v2).

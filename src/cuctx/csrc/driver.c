@@ -6,7 +6,7 @@
 static const char *const FUNCTION_NAMES[F_COUNT] = {
     "cuLaunchKernel", "cuLaunchKernelEx", "cuEventRecord", "cuStreamWaitEvent",
     "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxGetCurrent", "cuGraphExecKernelNodeSetParams",
-    "cuGraphLaunch", "cuGraphAddKernelNode"};
+    "cuGraphLaunch", "cuGraphAddKernelNode", "cuMemAllocAsync", "cuMemFreeAsync"};
 
 void *key_of(PyObject *resource)
 {
@@ -158,37 +158,117 @@ void leave_stream_context(Driver *d, int pushed)
     PyErr_Restore(type, value, tb);
 }
 
-/* Driver.call_in(ctx, fn, *args): ``fn(*args)`` with ``ctx`` (an active Context) current,
- * pushed around the call unless it is current already (the common case costs one
- * cuCtxGetCurrent). Stream._call's way: the driver resolves a default stream's handle, and
- * checks a copy's device pointers, against the current context, not the stream's. */
+/* With ``ctx`` (a Context) current: pushed unless it is current already (the common case
+ * costs one cuCtxGetCurrent). 0 (*pushed says whether it pushed), or NULL's -1 with an
+ * exception (a refused push raised as `fail` raises it). */
+static int enter_context(Driver *d, PyObject *ctx, int *pushed, const char *operation)
+{
+    *pushed = 0;
+    if (!L.ready || !Py_IS_TYPE(ctx, L.Context)) {
+        PyErr_Format(PyExc_TypeError, "%s takes a Context first", operation);
+        return -1;
+    }
+    if (SLOT(ctx, L.state) != L.ACTIVE) { /* pushing a destroyed context corrupts the heap */
+        PyErr_Format(PyExc_ValueError, "%s: the context is not active", operation);
+        return -1;
+    }
+    void *current = NULL;
+    int err = drv_current(d, &current);
+    if (err < 0)
+        return -1;
+    if (err == 0 && current == key_of(ctx))
+        return 0;
+    err = drv_push(d, ctx);
+    if (err > 0)
+        fail(SLOT(ctx, L.backend), err, "cuCtxPushCurrent", ctx);
+    if (err)
+        return -1;
+    *pushed = 1;
+    return 0;
+}
+
+/* Driver.call_in(ctx, fn, *args): ``fn(*args)`` with ``ctx`` (an active Context) current.
+ * Stream._call's way: the driver resolves a default stream's handle, and checks a copy's
+ * device pointers, against the current context, not the stream's. */
 static PyObject *Driver_call_in(Driver *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (!L.ready || nargs < 2 || !Py_IS_TYPE(args[0], L.Context)) {
+    int pushed;
+    if (nargs < 2) {
         PyErr_SetString(PyExc_TypeError, "call_in(ctx, fn, *args) takes a Context first");
         return NULL;
     }
-    PyObject *ctx = args[0];
-    if (SLOT(ctx, L.state) != L.ACTIVE) { /* pushing a destroyed context corrupts the heap */
-        PyErr_SetString(PyExc_ValueError, "call_in: the context is not active");
+    if (enter_context(self, args[0], &pushed, "call_in") < 0)
         return NULL;
-    }
-    void *current = NULL;
-    int err = drv_current(self, &current);
-    if (err < 0)
-        return NULL;
-    int pushed = 0;
-    if (err != 0 || current != key_of(ctx)) {
-        err = drv_push(self, ctx);
-        if (err < 0)
-            return NULL;
-        if (err > 0)
-            return fail(SLOT(ctx, L.backend), err, "cuCtxPushCurrent", ctx);
-        pushed = 1;
-    }
     PyObject *result = PyObject_Vectorcall(args[1], args + 2, nargs - 2, NULL);
     leave_stream_context(self, pushed);
     return result;
+}
+
+/* Driver.mem_alloc(ctx, stream, nbytes): cuMemAllocAsync of ``nbytes`` on ``stream`` (a
+ * Stream of the active Context ``ctx``) with ``ctx`` current, as call_in calls it:
+ * (0, the address, an int) or (CUresult, None) for Python to raise. */
+static PyObject *Driver_mem_alloc(Driver *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int pushed;
+    if (nargs != 3 || !PyObject_TypeCheck(args[1], L.Stream) || !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "mem_alloc(ctx, stream, nbytes)");
+        return NULL;
+    }
+    size_t nbytes = PyLong_AsSize_t(args[2]);
+    if (nbytes == (size_t)-1 && PyErr_Occurred())
+        return NULL;
+    if (enter_context(self, args[0], &pushed, "mem_alloc") < 0)
+        return NULL;
+    int err;
+    PyObject *address = NULL;
+    if (self->compiled) {
+        unsigned long long ptr = 0;
+        void *stream = key_of(args[1]);
+        Py_BEGIN_ALLOW_THREADS /* the pool may have to grow */
+        err = ((mem_alloc_fn)self->c[F_MEM_ALLOC])(&ptr, nbytes, stream);
+        Py_END_ALLOW_THREADS
+        if (err == 0 && (address = PyLong_FromUnsignedLongLong(ptr)) == NULL)
+            err = -1;
+    } else {
+        PyObject *call[2] = {args[2], SLOT(args[1], L.handle)};
+        PyObject *handle = NULL;
+        err = py_result(PyObject_Vectorcall(self->py[F_MEM_ALLOC], call, 2, NULL), &handle);
+        if (err == 0 && (address = PyNumber_Long(handle)) == NULL)
+            err = -1;
+        Py_XDECREF(handle);
+    }
+    leave_stream_context(self, pushed);
+    if (err < 0)
+        return NULL;
+    return err ? Py_BuildValue("(iO)", err, Py_None) : Py_BuildValue("(iN)", 0, address);
+}
+
+/* Driver.mem_free(ctx, stream, ptr): cuMemFreeAsync of ``ptr`` on ``stream`` with ``ctx``
+ * current (as mem_alloc): the CUresult, an int. */
+static PyObject *Driver_mem_free(Driver *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int pushed;
+    if (nargs != 3 || !PyObject_TypeCheck(args[1], L.Stream) || !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "mem_free(ctx, stream, ptr)");
+        return NULL;
+    }
+    unsigned long long ptr = PyLong_AsUnsignedLongLong(args[2]);
+    if (ptr == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    if (enter_context(self, args[0], &pushed, "mem_free") < 0)
+        return NULL;
+    int err;
+    if (self->compiled) {
+        void *stream = key_of(args[1]);
+        Py_BEGIN_ALLOW_THREADS
+        err = ((mem_free_fn)self->c[F_MEM_FREE])(ptr, stream);
+        Py_END_ALLOW_THREADS
+    } else {
+        PyObject *call[2] = {args[2], SLOT(args[1], L.handle)};
+        err = py_result(PyObject_Vectorcall(self->py[F_MEM_FREE], call, 2, NULL), NULL);
+    }
+    leave_stream_context(self, pushed);
+    return err < 0 ? NULL : PyLong_FromLong(err);
 }
 
 /* context.fail(backend, CUresult(err), operation, ctx): raises; returns NULL. */
@@ -267,6 +347,11 @@ static PyMethodDef Driver_methods[] = {
     {"call_in", (PyCFunction)(void (*)(void))Driver_call_in, METH_FASTCALL,
      "call_in(ctx, fn, *args): fn(*args) with the active Context ctx current (pushed and "
      "popped around the call unless it is current already)."},
+    {"mem_alloc", (PyCFunction)(void (*)(void))Driver_mem_alloc, METH_FASTCALL,
+     "mem_alloc(ctx, stream, nbytes): cuMemAllocAsync with ctx current: (0, the address) or "
+     "(CUresult, None)."},
+    {"mem_free", (PyCFunction)(void (*)(void))Driver_mem_free, METH_FASTCALL,
+     "mem_free(ctx, stream, ptr): cuMemFreeAsync with ctx current: the CUresult."},
     {"launcher", (PyCFunction)(void (*)(void))Driver_launcher, METH_VARARGS | METH_KEYWORDS,
      "launcher(plan, ctx, owner, stream, function, grid, block, shared_mem, config, general, "
      "fail, sim_args, launcher): the compiled fast path of one launcher and one plan, or None "

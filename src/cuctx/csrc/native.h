@@ -66,6 +66,8 @@ typedef CUresult (*pop_fn)(void **ctx);
 typedef CUresult (*current_fn)(void **ctx);
 typedef CUresult (*set_kernel_fn)(void *exec, void *node, const void *params);
 typedef CUresult (*graph_launch_fn)(void *exec, void *stream);
+typedef CUresult (*mem_alloc_fn)(unsigned long long *ptr, size_t nbytes, void *stream);
+typedef CUresult (*mem_free_fn)(unsigned long long ptr, void *stream);
 /* CUDA_KERNEL_NODE_PARAMS_v2 (what cuGraphAddKernelNode takes at ABI 12000); its layout is
  * checked against cuda.bindings' struct before it is used (cuctx/_driver/native.py). */
 typedef struct {
@@ -78,7 +80,7 @@ typedef CUresult (*add_kernel_fn)(void **node, void *graph, void *const *deps, s
                                   const kernel_node_params *params);
 
 enum { F_LAUNCH, F_LAUNCH_EX, F_RECORD, F_WAIT, F_PUSH, F_POP, F_CURRENT, F_SET_KERNEL,
-       F_GRAPH_LAUNCH, F_ADD_KERNEL, F_COUNT };
+       F_GRAPH_LAUNCH, F_ADD_KERNEL, F_MEM_ALLOC, F_MEM_FREE, F_COUNT };
 
 /* -- what setup() learnt about the classes (native.c) -------------------------------- */
 

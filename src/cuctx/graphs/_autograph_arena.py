@@ -60,6 +60,7 @@ class Lease(Allocation):
                                                              block.stream, [])
         self.pool = block.pool  # (the device's default pool's: arenas lend only its memory)
         self.shared = None
+        self._free = None  # (the block's free is the block's)
         self.block = block
 
 
@@ -108,7 +109,7 @@ class Arena:
                     return None
                 # Used on other streams, too small, or freed with its context: a new block.
                 if (slot.lease.recorded or slot.capacity < nbytes
-                        or not slot.block._finalizer.alive):
+                        or not slot.block.alive):
                     self.drop(slot)
             self.slots[key] = slot  # (at the end: the most recently lent)
             lease = slot.lease

@@ -68,8 +68,8 @@ def construct(recording: Recording) -> tuple[Graph, list[GraphNode | None], int]
     site = _trace.user_site()  # (the call's line, for every node: what errors name)
     with ctx:
         graph = Graph()
-        if builds is not None and len(recording.streams) == 1 and all(
-                key.__class__ is Launcher for key in keys):
+        if builds is not None and len(recording.streams) == 1 and \
+                set(map(type, keys)) == {Launcher}:
             return graph, kernel_chain(graph, recording, site, builds), \
                 sum(map(len, values)) + NODE_BYTES * len(keys)
         tails: list[tuple[GraphNode, ...]] = [()] * len(recording.streams)

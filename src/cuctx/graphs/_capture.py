@@ -33,7 +33,7 @@ from cuda.bindings.driver import (CUresult, CUstreamCaptureMode, CUstreamCapture
                                   CUstreamUpdateCaptureDependencies_flags)
 
 from .. import _lifetimes, _trace
-from ..memory._alloc import _live
+from ..memory._alloc import forget
 from .._resource import upper
 from ..context import fail, refuse_in_host_function
 from ..errors import CAPTURE_UNSUPPORTED, GraphCaptureError
@@ -181,9 +181,7 @@ class Capture:
         memory allocated in it (it never existed), run the frees held back."""
         if handle is not None and int(handle):
             self.ctx._backend.driver.cuGraphDestroy(handle)
-        for alloc in list(_live.get(self.ctx, ())):
-            if alloc.ptr in self.allocations:
-                alloc._finalizer.detach()
+        forget(self.ctx, self.allocations)
         self.host.owner.release()
         self._info.clear()
         self._run_held()

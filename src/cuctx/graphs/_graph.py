@@ -450,13 +450,12 @@ class Graph(Resource):
     def _closure(self) -> tuple[list, list[HostFunctions], set, list[Event]]:
         """What an executable of this graph must keep: every node's objects, host
         functions, libraries, recorded events (of the graphs inside it too)."""
-        keep, host, libraries, events = [], list(self._host), set(), []
-        for node in self._nodes:
-            keep.extend(node._keep)
-            if node._kernel is not None:
-                libraries.add(node._kernel._owner)
-            if node.kind == "record" and isinstance(node._extra, Event):
-                events.append(node._extra)
+        nodes, host = self._nodes, list(self._host)
+        # (comprehensions: a build of a thousand kernel nodes pays this per node)
+        keep = [obj for node in nodes for obj in node._keep]
+        libraries = {node._kernel._owner for node in nodes if node._kernel is not None}
+        events = [node._extra for node in nodes
+                  if node.kind == "record" and isinstance(node._extra, Event)]
         for part in self._parts:
             k, h, lib, ev = part._closure()
             keep.extend(k)

@@ -8,10 +8,13 @@ import functools
 import weakref
 from typing import Any, Callable
 
+from cuda.bindings.driver import CUresult
+
 from .. import _record, _trace
 from .. import _lifetimes
 from .._lifetimes import free_or_defer
 from .._resource import POISONED, upper
+from .._driver import in_host_function
 from ..context import ACTIVE, fail, in_context
 from ..errors import NOT_SUPPORTED, OUT_OF_MEMORY, CudaError
 from ..stream import Stream
@@ -22,12 +25,19 @@ class Allocation:
     or when its context is destroyed or reset, whichever comes first. ``release(ptr, nbytes,
     stream, recorded, pool, *extra)`` frees it (an imported allocation's differs: `_ipc`).
 
-    The pending free holds the pool: a pool and its arrays that become garbage together (a
-    traceback's frames hold both) have their finalizers run in any order, and a pool
-    destroyed before the free of its memory was queued crashed the process at the next
-    pool's allocation (two H200s, driver 580: a floating point exception, 3 runs of 3)."""
+    The pending free is a list, ``[release, ptr, nbytes, stream, recorded, pool, *extra]``,
+    filed under its context (``Context._allocations``, by the list's id) until ``__del__``
+    or a teardown takes it out, whichever comes first: taking it is popping it, which one
+    of them does. (A weakref.finalize and a WeakSet cost three times as much: 2 us of each
+    ``cuctx.empty`` and its free.) Never run at interpreter exit: the driver tears
+    everything down then.
 
-    __slots__ = ("ptr", "nbytes", "stream", "recorded", "pool", "shared", "_finalizer",
+    The pending free holds the pool: a pool and its arrays that become garbage together (a
+    traceback's frames hold both) are collected in any order, and a pool destroyed before the
+    free of its memory was queued crashed the process at the next pool's allocation (two
+    H200s, driver 580: a floating point exception, 3 runs of 3)."""
+
+    __slots__ = ("ptr", "nbytes", "stream", "recorded", "pool", "shared", "_free",
                  "__weakref__")
 
     def __init__(self, ptr: int, nbytes: int, stream: Stream, pool=None,
@@ -38,54 +48,89 @@ class Allocation:
         self.recorded: list[Stream] = []  # other streams that used it (record_stream)
         self.pool = pool  # the MemoryPool it came from; None: the device's default pool
         self.shared = None  # (token, export data) once exported to another process (`_pool`)
-        self._finalizer = weakref.finalize(self, free_or_defer, release or _release, ptr,
-                                           nbytes, stream, self.recorded, pool, *extra)
-        self._finalizer.atexit = False  # (free_or_defer holds it in host functions)
+        free = self._free = [release or _release, ptr, nbytes, stream, self.recorded, pool,
+                             *extra]
         ctx = stream._ctx
-        live = _live.get(ctx)
+        live = ctx._allocations
         if live is None:
-            live = _live[ctx] = weakref.WeakSet()
+            live = ctx._allocations = _holding[id(ctx)] = {}
+            weakref.finalize(ctx, _holding.pop, id(ctx), None)
             ctx._on_teardown(_free_live, before=True)
             ctx._on_teardown(_orphan_live)
-        live.add(self)
+        live[id(free)] = free
+
+    def __del__(self, exiting=_lifetimes.exiting, free_or_defer=free_or_defer) -> None:
+        # (what it reads as defaults: at interpreter exit the modules' globals are cleared)
+        free = self._free
+        if free is not None and not exiting[0]:
+            self._free = None
+            live = self.stream._ctx._allocations
+            if live is not None and live.pop(id(free), None) is not None:
+                free_or_defer(*free)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the free is still to come (neither run nor taken by a teardown)."""
+        live = self.stream._ctx._allocations
+        return self._free is not None and live is not None and id(self._free) in live
 
 
-# The allocations of each context not yet freed. Stream-ordered memory comes from the device's
-# pool, which outlives contexts: destroying or resetting a context does not free it (measured
-# on an H100, driver 580), so cuctx frees what is left just before, while the context works.
-_live: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# A context's pending frees (``Context._allocations``: by id, each an allocation's list)
+# are freed just before the context is torn down, while it works: stream-ordered memory comes
+# from the device's pool, which outlives contexts, and destroying or resetting a context does
+# not free it (measured on an H100, driver 580).
+#
+# This module holds them too (by the id of the context, until its teardown or its
+# collection): what they hold (a stream, its context, a pool) is then never garbage before
+# the free ran, as with weakref.finalize, whose registry holds its arguments. A context and
+# its arrays that became garbage together would be collected in any order, the context's
+# destroy first, and pushing a destroyed context corrupts the heap.
+_holding: dict[int, dict[int, list]] = {}
+
+
+def _take_live(ctx) -> list[list]:
+    """The pending frees of ``ctx``'s allocations, taken out (their ``__del__`` then finds
+    nothing to do)."""
+    live, ctx._allocations = ctx._allocations or {}, None
+    _holding.pop(id(ctx), None)
+    return [free for free in map(live.pop, list(live), [None] * len(live)) if free is not None]
+
+
+def forget(ctx, ptrs: set[int]) -> None:
+    """Drop the pending frees of ``ctx``'s allocations at ``ptrs``: memory that never existed
+    (allocated in a capture that made no graph)."""
+    live = ctx._allocations or {}
+    for key, free in list(live.items()):
+        if free[1] in ptrs:
+            live.pop(key, None)
 
 
 def _free_live(ctx) -> None:
     if ctx._state is not ACTIVE:
         return  # a poisoned context runs nothing: `_orphan_live` hands them on afterwards
-    for alloc in list(_live.pop(ctx, ())):
-        pending = alloc._finalizer.detach()  # (None when it ran meanwhile)
-        if pending is None:
-            continue
-        _, _, (release, *args), _ = pending
+    for release, *args in _take_live(ctx):
         try:  # now, not deferred: after the teardown nothing could free it
             freed = release(*args)
         except CudaError:  # a fault the context had not reported yet (a wait refused)
             freed = False
         if not freed:  # the pool outlives the context: a usable one frees it later
-            _lifetimes.orphans.setdefault(ctx._device, []).append(alloc.ptr)
+            _lifetimes.orphans.setdefault(ctx._device, []).append(args[0])
 
 
 def _orphan_live(ctx) -> None:
     """After the teardown: what a poisoned context could not free goes to the device's
     orphans (`_lifetimes.free_orphans`)."""
-    for alloc in list(_live.pop(ctx, ())):
-        if alloc._finalizer.detach() is not None:
-            _lifetimes.orphans.setdefault(ctx._device, []).append(alloc.ptr)
+    for _, ptr, *_ in _take_live(ctx):
+        _lifetimes.orphans.setdefault(ctx._device, []).append(ptr)
 
 
 def _release(ptr: int, nbytes: int, stream: Stream, recorded: list[Stream], pool=None) -> bool:
     """Free on ``stream`` (after the recorded streams); False when the driver refused it.
     ``pool`` (the MemoryPool it came from, None for the default pool's) is only held."""
-    if stream._ctx._state is not ACTIVE:
-        if stream._ctx._state is POISONED:  # the pool outlives it: a usable context frees it
-            _lifetimes.orphans.setdefault(stream._ctx._device, []).append(ptr)
+    ctx = stream._ctx
+    if ctx._state is not ACTIVE:
+        if ctx._state is POISONED:  # the pool outlives it: a usable context frees it
+            _lifetimes.orphans.setdefault(ctx._device, []).append(ptr)
         return True
     if _lifetimes.capturing and _lifetimes.held_by_capture(
             stream, ptr, functools.partial(_release, ptr, nbytes, stream, recorded, pool)):
@@ -95,9 +140,13 @@ def _release(ptr: int, nbytes: int, stream: Stream, recorded: list[Stream], pool
             stream.wait(other)  # the free is queued after that stream's work so far
     # At garbage collection there is no caller to raise to: a refusal (the context faulted
     # unnoticed) is for the teardown to handle (`_free_live`).
-    err, = stream._call(stream._backend.driver.cuMemFreeAsync, ptr, stream._handle)
+    native = stream._backend.native
+    if native is not None and not in_host_function:
+        err = native.mem_free(ctx, stream, ptr)
+    else:
+        err, = stream._call(stream._backend.driver.cuMemFreeAsync, ptr, stream._handle)
     if not err and _trace.sinks:
-        _trace.emit("free", stream._ctx, stream, (_trace.Access(ptr, nbytes, _trace.WRITE),))
+        _trace.emit("free", ctx, stream, (_trace.Access(ptr, nbytes, _trace.WRITE),))
     return not err
 
 
@@ -157,19 +206,25 @@ def from_pool(nbytes: int, stream: Stream, pool: Any = None) -> Allocation:
         _lifetimes.run_held_finalizers()
     if _lifetimes.orphans:
         _lifetimes.free_orphans(ctx)
-    drv = stream._backend.driver
+    drv, native = stream._backend.driver, stream._backend.native
     if pool is None:
-        name, alloc, args = "cuMemAllocAsync", drv.cuMemAllocAsync, (nbytes, stream._handle)
+        name = "cuMemAllocAsync"
+        if native is not None and not in_host_function:  # (else _call refuses it)
+            call, args = native.mem_alloc, (ctx, stream, nbytes)
+        else:
+            call = functools.partial(stream._call, drv.cuMemAllocAsync)
+            args = (nbytes, stream._handle)
     else:
-        name, alloc = "cuMemAllocFromPoolAsync", drv.cuMemAllocFromPoolAsync
+        name = "cuMemAllocFromPoolAsync"
+        call = functools.partial(stream._call, drv.cuMemAllocFromPoolAsync)
         args = (nbytes, pool._handle, stream._handle)
-    err, ptr = stream._call(alloc, *args)
+    err, ptr = call(*args)
     if err and int(err) == OUT_OF_MEMORY:
         # Let the pool hand back memory whose frees are still queued. The raw call: faults
         # and host-function errors of other work are for their own synchronize to report.
         with in_context(ctx, "cuctx.empty"):
             drv.cuCtxSynchronize()
-        err, ptr = stream._call(alloc, *args)
+        err, ptr = call(*args)
     if err:
         hint = ""
         if int(err) == OUT_OF_MEMORY:
@@ -190,7 +245,7 @@ def from_pool(nbytes: int, stream: Stream, pool: Any = None) -> Allocation:
             hint = (f"{pool!r} cannot allocate inside a stream capture (the driver refuses "
                     "graph memory from a pool shared between processes): allocate before "
                     "the capture")
-        fail(stream._backend, err, name, ctx, hint)
+        fail(stream._backend, CUresult(int(err)), name, ctx, hint)
     if _trace.sinks:
         _trace.emit("alloc", ctx, stream, (_trace.Access(int(ptr), nbytes, _trace.WRITE),))
     return Allocation(int(ptr), nbytes, stream, pool)
