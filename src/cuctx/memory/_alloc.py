@@ -93,7 +93,8 @@ def _take_live(ctx) -> list[list]:
     nothing to do)."""
     live, ctx._allocations = ctx._allocations or {}, None
     _holding.pop(id(ctx), None)
-    return [free for free in map(live.pop, list(live), [None] * len(live)) if free is not None]
+    taken = (live.pop(key, None) for key in list(live))  # (its __del__ may pop one meanwhile)
+    return [free for free in taken if free is not None]
 
 
 def forget(ctx, ptrs: set[int]) -> None:
