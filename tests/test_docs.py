@@ -162,6 +162,49 @@ def test_the_readme_kernel_example_prints_what_it_says(tmp_path):
     assert "[0. 2. 4. 6.]" in proc.stdout.splitlines()
 
 
+def _text_after(page: pathlib.Path, words: str) -> list[str]:
+    """The lines of the first ```text block after ``words`` on the page."""
+    text = page.read_text()
+    at = text.index("```text", text.index(words)) + len("```text\n")
+    return text[at:text.index("```", at)].splitlines()
+
+
+def _same_report(shown: list[str], printed: str) -> None:
+    """What a page shows of a report is what the sim printed: its lines joined (the page
+    wraps them), "..." standing for what the page leaves out, any handle for a handle."""
+    pattern = ""
+    for part in re.split(r"(\.\.\.|0x[0-9a-f]+|\s+)", " ".join(shown).strip()):
+        pattern += {"...": ".*?", "": ""}.get(part) or (
+            r"0x[0-9a-f]+" if part.startswith("0x") else
+            r"\s+" if part.isspace() else re.escape(part))
+    assert re.search(pattern, printed, re.DOTALL), \
+        f"the page shows:\n{chr(10).join(shown)}\nthe sim printed:\n{printed}"
+
+
+def test_the_readme_race_warning_is_what_the_sim_says(tmp_path):
+    """README's warning text: its example with the stream left out of `to_device`."""
+    readme = ROOT / "README.md"
+    blocks = [b for b in python_blocks(readme) if b["only"] in (None, "sim")]
+    line = "x = cuctx.to_device(np.arange(1024, dtype=np.float32), stream=stream)"
+    (block,) = [b for b in blocks if line in b["code"]]
+    block["code"] = block["code"].replace(line, line.replace(", stream=stream", ""))
+    proc = run_page(readme, "sim", tmp_path, blocks[:blocks.index(block) + 1])
+    assert proc.returncode == 1  # the race, a RaceWarning the runner makes an error
+    printed = proc.stderr[proc.stderr.index("RaceWarning: "):]
+    shown = _text_after(readme, "naming the wait that is missing and the fix")
+    # (raised by the runner, the warning's "README.md:124: RaceWarning: " prefix is not there)
+    _same_report([shown[0].split("RaceWarning: ")[1], *shown[1:]], printed)
+
+
+def test_the_checkers_first_report_is_what_the_sim_prints(tmp_path):
+    page = ROOT / "docs" / "checks.md"
+    first = python_blocks(page)[0]
+    proc = run_page(page, "sim", tmp_path, [first])
+    assert proc.returncode == 0, proc.stderr
+    shown = _text_after(page, "prints (paths shortened)")
+    _same_report(shown, proc.stdout.replace("docs/checks.md", "checks.md"))
+
+
 def test_blocks_are_found_as_the_rule_says(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("text\n```python\na = 1\n```\n```sh\nls\n```\n- item\n\n"
