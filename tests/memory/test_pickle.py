@@ -172,8 +172,10 @@ def test_everything_else_refuses_to_be_pickled_and_says_why(device):
     with stream.capture() as graph:
         cuctx.zeros(4, stream=stream).fill(1, stream=stream)
 
+    backing = cuctx.zeros(2)  # (alive while the foreign object's interface points at it)
+
     class Foreign:
-        __cuda_array_interface__ = cuctx.zeros(2).__cuda_array_interface__
+        __cuda_array_interface__ = backing.__cuda_array_interface__
 
     for obj, why in [
         (cuctx.zeros(4), r"memory of the device's default pool; only arrays of a MemoryPool"
