@@ -208,17 +208,14 @@ def from_pool(nbytes: int, stream: Stream, pool: Any = None) -> Allocation:
     if _lifetimes.orphans:
         _lifetimes.free_orphans(ctx)
     drv, native = stream._backend.driver, stream._backend.native
+    call = stream._call
     if pool is None:
-        name = "cuMemAllocAsync"
+        name, args = "cuMemAllocAsync", (drv.cuMemAllocAsync, nbytes, stream._handle)
         if native is not None and not in_host_function:  # (else _call refuses it)
             call, args = native.mem_alloc, (ctx, stream, nbytes)
-        else:
-            call = functools.partial(stream._call, drv.cuMemAllocAsync)
-            args = (nbytes, stream._handle)
     else:
         name = "cuMemAllocFromPoolAsync"
-        call = functools.partial(stream._call, drv.cuMemAllocFromPoolAsync)
-        args = (nbytes, pool._handle, stream._handle)
+        args = (drv.cuMemAllocFromPoolAsync, nbytes, pool._handle, stream._handle)
     err, ptr = call(*args)
     if err and int(err) == OUT_OF_MEMORY:
         # Let the pool hand back memory whose frees are still queued. The raw call: faults
