@@ -14,6 +14,7 @@ import pytest
 
 import cuctx
 from cuctx import Device, MemoryPool, _trace
+from cuctx.sim import stream_busy
 
 from scenarios import ADD_SOURCE, add, library_fixture
 
@@ -168,6 +169,39 @@ def test_a_pool_dying_in_one_collection_with_its_arrays_is_destroyed_after_their
             assert cuctx.full(8, 2.0, np.float32, pool=pool).to_host().tolist() == [2.0] * 8
     finally:
         _trace.remove_sink(freed)
+
+
+@pytest.mark.parametrize("location", ["device", "host"])
+def test_a_pool_is_destroyed_once_the_frees_of_its_memory_have_run(backend, location,
+                                                                    monkeypatch):
+    """A pool destroyed while the frees of its memory were still queued behind other work
+    crashed the process at the next pool's first allocation (an H200, driver 580, while
+    another process used the GPU), though the driver promises to wait for them: the destroy
+    waits for the contexts that queued them."""
+    drv = backend.driver
+    calls = []
+    for name in ("cuMemPoolDestroy", "cuCtxSynchronize"):
+        real = getattr(drv, name)
+        monkeypatch.setattr(drv, name, lambda *args, real=real, name=name:
+                            calls.append(name) or real(*args), raising=False)
+    with Device(0):
+        try:
+            pool = MemoryPool(0, location=location)
+        except cuctx.NotSupportedError as exc:
+            pytest.skip(f"this driver or device makes no {location} pools: {exc}")
+        stream = cuctx.Stream()
+        x = cuctx.full(256, 1.0, np.float32, pool=pool, stream=stream)
+        if backend.sim is not None:  # the free waits behind 10 ms of other work
+            stream_busy(stream, 10_000_000)
+        del x
+        calls.clear()
+        del pool
+        gc.collect()
+        assert calls == ["cuCtxSynchronize", "cuMemPoolDestroy"]
+        if backend.sim is not None:
+            assert backend.sim.pools_destroyed_early() == 0
+        pool = MemoryPool(0, location=location)  # and the next pool allocates
+        assert cuctx.full(8, 2.0, np.float32, pool=pool).to_host().tolist() == [2.0] * 8
 
 
 def test_the_sims_pools_are_gone_with_their_arrays(sim):

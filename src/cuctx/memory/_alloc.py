@@ -146,6 +146,8 @@ def _release(ptr: int, nbytes: int, stream: Stream, recorded: list[Stream], pool
         err = native.mem_free(ctx, stream, ptr)
     else:
         err, = stream._call(stream._backend.driver.cuMemFreeAsync, ptr, stream._handle)
+    if pool is not None:  # its destroy waits for this free (`_pool._destroy`)
+        pool._queued_free(ctx)
     if not err and _trace.sinks:
         _trace.emit("free", ctx, stream, (_trace.Access(ptr, nbytes, _trace.WRITE),))
     return not err

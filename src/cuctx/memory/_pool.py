@@ -6,13 +6,16 @@ memory (cuMemPoolSetAccess); and, for ``ipc=True`` pools, sharing with another p
 A pool outlives contexts (measured on an H100: neither a context's destruction nor a reset
 frees a pool's allocation). A MemoryPool lives while it is referenced, by the user or by the
 arrays allocated from it (each holds its pool), and is destroyed (cuMemPoolDestroy) when the
-last reference goes; the frees of its arrays were queued by then, and the driver gives the
-pool's memory back once they have run.
+last reference goes; the frees of its arrays were queued by then, and its destroy waits
+until they have run (the driver promises to give the memory back once they have, but a pool
+destroyed with frees still queued crashed the process at a later pool's first allocation:
+an H200, driver 580, while another process used the GPU).
 """
 
 from __future__ import annotations
 
 import uuid
+import weakref
 from typing import Any
 
 from cuda.bindings.driver import (CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType,
@@ -20,7 +23,7 @@ from cuda.bindings.driver import (CUmemAccess_flags, CUmemAccessDesc, CUmemAlloc
                                   CUmemPool_attribute, CUmemPoolProps, cuuint64_t)
 
 from .. import _lifetimes
-from .._resource import DESTROYED, upper
+from .._resource import ACTIVE, DESTROYED, upper
 from ..context import Context, call, fail, in_context
 from ..device import Device
 from ..errors import NOT_SUPPORTED, CudaError, NotSupportedError
@@ -74,7 +77,7 @@ class MemoryPool:
 
     __slots__ = ("_backend", "_device", "_handle", "_key", "_ipc", "_max_size", "_default",
                  "_imported", "_ipc_key", "_shared", "_imports", "_origin", "_location",
-                 "_granted", "_finalizer", "__weakref__")
+                 "_granted", "_freed_in", "_finalizer", "__weakref__")
 
     def __init__(self, device: Device | int, *, location: str = "device", ipc: bool = False,
                  max_size: int | None = None, release_threshold: int | None = None):
@@ -140,8 +143,12 @@ class MemoryPool:
         # allocates or is destroyed, so they stay retained until then (as enable_peer_access
         # keeps both; held by the finalizer, which drops them after cuMemPoolDestroy).
         self._granted: dict[int, Context] = {}
+        # The contexts in which frees of its memory were queued (by id; weakly: a destroyed
+        # context's work has finished), which its destroy synchronizes first (`_destroy`).
+        self._freed_in: dict[int, weakref.ref] = {}
         self._finalizer = None if default else _lifetimes.finalize(
-            self, _destroy, self._backend, handle, device.primary_context, self._granted)
+            self, _destroy, self._backend, handle, device.primary_context, self._granted,
+            self._freed_in)
 
     @classmethod
     def _default_of(cls, device: Device) -> MemoryPool:
@@ -151,6 +158,14 @@ class MemoryPool:
         pool = object.__new__(cls)
         pool._init(device, handle, default=True)
         return pool
+
+    def _queued_free(self, ctx: Context) -> None:
+        """A free of its memory was queued in ``ctx`` (`_alloc._release`): its destroy waits
+        for that context's work."""
+        if self._finalizer is not None:  # (a device's default pool is never destroyed)
+            ref = self._freed_in.get(id(ctx))
+            if ref is None or ref() is not ctx:
+                self._freed_in[id(ctx)] = weakref.ref(ctx)
 
     # -- what it is --------------------------------------------------------------------------
 
@@ -380,12 +395,23 @@ def _supported(device: Device, location: str) -> None:
                                           "cuctx.managed_empty for managed arrays"))
 
 
-def _destroy(backend, handle, primary: Context, granted: dict[int, Context]) -> None:
-    """Destroy the pool with its device's primary context current; ``granted`` (the other
-    devices' primary contexts it keeps retained) is released after, with the arguments."""
+def _destroy(backend, handle, primary: Context, granted: dict[int, Context],
+             freed_in: dict[int, weakref.ref]) -> None:
+    """Destroy the pool with its device's primary context current, once the frees of its
+    memory queued in ``freed_in``'s contexts have run (see the module's docstring); ``granted``
+    (the other devices' primary contexts it keeps retained) is released after, with the
+    arguments."""
     if primary._state is DESTROYED:  # reset by other code: the driver must not see it again
         return
     drv = backend.driver
+    for ref in list(freed_in.values()):
+        ctx = ref()
+        if ctx is not None and ctx._state is ACTIVE:
+            drv.cuCtxPushCurrent(ctx._handle)
+            try:  # (a fault it reports is its own work's, for its own synchronize to raise)
+                drv.cuCtxSynchronize()
+            finally:
+                drv.cuCtxPopCurrent()
     drv.cuCtxPushCurrent(primary._handle)
     try:
         drv.cuMemPoolDestroy(handle)  # arrays of it hold it: none is left

@@ -91,6 +91,13 @@ class SimControls:
         synchronization (event times are read from the same clock)."""
         return self._driver._now
 
+    def pools_destroyed_early(self) -> int:
+        """How many pools were destroyed while frees of their memory were still queued: the
+        driver promises to wait for them, and crashed the process at a later pool's first
+        allocation instead (an H200, driver 580, with another process using the GPU), so
+        cuctx never does it (`cuctx.memory._pool`); the sim counts it for the tests."""
+        return self._driver._pools_destroyed_early
+
     def set_kernel_twin(self, kernel, fn, kinds=None) -> tuple[CUresult]:
         """Make ``fn(grid, block, *args)`` the behaviour of ``kernel`` (a CUkernel or a
         CUfunction handle). ``kinds``: each parameter's kind ("int", "float", "struct",

@@ -90,6 +90,7 @@ class PoolModel:
     def _init_pools(self):
         self._pool_handles = itertools.count(0x9002_0000_0000, _POOL_STEP)
         self._mempools: dict[int, SimPool] = {}  # by handle; destroyed ones until emptied
+        self._pools_destroyed_early = 0  # destroyed with frees of their memory still queued
         self._default_pools = [SimPool(_POOL_BASE + _POOL_STEP * i, i, default=True)
                                for i in range(len(self._devices))]
         for pool in self._default_pools:
@@ -166,9 +167,13 @@ class PoolModel:
             if found is None or found.default:
                 return (INVALID_VALUE,)
             # Live allocations stay usable until freed (measured on an H100); what the pool
-            # holds beyond them goes back as soon as their frees have run.
+            # holds beyond them goes back as soon as their frees have run. Frees still queued
+            # are counted (see SimControls.pools_destroyed_early).
+            self._pools_destroyed_early += any(block.valid for block in found.free)
             found.destroyed = True
             self._release(found, 0)
+            if not found.reserved and not found.free:  # (else its last block's drop does)
+                self._mempools.pop(found.handle, None)
         return (OK,)
 
     # -- allocation and free -------------------------------------------------------------------
