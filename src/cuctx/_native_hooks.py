@@ -15,7 +15,9 @@ capture) and announces itself while a trace sink listens. A new reason to step a
 one more (namespace, name) pair there. While some thread records an `@autograph` call
 (`_record.threads`), the compiled record and wait step aside too (their Python paths hand
 the operation to the recorder); a compiled launch hands its packed bytes to the calling
-thread's recorder itself.
+thread's recorder itself. `cuctx.empty`'s allocation of the default pool and an
+`Allocation`'s free (its ``__del__``, a Method too) step aside to `_alloc.from_pool` and the
+Python ``__del__`` for `ALLOC_STEP_ASIDE` and `FREE_STEP_ASIDE`.
 
 Without the extension (no C compiler at install time) or with ``CUCTX_NATIVE=0`` nothing is
 replaced and `launch` is the Python function.
@@ -59,13 +61,25 @@ LAUNCH_STEP_ASIDE = (
     (vars(_driver), "in_host_function"),
 )
 ANNOUNCE = ((vars(_trace), "sinks"),)
+# cuctx.empty's allocation of the default pool and an Allocation's free run in C unless their
+# Python paths (`_alloc.from_pool`, `Allocation.__del__` with `free_or_defer` and `_release`)
+# have more to do than the driver call: announce it, refuse it, a capture's rules, finalizers
+# held by a host function or a capture (they run first), a torn-down context's orphans (freed
+# first), a defer_cleanup block (it holds the free).
+ALLOC_STEP_ASIDE = STEP_ASIDE + (
+    (vars(_lifetimes), "capturing"), (vars(_lifetimes), "_held"), (vars(_lifetimes), "orphans"),
+)
+FREE_STEP_ASIDE = STEP_ASIDE + (
+    (vars(_lifetimes), "capturing"), (vars(_lifetimes), "_held"),
+    (vars(_lifetimes), "_defer_depth"),
+)
 
 # (class, method name) of every method with a compiled path (cuctx/csrc/methods.c, IMPLS).
 METHODS = (
     (Stream, "record"), (Stream, "wait"), (Event, "record"),
     (Context, "push"), (Context, "pop"), (Context, "__enter__"), (Context, "__exit__"),
     (Device, "__enter__"), (Device, "__exit__"), (Kernel, "__getitem__"),
-    (Launcher, "__call__"), (AutoGraph, "__call__"),
+    (Launcher, "__call__"), (AutoGraph, "__call__"), (_alloc.Allocation, "__del__"),
 )
 
 
@@ -88,7 +102,7 @@ def _install():
                  ThreadState=ThreadState, Device=Device, Kernel=Kernel, Launcher=Launcher,
                  Tape=_record.Tape, AutoGraph=AutoGraph, Recording=Recording, Entry=Entry,
                  Policy=_autograph_policy.Policy, Tally=Tally, Arena=Arena, Slot=Slot,
-                 Lease=Lease, Backend=Backend, Code=_Code,
+                 Lease=Lease, Allocation=_alloc.Allocation, Backend=Backend, Code=_Code,
                  ACTIVE=ACTIVE, CUresult=CUresult, CUcontext=CUcontext, fail=fail,
                  object_for=_object_for, driver_namespace=vars(_driver),
                  step_aside=STEP_ASIDE, launch_step_aside=LAUNCH_STEP_ASIDE,
@@ -98,7 +112,9 @@ def _install():
                  defer=_lifetimes.defer_cleanup(), perf_counter=time.perf_counter,
                  lifetimes_namespace=vars(_lifetimes),
                  known_dtypes=_layout.KNOWN_DTYPES,
-                 default_dtype=_array.empty.__defaults__[0], from_pool=_alloc.from_pool)
+                 default_dtype=_array.empty.__defaults__[0], from_pool=_alloc.from_pool,
+                 release=_alloc._release, exiting=_lifetimes.exiting,
+                 alloc_step_aside=ALLOC_STEP_ASIDE, free_step_aside=FREE_STEP_ASIDE)
     compiled_empty = module.Method("empty", _array.empty)
     _array.empty = memory.empty = compiled_empty
     return module.Method("launch", _launcher.launch), compiled_empty

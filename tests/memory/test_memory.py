@@ -5,6 +5,7 @@ What only the sim can show (stale data without a sync, illegal addresses, its ad
 space) is tested on the sim alone."""
 
 import gc
+import sys
 
 import numpy as np
 import pytest
@@ -12,8 +13,8 @@ from cuda.bindings.driver import CUresult
 from conftest import busy
 
 import cuctx
-from cuctx import _trace
-from cuctx.memory import _array
+from cuctx import _lifetimes, _trace
+from cuctx.memory import _alloc, _array
 from cuctx import (Context, ContextDestroyedError, ContextPoisonedError, Device, DeviceArray,
                    OutOfMemoryError, Stream, StickyFaultError)
 
@@ -329,6 +330,91 @@ def test_memory_comes_back_after_defer_cleanup(sim):
         assert device.mem_info().free < before  # held
     device.primary_context.synchronize()
     assert device.mem_info().free == before
+
+
+def python_run(fn) -> set[str]:
+    """The functions of memory/_alloc.py and _lifetimes.py that ``fn()`` ran (in Python)."""
+    files, ran = {_alloc.__file__, _lifetimes.__file__}, set()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename in files:
+            ran.add(frame.f_code.co_name)
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return ran
+
+
+@pytest.mark.paths("python", "native")
+def test_an_arrays_memory_is_freed_alike_on_every_path(backend, path, monkeypatch):
+    """cuctx.empty's memory from the device's pool and its free: allocated and freed in C on
+    the compiled path (nothing of memory/_alloc.py or _lifetimes.py runs), through
+    `from_pool` and `Allocation.__del__` otherwise, with the same effects: a dropped array is
+    freed on its stream at once (its context files one pending free less; the sim gives the
+    block to the next allocation there), a `defer_cleanup` block holds the free until it
+    ends, and a context's teardown frees the arrays still alive."""
+    unraisable = []  # (an error of a free at a collection is reported here)
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    s = Stream(Device(0))
+    cuctx.empty(1, np.float32, stream=s)  # (the first files the context's pending frees)
+    live = lambda: len(s.context._allocations)  # noqa: E731
+    before = live()
+
+    def make_and_drop() -> int:
+        arr = cuctx.empty(1024, np.float32, stream=s)
+        assert live() == before + 1
+        return arr.ptr
+
+    ptrs = []
+    ran = python_run(lambda: ptrs.append(make_and_drop()))
+    assert live() == before
+    if path == "native":
+        assert not ran
+    else:
+        assert {"from_pool", "__del__", "_release"} <= ran
+    if backend.sim is not None:
+        assert cuctx.empty(1024, np.float32, stream=s).ptr == ptrs[0]  # freed on s: reused
+    with cuctx.defer_cleanup():
+        held = make_and_drop()
+        assert live() == before and len(_lifetimes._deferred) == 1
+        kept = cuctx.empty(1024, np.float32, stream=s)
+        assert kept.ptr != held  # still allocated
+    assert not _lifetimes._deferred
+    if backend.sim is not None:
+        assert cuctx.empty(1024, np.float32, stream=s).ptr == held  # freed at the block's end
+
+    ctx = Context.create(Device(0))
+    try:
+        first = cuctx.empty(256, np.float32)  # (the context's first allocation)
+        second = cuctx.empty(256, np.float32)
+    finally:
+        Context.pop()
+    freed = []
+    with _trace.sink(lambda op: freed.extend(a.ptr for a in op.accesses), kinds=["free"]):
+        ctx.destroy()
+    assert sorted(freed) == sorted([first.ptr, second.ptr])
+    assert not first._alloc.alive and not second._alloc.alive
+    del first, second, kept  # (theirs have nothing left to free)
+    gc.collect()
+    assert not unraisable
+
+
+@pytest.mark.paths("python", "native")
+def test_an_allocations_refusals_are_the_same_on_every_path(sim, path):
+    """The driver's refusals of cuctx.empty's allocation, raised as `from_pool` raises them
+    on every path: out of memory after its retry, with its words; a sticky fault poisons the
+    context."""
+    s = Stream(Device(0))
+    cuctx.empty(1, np.uint8, stream=s)  # (the compiled path takes a dtype seen before)
+    with pytest.raises(OutOfMemoryError, match=rf"asked for {2**61} bytes on device 0"):
+        cuctx.empty(2**61, np.uint8, stream=s)
+    cuctx.sim.inject_fault(s.context, CUresult.CUDA_ERROR_ILLEGAL_ADDRESS)
+    with pytest.raises(StickyFaultError, match="cuMemAllocAsync failed: CUDA_ERROR_ILLEGAL"):
+        cuctx.empty(4, np.uint8, stream=s)
+    with pytest.raises(ContextPoisonedError, match="cuctx.empty"):
+        cuctx.empty(4, np.uint8, stream=s)
 
 
 def test_record_stream_refuses_memory_cuctx_does_not_own(backend):

@@ -3,13 +3,19 @@
  *   - inside an @autograph call: the k-th allocation of the call borrows the lease of its
  *     arena slot (k, stream) while nothing else holds that lease
  *     (cuctx/graphs/_autograph_arena.py, whose `lend` is the reference);
- *   - otherwise: memory._alloc.from_pool allocates on the stream, as the Python path's
- *     `allocate` does once it has checked what is checked here (its errors are raised as
- *     they are there).
+ *   - otherwise: the device's default pool gives, on the stream: cuMemAllocAsync called
+ *     here and the Allocation made here, as memory._alloc.from_pool (the reference) makes
+ *     them when it has nothing to do first; else from_pool itself (finalizers held, orphans
+ *     to free, a trace sink, the context's first allocation, an out-of-memory answer).
  * Every other case (a pool or device given, a shape or dtype not seen in this form, an
  * empty shape, a slot lent or missing, another thread recording, a capture, a host
- * function...) takes the Python path. */
+ * function...) takes the Python path.
+ *
+ * Also here: Allocation.__del__, compiled (the free of the pool's memory when the last
+ * array using it goes), with the Python method as the path of every uncommon case. */
 #include "native.h"
+
+#define CU_OUT_OF_MEMORY 2 /* CUDA_ERROR_OUT_OF_MEMORY */
 
 /* The dims of an int or a tuple of ints (exact ints >= 0: anything else, and bools, are the
  * Python path's, which names what is wrong), as a tuple (a new reference) and their
@@ -130,6 +136,149 @@ static PyObject *array_of(PyObject *ctx, PyObject *dims, PyObject *dtype, Py_ssi
     return array;
 }
 
+/* -- an allocation of the default pool, and its free -------------------------------------- */
+
+/* The slots of an Allocation, as its __init__ sets them (setup checks that these and
+ * __weakref__, which is no member, are its __slots__). */
+static const char *const ALLOCATION_SLOTS[] = {
+    "ptr", "nbytes", "stream", "recorded", "pool", "shared", "_free", NULL};
+enum { A_PTR, A_NBYTES, A_STREAM, A_RECORDED, A_POOL, A_SHARED, A_FREE, A_COUNT };
+_Static_assert(A_COUNT == sizeof(L.alloc_slots) / sizeof(L.alloc_slots[0]),
+               "native.h's alloc_slots holds one offset per ALLOCATION_SLOTS name");
+
+/* The offsets of Allocation's slots (a Lease, its subclass, has them at the same places). */
+int allocation_slot_offsets(void)
+{
+    PyObject *names = PyObject_GetAttrString((PyObject *)L.Allocation, "__slots__");
+    int same = names != NULL && PyTuple_Check(names) && PyTuple_GET_SIZE(names) == A_COUNT + 1
+               && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(names, A_COUNT),
+                                                   "__weakref__") == 0;
+    for (int i = 0; same && i < A_COUNT; i++)
+        same = PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(names, i),
+                                                ALLOCATION_SLOTS[i]) == 0;
+    Py_XDECREF(names);
+    if (!same || !PyType_IsSubtype(L.Lease, L.Allocation)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "Allocation's slots are not those cuctx/csrc/"
+                            "arrays.c makes (update ALLOCATION_SLOTS), or Lease is no "
+                            "Allocation");
+        return -1;
+    }
+    for (int i = 0; i < A_COUNT; i++)
+        if ((L.alloc_slots[i] = slot_offset(L.Allocation, ALLOCATION_SLOTS[i])) < 0)
+            return -1;
+    L.alloc_ptr = L.alloc_slots[A_PTR];
+    L.alloc_stream = L.alloc_slots[A_STREAM];
+    L.alloc_recorded = L.alloc_slots[A_RECORDED];
+    L.alloc_free = L.alloc_slots[A_FREE];
+    return 0;
+}
+
+/* Allocation(ptr, nbytes, stream) of the device's default pool, made as its __init__ makes
+ * one, without running it: its pending free [_release, ptr, nbytes, stream, recorded, None]
+ * filed in ``live`` (its context's _allocations) by the list's id. A new reference, or NULL
+ * with an exception; ``ptr`` is stolen. */
+static PyObject *new_allocation(PyObject *live, PyObject *stream, PyObject *ptr,
+                                unsigned long long nbytes)
+{
+    PyObject *size = PyLong_FromUnsignedLongLong(nbytes), *recorded = PyList_New(0);
+    PyObject *free = size && recorded ? PyList_New(6) : NULL;
+    PyObject *alloc = free ? L.Allocation->tp_alloc(L.Allocation, 0) : NULL;
+    if (alloc != NULL) {
+        PyObject *items[] = {L.release, ptr, size, stream, recorded, Py_None};
+        for (Py_ssize_t i = 0; i < 6; i++)
+            PyList_SET_ITEM(free, i, Py_NewRef(items[i]));
+        PyObject *values[A_COUNT] = {ptr, size, stream, recorded, Py_None, Py_None, free};
+        for (int i = 0; i < A_COUNT; i++)
+            SLOT(alloc, L.alloc_slots[i]) = Py_NewRef(values[i]);
+        PyObject *key = PyLong_FromVoidPtr(free);
+        if (key == NULL || PyDict_SetItem(live, key, free) < 0) /* (its __del__: nothing) */
+            Py_CLEAR(alloc);
+        Py_XDECREF(key);
+    }
+    Py_DECREF(ptr);
+    Py_XDECREF(size);
+    Py_XDECREF(recorded);
+    Py_XDECREF(free);
+    return alloc;
+}
+
+/* from_pool(nbytes, stream) for an active context whose allocations are filed already (its
+ * first allocation registers its teardown), with nothing to do first (finalizers held,
+ * orphans, a trace sink to tell: `alloc_step_aside`): cuMemAllocAsync here and the
+ * Allocation made here. A new reference; NULL with from_pool's exception for a refusal; or
+ * PYTHON_PATH (nothing allocated) for from_pool: every other case, and out of memory, which
+ * it asks again after a synchronize and reports with its hint. */
+static PyObject *pool_allocation(PyObject *ctx, PyObject *stream, unsigned long long nbytes)
+{
+    Driver *d = native_of(SLOT(stream, L.backend));
+    PyObject *live = SLOT(ctx, L.ctx_allocations), *ptr;
+    if (d == NULL || !Py_IS_TYPE(ctx, L.Context) || live == NULL || !PyDict_CheckExact(live)
+            || any_true(L.alloc_step_aside))
+        return PYTHON_PATH;
+    int err = drv_mem_alloc(d, ctx, stream, (size_t)nbytes, &ptr);
+    if (err == CU_OUT_OF_MEMORY)
+        return PYTHON_PATH;
+    if (err)
+        return err < 0 ? NULL : fail(SLOT(stream, L.backend), err, "cuMemAllocAsync", ctx);
+    live = SLOT(ctx, L.ctx_allocations); /* (the call may have run Python: a teardown) */
+    if (live != NULL && PyDict_CheckExact(live))
+        return new_allocation(live, stream, ptr, nbytes);
+    PyObject *alloc = PyObject_CallFunction((PyObject *)L.Allocation, "OKO", ptr, nbytes, stream);
+    Py_DECREF(ptr);
+    return alloc;
+}
+
+/* Allocation.__del__ (memory._alloc's is the reference): its pending free taken out of its
+ * context's _allocations, unless a teardown took it first, and then free_or_defer's and
+ * _release's common case done here: cuMemFreeAsync on its stream (a refusal, which nobody
+ * is there to hear at a collection, is ignored as _release's is). PYTHON_PATH, before
+ * anything changed, for the rest: a defer_cleanup block holding frees, finalizers held, a
+ * host function, a capture, a trace sink (`free_step_aside`), streams recorded, a context
+ * not active, a MemoryPool's memory (its bookkeeping is _release's), another release (an
+ * imported allocation's), no compiled path. `_defer_depth` is read without `_defer_lock`
+ * (the GIL is held): a block another thread is entering or leaving gets the free before or
+ * after it, as in Python. */
+PyObject *allocation_del(PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 || !PyObject_TypeCheck(args[0], L.Allocation))
+        return PYTHON_PATH;
+    PyObject *self = args[0], *free = SLOT(self, L.alloc_free);
+    PyObject *exiting = PyList_GET_SIZE(L.exiting) == 1 ? PyList_GET_ITEM(L.exiting, 0) : NULL;
+    if (free == Py_None || (free != NULL && exiting == Py_True))
+        Py_RETURN_NONE; /* run or taken already (a Lease's is its block's); the exit's */
+    PyObject *stream = SLOT(self, L.alloc_stream);
+    if (free == NULL || exiting != Py_False || !PyList_CheckExact(free)
+            || PyList_GET_SIZE(free) != 6 || PyList_GET_ITEM(free, 0) != L.release
+            || PyList_GET_ITEM(free, 5) != Py_None /* the default pool's */
+            || stream == NULL || PyList_GET_ITEM(free, 3) != stream
+            || !Py_IS_TYPE(stream, L.Stream))
+        return PYTHON_PATH;
+    PyObject *recorded = PyList_GET_ITEM(free, 4), *ctx = SLOT(stream, L.ctx);
+    PyObject *live = ctx && Py_IS_TYPE(ctx, L.Context) ? SLOT(ctx, L.ctx_allocations) : NULL;
+    Driver *d = native_of(SLOT(stream, L.backend));
+    if (live == NULL || !PyDict_CheckExact(live) || SLOT(ctx, L.state) != L.ACTIVE
+            || !PyList_CheckExact(recorded) || PyList_GET_SIZE(recorded) != 0 || d == NULL
+            || any_true(L.free_step_aside))
+        return PYTHON_PATH;
+    PyObject *key = PyLong_FromVoidPtr(free);
+    if (key == NULL)
+        return NULL;
+    Py_INCREF(free); /* (held while the driver call runs: it holds the stream) */
+    Py_SETREF(SLOT(self, L.alloc_free), Py_NewRef(Py_None));
+    PyObject *filed = PyDict_GetItemWithError(live, key);
+    int err = filed == NULL ? (PyErr_Occurred() ? -1 : 0) : PyDict_DelItem(live, key);
+    if (filed != NULL && err == 0)
+        err = drv_mem_free(d, ctx, stream, PyList_GET_ITEM(free, 1));
+    Py_DECREF(key);
+    Py_DECREF(free);
+    if (err < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* -- cuctx.empty ------------------------------------------------------------------------ */
+
 /* cuctx.empty(shape, dtype=float64, *, stream=None, device=None, pool=None), as cuctx.full,
  * zeros and to_device call it too */
 PyObject *array_empty(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -183,9 +332,11 @@ PyObject *array_empty(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
     Py_INCREF(stream);
     PyObject *ctx = SLOT(stream, L.ctx);
     if (SLOT(ctx, L.state) != L.ACTIVE) { /* the Python path raises what fits */
-    } else if (recorder == NULL) { /* eager: from_pool allocates, or raises as it does there */
-        Py_INCREF(dtype); /* (from_pool runs Python: another thread may replace the entry) */
-        PyObject *alloc = PyObject_CallFunction(L.from_pool, "KO", nbytes, stream);
+    } else if (recorder == NULL) { /* eager: of the pool, here or in from_pool */
+        Py_INCREF(dtype); /* (Python may run: another thread may replace the entry) */
+        PyObject *alloc = pool_allocation(ctx, stream, nbytes);
+        if (alloc == PYTHON_PATH) /* from_pool allocates, or raises as it does there */
+            alloc = PyObject_CallFunction(L.from_pool, "KO", nbytes, stream);
         PyObject *array = alloc ? array_of(ctx, dims, dtype, itemsize, alloc) : NULL;
         Py_XDECREF(alloc); /* (array NULL: an error raised; the allocation freed with alloc) */
         Py_DECREF(dtype);

@@ -204,12 +204,64 @@ static PyObject *Driver_call_in(Driver *self, PyObject *const *args, Py_ssize_t 
     return result;
 }
 
-/* Driver.mem_alloc(ctx, stream, nbytes): cuMemAllocAsync of ``nbytes`` on ``stream`` (a
- * Stream of the active Context ``ctx``) with ``ctx`` current, as call_in calls it:
+/* cuMemAllocAsync of ``nbytes`` on ``stream`` (a Stream of the active Context ``ctx``) with
+ * ``ctx`` current, as call_in calls it: the CUresult (the address, an int, in *address on
+ * success), or -1 with an exception. */
+int drv_mem_alloc(Driver *d, PyObject *ctx, PyObject *stream, size_t nbytes, PyObject **address)
+{
+    int pushed, err;
+    *address = NULL;
+    if (enter_context(d, ctx, &pushed, "mem_alloc") < 0)
+        return -1;
+    if (d->compiled) {
+        unsigned long long ptr = 0;
+        void *s = key_of(stream);
+        Py_BEGIN_ALLOW_THREADS /* the pool may have to grow */
+        err = ((mem_alloc_fn)d->c[F_MEM_ALLOC])(&ptr, nbytes, s);
+        Py_END_ALLOW_THREADS
+        if (err == 0 && (*address = PyLong_FromUnsignedLongLong(ptr)) == NULL)
+            err = -1;
+    } else {
+        PyObject *size = PyLong_FromSize_t(nbytes), *handle = NULL;
+        PyObject *call[2] = {size, SLOT(stream, L.handle)};
+        err = size ? py_result(PyObject_Vectorcall(d->py[F_MEM_ALLOC], call, 2, NULL), &handle)
+                   : -1;
+        if (err == 0 && (*address = PyNumber_Long(handle)) == NULL)
+            err = -1;
+        Py_XDECREF(handle);
+        Py_XDECREF(size);
+    }
+    leave_stream_context(d, pushed);
+    return err;
+}
+
+/* cuMemFreeAsync of ``ptr`` (an int) on ``stream`` with ``ctx`` current (as drv_mem_alloc):
+ * the CUresult, or -1 with an exception. */
+int drv_mem_free(Driver *d, PyObject *ctx, PyObject *stream, PyObject *ptr)
+{
+    int pushed, err;
+    unsigned long long address = PyLong_AsUnsignedLongLong(ptr);
+    if (address == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    if (enter_context(d, ctx, &pushed, "mem_free") < 0)
+        return -1;
+    if (d->compiled) {
+        void *s = key_of(stream);
+        Py_BEGIN_ALLOW_THREADS
+        err = ((mem_free_fn)d->c[F_MEM_FREE])(address, s);
+        Py_END_ALLOW_THREADS
+    } else {
+        PyObject *call[2] = {ptr, SLOT(stream, L.handle)};
+        err = py_result(PyObject_Vectorcall(d->py[F_MEM_FREE], call, 2, NULL), NULL);
+    }
+    leave_stream_context(d, pushed);
+    return err;
+}
+
+/* Driver.mem_alloc(ctx, stream, nbytes): drv_mem_alloc for Python (memory._alloc.from_pool):
  * (0, the address, an int) or (CUresult, None) for Python to raise. */
 static PyObject *Driver_mem_alloc(Driver *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    int pushed;
     if (nargs != 3 || !PyObject_TypeCheck(args[1], L.Stream) || !PyLong_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "mem_alloc(ctx, stream, nbytes)");
         return NULL;
@@ -217,57 +269,22 @@ static PyObject *Driver_mem_alloc(Driver *self, PyObject *const *args, Py_ssize_
     size_t nbytes = PyLong_AsSize_t(args[2]);
     if (nbytes == (size_t)-1 && PyErr_Occurred())
         return NULL;
-    if (enter_context(self, args[0], &pushed, "mem_alloc") < 0)
-        return NULL;
-    int err;
-    PyObject *address = NULL;
-    if (self->compiled) {
-        unsigned long long ptr = 0;
-        void *stream = key_of(args[1]);
-        Py_BEGIN_ALLOW_THREADS /* the pool may have to grow */
-        err = ((mem_alloc_fn)self->c[F_MEM_ALLOC])(&ptr, nbytes, stream);
-        Py_END_ALLOW_THREADS
-        if (err == 0 && (address = PyLong_FromUnsignedLongLong(ptr)) == NULL)
-            err = -1;
-    } else {
-        PyObject *call[2] = {args[2], SLOT(args[1], L.handle)};
-        PyObject *handle = NULL;
-        err = py_result(PyObject_Vectorcall(self->py[F_MEM_ALLOC], call, 2, NULL), &handle);
-        if (err == 0 && (address = PyNumber_Long(handle)) == NULL)
-            err = -1;
-        Py_XDECREF(handle);
-    }
-    leave_stream_context(self, pushed);
+    PyObject *address;
+    int err = drv_mem_alloc(self, args[0], args[1], nbytes, &address);
     if (err < 0)
         return NULL;
     return err ? Py_BuildValue("(iO)", err, Py_None) : Py_BuildValue("(iN)", 0, address);
 }
 
-/* Driver.mem_free(ctx, stream, ptr): cuMemFreeAsync of ``ptr`` on ``stream`` with ``ctx``
- * current (as mem_alloc): the CUresult, an int. */
+/* Driver.mem_free(ctx, stream, ptr): drv_mem_free for Python (memory._alloc._release): the
+ * CUresult, an int. */
 static PyObject *Driver_mem_free(Driver *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    int pushed;
     if (nargs != 3 || !PyObject_TypeCheck(args[1], L.Stream) || !PyLong_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "mem_free(ctx, stream, ptr)");
         return NULL;
     }
-    unsigned long long ptr = PyLong_AsUnsignedLongLong(args[2]);
-    if (ptr == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    if (enter_context(self, args[0], &pushed, "mem_free") < 0)
-        return NULL;
-    int err;
-    if (self->compiled) {
-        void *stream = key_of(args[1]);
-        Py_BEGIN_ALLOW_THREADS
-        err = ((mem_free_fn)self->c[F_MEM_FREE])(ptr, stream);
-        Py_END_ALLOW_THREADS
-    } else {
-        PyObject *call[2] = {args[2], SLOT(args[1], L.handle)};
-        err = py_result(PyObject_Vectorcall(self->py[F_MEM_FREE], call, 2, NULL), NULL);
-    }
-    leave_stream_context(self, pushed);
+    int err = drv_mem_free(self, args[0], args[1], args[2]);
     return err < 0 ? NULL : PyLong_FromLong(err);
 }
 

@@ -224,7 +224,7 @@ static const struct {
     {"Device.__enter__", device_enter}, {"Device.__exit__", device_exit},
     {"Kernel.__getitem__", kernel_getitem}, {"Launcher.__call__", launcher_call},
     {"launch", NULL, launch}, {"empty", NULL, array_empty},
-    {"AutoGraph.__call__", NULL, autograph_call},
+    {"AutoGraph.__call__", NULL, autograph_call}, {"Allocation.__del__", allocation_del},
     {NULL}};
 
 typedef struct {

@@ -129,6 +129,7 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
             || take_type(kwargs, "Entry", &L.Entry) || take_type(kwargs, "Policy", &L.Policy)
             || take_type(kwargs, "Tally", &L.Tally) || take_type(kwargs, "Arena", &L.Arena)
             || take_type(kwargs, "Slot", &L.Slot) || take_type(kwargs, "Lease", &L.Lease)
+            || take_type(kwargs, "Allocation", &L.Allocation)
             || take_type(kwargs, "Backend", &L.Backend) || take_type(kwargs, "Code", &L.Code)
             || take(kwargs, "ACTIVE", &L.ACTIVE) || take(kwargs, "CUresult", &L.CUresult)
             || take(kwargs, "CUcontext", &L.CUcontext) || take(kwargs, "fail", &L.fail)
@@ -146,8 +147,13 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
             || take(kwargs, "lifetimes_namespace", &L.lifetimes_dict)
             || take(kwargs, "known_dtypes", &L.known_dtypes)
             || take(kwargs, "default_dtype", &L.default_dtype)
-            || take(kwargs, "from_pool", &L.from_pool))
+            || take(kwargs, "from_pool", &L.from_pool) || take(kwargs, "release", &L.release)
+            || take(kwargs, "exiting", &L.exiting)
+            || take(kwargs, "alloc_step_aside", &L.alloc_step_aside)
+            || take(kwargs, "free_step_aside", &L.free_step_aside))
         return NULL;
+    if (!PyList_CheckExact(L.exiting) || PyList_GET_SIZE(L.exiting) != 1)
+        return PyErr_Format(PyExc_TypeError, "exiting: a list of one flag");
     if (!PyDict_Check(L.autograph_dict) || !PyDict_Check(L.policy_dict)
             || !PyDict_Check(L.lifetimes_dict) || !PyDict_CheckExact(L.known_dtypes))
         return PyErr_Format(PyExc_TypeError, "the namespaces and known_dtypes: dicts");
@@ -155,11 +161,13 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
             || !PyCallable_Check(L.emit_launch))
         return PyErr_Format(PyExc_TypeError,
                             "driver_namespace: a dict; recording: a dict; emit_launch: a callable");
-    PyObject *guards[] = {L.step_aside, L.launch_step_aside, L.announce};
-    for (size_t g = 0; g < 3; g++) {
+    PyObject *guards[] = {L.step_aside, L.launch_step_aside, L.announce, L.alloc_step_aside,
+                          L.free_step_aside};
+    for (size_t g = 0; g < sizeof(guards) / sizeof(guards[0]); g++) {
         if (!PyTuple_Check(guards[g]))
-            return PyErr_Format(PyExc_TypeError, "step_aside, launch_step_aside, announce: "
-                                "tuples of (namespace, name) pairs");
+            return PyErr_Format(PyExc_TypeError, "step_aside, launch_step_aside, announce, "
+                                "alloc_step_aside, free_step_aside: tuples of (namespace, "
+                                "name) pairs");
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(guards[g]); i++) {
             PyObject *pair = PyTuple_GET_ITEM(guards[g], i);
             if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2
@@ -189,8 +197,7 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
         {&L.array_shape, &L.DeviceArray, "shape"}, {&L.array_strides, &L.DeviceArray, "strides"},
         {&L.array_alloc, &L.DeviceArray, "_alloc"}, {&L.array_owner, &L.DeviceArray, "_owner"},
         {&L.array_f, &L.DeviceArray, "_f"},
-        {&L.alloc_ptr, &L.Lease, "ptr"}, {&L.alloc_stream, &L.Lease, "stream"},
-        {&L.alloc_recorded, &L.Lease, "recorded"},
+        {&L.ctx_allocations, &L.Context, "_allocations"},
         {&L.rec_streams, &L.Recording, "streams"}, {&L.rec_ctx, &L.Recording, "ctx"},
         {&L.rec_broken, &L.Recording, "broken"}, {&L.rec_arena, &L.Recording, "arena"},
         {&L.rec_allocations, &L.Recording, "allocations"},
@@ -219,7 +226,7 @@ static PyObject *setup(PyObject *module, PyObject *args, PyObject *kwargs)
     for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++)
         if ((*slots[i].offset = slot_offset(*slots[i].type, slots[i].name)) < 0)
             return NULL;
-    if (recording_slot_offsets() < 0)
+    if (recording_slot_offsets() < 0 || allocation_slot_offsets() < 0)
         return NULL;
     /* Resource's slots sit at one offset in every subclass; Context, Event, DeviceArray and
      * Kernel must be Resources for the offsets read from Stream to hold for them */

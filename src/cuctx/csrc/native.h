@@ -28,8 +28,8 @@
  *   autograph_call.c  an @autograph call: recording it
  *   autograph_serve.c serving it as a graph call, or its launches eagerly
  *   autograph_build.c building its graph: the kernel nodes and their GraphNodes
- *   arrays.c    cuctx.empty: its array made in C, the memory an @autograph call's
- *               arena lends, or (eagerly) memory._alloc.from_pool's
+ *   arrays.c    cuctx.empty: its array made in C, of the memory an @autograph call's
+ *               arena lends or (eagerly) of the pool's; an Allocation's free (__del__)
  */
 #ifndef CUCTX_NATIVE_H
 #define CUCTX_NATIVE_H
@@ -90,6 +90,7 @@ struct native_setup {
         *Launcher, *Tape;
     /* an @autograph call's (cuctx/graphs/_autograph*.py) */
     PyTypeObject *AutoGraph, *Recording, *Entry, *Policy, *Tally, *Arena, *Slot, *Lease;
+    PyTypeObject *Allocation; /* cuctx.memory._alloc.Allocation (Lease subclasses it) */
     PyTypeObject *Backend; /* cuctx._driver.Backend */
     PyTypeObject *Code;    /* cuctx.kernels._library._Code: Library and Module */
     PyObject *ACTIVE;      /* cuctx._resource.ACTIVE: a context state, compared by identity */
@@ -111,6 +112,9 @@ struct native_setup {
     PyObject *perf_counter; /* time.perf_counter */
     PyObject *known_dtypes, *default_dtype; /* _layout.KNOWN_DTYPES, cuctx.empty's default */
     PyObject *from_pool;                    /* memory._alloc.from_pool: an eager allocation */
+    PyObject *release;     /* memory._alloc._release: an allocation's free, as it is filed */
+    PyObject *exiting;     /* _lifetimes.exiting: [True] once the interpreter exits */
+    PyObject *alloc_step_aside, *free_step_aside; /* guards of an allocation and a free */
     /* slot offsets */
     Py_ssize_t backend, ctx, handle, key;          /* Resource */
     Py_ssize_t state, device, default_streams;     /* Context */
@@ -123,7 +127,9 @@ struct native_setup {
     Py_ssize_t backend_native, backend_tls;        /* Backend */
     Py_ssize_t code_loaded;                        /* _Code (Library, Module) */
     Py_ssize_t array_shape, array_strides, array_alloc, array_owner, array_f; /* DeviceArray */
-    Py_ssize_t alloc_ptr, alloc_stream, alloc_recorded;     /* Allocation (a Lease) */
+    Py_ssize_t alloc_slots[7];  /* Allocation's, in ALLOCATION_SLOTS' order (arrays.c) */
+    Py_ssize_t alloc_ptr, alloc_stream, alloc_recorded, alloc_free; /* (among them) */
+    Py_ssize_t ctx_allocations;                    /* Context._allocations */
     Py_ssize_t rec_streams, rec_ctx, rec_broken, rec_arena, rec_allocations; /* Recording */
     Py_ssize_t rec_slots[12];                      /* all of them, in RECORDING_SLOTS' order */
     Py_ssize_t arena_slots, arena_most, arena_lock, arena_grown, slot_lease, slot_capacity;
@@ -178,6 +184,8 @@ int drv_wait(Driver *d, PyObject *stream, PyObject *event);
 int enter_stream_context(Driver *d, PyObject *stream, PyObject *ctx, int *pushed);
 void leave_stream_context(Driver *d, int pushed);
 PyObject *fail(PyObject *backend, int err, const char *operation, PyObject *ctx);
+int drv_mem_alloc(Driver *d, PyObject *ctx, PyObject *stream, size_t nbytes, PyObject **address);
+int drv_mem_free(Driver *d, PyObject *ctx, PyObject *stream, PyObject *ptr);
 
 /* -- Launch: one launcher's compiled fast path for one plan (launch.c) -------- */
 
@@ -271,9 +279,11 @@ static inline double now(void)
 int recording_slot_offsets(void);
 int install_autograph_call(void);
 
-/* -- cuctx.empty inside an autograph call (arrays.c) ------------------------------ */
+/* -- cuctx.empty and an allocation's free (arrays.c) ------------------------------ */
 
 PyObject *array_empty(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *allocation_del(PyObject *const *args, Py_ssize_t nargs);
+int allocation_slot_offsets(void);
 
 /* -- Method: a compiled method standing in for a Python one (methods.c) ------- */
 

@@ -61,6 +61,10 @@ class Allocation:
 
     def __del__(self, exiting=_lifetimes.exiting, free_or_defer=free_or_defer) -> None:
         # (what it reads as defaults: at interpreter exit the modules' globals are cleared)
+        # With the extension, csrc/arrays.c's allocation_del stands in for this method and
+        # frees in C when free_or_defer and _release would only call the driver (the
+        # default pool's memory, `_release` its release; see _native_hooks.FREE_STEP_ASIDE):
+        # what they do besides must step it aside.
         free = self._free
         if free is not None and not exiting[0]:
             self._free = None
@@ -201,7 +205,9 @@ def allocate(nbytes: int, stream: Stream, pool: Any = None) -> Allocation:
 
 def from_pool(nbytes: int, stream: Stream, pool: Any = None) -> Allocation:
     """A new stream-ordered allocation of ``nbytes`` on ``stream`` (whose context is usable),
-    from ``pool`` (None: the device's default pool)."""
+    from ``pool`` (None: the device's default pool). With the extension, cuctx.empty does
+    what this does for the default pool in C (csrc/arrays.c, pool_allocation) when nothing is
+    to be done but the driver call (see _native_hooks.ALLOC_STEP_ASIDE)."""
     ctx = stream._ctx
     # Frees a collection inside a host function held: reuse them first (not while this thread
     # records an autograph call: they would be queued before the work it recorded).
