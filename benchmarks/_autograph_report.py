@@ -101,6 +101,8 @@ def model_beside_measured(graphs: list[cuctx.AutoGraph]) -> None:
     launches = [e.replay_s for e in entries if e.replay_s is not None]
     fit = _autograph_policy.BUILDS.fit()
     measured = {
+        "an eager call, fixed (HOST_EAGER_CALL_NS)":
+            (_timing.HOST_EAGER_CALL_NS, _eager_call_fixed(entries)),
         "an operation enqueued eagerly (HOST_EAGER_OP_NS)":
             (_timing.HOST_EAGER_OP_NS, min(eager, default=None)),
         "a graph launch, its nodes' share included":
@@ -120,6 +122,17 @@ def model_beside_measured(graphs: list[cuctx.AutoGraph]) -> None:
         if typical.get(what):  # the least is the warm loops'; the decisions see the median
             seen += f" (least; median {statistics.median(typical[what]) * 1e6:.2f})"
         print(f"  {what:<52} {model_ns / 1e3:7.2f} modelled, {seen}")
+
+
+def _eager_call_fixed(entries: list) -> float | None:
+    """The fixed part of an eager call: the median over the structures of their measured
+    eager call less their operations at the least cost per operation measured (the line
+    below it), as the model adds them."""
+    points = [(e.size, e.eager_s) for e in entries if e.eager_s is not None and e.size]
+    if not points:
+        return None
+    per_op = min(seconds / size for size, seconds in points)
+    return statistics.median(seconds - per_op * size for size, seconds in points)
 
 
 def _least(graphs: list[cuctx.AutoGraph], name: str) -> float | None:

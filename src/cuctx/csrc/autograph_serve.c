@@ -87,7 +87,8 @@ static double model(PyObject *policy, int field)
                ? PyFloat_AsDouble(PyTuple_GET_ITEM(m, field)) : 0.0;
 }
 
-enum { M_EAGER_OP, M_LAUNCH, M_REPLAY_NODE, M_PATCH_NODE, M_WHOLE_NODE };
+/* the fields of _autograph_policy.Model, in its order */
+enum { M_EAGER_CALL, M_EAGER_OP, M_LAUNCH, M_REPLAY_NODE, M_PATCH_NODE, M_WHOLE_NODE };
 
 typedef struct {
     double eager, replay, whole, patch;
@@ -101,7 +102,7 @@ static int estimates(PyObject *policy, PyObject *entry, Estimates *e)
     if ((known = get_float(entry, L.e_eager_s, &e->eager)) < 0)
         return -1;
     if (!known)
-        e->eager = model(policy, M_EAGER_OP) * size;
+        e->eager = model(policy, M_EAGER_CALL) + model(policy, M_EAGER_OP) * size;
     if ((known = get_float(entry, L.e_replay_s, &e->replay)) < 0)
         return -1;
     if (!known) {

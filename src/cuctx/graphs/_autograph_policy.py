@@ -49,8 +49,10 @@ def mean(old: float | None, new: float) -> float:
 
 
 class Model(NamedTuple):
-    """An H100's host costs, in seconds (see `cuctx._driver.sim._timing`)."""
+    """An H100's host costs, in seconds (see `cuctx._driver.sim._timing`). The compiled
+    path reads its fields by position (M_* in cuctx/csrc/autograph_serve.c)."""
 
+    eager_call: float
     eager_op: float
     launch: float
     replay_node: float
@@ -62,7 +64,8 @@ class Model(NamedTuple):
 
 def model() -> Model:
     from .._driver.sim import _timing as t  # (the constants live beside the sim's timing)
-    return Model(t.HOST_EAGER_OP_NS * 1e-9, t.HOST_GRAPH_LAUNCH_NS * 1e-9,
+    return Model(t.HOST_EAGER_CALL_NS * 1e-9, t.HOST_EAGER_OP_NS * 1e-9,
+                 t.HOST_GRAPH_LAUNCH_NS * 1e-9,
                  t.HOST_REPLAY_NODE_NS * 1e-9, t.HOST_PATCH_NODE_NS * 1e-9,
                  t.HOST_WHOLE_NODE_NS * 1e-9, t.HOST_BUILD_FIXED_NS * 1e-9,
                  t.HOST_BUILD_NODE_NS * 1e-9)
@@ -176,7 +179,7 @@ class Policy:
         """Seconds an eager call of the structure costs."""
         if entry.eager_s is not None:
             return entry.eager_s
-        return self.model.eager_op * entry.size
+        return self.model.eager_call + self.model.eager_op * entry.size
 
     def replay(self, entry: Any) -> float:
         """Seconds a launch of the structure's executable costs (its patches aside)."""
