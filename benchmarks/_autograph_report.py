@@ -19,6 +19,7 @@ from cuctx.graphs import _autograph_policy
 
 GOALS: list[tuple[str, float | None, str, float, str]] = []  # what, value, sense, target, note
 WITHIN = 0.1  # the sim's counts agree with a GPU's within this share of the calls
+SMALL_STRUCTURE = 16  # operations: the structures whose eager calls give the fixed part
 
 
 def goal(what: str, value: float | None, sense: str, target: float, note: str = "") -> None:
@@ -101,7 +102,7 @@ def model_beside_measured(graphs: list[cuctx.AutoGraph]) -> None:
     launches = [e.replay_s for e in entries if e.replay_s is not None]
     fit = _autograph_policy.BUILDS.fit()
     measured = {
-        "an eager call, fixed (HOST_EAGER_CALL_NS)":
+        f"an eager call, fixed (HOST_EAGER_CALL_NS; <= {SMALL_STRUCTURE} operations)":
             (_timing.HOST_EAGER_CALL_NS, _eager_call_fixed(entries)),
         "an operation enqueued eagerly (HOST_EAGER_OP_NS)":
             (_timing.HOST_EAGER_OP_NS, min(eager, default=None)),
@@ -125,14 +126,13 @@ def model_beside_measured(graphs: list[cuctx.AutoGraph]) -> None:
 
 
 def _eager_call_fixed(entries: list) -> float | None:
-    """The fixed part of an eager call: the median over the structures of their measured
-    eager call less their operations at the least cost per operation measured (the line
-    below it), as the model adds them."""
-    points = [(e.size, e.eager_s) for e in entries if e.eager_s is not None and e.size]
-    if not points:
-        return None
-    per_op = min(seconds / size for size, seconds in points)
-    return statistics.median(seconds - per_op * size for size, seconds in points)
+    """The fixed part of an eager call as the sim needs it: over the structures of at most
+    SMALL_STRUCTURE operations (whose decisions it sways), the median of their measured eager
+    call less their operations at the modelled cost each (HOST_EAGER_OP_NS)."""
+    op = _timing.HOST_EAGER_OP_NS * 1e-9
+    rest = [e.eager_s - op * e.size for e in entries
+            if e.eager_s is not None and 0 < e.size <= SMALL_STRUCTURE]
+    return statistics.median(rest) if rest else None
 
 
 def _least(graphs: list[cuctx.AutoGraph], name: str) -> float | None:
