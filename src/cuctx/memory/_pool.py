@@ -9,7 +9,7 @@ arrays allocated from it (each holds its pool), and is destroyed (cuMemPoolDestr
 last reference goes; the frees of its arrays were queued by then, and its destroy waits
 until they have run (the driver promises to give the memory back once they have, but a pool
 destroyed with frees still queued crashed the process at a later pool's first allocation:
-an H200, driver 580, while another process used the GPU).
+H100s and an H200, driver 580, while another process used the GPU).
 """
 
 from __future__ import annotations

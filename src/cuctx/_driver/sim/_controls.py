@@ -94,8 +94,8 @@ class SimControls:
     def pools_destroyed_early(self) -> int:
         """How many pools were destroyed while frees of their memory were still queued: the
         driver promises to wait for them, and crashed the process at a later pool's first
-        allocation instead (an H200, driver 580, with another process using the GPU), so
-        cuctx never does it (`cuctx.memory._pool`); the sim counts it for the tests."""
+        allocation instead (H100s and an H200, driver 580, with another process using the
+        GPU), so cuctx never does it (`cuctx.memory._pool`); the sim counts it for tests."""
         return self._driver._pools_destroyed_early
 
     def set_kernel_twin(self, kernel, fn, kinds=None) -> tuple[CUresult]:
