@@ -116,6 +116,18 @@ class Handoff:
         return seen
 
 
+def driver_calls(monkeypatch: pytest.MonkeyPatch, driver: Any,
+                 *names: str) -> list[tuple[str, tuple]]:
+    """The calls of the driver functions ``names`` from now on, in order, as (name, args);
+    each still reaches the driver."""
+    calls: list[tuple[str, tuple]] = []
+    for name in names:
+        real = getattr(driver, name)
+        monkeypatch.setattr(driver, name, lambda *args, real=real, name=name:
+                            calls.append((name, args)) or real(*args), raising=False)
+    return calls
+
+
 def retire_history() -> None:
     """The race checker forgets what the host has seen finish, as it does at a synchronize
     once enough operations ran (twice: a stream idle since the first time loses its clock at

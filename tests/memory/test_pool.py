@@ -16,7 +16,7 @@ import cuctx
 from cuctx import Device, MemoryPool, _trace
 from cuctx.sim import stream_busy
 
-from scenarios import ADD_SOURCE, add, library_fixture
+from scenarios import ADD_SOURCE, add, driver_calls, library_fixture
 
 pytestmark = [pytest.mark.usefixtures("nvrtc_cache"),
               pytest.mark.paths("python", "native")]
@@ -178,12 +178,7 @@ def test_a_pool_is_destroyed_once_the_frees_of_its_memory_have_run(backend, loca
     crashed the process at the next pool's first allocation (an H200, driver 580, while
     another process used the GPU), though the driver promises to wait for them: the destroy
     waits for the contexts that queued them."""
-    drv = backend.driver
-    calls = []
-    for name in ("cuMemPoolDestroy", "cuCtxSynchronize"):
-        real = getattr(drv, name)
-        monkeypatch.setattr(drv, name, lambda *args, real=real, name=name:
-                            calls.append(name) or real(*args), raising=False)
+    calls = driver_calls(monkeypatch, backend.driver, "cuMemPoolDestroy", "cuCtxSynchronize")
     with Device(0):
         try:
             pool = MemoryPool(0, location=location)
@@ -197,7 +192,7 @@ def test_a_pool_is_destroyed_once_the_frees_of_its_memory_have_run(backend, loca
         calls.clear()
         del pool
         gc.collect()
-        assert calls == ["cuCtxSynchronize", "cuMemPoolDestroy"]
+        assert [name for name, _ in calls] == ["cuCtxSynchronize", "cuMemPoolDestroy"]
         if backend.sim is not None:
             assert backend.sim.pools_destroyed_early() == 0
         pool = MemoryPool(0, location=location)  # and the next pool allocates

@@ -19,7 +19,7 @@ import cuctx
 from cuctx import Device, MemoryPool
 from cuctx.kernels import KernelArgumentError
 
-from scenarios import ADD_SOURCE, add, library_fixture
+from scenarios import ADD_SOURCE, add, driver_calls, library_fixture
 
 pytestmark = [pytest.mark.usefixtures("nvrtc_cache"),
               pytest.mark.paths("python", "native")]
@@ -89,10 +89,7 @@ def test_read_only_access_is_refused_without_asking_the_driver(two, monkeypatch)
     pool, _ = pool_array(d0)
     if int(d0._backend.driver.cuDriverGetVersion()[1]) >= 13010:
         pytest.skip("a driver newer than CUDA 13.0 is asked (no measurement says it crashes)")
-    asked = []
-    real = d0._backend.driver.cuMemPoolSetAccess
-    monkeypatch.setattr(d0._backend.driver, "cuMemPoolSetAccess",
-                        lambda *args: asked.append(args) or real(*args), raising=False)
+    asked = driver_calls(monkeypatch, d0._backend.driver, "cuMemPoolSetAccess")
     with pytest.raises(cuctx.NotSupportedError, match="no read-only access"):
         pool.set_access(d1, "r")
     assert asked == []
@@ -128,12 +125,8 @@ def test_a_grant_keeps_the_devices_primary_context_until_taken_away_or_destroyed
     context stays retained till the access goes, or the pool is destroyed (and then after
     cuMemPoolDestroy)."""
     d0, d1 = two
-    drv = d0._backend.driver
-    calls = []
-    for name in ("cuMemPoolDestroy", "cuDevicePrimaryCtxRelease"):
-        real = getattr(drv, name)
-        monkeypatch.setattr(drv, name, lambda *args, real=real, name=name:
-                            calls.append((name, args)) or real(*args), raising=False)
+    calls = driver_calls(monkeypatch, d0._backend.driver, "cuMemPoolDestroy",
+                         "cuDevicePrimaryCtxRelease")
     pool, x = pool_array(d0)
     gc.collect()
     assert not primary_active(d1)  # nothing holds device 1's
