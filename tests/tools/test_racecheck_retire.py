@@ -198,3 +198,33 @@ def test_a_loop_of_real_calls_keeps_a_flat_history(sim, monkeypatch):
         cuctx.synchronize()
     assert grown < 32 << 10, f"{grown} bytes"
     assert len(_WATCH._freed) <= 16
+
+
+
+def test_a_dropped_stream_is_not_kept_by_the_frees_the_checker_remembers(lib):
+    """The checker remembers the latest frees (to tell a use after free), not their streams:
+    a stream the program drops goes (and with it what it holds, its context), and a later
+    use after free names it as dropped."""
+    s = cuctx.Stream()
+    x = cuctx.empty(N, np.float32, stream=s)
+    out = cuctx.zeros(N, np.float32)
+
+    class Foreign:  # another library's view of x's memory: it does not keep x's memory alive
+        __cuda_array_interface__ = {"version": 3, "shape": (N,), "typestr": "<f4",
+                                    "data": (x.ptr, False), "strides": None, "stream": None}
+    view = cuctx.asarray(Foreign())
+    described = f"<Stream {s.kind} {s._key:#x} ctx {s._ctx._key:#x}>"
+    cuctx.synchronize()
+    with cuctx.racecheck("collect") as rc:
+        x.fill(1.0, stream=s)
+        del x  # freed on s
+        s.synchronize()
+        gone = weakref.ref(s)
+        del s
+        gc.collect()
+        assert gone() is None, "the checker kept a stream the program dropped"
+        lib["add"][1, 1](out, view, 1.0, 0)  # (n = 0: it reads nothing)
+        cuctx.synchronize()
+    [finding] = rc.findings
+    assert finding.kind == "use after free"
+    assert f"freed on {described} (dropped since)" in finding.missing
