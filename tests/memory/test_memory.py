@@ -348,7 +348,7 @@ def python_run(fn) -> set[str]:
 
 
 @pytest.mark.paths("python", "native")
-def test_an_arrays_memory_is_freed_alike_on_every_path(backend, path, monkeypatch):
+def test_an_arrays_memory_is_freed_alike_on_every_path(backend, path, monkeypatch, request):
     """cuctx.empty's memory from the device's pool and its free: allocated and freed in C on
     the compiled path (nothing of memory/_alloc.py or _lifetimes.py runs), through
     `from_pool` and `Allocation.__del__` otherwise, with the same effects: a dropped array is
@@ -360,6 +360,10 @@ def test_an_arrays_memory_is_freed_alike_on_every_path(backend, path, monkeypatc
     s = Stream(Device(0))
     cuctx.empty(1, np.float32, stream=s)  # (the first files the context's pending frees)
     live = lambda: len(s.context._allocations)  # noqa: E731
+    # Arrays of an earlier test in reference cycles, collected midway, would change the count.
+    gc.collect()
+    gc.disable()
+    request.addfinalizer(gc.enable)
     before = live()
 
     def make_and_drop() -> int:

@@ -94,14 +94,14 @@ class GraphExec(Resource):
         """Keep what ``graph``'s nodes use; its nodes, and those of its conditional bodies,
         name this executable's nodes (by position in `with_bodies`: the order the driver
         pairs them in for an update)."""
-        keep, host, libraries, events = graph._closure()
+        host, libraries, events = graph._closure()
         self.graph = graph
         self._host = tuple(host)
         self._libraries = tuple(libraries)
         self._events = tuple(events)
         held = self._held
         _retire(held, (held.objects, list(held.slots.values())))
-        held.objects = (self._origin, graph, *keep, *host)
+        held.objects = (self._origin, graph, *host)  # (each graph's nodes keep their objects)
         held.slots.clear()
         self._specs = with_bodies(graph)
         origin = self._specs if graph is self._origin else with_bodies(self._origin)

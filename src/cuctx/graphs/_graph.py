@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from cuda.bindings.driver import CUgraphDebugDot_flags
@@ -447,22 +448,23 @@ class Graph(Resource):
                     break
         return node
 
-    def _closure(self) -> tuple[list, list[HostFunctions], set, list[Event]]:
-        """What an executable of this graph must keep: every node's objects, host
-        functions, libraries, recorded events (of the graphs inside it too)."""
+    def _closure(self) -> tuple[list[HostFunctions], set, list[Event]]:
+        """What an executable of this graph must keep besides the graph (whose nodes keep
+        their objects): host functions, libraries, recorded events (of the graphs inside it
+        too)."""
         nodes, host = self._nodes, list(self._host)
-        # (comprehensions: a build of a thousand kernel nodes pays this per node)
-        keep = [obj for node in nodes for obj in node._keep]
-        libraries = {node._kernel._owner for node in nodes if node._kernel is not None}
+        # (C-level passes: a build of a thousand kernel nodes pays this per node)
+        kernels = set(map(_KERNEL_OF, nodes))
+        kernels.discard(None)
+        libraries = set(map(_OWNER_OF, kernels))
         events = [node._extra for node in nodes
                   if node.kind == "record" and isinstance(node._extra, Event)]
         for part in self._parts:
-            k, h, lib, ev = part._closure()
-            keep.extend(k)
+            h, lib, ev = part._closure()
             host.extend(h)
             libraries.update(lib)
             events.extend(ev)
-        return keep, host, libraries, events
+        return host, libraries, events
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -474,6 +476,10 @@ class Graph(Resource):
         state = "" if active else f" context {self._ctx._state}"
         return (f"<Graph{body} {self._key:#x} {summarize(self._nodes)}{edges} ctx "
                 f"{self._ctx._key:#x}{state}>")
+
+
+_KERNEL_OF = attrgetter("_kernel")
+_OWNER_OF = attrgetter("_owner")
 
 
 def _driver_nodes(ctx: Context, handle) -> list:

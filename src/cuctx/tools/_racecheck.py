@@ -49,7 +49,7 @@ from .._resource import ACTIVE
 from ._racecheck_clocks import Clocks, join, ordered
 from ._racecheck_shadow import (FREE_IN_USE, RAW, USE_AFTER_FREE, WAR, WAW, Finding, OpInfo,
                                 Region)
-from ._racecheck_words import explain, label_of, node_what
+from ._racecheck_words import explain, kept_free, label_of, named_free, node_what
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # Freed ranges no allocation took again, kept to tell a use after free: the latest ones. A
@@ -140,7 +140,7 @@ class Watch:
                 found += self._report(FREE_IN_USE, region, earlier[2], info)
             self._forget(region.ptr, region.end)
             bisect.insort(self._freed_starts, region.ptr)
-            self._freed[region.ptr] = (region.end, _kept_free(info), region.label,
+            self._freed[region.ptr] = (region.end, kept_free(info), region.label,
                                        region.where)
             if len(self._freed) > FREES_KEPT:
                 self._unfree(next(iter(self._freed)))
@@ -253,7 +253,7 @@ class Watch:
             if region is None:  # freed memory
                 start = self._freed_in(lo, hi)[0]
                 end, free, label, where = self._freed[start]
-                free = _named_free(free)
+                free = named_free(free)
                 freed = Region(start, end, where)  # (what it was, for the finding's words)
                 freed.label = label
                 return self._report(USE_AFTER_FREE, freed, free, stamp[2])
@@ -437,34 +437,6 @@ class Watch:
                 scope._seen.add(key)
                 scope.findings.append(finding)
         return [finding]
-
-
-class _DroppedStream:
-    """A free's stream the program has dropped since, as a finding names it."""
-
-    __slots__ = ("kind", "_described")
-
-    def __init__(self, kind: str, described: str) -> None:
-        self.kind, self._described = kind, described
-
-    def __repr__(self) -> str:
-        return f"{self._described} (dropped since)"
-
-
-def _kept_free(info: tuple) -> tuple:
-    """A free's info as the latest frees keep it: its stream weakly (a record must not keep
-    a dropped stream, and with it its context, alive), with the words for it once gone."""
-    what, stream, where, thread = info
-    return what, (weakref.ref(stream), stream.kind, stream._key, stream._ctx._key), where, thread
-
-
-def _named_free(kept: tuple) -> tuple:
-    """`_kept_free`'s record as a stamp's info again."""
-    what, (ref, kind, key, ctx_key), where, thread = kept
-    stream = ref()
-    if stream is None:
-        stream = _DroppedStream(kind, f"<Stream {kind} {key:#x} ctx {ctx_key:#x}>")
-    return what, stream, where, thread
 
 
 def _free_where(where: _trace.Where | None) -> _trace.Where | None:

@@ -3,6 +3,7 @@ streams as the user's code does (the variables that hold them at the racing line
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from ._names import Scope, names_of, user_scope
@@ -69,4 +70,33 @@ def _name(stream: Any, scope: Scope) -> str:
     return repr(stream)
 
 
-__all__ = ["explain", "label_of", "line", "node_what"]
+
+class _DroppedStream:
+    """A free's stream the program has dropped since, as a finding names it."""
+
+    __slots__ = ("kind", "_described")
+
+    def __init__(self, kind: str, described: str) -> None:
+        self.kind, self._described = kind, described
+
+    def __repr__(self) -> str:
+        return f"{self._described} (dropped since)"
+
+
+def kept_free(info: tuple) -> tuple:
+    """A free's info as the latest frees keep it: its stream weakly (a record must not keep
+    a dropped stream, and with it its context, alive), with the words for it once gone."""
+    what, stream, where, thread = info
+    return what, (weakref.ref(stream), stream.kind, stream._key, stream._ctx._key), where, thread
+
+
+def named_free(kept: tuple) -> tuple:
+    """`kept_free`'s record as a stamp's info again."""
+    what, (ref, kind, key, ctx_key), where, thread = kept
+    stream = ref()
+    if stream is None:
+        stream = _DroppedStream(kind, f"<Stream {kind} {key:#x} ctx {ctx_key:#x}>")
+    return what, stream, where, thread
+
+
+__all__ = ["explain", "kept_free", "label_of", "line", "named_free", "node_what"]
