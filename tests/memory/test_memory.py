@@ -357,13 +357,14 @@ def test_an_arrays_memory_is_freed_alike_on_every_path(backend, path, monkeypatc
     ends, and a context's teardown frees the arrays still alive."""
     unraisable = []  # (an error of a free at a collection is reported here)
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
-    s = Stream(Device(0))
-    cuctx.empty(1, np.float32, stream=s)  # (the first files the context's pending frees)
-    live = lambda: len(s.context._allocations)  # noqa: E731
-    # Arrays of an earlier test in reference cycles, collected midway, would change the count.
+    # Arrays of an earlier test in reference cycles, collected midway, would change the count
+    # (collected now, their frees are taken by the first allocation).
     gc.collect()
     gc.disable()
     request.addfinalizer(gc.enable)
+    s = Stream(Device(0))
+    cuctx.empty(1, np.float32, stream=s)  # (the first files the context's pending frees)
+    live = lambda: len(s.context._allocations)  # noqa: E731
     before = live()
 
     def make_and_drop() -> int:
