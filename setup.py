@@ -7,7 +7,7 @@ paths; ``python -m cuctx info`` says which is in use."""
 from setuptools import Extension, setup
 
 PARTS = ("native", "driver", "launch", "launch_plan", "streams", "contexts", "methods", "copies",
-         "autograph", "autograph_call", "autograph_serve", "autograph_build", "arrays")
+         "autograph", "autograph_call", "autograph_serve", "autograph_build", "arrays", "announce")
 
 setup(ext_modules=[Extension("cuctx._native", [f"src/cuctx/csrc/{part}.c" for part in PARTS],
                              depends=["src/cuctx/csrc/native.h"], optional=True)])

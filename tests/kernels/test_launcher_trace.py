@@ -98,3 +98,39 @@ def test_the_fast_path_announces_itself(lib, monkeypatch):
     assert [(a.ptr, a.nbytes, a.mode) for a in op.accesses] == [
         (out.ptr, 32, _trace.READ_WRITE), (x.ptr, 32, _trace.READ)]
     assert op.site[0] == __file__
+
+
+def test_every_path_announces_a_launch_as_the_reference_does(lib, path):
+    """The compiled path builds the launch's Operation in C (a sink meant to stay on, the race
+    checker, pays for the announcement at every launch); the Python paths through
+    `_trace.emit_launch`, the reference: the same fields, and the user's line."""
+    import sys
+    import threading
+    out = cuctx.zeros(8, np.float32)
+    x = cuctx.to_device(np.arange(8, dtype=np.float32))
+    stream = cuctx.Stream()
+    launcher = lib["add"][2, 4, 0, stream]
+    launcher(out, x, 1.0, 8)
+    seen, callers = [], []
+
+    def sink(op):
+        seen.append(op)
+        callers.append(sys._getframe(1).f_code.co_name)
+    with _trace.sink(sink, kinds=["launch"]):
+        before = _trace.perf_counter_ns()
+        launcher(out, x, 2.0, 8)
+        line = sys._getframe().f_lineno - 1
+        after = _trace.perf_counter_ns()
+        args = seen[0].launch[1]
+        _trace.emit_launch(launcher, args, seen[0].launch[0])  # the reference, from here
+    stream.synchronize()
+    made, reference = seen
+    # who announced it: compiled code calls the sink straight from the user's frame
+    assert callers == [sys._getframe().f_code.co_name if path == "native" else "emit_launch",
+                       "emit_launch"]
+    for field in ("kind", "context", "stream", "kernel", "config", "event", "other", "fields",
+                  "launch", "accesses", "thread"):
+        assert getattr(made, field) == getattr(reference, field), field
+    assert made.site[:2] == (__file__, line) and reference.site[0] == __file__
+    assert before <= made.time_ns <= after and made.thread == threading.get_ident()
+    assert made.launch[1] == (out, x, 2.0, 8)

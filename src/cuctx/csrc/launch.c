@@ -108,7 +108,7 @@ static PyObject *launch_general(Launch *l, PyObject *const *argv, Py_ssize_t n, 
     return result;
 }
 
-/* `_trace.emit_launch(launcher, args, plan)` for a launch that ran. */
+/* `_trace.emit_launch(launcher, args, plan)` for a launch that ran (made in C: announce.c). */
 static PyObject *announce_launch(Launch *l, PyObject *const *argv, Py_ssize_t n,
                                  PyObject *tuple)
 {
@@ -118,8 +118,7 @@ static PyObject *announce_launch(Launch *l, PyObject *const *argv, Py_ssize_t n,
     if (tuple == NULL)
         for (Py_ssize_t i = 0; i < n; i++)
             PyTuple_SET_ITEM(args, i, Py_NewRef(argv[i]));
-    PyObject *call[] = {l->launcher, args, l->plan};
-    PyObject *result = PyObject_Vectorcall(L.emit_launch, call, 3, NULL);
+    PyObject *result = announce_compiled_launch(l->launcher, args, l->plan);
     Py_DECREF(args);
     return result;
 }

@@ -156,6 +156,8 @@ extern PyObject python_path_marker;
 
 Py_ssize_t slot_offset(PyTypeObject *type, const char *name);
 int any_true(PyObject *pairs);
+/* announce.c: what _trace.emit_launch does, in C */
+PyObject *announce_compiled_launch(PyObject *launcher, PyObject *args, PyObject *plan);
 int loaded(PyObject *owner);
 int step_aside(void);
 int step_aside_unless_recording(void);
