@@ -13,14 +13,14 @@
 
 enum { O_KIND, O_CONTEXT, O_STREAM, O_KERNEL, O_CONFIG, O_EVENT, O_OTHER, O_WHERE, O_THREAD,
        O_TIME, O_FIELDS, O_LAUNCH, O_ACCESSES, O_ACCESSES_OF, O_SITE, O_COUNT };
-static const char *OP_SLOTS[O_COUNT] = {"kind", "context", "stream", "kernel", "config",
-                                        "event", "other", "where", "thread", "time_ns",
-                                        "fields", "launch", "_accesses", "_accesses_of",
-                                        "_site"};
+static const char *const OP_SLOTS[O_COUNT + 1] = {
+    "kind", "context", "stream", "kernel", "config", "event", "other", "where", "thread",
+    "time_ns", "fields", "launch", "_accesses", "_accesses_of", "_site", NULL};
 static PyTypeObject *op_type_seen;
 static Py_ssize_t op_slots[O_COUNT];
 /* (S_launch, "launch", and S_stream, "stream", are native.c's) */
-static PyObject *S_ctx, *S_kernel, *S_config, *S_modes, *S_accesses, *S_by_kind, *S_ours, *S_is_ours, *S_unset, *S_no_fields, *S_operation, *S_perf_counter_ns;
+static PyObject *S_ctx, *S_kernel, *S_config, *S_modes, *S_accesses, *S_by_kind, *S_ours,
+    *S_is_ours, *S_unset, *S_no_fields, *S_operation, *S_perf_counter_ns;
 
 static int learn_names(void)
 {
@@ -92,9 +92,8 @@ static int operation_offsets(PyTypeObject *type)
 {
     if (type == op_type_seen)
         return 0;
-    for (int k = 0; k < O_COUNT; k++)
-        if ((op_slots[k] = slot_offset(type, OP_SLOTS[k])) < 0)
-            return -1;
+    if (slot_offsets(type, OP_SLOTS, op_slots) < 0)
+        return -1;
     op_type_seen = type;
     return 0;
 }

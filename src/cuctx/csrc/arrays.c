@@ -164,9 +164,8 @@ int allocation_slot_offsets(void)
                             "Allocation");
         return -1;
     }
-    for (int i = 0; i < A_COUNT; i++)
-        if ((L.alloc_slots[i] = slot_offset(L.Allocation, ALLOCATION_SLOTS[i])) < 0)
-            return -1;
+    if (slot_offsets(L.Allocation, ALLOCATION_SLOTS, L.alloc_slots) < 0)
+        return -1;
     L.alloc_ptr = L.alloc_slots[A_PTR];
     L.alloc_stream = L.alloc_slots[A_STREAM];
     L.alloc_recorded = L.alloc_slots[A_RECORDED];

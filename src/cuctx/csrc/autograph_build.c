@@ -108,8 +108,9 @@ PyObject *Driver_add_kernel_node(Driver *self, PyObject *const *args, Py_ssize_t
 /* The slots a chain's GraphNodes are given (their offsets, read once from the type). */
 enum { N_GRAPH, N_KIND, N_SITE, N_DESCRIPTION, N_HANDLE, N_KEEP, N_KERNEL, N_CONFIG, N_EXTRA,
        N_COUNT };
-static const char *NODE_SLOTS[N_COUNT] = {"graph", "kind", "site", "description", "_handle",
-                                          "_keep", "_kernel", "_config", "_extra"};
+static const char *const NODE_SLOTS[N_COUNT + 1] = {
+    "graph", "kind", "site", "description", "_handle", "_keep", "_kernel", "_config", "_extra",
+    NULL};
 static PyTypeObject *node_type_seen;
 static Py_ssize_t node_slots[N_COUNT], launcher_kernel, launcher_config, launcher_owner;
 static PyObject *S_kernel_kind;
@@ -118,9 +119,8 @@ static int chain_offsets(PyTypeObject *node_type)
 {
     if (node_type == node_type_seen)
         return 0;
-    for (int k = 0; k < N_COUNT; k++)
-        if ((node_slots[k] = slot_offset(node_type, NODE_SLOTS[k])) < 0)
-            return -1;
+    if (slot_offsets(node_type, NODE_SLOTS, node_slots) < 0)
+        return -1;
     if ((launcher_kernel = slot_offset(L.Launcher, "kernel")) < 0
             || (launcher_config = slot_offset(L.Launcher, "config")) < 0
             || (launcher_owner = slot_offset(L.Launcher, "_owner")) < 0)

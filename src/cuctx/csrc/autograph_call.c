@@ -39,9 +39,7 @@ int recording_slot_offsets(void)
     Py_XDECREF(tape);
     int failed = names == NULL || check_recording_slots(names) < 0;
     Py_XDECREF(names);
-    for (int i = 0; !failed && RECORDING_SLOTS[i]; i++)
-        failed = (L.rec_slots[i] = slot_offset(L.Recording, RECORDING_SLOTS[i])) < 0;
-    return failed ? -1 : 0;
+    return failed ? -1 : slot_offsets(L.Recording, RECORDING_SLOTS, L.rec_slots);
 }
 
 /* Recording(arena), made here (the __init__ in Python would cost more than the rest of

@@ -29,6 +29,16 @@ Py_ssize_t slot_offset(PyTypeObject *type, const char *name)
     return offset;
 }
 
+/* slot_offset of each of the NULL-terminated ``names`` into ``offsets``, in their order: 0,
+ * or -1 with an exception. */
+int slot_offsets(PyTypeObject *type, const char *const *names, Py_ssize_t *offsets)
+{
+    for (int i = 0; names[i] != NULL; i++)
+        if ((offsets[i] = slot_offset(type, names[i])) < 0)
+            return -1;
+    return 0;
+}
+
 /* Whether any value of ((namespace, name), ...) is true (a missing name is false). */
 int any_true(PyObject *pairs)
 {

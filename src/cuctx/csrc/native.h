@@ -155,6 +155,7 @@ extern PyObject python_path_marker;
 #define PYTHON_PATH (&python_path_marker)
 
 Py_ssize_t slot_offset(PyTypeObject *type, const char *name);
+int slot_offsets(PyTypeObject *type, const char *const *names, Py_ssize_t *offsets);
 int any_true(PyObject *pairs);
 /* announce.c: what _trace.emit_launch does, in C */
 PyObject *announce_compiled_launch(PyObject *launcher, PyObject *args, PyObject *plan);

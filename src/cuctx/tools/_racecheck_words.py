@@ -70,7 +70,6 @@ def _name(stream: Any, scope: Scope) -> str:
     return repr(stream)
 
 
-
 class _DroppedStream:
     """A free's stream the program has dropped since, as a finding names it."""
 
