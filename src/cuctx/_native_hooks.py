@@ -64,10 +64,11 @@ ANNOUNCE = ((vars(_trace), "sinks"),)
 # cuctx.empty's allocation of the default pool and an Allocation's free run in C unless their
 # Python paths (`_alloc.from_pool`, `Allocation.__del__` with `free_or_defer` and `_release`)
 # have more to do than the driver call: announce it, refuse it, a capture's rules, finalizers
-# held by a host function or a capture (they run first), a torn-down context's orphans (freed
-# first), a defer_cleanup block (it holds the free).
+# held by a host function or a capture (they run first), the orphans of a torn-down context
+# of the allocation's device (freed first: csrc/arrays.c looks them up by device, so another
+# device's orphans slow no allocation here), a defer_cleanup block (it holds the free).
 ALLOC_STEP_ASIDE = STEP_ASIDE + (
-    (vars(_lifetimes), "capturing"), (vars(_lifetimes), "_held"), (vars(_lifetimes), "orphans"),
+    (vars(_lifetimes), "capturing"), (vars(_lifetimes), "_held"),
 )
 FREE_STEP_ASIDE = STEP_ASIDE + (
     (vars(_lifetimes), "capturing"), (vars(_lifetimes), "_held"),

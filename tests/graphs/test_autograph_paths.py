@@ -16,6 +16,7 @@ import cuctx
 from cuctx import _record
 from cuctx._driver import native
 from cuctx.graphs import _autograph, _autograph_arena, _autograph_build, _autograph_record
+from cuctx.memory import _alloc
 
 from scenarios import ADD_SOURCE, add, library_fixture, python_paths
 
@@ -51,27 +52,79 @@ def decisions(fn: cuctx.AutoGraph) -> tuple:
 def test_graph_calls_and_temporaries_are_served_by_the_compiled_path_where_built(
         lib, backend, monkeypatch):
     """After the first calls, a graph call of a structure of kernels goes through neither
-    AutoGraph._run nor Arena.lend on the compiled path; on the Python path it goes through
-    both. Results are the function's own either way."""
+    AutoGraph._run nor Arena.lend nor Recording.launch (its first launch included) on the
+    compiled path; on the Python path it goes through all three. Results are the function's
+    own either way."""
     step = cuctx.autograph(token(lib["add"]))
     outs = [cuctx.empty(N, np.float32) for _ in range(8)]
     for i in range(3):  # eager, built, then a graph call
         step(outs[i], arange(i), float(i))
-    runs, lends = [], []
+    runs, lends, launches = [], [], []
     run, lend = _autograph.AutoGraph._run, _autograph_arena.Arena.lend
+    launch = _autograph_record.Recording.launch
     monkeypatch.setattr(_autograph.AutoGraph, "_run",
                         lambda self, rec: runs.append(1) or run(self, rec))
     monkeypatch.setattr(_autograph_arena.Arena, "lend",
                         lambda self, *a: lends.append(1) or lend(self, *a))
+    monkeypatch.setattr(_autograph_record.Recording, "launch",
+                        lambda self, *a: launches.append(1) or launch(self, *a))
     for i in range(3, 8):
         step(outs[i], arange(i), float(i))
     compiled = backend.native is not None
-    assert (runs, lends) == (([], []) if compiled else ([1] * 5, [1] * 5))
+    assert (runs, lends, launches) == (([], [], []) if compiled
+                                       else ([1] * 5, [1] * 5, [1] * 25))
     assert step._last.compiled == compiled
     for i, out in enumerate(outs):
         np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 2 * i + 3)
     s = step.stats()
     assert (s["builds"], s["updates"], s["patched_nodes"]) == (1, 6, 2 * 6)
+
+
+def test_an_output_the_caller_keeps_is_not_lent_again_and_the_next_comes_from_the_pool(
+        lib, backend, monkeypatch):
+    """A function returning a new array each call: while the caller holds an output, the
+    memory of its arena slot is not lent to the next call, whose output comes from the
+    device's pool instead; on the compiled path without Arena.lend or from_pool running in
+    Python. Every output keeps its own values."""
+    k = lib["add"]
+
+    @cuctx.autograph
+    def step(x, a):
+        out = cuctx.empty(N, np.float32)
+        k[1, 32](out, x, np.float32(a), N)
+        return out
+
+    x = arange()
+    out = None
+    for i in range(3):  # eager, built, then a graph call
+        out = step(x, float(i))
+    lends, pools = [], []
+    lend, from_pool = _autograph_arena.Arena.lend, _alloc.from_pool
+
+    def lending(self, *args):
+        lent = lend(self, *args)
+        lends.append(lent is not None)
+        return lent
+    monkeypatch.setattr(_autograph_arena.Arena, "lend", lending)
+    monkeypatch.setattr(_alloc, "from_pool", lambda *a: pools.append(1) or from_pool(*a))
+    kept = []
+    for i in range(3, 7):  # the last output held while the next call runs, as `out = f()`
+        out = step(x, float(i))
+        kept.append((i, out.ptr, out.to_host()))
+    for i in range(7, 10):  # every output held
+        out = step(x, float(i))
+        kept.append((i, out.ptr, out))
+    compiled = backend.native is not None
+    assert len(lends) == (0 if compiled else 7)
+    assert len(pools) == lends.count(False)  # the calls whose slot was held
+    assert compiled or 0 < lends.count(False) < 7
+    held = [ptr for i, ptr, _ in kept[4:]]
+    assert len(set(held)) == len(held)  # none lent again while held
+    for i, _, values in kept:
+        host = values if isinstance(values, np.ndarray) else values.to_host()
+        np.testing.assert_array_equal(host, np.arange(N) + i)
+    s = step.stats()
+    assert (s["calls"], s["builds"]) == (10, 1)
 
 
 def test_both_paths_take_the_same_decisions(lib, backend, costs_decide):

@@ -362,8 +362,8 @@ def test_an_arrays_memory_is_freed_alike_on_every_path(backend, path, monkeypatc
     gc.collect()
     gc.disable()
     request.addfinalizer(gc.enable)
-    # Frees left by a torn-down context of another device (or an earlier test's sim) send
-    # every allocation through from_pool until that device allocates: set aside meanwhile.
+    # Frees an earlier test's torn-down context left on this device send its next allocation
+    # through from_pool (it frees them first): set aside meanwhile.
     monkeypatch.setattr(_lifetimes, "orphans", {})
     s = Stream(Device(0))
     cuctx.empty(1, np.float32, stream=s)  # (the first files the context's pending frees)
@@ -407,6 +407,34 @@ def test_an_arrays_memory_is_freed_alike_on_every_path(backend, path, monkeypatc
     del first, second, kept  # (theirs have nothing left to free)
     gc.collect()
     assert not unraisable
+
+
+@pytest.mark.paths("python", "native")
+def test_a_devices_orphaned_frees_are_freed_by_its_next_allocation_alone(backend, path,
+                                                                        monkeypatch):
+    """Memory a torn-down context could not free (`_lifetimes.orphans`) is freed by the next
+    allocation on its device, on every path. Another device's orphans change nothing: the
+    compiled path still allocates in C, without `from_pool`."""
+    s = Stream(Device(0))
+    keep = [cuctx.empty(1, np.float32, stream=s)]  # (the first files the context's frees)
+    elsewhere = object()  # a device that has not allocated since
+    monkeypatch.setattr(_lifetimes, "orphans", {elsewhere: [1234]})
+    ran = python_run(lambda: keep.append(cuctx.empty(256, np.float32, stream=s)))
+    assert ("from_pool" in ran) == (path == "python")
+    assert _lifetimes.orphans == {elsewhere: [1234]}
+
+    drv = backend.driver
+    with s.context:
+        err, ptr = drv.cuMemAllocAsync(4096, s._handle)
+        assert not err
+    _lifetimes.orphans[Device(0)] = [int(ptr)]
+    before = Device(0).mem_info().free
+    ran = python_run(lambda: keep.append(cuctx.empty(256, np.float32, stream=s)))
+    assert {"from_pool", "free_orphans"} <= ran
+    assert _lifetimes.orphans == {elsewhere: [1234]}
+    s.synchronize()
+    if backend.sim is not None:  # (a GPU's pool may keep the freed block reserved)
+        assert Device(0).mem_info().free > before
 
 
 @pytest.mark.paths("python", "native")

@@ -1,14 +1,15 @@
 /* cuctx._native (see native.h): cuctx.empty, compiled: the array is made here (its dims,
  * dtype, strides and contiguity as DeviceArray._make sets them), of memory that
  *   - inside an @autograph call: the k-th allocation of the call borrows the lease of its
- *     arena slot (k, stream) while nothing else holds that lease
+ *     arena slot (k, stream) while nothing else holds that lease, and comes from the pool,
+ *     as below, while something does (an output of an earlier call the caller kept)
  *     (cuctx/graphs/_autograph_arena.py, whose `lend` is the reference);
  *   - otherwise: the device's default pool gives, on the stream: cuMemAllocAsync called
  *     here and the Allocation made here, as memory._alloc.from_pool (the reference) makes
- *     them when it has nothing to do first; else from_pool itself (finalizers held, orphans
- *     to free, a trace sink, the context's first allocation, an out-of-memory answer).
+ *     them when it has nothing to do first; else from_pool itself (finalizers held, the
+ *     device's orphans to free, a trace sink, the context's first allocation, an out-of-memory answer).
  * Every other case (a pool or device given, a shape or dtype not seen in this form, an
- * empty shape, a slot lent or missing, another thread recording, a capture, a host
+ * empty shape, a slot missing or lent to this call's own arrays, another thread recording, a capture, a host
  * function...) takes the Python path.
  *
  * Also here: Allocation.__del__, compiled (the free of the pool's memory when the last
@@ -70,10 +71,14 @@ static PyObject *c_strides(PyObject *dims, Py_ssize_t itemsize, int *fortran)
 
 /* The slot's lease of ``arena`` for allocation ``index`` of ``nbytes`` on ``stream``, as
  * Arena.lend gives it when the slot's lease is idle and fits (borrowed); NULL (no exception)
- * for every other case, which Arena.lend handles. The slot becomes the most recently lent. */
+ * otherwise, with *held set where Arena.lend answers None because something still holds the
+ * lease (an output of an earlier call the caller kept: the memory comes from the pool), and
+ * left 0 for every other case, which Arena.lend handles. Lent or held, the slot becomes the
+ * most recently lent, as Arena.lend moves it. */
 static PyObject *idle_lease(PyObject *arena, Py_ssize_t index, unsigned long long nbytes,
-                            PyObject *stream)
+                            PyObject *stream, int *held)
 {
+    *held = 0;
     PyObject *slots = SLOT(arena, L.arena_slots), *most = SLOT(arena, L.arena_most);
     PyObject *lock = SLOT(arena, L.arena_lock);
     if (slots == NULL || !PyDict_CheckExact(slots) || most == NULL || lock == NULL
@@ -95,13 +100,18 @@ static PyObject *idle_lease(PyObject *arena, Py_ssize_t index, unsigned long lon
         PyObject *candidate = SLOT(slot, L.slot_lease), *capacity = SLOT(slot, L.slot_capacity);
         PyObject *recorded = candidate && Py_IS_TYPE(candidate, L.Lease)
                                  ? SLOT(candidate, L.alloc_recorded) : NULL;
-        if (recorded != NULL && PyList_CheckExact(recorded) && PyList_GET_SIZE(recorded) == 0
-                && Py_REFCNT(candidate) == 1 /* the slot's only: idle */
-                && capacity != NULL && PyLong_AsUnsignedLongLong(capacity) >= nbytes
-                && SLOT(candidate, L.alloc_stream) == stream) {
+        int idle = recorded != NULL && PyList_CheckExact(recorded)
+                   && PyList_GET_SIZE(recorded) == 0
+                   && Py_REFCNT(candidate) == 1 /* the slot's only */
+                   && capacity != NULL && PyLong_AsUnsignedLongLong(capacity) >= nbytes
+                   && SLOT(candidate, L.alloc_stream) == stream;
+        int kept = recorded != NULL && Py_REFCNT(candidate) > 1;
+        if (idle || kept) {
             Py_INCREF(slot); /* to the end of the dict, as `lend` moves it */
-            if (PyDict_DelItem(slots, key) == 0 && PyDict_SetItem(slots, key, slot) == 0)
-                lease = candidate;
+            if (PyDict_DelItem(slots, key) == 0 && PyDict_SetItem(slots, key, slot) == 0) {
+                lease = idle ? candidate : NULL;
+                *held = kept;
+            }
             Py_DECREF(slot);
         }
     }
@@ -202,10 +212,27 @@ static PyObject *new_allocation(PyObject *live, PyObject *stream, PyObject *ptr,
     return alloc;
 }
 
+/* Whether ``ctx``'s device has orphaned frees (_lifetimes.orphans: from_pool frees them
+ * first). Another device's do not concern this allocation. */
+static int has_orphans(PyObject *ctx)
+{
+    PyObject *orphans = PyDict_GetItemWithError(L.lifetimes_dict, S_orphans);
+    if (orphans == NULL || !PyDict_CheckExact(orphans)) {
+        PyErr_Clear();
+        return 1; /* (replaced by something else: from_pool knows what to do) */
+    }
+    if (PyDict_GET_SIZE(orphans) == 0)
+        return 0;
+    PyObject *device = SLOT(ctx, L.device);
+    PyObject *ptrs = device ? PyDict_GetItemWithError(orphans, device) : NULL;
+    PyErr_Clear();
+    return ptrs != NULL && PyObject_IsTrue(ptrs) != 0;
+}
+
 /* from_pool(nbytes, stream) for an active context whose allocations are filed already (its
- * first allocation registers its teardown), with nothing to do first (finalizers held,
- * orphans, a trace sink to tell: `alloc_step_aside`): cuMemAllocAsync here and the
- * Allocation made here. A new reference; NULL with from_pool's exception for a refusal; or
+ * first allocation registers its teardown), with nothing to do first (finalizers held, a
+ * trace sink to tell: `alloc_step_aside`; its device's orphans): cuMemAllocAsync here and
+ * the Allocation made here. A new reference; NULL with from_pool's exception for a refusal; or
  * PYTHON_PATH (nothing allocated) for from_pool: every other case, and out of memory, which
  * it asks again after a synchronize and reports with its hint. */
 static PyObject *pool_allocation(PyObject *ctx, PyObject *stream, unsigned long long nbytes)
@@ -213,7 +240,7 @@ static PyObject *pool_allocation(PyObject *ctx, PyObject *stream, unsigned long 
     Driver *d = native_of(SLOT(stream, L.backend));
     PyObject *live = SLOT(ctx, L.ctx_allocations), *ptr;
     if (d == NULL || !Py_IS_TYPE(ctx, L.Context) || live == NULL || !PyDict_CheckExact(live)
-            || any_true(L.alloc_step_aside))
+            || any_true(L.alloc_step_aside) || has_orphans(ctx))
         return PYTHON_PATH;
     int err = drv_mem_alloc(d, ctx, stream, (size_t)nbytes, &ptr);
     if (err == CU_OUT_OF_MEMORY)
@@ -345,14 +372,34 @@ PyObject *array_empty(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
     } else {
         PyObject *arena = SLOT(recorder, L.rec_arena), *made = SLOT(recorder, L.rec_allocations);
         Py_ssize_t index = made ? PyLong_AsSsize_t(made) : -1;
-        PyObject *lease = index >= 0 && arena ? idle_lease(arena, index, nbytes, stream) : NULL;
-        PyObject *array = lease ? array_of(ctx, dims, dtype, itemsize, lease) : NULL;
-        PyObject *next = array ? PyLong_FromSsize_t(index + 1) : NULL;
-        if (next != NULL) { /* Recording.allocate: the call's allocations so far */
+        int held = 0;
+        PyObject *lease = index >= 0 && arena ? idle_lease(arena, index, nbytes, stream, &held)
+                                              : NULL;
+        PyObject *next = lease || held ? PyLong_FromSsize_t(index + 1) : NULL;
+        if (next == NULL) { /* (a memory error at most: the Python path meets it again) */
+            PyErr_Clear();
+        } else if (lease != NULL) {
+            PyObject *array = array_of(ctx, dims, dtype, itemsize, lease);
+            if (array != NULL) { /* Recording.allocate: the call's allocations so far */
+                Py_XSETREF(SLOT(recorder, L.rec_allocations), next);
+                result = array;
+            } else {
+                Py_DECREF(next);
+            }
+        } else { /* its slot's lease is kept: of the pool, counted as Recording.allocate
+                  * counts it before from_pool runs */
             Py_XSETREF(SLOT(recorder, L.rec_allocations), next);
-            result = array;
-        } else { /* (a memory error at most: the Python path meets it again and reports it) */
-            Py_XDECREF(array);
+            Py_INCREF(dtype); /* (Python may run: another thread may replace the entry) */
+            PyObject *alloc = pool_allocation(ctx, stream, nbytes);
+            if (alloc == PYTHON_PATH)
+                alloc = PyObject_CallFunction(L.from_pool, "KO", nbytes, stream);
+            result = alloc ? array_of(ctx, dims, dtype, itemsize, alloc) : NULL;
+            Py_XDECREF(alloc);
+            Py_DECREF(dtype);
+            Py_DECREF(stream);
+            Py_DECREF(dims);
+            Py_XDECREF(recorder);
+            return result; /* (NULL: from_pool's error, as the Python path raises it) */
         }
     }
     Py_DECREF(stream);

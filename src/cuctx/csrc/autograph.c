@@ -43,6 +43,32 @@ static void truncate_to(PyObject *list, Py_ssize_t length)
         PyList_SetSlice(list, length, PyList_GET_SIZE(list), NULL);
 }
 
+/* Recording._follow(stream) for a call's first operation (no context, no stream yet): the
+ * stream's context becomes the call's and the stream role 0, so that the first launch is
+ * recorded here too. Any other recorder or moment: nothing (0). -1: an exception. */
+static int follow_first(PyObject *recorder, PyObject *stream)
+{
+    if (!Py_IS_TYPE(recorder, L.Recording) || SLOT(recorder, L.tape_stream) != Py_None
+            || SLOT(recorder, L.rec_ctx) != Py_None || !Py_IS_TYPE(stream, L.Stream))
+        return 0;
+    PyObject *streams = SLOT(recorder, L.rec_streams), *ctx = SLOT(stream, L.ctx),
+             *roles = SLOT(recorder, L.rec_roles), *key = SLOT(stream, L.key);
+    if (streams == NULL || !PyList_CheckExact(streams) || PyList_GET_SIZE(streams) != 0
+            || roles == NULL || !PyDict_CheckExact(roles) || PyDict_GET_SIZE(roles) != 0
+            || ctx == NULL || key == NULL)
+        return 0;
+    if (PyDict_SetItem(roles, key, ZERO) < 0)
+        return -1;
+    if (PyList_Append(streams, stream) < 0) {
+        PyDict_Clear(roles);
+        return -1;
+    }
+    Py_SETREF(SLOT(recorder, L.rec_ctx), Py_NewRef(ctx));
+    Py_SETREF(SLOT(recorder, L.tape_stream), Py_NewRef(stream));
+    Py_XSETREF(SLOT(recorder, L.rec_role), Py_NewRef(ZERO));
+    return 0;
+}
+
 /* The launch of ``launcher`` on ``stream`` with these parameter bytes and arguments, handed
  * to ``recorder``: a Tape whose latest stream is ``stream`` gets the three appends here;
  * any other recorder's ``launch(launcher, bytes, args, plan)`` is called. 1: recorded;
@@ -50,6 +76,8 @@ static void truncate_to(PyObject *list, Py_ssize_t length)
 int record_launch(PyObject *recorder, PyObject *launcher, PyObject *stream, PyObject *bytes,
                   PyObject *args, PyObject *plan)
 {
+    if (follow_first(recorder, stream) < 0)
+        return -1;
     if (L.Tape != NULL && PyObject_TypeCheck(recorder, L.Tape)
             && SLOT(recorder, L.tape_stream) == stream) {
         PyObject *keys = SLOT(recorder, L.tape_keys), *values = SLOT(recorder, L.tape_values),

@@ -130,7 +130,8 @@ struct native_setup {
     Py_ssize_t alloc_slots[7];  /* Allocation's, in ALLOCATION_SLOTS' order (arrays.c) */
     Py_ssize_t alloc_ptr, alloc_stream, alloc_recorded, alloc_free; /* (among them) */
     Py_ssize_t ctx_allocations;                    /* Context._allocations */
-    Py_ssize_t rec_streams, rec_ctx, rec_broken, rec_arena, rec_allocations; /* Recording */
+    Py_ssize_t rec_streams, rec_ctx, rec_broken, rec_arena, rec_allocations, rec_roles,
+        rec_role;                                  /* Recording */
     Py_ssize_t rec_slots[12];                      /* all of them, in RECORDING_SLOTS' order */
     Py_ssize_t arena_slots, arena_most, arena_lock, arena_grown, slot_lease, slot_capacity;
     Py_ssize_t ag_fn, ag_lock, ag_last, ag_tally, ag_arena, ag_policy, ag_max_bytes;
@@ -145,7 +146,7 @@ extern struct native_setup L;
 
 extern PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
     *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *S_array_struct,
-    *S_contexts, *S_legacy, *S_run, *S_trim, *S_acquire, *S_release, *S_call, *S_getitem, *S_defer_depth, *S_deferred,
+    *S_contexts, *S_legacy, *S_run, *S_trim, *S_acquire, *S_release, *S_call, *S_getitem, *S_defer_depth, *S_deferred, *S_orphans,
     *S_defer_lock, *ZERO;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
