@@ -220,17 +220,19 @@ def test_a_gpu_build_adds_its_kernel_nodes_from_c(lib, backend):
     """On a GPU the compiled path adds a build's kernel nodes from the recorded bytes in C,
     its struct's layout checked against cuda.bindings' when the backend loaded; the graph is
     the same as one built through cuda.bindings (the sim's driver takes cuda.bindings'
-    structs, so there they are always used)."""
+    structs, so there they are always used). Its patches use structs of its own too: the
+    executable makes no update slot (a cuda.bindings struct and buffer) for them."""
     if backend.sim is not None or backend.native is None:
         pytest.skip("kernel nodes are added from C on a GPU's compiled path only")
     assert backend.native.builds, "the kernel node struct's layout differs from cuda.bindings'"
     step = cuctx.autograph(token(lib["add"]))
-    outs = [cuctx.empty(N, np.float32) for _ in range(4)]
+    outs = [cuctx.empty(N, np.float32) for _ in range(6)]
     for i, out in enumerate(outs):
         step(out, arange(i), float(i))
     graph = step._last.exe.graph
     assert [n.kind for n in graph.nodes] == ["kernel"] * 5
     assert len(graph.edges) == 4  # a chain, as the stream ordered the launches
+    assert step.stats()["patched_nodes"] > 0 and not step._last.exe._held.slots
     for i, out in enumerate(outs):
         np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 2 * i + 3)
 

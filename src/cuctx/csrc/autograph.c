@@ -170,6 +170,8 @@ PyObject *Driver_changed(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 typedef struct {
     PyObject *node, *params, *buffer; /* NULL: not asked yet; node Py_None: not a kernel node */
     void *c_node, *c_params;          /* the handles in C (a GPU) */
+    kernel_node_params *own;          /* or the struct kept here (a GPU: see learn) */
+    PyObject *offsets;                /* and its parameters' offsets in the recorded bytes */
 } Node;
 
 typedef struct {
@@ -194,8 +196,38 @@ void *address_of(PyObject *handle)
     return address;
 }
 
-/* What make(i) says of operation i: (node handle, CUDA_KERNEL_NODE_PARAMS, its parameter
- * buffer) of its kernel node, or None. 0, or -1 with an exception. */
+/* Operation i's kernel node of (node handle, (function, kern, ctx, grid, block, shared_mem),
+ * the parameters' offsets): its struct kept here, whose parameters point at the recorded
+ * bytes of each patch (the driver copies them). 0, or -1 with an exception. */
+static int learn_own(Node *node, PyObject *made)
+{
+    PyObject *call = PyTuple_GET_ITEM(made, 1), *offsets = PyTuple_GET_ITEM(made, 2);
+    PyObject *none = PyTuple_New(0), *empty = PyBytes_FromStringAndSize("", 0);
+    void *unused[1];
+    kernel_node_params *own = PyMem_Malloc(sizeof(kernel_node_params));
+    int failed = none == NULL || empty == NULL || own == NULL || PyTuple_GET_SIZE(call) != 6
+                 || !PyTuple_Check(offsets) || PyTuple_GET_SIZE(offsets) > MAX_PARAMS
+                 || node_params(&PyTuple_GET_ITEM(call, 0), empty, none, own, unused) < 0
+                 || (node->c_node = address_of(PyTuple_GET_ITEM(made, 0))) == NULL;
+    Py_XDECREF(none);
+    Py_XDECREF(empty);
+    if (failed) {
+        PyMem_Free(own);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "make(i): (node, call, offsets) with a node, six "
+                                              "call items and at most MAX_PARAMS offsets");
+        return -1;
+    }
+    node->own = own;
+    node->offsets = Py_NewRef(offsets);
+    node->node = Py_NewRef(PyTuple_GET_ITEM(made, 0));
+    return 0;
+}
+
+/* What make(i) says of operation i: None (no kernel node), or its kernel node as (node
+ * handle, CUDA_KERNEL_NODE_PARAMS, its parameter buffer), or on a compiled driver that
+ * builds as (node handle, add_kernel_node's call, offsets) (learn_own). 0, or -1 with an
+ * exception. */
 static int learn(Patcher *self, Py_ssize_t i)
 {
     Node *node = &self->nodes[i];
@@ -209,6 +241,12 @@ static int learn(Patcher *self, Py_ssize_t i)
     if (made == Py_None) {
         node->node = made;
         return 0;
+    }
+    if (self->driver->compiled && self->driver->builds && PyTuple_Check(made)
+            && PyTuple_GET_SIZE(made) == 3 && PyTuple_Check(PyTuple_GET_ITEM(made, 1))) {
+        int failed = learn_own(node, made);
+        Py_DECREF(made);
+        return failed;
     }
     PyObject *handle, *params, *buffer;
     if (!PyTuple_Check(made) || !PyArg_ParseTuple(made, "OOO!", &handle, &params,
@@ -242,7 +280,7 @@ static int drv_set_kernel(Patcher *self, Node *node)
     Driver *d = self->driver;
     if (d->compiled)
         return ((set_kernel_fn)d->c[F_SET_KERNEL])(self->c_handle, node->c_node,
-                                                    node->c_params);
+                                                    node->own ? node->own : node->c_params);
     PyObject *args[3] = {self->handle, node->node, node->params};
     return py_result(PyObject_Vectorcall(d->py[F_SET_KERNEL], args, 3, NULL), NULL);
 }
@@ -286,11 +324,20 @@ int patcher_patch(PyObject *patcher, Py_ssize_t i, PyObject *value)
 {
     Patcher *self = (Patcher *)patcher;
     Node *node = &self->nodes[i];
-    Py_ssize_t size = PyBytes_GET_SIZE(value);
-    if (size > PyByteArray_GET_SIZE(node->buffer))
-        size = PyByteArray_GET_SIZE(node->buffer);
-    memcpy(PyByteArray_AS_STRING(node->buffer), PyBytes_AS_STRING(value), size);
+    void *pointers[MAX_PARAMS];
+    if (node->own != NULL) { /* its parameters at the recorded bytes */
+        if (point_at(value, node->offsets, pointers) < 0)
+            return -1;
+        node->own->params = PyTuple_GET_SIZE(node->offsets) ? pointers : NULL;
+    } else {
+        Py_ssize_t size = PyBytes_GET_SIZE(value);
+        if (size > PyByteArray_GET_SIZE(node->buffer))
+            size = PyByteArray_GET_SIZE(node->buffer);
+        memcpy(PyByteArray_AS_STRING(node->buffer), PyBytes_AS_STRING(value), size);
+    }
     int err = drv_set_kernel(self, node);
+    if (node->own != NULL)
+        node->own->params = NULL; /* (the bytes are the caller's) */
     if (err > 0)
         refuse(self, err, i); /* raises what GraphExec.update_node raises */
     return err ? -1 : 0;
@@ -404,6 +451,7 @@ static int Patcher_traverse(Patcher *self, visitproc visit, void *arg)
         Py_VISIT(self->nodes[i].node);
         Py_VISIT(self->nodes[i].params);
         Py_VISIT(self->nodes[i].buffer);
+        Py_VISIT(self->nodes[i].offsets);
     }
     return 0;
 }
@@ -421,6 +469,7 @@ static int Patcher_clear(Patcher *self)
         Py_CLEAR(self->nodes[i].node);
         Py_CLEAR(self->nodes[i].params);
         Py_CLEAR(self->nodes[i].buffer);
+        Py_CLEAR(self->nodes[i].offsets);
     }
     return 0;
 }
@@ -429,6 +478,8 @@ static void Patcher_dealloc(Patcher *self)
 {
     PyObject_GC_UnTrack(self);
     Patcher_clear(self);
+    for (Py_ssize_t i = 0; self->nodes && i < self->n; i++)
+        PyMem_Free(self->nodes[i].own);
     PyMem_Free(self->nodes);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }

@@ -31,7 +31,7 @@ static int unsigned_three(PyObject *tuple, unsigned out[3])
 
 /* ``pointers[i]``: the address of parameter i in ``data`` (bytes), at ``offsets[i]``. 0, or
  * -1 with an exception. (The driver copies the parameters when it adds the node.) */
-static int point_at(PyObject *data, PyObject *offsets, void **pointers)
+int point_at(PyObject *data, PyObject *offsets, void **pointers)
 {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(offsets); i++) {
         Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(offsets, i));
@@ -47,8 +47,8 @@ static int point_at(PyObject *data, PyObject *offsets, void **pointers)
 
 /* The struct of (function, kern, ctx, grid, block, shared_mem), its parameters pointing at
  * ``data`` by ``offsets`` (into ``pointers``, room for 512). 0, or -1 with an exception. */
-static int node_params(PyObject *const *args, PyObject *data, PyObject *offsets,
-                       kernel_node_params *p, void **pointers)
+int node_params(PyObject *const *args, PyObject *data, PyObject *offsets,
+                kernel_node_params *p, void **pointers)
 {
     memset(p, 0, sizeof(*p));
     if ((args[0] != Py_None && (p->func = address_of(args[0])) == NULL && PyErr_Occurred())

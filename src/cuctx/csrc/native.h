@@ -269,6 +269,9 @@ PyObject *Driver_enqueue(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 PyObject *Driver_add_kernel_node(Driver *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Driver_add_kernel_chain(Driver *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *kernel_graph_nodes(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+int node_params(PyObject *const *args, PyObject *data, PyObject *offsets,
+                kernel_node_params *p, void **pointers);
+int point_at(PyObject *data, PyObject *offsets, void **pointers);
 PyObject *kernel_node_bytes(PyObject *module, PyObject *args);
 int add_int(PyObject *obj, Py_ssize_t offset, Py_ssize_t delta);   /* int slot += delta */
 int add_float(PyObject *obj, Py_ssize_t offset, double delta);     /* float slot += delta */

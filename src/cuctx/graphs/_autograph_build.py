@@ -100,13 +100,22 @@ class NodeSpec(NamedTuple):
 
 def node_spec(launcher: Launcher) -> NodeSpec:
     kernel, c = launcher.kernel, launcher.config
+    spec = launcher._node_spec = NodeSpec(node_call(kernel, c, launcher._ctx),
+                                          offsets(kernel), describe_kernel(kernel, c))
+    return spec
+
+
+def node_call(kernel: Any, config: Any, ctx: Any) -> tuple:
+    """add_kernel_node's (function, kern, ctx, grid, block, shared_mem) for ``kernel``."""
     handle = int(kernel._handle)
     # A library's CUkernel goes in `kern`, a module's CUfunction in `func` (as KernelParams).
     function, kern = (None, handle) if isinstance(kernel._handle, CUkernel) else (handle, None)
-    spec = launcher._node_spec = NodeSpec(
-        (function, kern, int(launcher._ctx._handle), c.grid, c.block, c.shared_mem),
-        tuple(offset for offset, _ in kernel.param_layout), describe_kernel(kernel, c))
-    return spec
+    return (function, kern, int(ctx._handle), config.grid, config.block, config.shared_mem)
+
+
+def offsets(kernel: Any) -> tuple[int, ...]:
+    """Where each of ``kernel``'s parameters starts in its packed bytes."""
+    return tuple(offset for offset, _ in kernel.param_layout)
 
 
 def kernel_node(graph: Graph, launcher: Launcher, data: bytes, args: tuple,
@@ -232,13 +241,19 @@ def kernel_slot(exe: GraphExec, node: GraphNode) -> Any:
 
 
 def patcher(native: Any, exe: GraphExec, nodes: list[GraphNode | None]) -> Any:
-    """The compiled patches and launch of ``exe`` (`cuctx._native.Patcher`)."""
+    """The compiled patches and launch of ``exe`` (`cuctx._native.Patcher`). Where the
+    backend builds in C the Patcher keeps each kernel node's struct itself, made from what
+    add_kernel_node takes; elsewhere it patches the executable's slot (`kernel_slot`)."""
     def make(i: int) -> tuple | None:  # what the Patcher asks of operation i, once
         node = nodes[i]
         if node is None or node.kind != "kernel" or node._kernel is None:
             return None
+        handle = exe._handles[exe._where[node]]
+        if native.builds:
+            return (int(handle), node_call(node._kernel, node._config, exe._ctx),
+                    offsets(node._kernel))
         slot = kernel_slot(exe, node)
-        return exe._handles[exe._where[node]], slot.params.struct, slot.params.buffer
+        return handle, slot.params.struct, slot.params.buffer
     def refused(err: int, i: int) -> None:  # raise what the Python path raises
         code = CUresult(err)
         if i < 0:
