@@ -7,10 +7,11 @@
  *   - otherwise: the device's default pool gives, on the stream: cuMemAllocAsync called
  *     here and the Allocation made here, as memory._alloc.from_pool (the reference) makes
  *     them when it has nothing to do first; else from_pool itself (finalizers held, the
- *     device's orphans to free, a trace sink, the context's first allocation, an out-of-memory answer).
+ *     device's orphans to free, a trace sink, the context's first allocation, an
+ *     out-of-memory answer).
  * Every other case (a pool or device given, a shape or dtype not seen in this form, an
- * empty shape, a slot missing or lent to this call's own arrays, another thread recording, a capture, a host
- * function...) takes the Python path.
+ * empty shape, a slot missing or idle but unfit, another thread recording, a capture, a
+ * host function...) takes the Python path.
  *
  * Also here: Allocation.__del__, compiled (the free of the pool's memory when the last
  * array using it goes), with the Python method as the path of every uncommon case. */
@@ -232,8 +233,8 @@ static int has_orphans(PyObject *ctx)
 /* from_pool(nbytes, stream) for an active context whose allocations are filed already (its
  * first allocation registers its teardown), with nothing to do first (finalizers held, a
  * trace sink to tell: `alloc_step_aside`; its device's orphans): cuMemAllocAsync here and
- * the Allocation made here. A new reference; NULL with from_pool's exception for a refusal; or
- * PYTHON_PATH (nothing allocated) for from_pool: every other case, and out of memory, which
+ * the Allocation made here. A new reference; NULL with from_pool's exception for a refusal;
+ * or PYTHON_PATH (nothing allocated) for from_pool: every other case, and out of memory, which
  * it asks again after a synchronize and reports with its hint. */
 static PyObject *pool_allocation(PyObject *ctx, PyObject *stream, unsigned long long nbytes)
 {

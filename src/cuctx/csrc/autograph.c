@@ -215,7 +215,7 @@ static int learn_own(Node *node, PyObject *made)
         PyMem_Free(own);
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "make(i): (node, call, offsets) with a node, six "
-                                              "call items and at most MAX_PARAMS offsets");
+                                              "call items and at most 512 offsets");
         return -1;
     }
     node->own = own;
