@@ -358,18 +358,10 @@ PyObject *array_empty(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
         goto done;
     Py_INCREF(stream);
     PyObject *ctx = SLOT(stream, L.ctx);
+    int pooled = 0; /* of the pool, here or in from_pool */
     if (SLOT(ctx, L.state) != L.ACTIVE) { /* the Python path raises what fits */
-    } else if (recorder == NULL) { /* eager: of the pool, here or in from_pool */
-        Py_INCREF(dtype); /* (Python may run: another thread may replace the entry) */
-        PyObject *alloc = pool_allocation(ctx, stream, nbytes);
-        if (alloc == PYTHON_PATH) /* from_pool allocates, or raises as it does there */
-            alloc = PyObject_CallFunction(L.from_pool, "KO", nbytes, stream);
-        PyObject *array = alloc ? array_of(ctx, dims, dtype, itemsize, alloc) : NULL;
-        Py_XDECREF(alloc); /* (array NULL: an error raised; the allocation freed with alloc) */
-        Py_DECREF(dtype);
-        Py_DECREF(stream);
-        Py_DECREF(dims);
-        return array;
+    } else if (recorder == NULL) { /* eager */
+        pooled = 1;
     } else {
         PyObject *arena = SLOT(recorder, L.rec_arena), *made = SLOT(recorder, L.rec_allocations);
         Py_ssize_t index = made ? PyLong_AsSsize_t(made) : -1;
@@ -390,18 +382,21 @@ PyObject *array_empty(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
         } else { /* its slot's lease is kept: of the pool, counted as Recording.allocate
                   * counts it before from_pool runs */
             Py_XSETREF(SLOT(recorder, L.rec_allocations), next);
-            Py_INCREF(dtype); /* (Python may run: another thread may replace the entry) */
-            PyObject *alloc = pool_allocation(ctx, stream, nbytes);
-            if (alloc == PYTHON_PATH)
-                alloc = PyObject_CallFunction(L.from_pool, "KO", nbytes, stream);
-            result = alloc ? array_of(ctx, dims, dtype, itemsize, alloc) : NULL;
-            Py_XDECREF(alloc);
-            Py_DECREF(dtype);
-            Py_DECREF(stream);
-            Py_DECREF(dims);
-            Py_XDECREF(recorder);
-            return result; /* (NULL: from_pool's error, as the Python path raises it) */
+            pooled = 1;
         }
+    }
+    if (pooled) {
+        Py_INCREF(dtype); /* (Python may run: another thread may replace the entry) */
+        PyObject *alloc = pool_allocation(ctx, stream, nbytes);
+        if (alloc == PYTHON_PATH) /* from_pool allocates, or raises as it does there */
+            alloc = PyObject_CallFunction(L.from_pool, "KO", nbytes, stream);
+        result = alloc ? array_of(ctx, dims, dtype, itemsize, alloc) : NULL;
+        Py_XDECREF(alloc); /* (result NULL: an error raised; the allocation freed with alloc) */
+        Py_DECREF(dtype);
+        Py_DECREF(stream);
+        Py_DECREF(dims);
+        Py_XDECREF(recorder);
+        return result;
     }
     Py_DECREF(stream);
 done:
