@@ -217,8 +217,11 @@ def user_site(depth: int = 2) -> tuple[str, int, str] | None:
     return site_of(user_where(depth + 1))
 
 
-# (code, offset) -> line; forgotten when it grows past _LINES_KEPT (code made at run time).
-_lines: dict[Where, int | None] = {}
+# (id(code), offset) -> (code, line); forgotten when it grows past _LINES_KEPT (code made at
+# run time). Keyed by the code's id, not the code: a code object's hash is computed from its
+# contents every time (microseconds for a long function), and each autograph eager call and
+# build looks a line up. The code kept beside the line holds its id while it is cached.
+_lines: dict[tuple[int, int], tuple[Any, int]] = {}
 _LINES_KEPT = 4096
 
 
@@ -227,15 +230,17 @@ def site_of(where: Where | None) -> tuple[str, int, str] | None:
     as the frame's ``f_lineno`` said then."""
     if where is None:
         return None
-    line = _lines.get(where, _UNSET)
-    if line is _UNSET:
-        code, offset = where
+    code, offset = where
+    known = _lines.get((id(code), offset))
+    if known is not None and known[0] is code:
+        line = known[1]
+    else:
         line = next((line for start, end, line in code.co_lines() if start <= offset < end),
                     code.co_firstlineno)
         if len(_lines) >= _LINES_KEPT:
             _lines.clear()
-        _lines[where] = line
-    return where[0].co_filename, line, where[0].co_name
+        _lines[id(code), offset] = code, line
+    return code.co_filename, line, code.co_name
 
 
 def emit(kind: str, context: Any, stream: Any, accesses: tuple[Access, ...] = (),

@@ -46,7 +46,7 @@ from ..errors import CudaError
 from ..stream import Stream
 from ._autograph_arena import Arena
 from ._autograph_build import construct, patch, patchable, patcher
-from ._autograph_policy import MARGIN, SWITCH_AFTER, Policy, mean, us
+from ._autograph_policy import MARGIN, SWITCH_AFTER, Policy, Why, mean, us
 from ._autograph_record import Recording
 from ._autograph_state import EAGER, GRAPH, Entry, Tally, difference, site_of
 from ._exec import forbidding_instantiation
@@ -91,7 +91,7 @@ class AutoGraph:
         self._last: Entry | None = None
         self._tally = Tally()
         self._arena = Arena()  # the memory of the calls' temporaries
-        self._reasons: deque[dict] = deque(maxlen=REASONS_KEPT)
+        self._reasons: deque[tuple] = deque(maxlen=REASONS_KEPT)  # see _note
         self._policy = Policy()
 
     def __get__(self, obj: Any, cls: Any = None) -> Any:
@@ -188,9 +188,9 @@ class AutoGraph:
             predicted, eager = policy.predict(entry, changed), policy.eager(entry)
             entry.strikes = entry.strikes + 1 if predicted < eager * (1 - MARGIN) else 0
             if entry.strikes < SWITCH_AFTER:
-                return self._eager(entry, recording, (
-                    f"graphs did not pay for this structure; a graph call is predicted at "
-                    f"{us(predicted)} against {us(eager)} eager"))
+                return self._eager(entry, recording, Why(
+                    "graphs did not pay for this structure; a graph call is predicted at {} "
+                    "against {} eager", predicted, eager))
             entry.mode, entry.strikes = GRAPH, 0
             self._note("graph", f"back to the graph: predicted {us(predicted)} against "
                                 f"{us(eager)} eager for {SWITCH_AFTER} calls")
@@ -359,10 +359,18 @@ class AutoGraph:
 
     # -- explaining -----------------------------------------------------------------------
 
-    def _note(self, action: str, reason: str, site: tuple | None = None) -> None:
-        site = site or _trace.user_site()
-        self._reasons.append({"call": self._tally.calls, "action": action, "reason": reason,
-                              "site": f"{site[0]}:{site[1]}" if site else None})
+    def _note(self, action: str, reason: str | Why, site: tuple | None = None) -> None:
+        # Kept as given, made words by stats(): most are an eager call's, and never read.
+        self._reasons.append((self._tally.calls, action, reason,
+                              site or _trace.user_where()))
+
+    @staticmethod
+    def _said(call: int, action: str, reason: str | Why, where: tuple | None) -> dict:
+        """A reason `_note` kept, as stats() lists it (``where``: a site, or a
+        `_trace.user_where`)."""
+        site = where if where is None or where[0].__class__ is str else _trace.site_of(where)
+        return {"call": call, "action": action, "reason": str(reason),
+                "site": f"{site[0]}:{site[1]}" if site else None}
 
     def stats(self) -> dict[str, Any]:
         """Counts (``calls`` = ``replays`` + ``updates`` + ``builds`` + ``eager``), seconds
@@ -378,7 +386,7 @@ class AutoGraph:
             return {**self._tally.as_dict(),
                     "graphs": len(built), "bytes": sum(e.bytes for e in built),
                     "temp_bytes": self._arena.bytes, "structures": len(self._cache),
-                    "reasons": list(self._reasons)}
+                    "reasons": [self._said(*reason) for reason in self._reasons]}
 
     def explain(self) -> str:
         """Print what the calls did and why (a table of `stats`); return the text."""

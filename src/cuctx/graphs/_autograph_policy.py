@@ -48,6 +48,24 @@ def mean(old: float | None, new: float) -> float:
     return new if old is None else old + SMOOTH * (new - old)
 
 
+class Why:
+    """The words of a decision, formatted when read: ``template.format(*args)``, each float
+    of ``args`` a number of seconds shown in microseconds. Every eager call of an autograph
+    function keeps its reason, which only `AutoGraph.stats` reads: formatting it at once cost
+    an eager call microseconds."""
+
+    __slots__ = ("template", "args")
+
+    def __init__(self, template: str, *args: Any) -> None:
+        self.template, self.args = template, args
+
+    def __str__(self) -> str:
+        return self.template.format(*(us(a) if a.__class__ is float else a for a in self.args))
+
+    def __repr__(self) -> str:
+        return f"Why({str(self)!r})"
+
+
 class Model(NamedTuple):
     """An H100's host costs, in seconds (see `cuctx._driver.sim._timing`). The compiled
     path reads its fields by position (M_* in cuctx/csrc/autograph_serve.c)."""
@@ -159,19 +177,19 @@ class Policy:
             self.run_entry, self.run = entry, 0
         self.run += 1
 
-    def expected_calls(self, entry: Any) -> tuple[int, str]:
+    def expected_calls(self, entry: Any) -> tuple[int, Why]:
         """How many calls, this one included, a graph built now is expected to serve, and
         why (see the module's docstring)."""
         seen = entry.seen
         if not self.runs:
-            return seen, f"~{seen} expected calls (as many as so far)"
+            return seen, Why("~{} expected calls (as many as so far)", seen)
         typical = int(median(self.runs))
         rest = typical - self.run + 1
         if rest <= seen:
-            return seen, (f"~{seen} expected calls (as many as so far; this function's "
-                          f"structures lasted ~{typical} calls)")
-        return rest, (f"~{rest} expected calls (this function's structures lasted "
-                      f"~{typical} calls)")
+            return seen, Why("~{} expected calls (as many as so far; this function's "
+                             "structures lasted ~{} calls)", seen, typical)
+        return rest, Why("~{} expected calls (this function's structures lasted ~{} calls)",
+                         rest, typical)
 
     # -- estimates ------------------------------------------------------------------------
 
@@ -221,15 +239,15 @@ class Policy:
 
     # -- decisions ------------------------------------------------------------------------
 
-    def why_not_build(self, entry: Any) -> str | None:
+    def why_not_build(self, entry: Any) -> Why | None:
         """Why this call of a structure builds no graph (None: build one now)."""
         if entry.blocked:
-            return f"no graph for this structure: {entry.blocked}"
+            return Why("no graph for this structure: {}", entry.blocked)
         if entry.seen < BUILD_AFTER:
-            return f"structure seen {entry.seen} time(s); a graph is built once it repeats"
+            return Why("structure seen {} time(s); a graph is built once it repeats", entry.seen)
         return self.too_costly(entry)
 
-    def too_costly(self, entry: Any) -> str | None:
+    def too_costly(self, entry: Any) -> Why | None:
         """Why building a graph for the structure would not pay yet (None: it would)."""
         build = self.build(entry)
         # A graph call of it: the launch, and the patches of the values that change.
@@ -237,8 +255,8 @@ class Policy:
         saving = self.eager(entry) - call
         calls, why = self.expected_calls(entry)
         if saving * calls < build:
-            return (f"a graph would not pay yet: building costs about {us(build)} and saves "
-                    f"{us(saving)} per call, over {why}")
+            return Why("a graph would not pay yet: building costs about {} and saves {} per "
+                       "call, over {}", build, saving, why)
         return None
 
     # -- what was measured (a GPU only: the model is the sim's truth) -----------------------

@@ -85,7 +85,10 @@ class GraphExec(Resource):
         self._take(graph)
         self._handles = [node._handle for node in self._specs]
         self._finalizer = _lifetimes.finalize(self, _destroy_exec, drv, handle, ctx, self._held)
-        _live.setdefault(ctx._key, weakref.WeakSet()).add(self)
+        live = _live.get(ctx._key)
+        if live is None:  # (not setdefault: a WeakSet made for nothing costs a microsecond)
+            live = _live[ctx._key] = weakref.WeakSet()
+        live.add(self)
         ctx._on_teardown(_forget_context)
         if stream is not None:  # what CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD does, in one more call
             self.upload(stream)
