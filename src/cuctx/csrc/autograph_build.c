@@ -131,13 +131,35 @@ static int chain_offsets(PyTypeObject *node_type)
     return 0;
 }
 
+/* The arrays on leases one build anchored (borrowed: the array from the recording's items,
+ * its anchor from the keep of the node that made it): a temporary used by several launches
+ * (a call's scratch, in each of its kernels) is anchored once, not once a node. */
+enum { ANCHORS_KEPT = 8 };
+typedef struct {
+    PyObject *array[ANCHORS_KEPT], *kept[ANCHORS_KEPT];
+    int n;
+} Anchors;
+
+static PyObject *anchored(Anchors *seen, PyObject *anchor, PyObject *array)
+{
+    for (int i = 0; i < seen->n; i++)
+        if (seen->array[i] == array)
+            return Py_NewRef(seen->kept[i]);
+    PyObject *kept = PyObject_CallOneArg(anchor, array);
+    if (kept != NULL && seen->n < ANCHORS_KEPT) {
+        seen->array[seen->n] = array;
+        seen->kept[seen->n++] = kept;
+    }
+    return kept;
+}
+
 /* The GraphNode of launch ``launcher`` (its arguments ``args``) added as ``handle``: what
  * _autograph_build.kernel_node makes, its ``keep`` the kernel's library and the arguments,
  * each through ``anchor`` where it is an array on a lease (a temporary's block, not its
- * lease). A new reference, or NULL with an exception. */
+ * lease). A new reference, or NULL with an exception (the build then stops). */
 static PyObject *chain_node(PyTypeObject *node_type, PyObject *graph, PyObject *site,
                             PyObject *description, PyObject *handle, PyObject *launcher,
-                            PyObject *args, PyObject *anchor)
+                            PyObject *args, PyObject *anchor, Anchors *seen)
 {
     PyObject *kernel, *config, *owner;
     if (!Py_IS_TYPE(launcher, L.Launcher) || (kernel = SLOT(launcher, launcher_kernel)) == NULL
@@ -154,7 +176,7 @@ static PyObject *chain_node(PyTypeObject *node_type, PyObject *graph, PyObject *
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *arg = PyTuple_GET_ITEM(args, i), *alloc;
         PyObject *kept = Py_IS_TYPE(arg, L.DeviceArray) && (alloc = SLOT(arg, L.array_alloc))
-                         && Py_IS_TYPE(alloc, L.Lease) ? PyObject_CallOneArg(anchor, arg)
+                         && Py_IS_TYPE(alloc, L.Lease) ? anchored(seen, anchor, arg)
                                                        : Py_NewRef(arg);
         if (kept == NULL) {
             Py_DECREF(keep);
@@ -275,6 +297,7 @@ PyObject *kernel_graph_nodes(PyObject *module, PyObject *const *args, Py_ssize_t
     PyObject *nodes = PyList_New(count);
     if (nodes == NULL)
         return NULL;
+    Anchors seen = {.n = 0};
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *spec = PyList_GET_ITEM(specs, i), *item = PyList_GET_ITEM(items, i);
         if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 3 || !PyTuple_Check(item)
@@ -286,7 +309,7 @@ PyObject *kernel_graph_nodes(PyObject *module, PyObject *const *args, Py_ssize_t
         PyObject *handle = PyObject_CallOneArg(handle_type, PyList_GET_ITEM(handles, i));
         PyObject *made = handle == NULL ? NULL
             : chain_node(node_type, graph, site, PyTuple_GET_ITEM(spec, 2), handle,
-                         PyList_GET_ITEM(keys, i), PyTuple_GET_ITEM(item, 0), anchor);
+                         PyList_GET_ITEM(keys, i), PyTuple_GET_ITEM(item, 0), anchor, &seen);
         Py_XDECREF(handle);
         if (made == NULL) {
             Py_DECREF(nodes);

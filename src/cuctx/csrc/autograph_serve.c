@@ -55,10 +55,11 @@ int add_int(PyObject *obj, Py_ssize_t offset, Py_ssize_t delta)
     return set_object(obj, offset, PyLong_FromSsize_t(value + delta));
 }
 
-/* A number of a module's namespace (read at every call: tests change them). */
-static double setting(PyObject *namespace, const char *name, double otherwise)
+/* A number of a module's namespace (read at every call: tests change them), by its interned
+ * name (PyDict_GetItemString would make the name anew each time). */
+static double setting(PyObject *namespace, PyObject *name, double otherwise)
 {
-    PyObject *value = PyDict_GetItemString(namespace, name);
+    PyObject *value = PyDict_GetItem(namespace, name);
     double x = value ? PyFloat_AsDouble(value) : otherwise;
     if (x == -1.0 && PyErr_Occurred()) {
         PyErr_Clear();
@@ -74,7 +75,7 @@ static int mean_into(PyObject *obj, Py_ssize_t offset, double new)
     int known = get_float(obj, offset, &old);
     if (known < 0)
         return -1;
-    double smooth = setting(L.policy_dict, "SMOOTH", 0.25);
+    double smooth = setting(L.policy_dict, S_SMOOTH, 0.25);
     return set_float(obj, offset, known ? old + smooth * (new - old) : new);
 }
 
@@ -198,7 +199,7 @@ static int graph_call(PyObject *self, PyObject *rec, PyObject *entry, PyObject *
     strikes = cost > e->eager ? strikes + 1 : 0;
     if (set_object(entry, L.e_strikes, PyLong_FromSsize_t(strikes)) < 0)
         return -1;
-    if (strikes >= setting(L.autograph_dict, "SWITCH_AFTER", 3)) {
+    if (strikes >= setting(L.autograph_dict, S_SWITCH_AFTER, 3)) {
         PyObject *done = PyObject_CallMethod(self, "_give_way", "Oddn", entry, cost, e->eager, n);
         Py_XDECREF(done);
         return done ? 0 : -1;

@@ -9,7 +9,7 @@ struct native_setup L;
 PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
     *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *S_array_struct,
     *S_contexts, *S_legacy, *S_run, *S_trim, *S_acquire, *S_release, *S_call, *S_getitem,
-    *S_defer_depth, *S_deferred, *S_orphans, *S_defer_lock, *ZERO;
+    *S_defer_depth, *S_deferred, *S_orphans, *S_defer_lock, *S_SMOOTH, *S_SWITCH_AFTER, *ZERO;
 
 /* The sentinel an implementation returns to hand the call to the checked Python path. */
 PyObject python_path_marker;
@@ -297,7 +297,8 @@ PyMODINIT_FUNC PyInit__native(void)
         {&S_legacy, "legacy"}, {&S_run, "_run"}, {&S_trim, "trim"}, {&S_acquire, "acquire"},
         {&S_release, "release"}, {&S_call, "__call__"}, {&S_getitem, "__getitem__"},
         {&S_defer_depth, "_defer_depth"}, {&S_orphans, "orphans"}, {&S_deferred, "_deferred"},
-        {&S_defer_lock, "_defer_lock"}};
+        {&S_defer_lock, "_defer_lock"}, {&S_SMOOTH, "SMOOTH"},
+        {&S_SWITCH_AFTER, "SWITCH_AFTER"}};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].s = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;

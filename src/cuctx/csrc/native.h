@@ -147,7 +147,7 @@ extern struct native_setup L;
 extern PyObject *S_native, *S_tls, *S_tls_cache, *S_dict, *S_state, *S_loaded, *S_locked,
     *S_getPtr, *S_active, *S_shared_mem, *S_stream, *S_launch, *S_array_struct,
     *S_contexts, *S_legacy, *S_run, *S_trim, *S_acquire, *S_release, *S_call, *S_getitem,
-    *S_defer_depth, *S_deferred, *S_orphans, *S_defer_lock, *ZERO;
+    *S_defer_depth, *S_deferred, *S_orphans, *S_defer_lock, *S_SMOOTH, *S_SWITCH_AFTER, *ZERO;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
