@@ -42,6 +42,7 @@ SWITCH_AFTER = 3  # calls in a row beyond the margin before graph <-> eager swit
 MARGIN = 0.25  # back to graphs only when predicted at least this much cheaper than eager
 SMOOTH = 0.25  # weight of the newest measurement in the running means
 RUNS_KEPT = 8  # the latest runs of structures a function's policy learns from
+OUTLIER = 2.0  # a build counts as at most this many times what builds of its size cost so far
 
 
 def mean(old: float | None, new: float) -> float:
@@ -101,7 +102,13 @@ class BuildCosts:
     The first build in each context is not counted: it pays what comes once there (the
     driver's graph machinery set up, the kernels' code loaded), several milliseconds on an
     H200 where a build costs tens of microseconds. Counted, it made every later structure of
-    the process look too costly to build, and no build came to correct it."""
+    the process look too costly to build, and no build came to correct it.
+
+    A build that took more than `OUTLIER` times what the builds so far make of its size
+    counts as that much: a one-off stall (measured on an H100: a process's first build of
+    five kernels took 604 us among builds of 130) moved the fixed part from 40 to 436 us,
+    and each small structure of the process then ran eagerly for 16 calls before its build
+    paid. A lasting rise is learnt all the same, the estimate doubling at each build."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -113,6 +120,9 @@ class BuildCosts:
             if context not in self._contexts:
                 self._contexts.add(context)
                 return
+            known = self.estimate(nodes)
+            if known and seconds > OUTLIER * known:
+                seconds = OUTLIER * known
             keep = 1 - SMOOTH
             w = 1.0 / max(seconds, 1e-9) ** 2  # (least squares of the relative error)
             self._sums = [s * keep + w * x for s, x in zip(
