@@ -219,8 +219,8 @@ def user_site(depth: int = 2) -> tuple[str, int, str] | None:
 
 # (id(code), offset) -> (code, line); forgotten when it grows past _LINES_KEPT (code made at
 # run time). Keyed by the code's id, not the code: a code object's hash is computed from its
-# contents every time (microseconds for a long function), and each autograph eager call and
-# build looks a line up. The code kept beside the line holds its id while it is cached.
+# contents every time (microseconds for a long function), and every autograph build and
+# graph node looks a line up. The code kept beside the line holds its id while it is cached.
 _lines: dict[tuple[int, int], tuple[Any, int]] = {}
 _LINES_KEPT = 4096
 
