@@ -4,9 +4,9 @@ on the real driver or on a simulated GPU."""
 from __future__ import annotations
 
 from . import _driver
-from .context import (Context, ContextFlags, current_context, current_device, ensure_context,
-                      synchronize)
-from .device import ComputeCapability, Device, DeviceProperties, MemInfo, devices
+from .context import Context, current_context, current_device, ensure_context, synchronize
+from .device import ComputeCapability, Device, MemInfo, devices
+from ._enums import ContextFlags, DeviceProperties
 from .errors import (BackendUnavailableError, ContextDestroyedError, ContextPoisonedError,
                      CudaError, GraphCaptureError, GraphUpdateError, InvalidContextError,
                      InvalidDeviceError, InvalidValueError, NotPermittedError, NotSupportedError,

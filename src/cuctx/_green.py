@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from cuda.bindings.driver import CUdevResourceType, CUgreenCtxCreate_flags
 
-from .context import DESTROYED, Context, fail
+from ._calls import fail
+from .context import DESTROYED, Context
 
 if TYPE_CHECKING:
     from .device import Device

@@ -7,7 +7,8 @@ the failures of those host functions until someone asks. Two kinds:
 
 - `StreamQueue`: the work queued on one stream (by context and handle, since several Stream
   objects can name one stream). Kept objects go when the stream is known idle (a synchronize,
-  or a query every so often); a host function goes once it ran. No driver query is made while
+  or a query every so often; a Stream's finalizer, `_destroy_stream`, synchronizes first while
+  they are kept); a host function goes once it ran. No driver query is made while
   ``capturing`` is set (a stream being captured into a graph must not be queried; see
   "stream capture" below for what the lower layers ask about active captures).
 - `GraphOwner`: a graph executable's. Its host functions run on every replay, so they stay
@@ -34,6 +35,7 @@ from cuda.bindings.driver import CU_STREAM_LEGACY, CUhostFn
 
 from . import _driver
 from ._driver import HOST_FUNCTION_STATE, in_host_function
+from ._resource import DESTROYED
 from .errors import HostFunctionError
 
 if TYPE_CHECKING:
@@ -120,6 +122,14 @@ def stream_idle(ctx_key: int, stream_key: int) -> None:
         owner.release()
 
 
+def _destroy_stream(drv, handle, ctx: Context) -> None:
+    if ctx._state != DESTROYED:  # the driver freed it with the context, and must not see it
+        if holds(ctx._key, int(handle)):  # its copies still use host arrays
+            drv.cuStreamSynchronize(handle)
+            stream_idle(ctx._key, int(handle))
+        drv.cuStreamDestroy(handle)
+
+
 # -- stream capture --------------------------------------------------------------------------
 #
 # graphs/_capture.py files each stream taking part in an active capture here, by (context key,
@@ -136,7 +146,7 @@ def stream_idle(ctx_key: int, stream_key: int) -> None:
 #   context; ``captures``: those the caller found it breaks, a graph instantiated while
 #   they forbid it), after ending the captures of the calling thread it breaks; it returns
 #   when the call is fine.
-# - capture_failed(operation, code) -> str, for context.fail when the driver answered a
+# - capture_failed(operation, code) -> str, for _calls.fail when the driver answered a
 #   capture code: ends the calling thread's captures the driver invalidated, marks other
 #   threads' ones broken, and returns the words to add to the error (the user's line, what
 #   was ended).

@@ -42,10 +42,11 @@ from .kernels._kernel import Kernel
 from .kernels._library import _Code
 from .kernels._launcher import Launcher
 from ._resource import ACTIVE
-from .context import Context, _object_for, fail
+from ._calls import fail
+from .context import Context, _object_for
 from .device import Device
 from .event import Event
-from .memory import _alloc, _array, _layout
+from .memory import _alloc, _array, _construct, _layout
 from .memory._array import DeviceArray
 from .stream import Stream
 
@@ -117,7 +118,7 @@ def _install():
                  release=_alloc._release, exiting=_lifetimes.exiting,
                  alloc_step_aside=ALLOC_STEP_ASIDE, free_step_aside=FREE_STEP_ASIDE)
     compiled_empty = module.Method("empty", _array.empty)
-    _array.empty = memory.empty = compiled_empty
+    _array.empty = _construct.empty = memory.empty = compiled_empty
     return module.Method("launch", _launcher.launch), compiled_empty
 
 

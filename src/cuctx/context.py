@@ -10,75 +10,18 @@ heap on driver 580, and a poisoned one only answers with the old fault.
 
 from __future__ import annotations
 
-import enum
-import threading
-from typing import TYPE_CHECKING, Callable, NoReturn
-
-from cuda.bindings.driver import CUctx_flags
+from typing import TYPE_CHECKING, Callable
 
 from . import _driver, _lifetimes, _record, _trace
-from ._driver import in_host_function
+from ._calls import call, fail, refuse_in_host_function
+from ._enums import ContextFlags
 from ._lifetimes import finalize, raise_host_func_errors
 from ._resource import ACTIVE, DESTROYED, POISONED, Resource, upper
-from .errors import (CAPTURE_CODES, CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_VALUE,
-                     NOT_PERMITTED, STICKY_CODES, ContextDestroyedError, ContextPoisonedError,
-                     CudaError, InvalidContextError, called_from_host_function, error_for)
+from .errors import (CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_VALUE, ContextDestroyedError,
+                     ContextPoisonedError, CudaError, InvalidContextError)
 
 if TYPE_CHECKING:
     from .device import Device
-
-
-ContextFlags = enum.IntFlag("ContextFlags", {
-    flag.name.removeprefix("CU_CTX_"): int(flag) for flag in CUctx_flags
-    if flag.name not in ("CU_CTX_SCHED_MASK", "CU_CTX_FLAGS_MASK", "CU_CTX_BLOCKING_SYNC")
-})
-ContextFlags.__doc__ = "Context creation flags, generated from the driver's CUctx_flags."
-ContextFlags.__module__ = __name__
-
-
-def refuse_in_host_function(operation: str) -> None:
-    """Raise `NotPermittedError` inside a host function, for the entries that read no thread
-    state (`_driver.HostFunctionState` covers the others)."""
-    if in_host_function and threading.get_ident() in in_host_function:
-        raise called_from_host_function(operation)
-
-
-def fail(backend: _driver.Backend, err, operation: str, ctx: Context | None = None,
-         hint: str = "") -> NoReturn:
-    """Raise the exception for a failed driver call, poisoning the context (``ctx``, else the
-    thread's current one, where the driver reports them) on a sticky fault."""
-    code = int(err)
-    if code == NOT_PERMITTED:  # the driver refuses CUDA calls from host functions (when it notices)
-        refuse_in_host_function(operation)
-    status, text = backend.driver.cuGetErrorString(err)
-    message = text.decode() if not status and text else ""
-    if code in CAPTURE_CODES and _lifetimes.capturing:  # end what the driver invalidated
-        where = _lifetimes.capture_failed(operation, code)
-        hint = f"{hint}; {where}" if hint else where
-    cause, where = None, ""
-    if code in STICKY_CODES:
-        ctx = ctx or _registered_current(backend)
-        if ctx is not None and ctx._state is ACTIVE and backend.sim:
-            # the sim says what faulted: a kernel twin that raised, a WHILE node it stopped
-            _, cause, where = backend.sim.fault_cause(ctx._handle)
-            hint = f"{hint}; {where}" if hint and where else hint or where
-    exc = error_for(code, operation, message, hint)
-    if where:
-        exc.__cause__ = cause  # a twin's exception (None for a stopped WHILE node)
-    if code in STICKY_CODES and ctx is not None:
-        ctx._poison(exc)
-    elif code == CONTEXT_IS_DESTROYED and ctx is not None:
-        ctx._mark_destroyed("(the driver reports it destroyed)")
-    raise exc
-
-
-def call(backend: _driver.Backend, operation: str, *args, ctx: Context | None = None):
-    """Call a driver function by name; return its results (one value, a tuple, or None)."""
-    refuse_in_host_function(operation)
-    result = getattr(backend.driver, operation)(*args)
-    if result[0]:
-        fail(backend, result[0], operation, ctx)
-    return result[1] if len(result) == 2 else (result[1:] or None)
 
 
 def exit_block(backend: _driver.Backend) -> None:
@@ -432,11 +375,6 @@ def _object_for(backend: _driver.Backend, handle, current: bool = False) -> Cont
     if primary._key == int(handle):
         return primary
     return Context._wrap(backend, handle, device, "foreign")
-
-
-def _registered_current(backend: _driver.Backend) -> Context | None:
-    err, handle = backend.driver.cuCtxGetCurrent()
-    return None if err else backend.contexts.get(int(handle))
 
 
 def live_current(backend: _driver.Backend) -> Context | None:

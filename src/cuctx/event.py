@@ -16,17 +16,20 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from cuda.bindings.driver import CUevent_flags, CUipcEventHandle
 
 from ._lifetimes import finalize
 from . import _driver, _lifetimes, _record, _trace
 from ._resource import Resource, upper
-from .context import (ACTIVE, DESTROYED, Context, call, context_for, fail, in_context,
-                      refuse_in_host_function)
+from ._calls import call, fail, refuse_in_host_function
+from .context import ACTIVE, DESTROYED, Context, context_for, in_context
 from .device import Device
 from .errors import NOT_READY
+
+if TYPE_CHECKING:
+    from .stream import Stream
 
 _DISABLE_TIMING = int(CUevent_flags.CU_EVENT_DISABLE_TIMING)
 _BLOCKING_SYNC = int(CUevent_flags.CU_EVENT_BLOCKING_SYNC)
@@ -211,6 +214,23 @@ class Event(Resource):
         if self._ctx._state is not ACTIVE:
             state += f", context {self._ctx._state}"
         return f"<Event {kind} {self._key:#x} {state} ctx {self._ctx._key:#x}>"
+
+
+def _check_recordable(stream: Stream, event: object) -> None:
+    """Raise unless ``event`` (not exactly an Event of the stream's context) is an instance
+    of a subclass of Event of that context."""
+    if not isinstance(event, Event):
+        raise TypeError(f"Stream.record takes an Event or None, not {type(event).__name__}")
+    if event._backend is not stream._backend:
+        raise ValueError(f"Stream.record: {event!r} is of another backend than {stream!r}")
+    if event._ctx._state is not ACTIVE:
+        raise event._ctx._unusable("Stream.record")
+    if event._ctx is stream._ctx:
+        return
+    raise ValueError(
+        f"cannot record {event!r} on {stream!r}: the event belongs to {event._ctx!r} and the "
+        "stream to another context; create the event in the stream's context "
+        "(`with stream.context: Event()`) or let stream.record() make one")
 
 
 def _destroy_event(drv, handle, ctx: Context) -> None:

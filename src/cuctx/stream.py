@@ -18,19 +18,19 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from cuda.bindings.driver import CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUstream, CUstream_flags
+from cuda.bindings.driver import CUstream, CUstream_flags
 
 from . import _driver, _lifetimes, _record, _trace
-from ._driver import in_host_function
+from ._calls import fail, refuse_in_host_function, refuse_legacy_in_global_capture
+from ._driver import LEGACY, PER_THREAD, _handle_of, _stack, in_host_function
+from ._lifetimes import _destroy_stream
 from ._lifetimes import raise_host_func_errors  # noqa: F401 - documented as cuctx.stream's
-from ._resource import Resource, upper
-from .context import (ACTIVE, DESTROYED, Context, _object_for, context_for, current_device,
-                      exit_block, fail, in_context, refuse_in_host_function)
+from ._resource import ACTIVE, Resource, upper
+from .context import Context, _object_for, context_for, current_device, exit_block, in_context
 from .device import Device
 from .errors import NOT_READY, HostFunctionError
-from .event import Event
+from .event import Event, _check_recordable
 
-LEGACY, PER_THREAD = int(CU_STREAM_LEGACY), int(CU_STREAM_PER_THREAD)  # 1, 2
 _NON_BLOCKING = int(CUstream_flags.CU_STREAM_NON_BLOCKING)
 
 
@@ -355,55 +355,6 @@ class Stream(Resource):
         return f"<Stream {self.kind} {self._key:#x} {where}ctx {ctx._key:#x}{state}>"
 
 
-def refuse_legacy_in_global_capture(stream: Stream, operation: str) -> None:
-    """Work queued on the legacy stream while a global-mode capture is active in its context
-    would run at once, outside the graph (the driver accepts it beside a non-blocking
-    capturing stream): refuse it. Call under ``if _lifetimes.capturing:``."""
-    if stream._key in (0, LEGACY):
-        _lifetimes.refuse_in_capture(operation, legacy=stream)
-
-
-def _destroy_stream(drv, handle, ctx: Context) -> None:
-    if ctx._state != DESTROYED:  # the driver freed it with the context, and must not see it
-        if _lifetimes.holds(ctx._key, int(handle)):  # its copies still use host arrays
-            drv.cuStreamSynchronize(handle)
-            _lifetimes.stream_idle(ctx._key, int(handle))
-        drv.cuStreamDestroy(handle)
-
-
-def _check_recordable(stream: Stream, event: object) -> None:
-    """Raise unless ``event`` (not exactly an Event of the stream's context) is an instance
-    of a subclass of Event of that context."""
-    if not isinstance(event, Event):
-        raise TypeError(f"Stream.record takes an Event or None, not {type(event).__name__}")
-    if event._backend is not stream._backend:
-        raise ValueError(f"Stream.record: {event!r} is of another backend than {stream!r}")
-    if event._ctx._state is not ACTIVE:
-        raise event._ctx._unusable("Stream.record")
-    if event._ctx is stream._ctx:
-        return
-    raise ValueError(
-        f"cannot record {event!r} on {stream!r}: the event belongs to {event._ctx!r} and the "
-        "stream to another context; create the event in the stream's context "
-        "(`with stream.context: Event()`) or let stream.record() make one")
-
-
-def _handle_of(obj: Any) -> int:
-    protocol = getattr(obj, "__cuda_stream__", None)
-    if protocol is not None:
-        value = protocol() if callable(protocol) else protocol
-        return int(value[1])
-    if isinstance(obj, bool):
-        raise TypeError("a stream handle must be an int or a CUstream, not a bool")
-    try:
-        return int(obj)
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"cannot adopt {type(obj).__name__} as a stream: it has no __cuda_stream__ and is "
-            "not a handle (for PyTorch pass the torch.cuda.Stream, for CuPy the cupy.cuda."
-            "Stream, or pass stream.cuda_stream / stream.ptr as an int)") from None
-
-
 def _adopt_any(obj: Any, ctx: Context | None) -> Stream:
     """`Stream.wrap`: a Stream for another library's stream; handles 0/1 (legacy) and 2
     (per-thread) name the default streams of ``ctx`` (default: the current context)."""
@@ -420,10 +371,6 @@ def _adopt_any(obj: Any, ctx: Context | None) -> Stream:
 
 
 # -- default and current streams; the one stream rule --------------------------------------
-
-def _stack(backend: _driver.Backend, device: Device) -> list[Stream]:
-    return backend.tls.state.streams.setdefault(device, [])
-
 
 def _default_stream(ctx: Context, kind: str) -> Stream:
     """The one `Stream` object for a default stream of ``ctx`` ("legacy" or "per-thread")."""

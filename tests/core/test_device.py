@@ -7,7 +7,7 @@ import pytest
 from cuda.bindings.driver import CUdevice_attribute
 
 import cuctx
-from cuctx.device import ATTRIBUTE_NAMES
+from cuctx._enums import ATTRIBUTE_NAMES
 
 pytestmark = pytest.mark.paths()
 

@@ -71,7 +71,7 @@ def transcript() -> list[tuple[str, str]]:
     def synchronize_current():
         err, = cuctx.backend().driver.cuCtxSynchronize()
         if err:
-            from cuctx.context import fail
+            from cuctx._calls import fail
             fail(cuctx.backend(), err, "cuCtxSynchronize", cuctx.current_context())
 
     seen.append(("current on a fresh thread", label(cuctx.current_context())))

@@ -5,7 +5,7 @@ the same names, arguments and return convention: a tuple whose first item is a `
 For the ``cuda`` backend it *is* the ``cuda.bindings.driver`` module, so calls cost exactly
 what cuda.bindings costs; for ``sim`` it is a `SimDriver`, which has only functions that
 cuda.bindings.driver has. The layers above call ``backend.driver.cuXxx(...)`` and translate
-failures into exceptions in one place (`cuctx.context.fail`), so both backends raise the same
+failures into exceptions in one place (`cuctx._calls.fail`), so both backends raise the same
 exceptions for the same situations.
 
 Two more slots say what else a backend can do, so no code above the seam tests its name:
@@ -26,12 +26,16 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+from cuda.bindings.driver import CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 
 from ..errors import BackendUnavailableError, called_from_host_function
 from . import native
 
 if TYPE_CHECKING:
+    from ..device import Device
+    from ..stream import Stream
     from .sim import SimControls
 
 NAMES = ("auto", "cuda", "sim")
@@ -89,6 +93,33 @@ class _Local(threading.local):
     # each read of a threading.local attribute costs more than the rest of a push.
     def __init__(self) -> None:
         self.state = ThreadState()
+
+
+# Stream handles with one meaning on every backend: 0 and LEGACY name the current context's
+# legacy default stream, PER_THREAD the calling thread's per-thread one. `_handle_of` reads a
+# handle from what another library hands over; `_stack` is the thread's stack of current
+# streams on a device (``with stream:``).
+LEGACY, PER_THREAD = int(CU_STREAM_LEGACY), int(CU_STREAM_PER_THREAD)  # 1, 2
+
+
+def _handle_of(obj: Any) -> int:
+    protocol = getattr(obj, "__cuda_stream__", None)
+    if protocol is not None:
+        value = protocol() if callable(protocol) else protocol
+        return int(value[1])
+    if isinstance(obj, bool):
+        raise TypeError("a stream handle must be an int or a CUstream, not a bool")
+    try:
+        return int(obj)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"cannot adopt {type(obj).__name__} as a stream: it has no __cuda_stream__ and is "
+            "not a handle (for PyTorch pass the torch.cuda.Stream, for CuPy the cupy.cuda."
+            "Stream, or pass stream.cuda_stream / stream.ptr as an int)") from None
+
+
+def _stack(backend: Backend, device: Device) -> list[Stream]:
+    return backend.tls.state.streams.setdefault(device, [])
 
 
 @dataclass(eq=False, slots=True)  # (slots: the compiled paths read `native` and `tls` there)

@@ -288,7 +288,7 @@ static PyObject *Driver_mem_free(Driver *self, PyObject *const *args, Py_ssize_t
     return err < 0 ? NULL : PyLong_FromLong(err);
 }
 
-/* context.fail(backend, CUresult(err), operation, ctx): raises; returns NULL. */
+/* _calls.fail(backend, CUresult(err), operation, ctx): raises; returns NULL. */
 PyObject *fail(PyObject *backend, int err, const char *operation, PyObject *ctx)
 {
     PyObject *code = PyObject_CallFunction(L.CUresult, "i", err);

@@ -96,7 +96,7 @@ struct native_setup {
     PyObject *ACTIVE;      /* cuctx._resource.ACTIVE: a context state, compared by identity */
     PyObject *CUresult;    /* makes the code of a failed call the enum fail() expects */
     PyObject *CUcontext;   /* a popped context's handle, for object_for */
-    PyObject *fail;        /* cuctx.context.fail */
+    PyObject *fail;        /* cuctx._calls.fail */
     PyObject *object_for;  /* cuctx.context._object_for */
     PyObject *driver_dict; /* cuctx._driver's namespace: `_active` */
     PyObject *step_aside;  /* ((namespace, name), ...): step aside while any value is true */

@@ -30,7 +30,6 @@ Everything is counted, timed and explained: `AutoGraph.stats`, `AutoGraph.explai
 from __future__ import annotations
 
 import functools
-import inspect
 import threading
 import types
 from collections import OrderedDict, deque
@@ -43,21 +42,14 @@ from .. import _lifetimes, _record, _trace
 from ..kernels._launcher import Launcher
 from .._lifetimes import defer_cleanup
 from ..errors import CudaError
-from ..stream import Stream
 from ._autograph_arena import Arena
-from ._autograph_build import construct, patch, patchable, patcher
+from ._autograph_build import construct, launch, patch, patchable, patcher
 from ._autograph_policy import MARGIN, SWITCH_AFTER, Policy, Why, mean, us
-from ._autograph_record import Recording
-from ._autograph_state import EAGER, GRAPH, Entry, Tally, difference, site_of
-from ._exec import forbidding_instantiation
+from ._autograph_record import _DEFERRED, Recording
+from ._autograph_state import EAGER, GRAPH, Entry, Tally, difference, said, site_of
+from ._capture_rules import _captured, forbidding_instantiation
 
 REASONS_KEPT = 256  # the latest reasons stats() lists
-
-
-# Functions whose call returns before their body runs: (test, what it is, what a call gives).
-_DEFERRED = ((inspect.isasyncgenfunction, "an async generator function", "an async generator"),
-             (inspect.iscoroutinefunction, "an async function", "a coroutine"),
-             (inspect.isgeneratorfunction, "a generator function", "a generator"))
 
 
 class AutoGraph:
@@ -240,7 +232,7 @@ class AutoGraph:
         entry.values = recording.values
         entry.mode, entry.strikes = GRAPH, 0
         self._policy.built(entry, t1 - t0, built - t0, recording.ctx.handle)
-        self._launch(entry, recording)
+        launch(entry, recording)
         self._tally.builds += 1
         self._tally.build_s += perf_counter() - t0
         self._note("build", reason or f"the structure repeated ({entry.seen} calls): built "
@@ -259,7 +251,7 @@ class AutoGraph:
             except CudaError as exc:  # a refused update (GraphUpdateError): build anew
                 return self._rebuild(entry, recording, exc)
         t1 = perf_counter()
-        self._launch(entry, recording)
+        launch(entry, recording)
         t2 = perf_counter()
         tally = self._tally
         if changed:
@@ -316,23 +308,6 @@ class AutoGraph:
         policy.updated_whole(entry, perf_counter() - t0)
         return estimate
 
-    def _launch(self, entry: Entry, recording: Recording) -> None:
-        """Launch the executable on role 0's stream, after the outside work the call waited
-        for and the work queued before on its other streams; those then wait for it."""
-        streams = recording.streams
-        root = streams[0]
-        if len(streams) == 1 and not entry.outside:
-            if entry.patcher is None or not entry.patcher.launch(root):
-                entry.exe.launch(root)
-            return
-        for i in entry.outside:
-            root.wait(recording.items[i][1][0])
-        for stream in streams[1:]:
-            root.wait(stream)
-        entry.exe.launch(root)
-        for stream in streams[1:]:
-            stream.wait(root)
-
     def _trim(self) -> None:
         """Keep at most max_graphs executables of at most max_bytes, and four times as many
         structures: the least recently used go first."""
@@ -364,14 +339,6 @@ class AutoGraph:
         self._reasons.append((self._tally.calls, action, reason,
                               site or _trace.user_where()))
 
-    @staticmethod
-    def _said(call: int, action: str, reason: str | Why, where: tuple | None) -> dict:
-        """A reason `_note` kept, as stats() lists it (``where``: a site, or a
-        `_trace.user_where`)."""
-        site = where if where is None or where[0].__class__ is str else _trace.site_of(where)
-        return {"call": call, "action": action, "reason": str(reason),
-                "site": f"{site[0]}:{site[1]}" if site else None}
-
     def stats(self) -> dict[str, Any]:
         """Counts (``calls`` = ``replays`` + ``updates`` + ``builds`` + ``eager``), seconds
         spent in each (``recording_s``, ``replay_s``, ``update_s``, ``build_s``,
@@ -386,7 +353,7 @@ class AutoGraph:
             return {**self._tally.as_dict(),
                     "graphs": len(built), "bytes": sum(e.bytes for e in built),
                     "temp_bytes": self._arena.bytes, "structures": len(self._cache),
-                    "reasons": [self._said(*reason) for reason in self._reasons]}
+                    "reasons": [said(*reason) for reason in self._reasons]}
 
     def explain(self) -> str:
         """Print what the calls did and why (a table of `stats`); return the text."""
@@ -437,14 +404,3 @@ def autograph(fn: Callable | None = None, *, max_graphs: int = 16,
     if fn is None:
         return lambda f: AutoGraph(f, max_graphs, max_bytes)
     return AutoGraph(fn, max_graphs, max_bytes)
-
-
-def _captured(recording: Recording) -> Any:
-    """A stream of the call (or one it waited for) that is being captured, if any: a
-    graph's launch has no place in a capture, the call's operations do."""
-    capturing = _lifetimes.capturing
-    others = [payload[0] for stream, payload in recording.external_waits()]
-    for stream in (*recording.streams, *others):
-        if isinstance(stream, Stream) and (stream._ctx._key, stream._key) in capturing:
-            return stream
-    return None

@@ -1,5 +1,5 @@
-"""A `Recording` as a `Graph` (every node keeps what it uses), and the per-node patches of
-an executable made from one.
+"""A `Recording` as a `Graph` (every node keeps what it uses), the per-node patches of an
+executable made from one, and its launch (`launch`).
 
 A kernel node takes the parameter bytes its launch packed during the call (`kernel_node`):
 the launch checked its configuration and arguments, so nothing is checked or packed again.
@@ -14,8 +14,8 @@ operation comes after. A node on a role follows that role's tail and becomes it;
 one followed stream for another adds the other's tail to the waiter's; a wait for an event
 recorded in the call adds the tail the record had. Records become record nodes (the event
 is recorded for whoever uses it after the call); waits for outside work have no node (the
-executable's launch waits for it, see `_autograph.AutoGraph._launch`). Nodes keep the memory
-of the call's temporaries through its block, not its lease (`_autograph_arena.anchor`).
+executable's launch waits for it, see `launch`). Nodes keep the memory of the call's
+temporaries through its block, not its lease (`_autograph_arena.anchor`).
 """
 
 from __future__ import annotations
@@ -27,14 +27,16 @@ from cuda.bindings.driver import CUgraphNode, CUkernel, CUresult
 
 from .. import _trace
 from .._driver.native import extension
-from ..context import fail
+from .._calls import fail
 from ..kernels._launcher import Launcher
 from ._autograph_arena import anchor
 from ._autograph_record import COPY, FILL, HOST, RECORD, Recording
-from ._graph import Graph, GraphNode
+from ._graph import Graph
+from ._graph_node import GraphNode
 from ._nodes import KernelParams, NodeInfo, describe_kernel
 
 if TYPE_CHECKING:
+    from ._autograph_state import Entry
     from ._exec import GraphExec
 
 # Node kinds `GraphExec.update_node` changes; other changed nodes need a whole update.
@@ -262,3 +264,21 @@ def patcher(native: Any, exe: GraphExec, nodes: list[GraphNode | None]) -> Any:
 
     return native.patcher(exe._handle, exe._ctx, exe._held.streams, exe._libraries, make,
                           refused, len(nodes), not (exe._host or exe._events))
+
+
+def launch(entry: Entry, recording: Recording) -> None:
+    """Launch the executable on role 0's stream, after the outside work the call waited
+    for and the work queued before on its other streams; those then wait for it."""
+    streams = recording.streams
+    root = streams[0]
+    if len(streams) == 1 and not entry.outside:
+        if entry.patcher is None or not entry.patcher.launch(root):
+            entry.exe.launch(root)
+        return
+    for i in entry.outside:
+        root.wait(recording.items[i][1][0])
+    for stream in streams[1:]:
+        root.wait(stream)
+    entry.exe.launch(root)
+    for stream in streams[1:]:
+        stream.wait(root)

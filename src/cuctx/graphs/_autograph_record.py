@@ -28,6 +28,7 @@ rest of the call runs eagerly. `enqueue_all` does the same for a call that is ru
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from ..memory import _alloc, _layout
@@ -44,6 +45,11 @@ COPY, FILL, HOST, RECORD, WAIT = (_record.COPY, _record.FILL, _record.HOST, _rec
 
 PAGEABLE = ("cuctx.copy with pageable host memory (synchronous: to_host() without a "
             "page-locked out=, to_device or copy of an ordinary NumPy array)")
+# Functions whose call returns before their body runs, outside the call's recording (AutoGraph
+# refuses to decorate them): (test, what it is, what a call gives).
+_DEFERRED = ((inspect.isasyncgenfunction, "an async generator function", "an async generator"),
+             (inspect.iscoroutinefunction, "an async function", "a coroutine"),
+             (inspect.isgeneratorfunction, "a generator function", "a generator"))
 
 
 class Recording(_record.Tape):

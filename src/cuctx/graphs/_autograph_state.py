@@ -4,7 +4,7 @@ of its calls, and the words its explanations use. The compiled per-call path
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuda.bindings.driver import CUmemorytype
 
@@ -12,6 +12,9 @@ from .. import _trace
 from ..kernels._launcher import Launcher
 from ._autograph_build import unbuildable
 from ._autograph_record import COPY, WAIT, Recording
+
+if TYPE_CHECKING:
+    from ._autograph_policy import Why
 
 GRAPH, EAGER = "graph", "eager"
 
@@ -106,3 +109,11 @@ def site_of(exc: BaseException) -> tuple | None:
             site = (filename, tb.tb_lineno, tb.tb_frame.f_code.co_name)
         tb = tb.tb_next
     return site
+
+
+def said(call: int, action: str, reason: str | Why, where: tuple | None) -> dict:
+    """A reason `AutoGraph._note` kept, as stats() lists it (``where``: a site, or a
+    `_trace.user_where`)."""
+    site = where if where is None or where[0].__class__ is str else _trace.site_of(where)
+    return {"call": call, "action": action, "reason": str(reason),
+            "site": f"{site[0]}:{site[1]}" if site else None}

@@ -9,42 +9,42 @@ capture, and asks the driver which nodes the operation added (`cuStreamGetCaptur
 stream's dependencies after it are its last nodes; a count of the graph's nodes says how many
 it added, and earlier ones of a multi-node operation are found among their dependencies),
 giving each node the user's line. A stream joins when it waits for an event recorded in the
-capture or for a stream of it.
+capture or for a stream of it. When the block ends, `_adopt` makes the driver's graph the
+`Graph` handed out at entry (a `_Pending` until then).
 
-How breaking calls are handled: the streams of active captures are filed in
-`_lifetimes.capturing`; the lower layers test that dict (one truth test, off the hot paths)
-before a synchronize, a query or a pageable copy, and call `refuse_in_capture`, installed
-here. Where the driver itself answers a capture code, `context.fail` calls `capture_failed`.
-Either way the calling thread's broken captures are ended (cuStreamEndCapture, the graph
-destroyed), so the streams are usable again, and GraphCaptureError names the call and the
-user's line. A capture of another thread is never ended from here (its block would go on
-running its work eagerly): cuctx's own refusals leave it running; one the driver invalidated
-is marked broken, and its own block raises when it ends.
+Calls that would break a capture are refused, and captures the driver invalidated are ended,
+by `_capture_rules`; this module installs those checks in `_lifetimes`.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from cuda.bindings.driver import (CUresult, CUstreamCaptureMode, CUstreamCaptureStatus,
+from cuda.bindings.driver import (CUresult, CUstreamCaptureMode,
                                   CUstreamUpdateCaptureDependencies_flags)
 
 from .. import _lifetimes, _trace
+from .._lifetimes import finalize
 from ..memory._alloc import forget
 from .._resource import upper
-from ..context import fail, refuse_in_host_function
+from .._calls import fail, refuse_in_host_function
 from ..errors import CAPTURE_UNSUPPORTED, GraphCaptureError
-from ..stream import LEGACY, Stream
-from ._graph import Graph
-from ._nodes import HostFunctions, NodeInfo, describe_kernel
+from ..stream import Stream
+from .._driver import LEGACY
+from ._capture_rules import (_ACTIVE, _user_call, _user_frame, _where, capture_failed,
+                             held_by_capture, refuse_in_capture)
+from ._graph import Graph, _destroy_graph
+from ._graph_node import GraphNode
+from ._nodes import HostFunctions, NodeInfo, describe_kernel, kind_of
+
+if TYPE_CHECKING:
+    from ..context import Context
 
 MODES = {"thread_local": CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
          "global": CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL,
          "relaxed": CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED}
-_ACTIVE = CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
 _SET_DEPENDENCIES = int(
     CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES)
 CAPTURE_INVALIDATED = int(CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
@@ -116,7 +116,7 @@ class Capture:
         if err:
             fail(ctx._backend, err, "cuStreamBeginCapture", ctx)
         self.site = _trace.user_site()
-        self.graph = object.__new__(_Pending)  # made a Graph at the end (Graph._adopt)
+        self.graph = object.__new__(_Pending)  # made a Graph at the end (_adopt)
         self._join(stream)
         _trace.add_sink(self._see)
         stream.__enter__()  # the current stream in the block, as torch.cuda.graph makes it
@@ -145,7 +145,7 @@ class Capture:
             if exc_type is None:
                 fail(ctx._backend, err, "cuStreamEndCapture", ctx, self._end_hint(int(err)))
             return
-        Graph._adopt(ctx, handle, self._info, (self.host,), into=self.graph)
+        _adopt(ctx, handle, self._info, (self.host,), into=self.graph)
         self._run_held()
 
     def _join(self, stream: Stream) -> None:
@@ -277,7 +277,7 @@ class Capture:
 
 
 class _Pending(Graph):
-    """The graph ``with stream.capture() as graph:`` hands out: `Graph._adopt` makes it a
+    """The graph ``with stream.capture() as graph:`` hands out: `_adopt` makes it a
     Graph when the block ends. Until then it has none of a Graph's state, so any use of it
     (instantiate, launch, nodes, ...) comes here and is a GraphCaptureError naming the call
     and the user's line."""
@@ -294,6 +294,43 @@ class _Pending(Graph):
     def __repr__(self) -> str:
         return ("<Graph of a capture, not made yet: the capture makes it when its block ends "
                 "without an error>")
+
+
+def _adopt(ctx: Context, handle, info: Mapping[int, NodeInfo] | None = None,
+           host_functions: Iterable[HostFunctions] = (), into: Graph | None = None) -> Graph:
+    """A `Graph` owning a CUgraph the driver made (cuStreamEndCapture's): one
+    `GraphNode` per driver node, in the driver's order, with the `NodeInfo` given for
+    its handle (``int(CUgraphNode)``; without one: no site, nothing kept). The
+    ``host_functions`` of its host nodes stay registered while the graph or an
+    executable of it lives. ``into``: the (uninitialised) Graph to fill, handed out by
+    ``with stream.capture() as graph:`` before the capture made one."""
+    graph = object.__new__(Graph) if into is None else into
+    graph.__class__ = Graph  # the capture's placeholder (`_Pending`) becomes a Graph
+    graph._setup(ctx, handle, None)
+    drv = ctx._backend.driver
+    graph._finalizer = finalize(graph, _destroy_graph, drv, handle, ctx)
+    graph._host.extend(host_functions)
+    info = info or {}
+    for node in _driver_nodes(ctx, handle):
+        err, node_type = drv.cuGraphNodeGetType(node)
+        if err:
+            fail(ctx._backend, err, "cuGraphNodeGetType", ctx)
+        kind = kind_of(node_type)
+        graph._append(GraphNode(graph, kind, node, info.get(int(node), NodeInfo())))
+    return graph
+
+
+def _driver_nodes(ctx: Context, handle) -> list:
+    drv = ctx._backend.driver
+    err, _, count = drv.cuGraphGetNodes(handle, 0)
+    if err:
+        fail(ctx._backend, err, "cuGraphGetNodes", ctx)
+    if not count:
+        return []
+    err, nodes, count = drv.cuGraphGetNodes(handle, count)
+    if err:
+        fail(ctx._backend, err, "cuGraphGetNodes", ctx)
+    return list(nodes[:count])
 
 
 def _node_info(op: _trace.Operation, site: tuple[str, int, str] | None,
@@ -320,119 +357,7 @@ def _node_info(op: _trace.Operation, site: tuple[str, int, str] | None,
     return NodeInfo(site, keep, words + " (captured)", op.kernel, op.config)
 
 
-# -- what the lower layers call (installed in _lifetimes) -------------------------------------
-
-def refuse_in_capture(operation: str, *, stream: Stream | None = None, event: Any = None,
-                      ctx: Any = None, legacy: Stream | None = None,
-                      captures: list[Capture] | None = None, why: str = "") -> None:
-    """Raise GraphCaptureError when the call would break an active capture (see
-    `_lifetimes`); the calling thread's captures it breaks are ended first."""
-    active = set(_lifetimes.capturing.values())
-    if captures is not None:  # the caller found the captures the call breaks, and says why
-        hit = captures
-    elif stream is not None:
-        hit = [c for c in (_lifetimes.capturing.get((stream._ctx._key, stream._key)),) if c]
-        why = why or (f"{stream!r} is being captured: its work runs only when the graph is "
-                      "launched, so there is nothing to wait for or ask about yet (synchronize "
-                      "after the `with` block instead)")
-    elif legacy is not None:
-        hit = [c for c in active if c.mode == "global" and c.ctx is legacy._ctx]
-        why = ("the legacy default stream was used while a global-mode capture is active in "
-               "its context: its work would run now, outside the graph. Queue it on the "
-               "capturing stream, or capture in \"thread_local\" or \"relaxed\" mode")
-    elif event is not None:
-        hit = [c for c in active if event._key in c.events]
-        why = (f"{event!r} was recorded in the capture: it marks a place in the graph, not "
-               "work that runs")
-    else:
-        hit = [c for c in active if c.ctx is ctx]
-        why = (f"{ctx!r} has a stream being captured, and CUDA refuses to synchronize a "
-               "context (or device) while one of its streams captures")
-    if not hit:
-        return
-    call, where = _user_call(operation)
-    mine = [c for c in hit if c.thread == threading.get_ident()]
-    if mine:
-        ended = "; ".join(f"the capture of {c.stream!r} begun at {_where(c.site)}" for c in mine)
-        after = f"T{ended[1:]} was ended and its graph discarded; the stream is usable again"
-    else:
-        after = (f"The capture (of another thread, begun at {_where(hit[0].site)}) goes on: "
-                 "cuctx refused the call before the driver saw it")
-    error = GraphCaptureError(CAPTURE_UNSUPPORTED, call, "operation not permitted when "
-                              "stream is capturing", f"at {where}: {why}. {after}")
-    for c in mine:
-        c._end_early(error)
-    raise error
-
-
-def capture_failed(operation: str, code: int) -> str:
-    """For `context.fail`: ``operation`` answered a capture code (``code``)."""
-    broken = []
-    for c in set(_lifetimes.capturing.values()):
-        s = c.stream
-        err, status = s._call(c.ctx._backend.driver.cuStreamIsCapturing, s._handle)
-        if err or status != _ACTIVE:
-            broken.append(c)
-    call, where = _user_call(operation)
-    where = f"called by {call} at {where}"
-    if not broken:
-        return where
-    error = GraphCaptureError(code, operation, "", where)
-    mine = [c for c in broken if c.thread == threading.get_ident()]
-    for c in broken:
-        if c in mine:
-            c._end_early(error)
-        else:
-            c.broken = error  # its own block ends it, and raises
-    words = "; ".join(f"the capture of {c.stream!r} begun at {_where(c.site)}" for c in broken)
-    return (f"{where}, which invalidated {words}, "
-            + ("which was ended and its graph discarded; the stream is usable again"
-               if mine else "whose `with` block will raise when it ends"))
-
-
-def held_by_capture(stream: Stream, ptr: int, free: Callable[[], None]) -> bool:
-    """Whether a free on ``stream`` waits for its capture to end (see `_lifetimes`)."""
-    c = _lifetimes.capturing.get((stream._ctx._key, stream._key))
-    if c is None:  # a free on another stream: after the last capture ends, as destroys
-        _lifetimes._held.append((free, ()))
-        return True
-    if ptr in c.allocations:
-        return False  # a free node of the capture's own memory
-    c.held.append(free)
-    return True
-
-
-def _user_frame(also: tuple[str, ...] = ()):
-    """(the user's frame, the code of the outermost cuctx frame below it or None): the first
-    frame outside cuctx, generated code and the files ``also`` names."""
-    frame, code = sys._getframe(2), None
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not filename.startswith((_trace._PACKAGE, _trace.GENERATED) + also):
-            break
-        if filename.startswith(_trace._PACKAGE):
-            code = frame.f_code
-        frame = frame.f_back
-    return frame, code
-
-
-def _user_call(operation: str) -> tuple[str, str]:
-    """(the cuctx call the user made, "file:line" of the user's line); ``operation`` when no
-    cuctx frame is found."""
-    frame, code = _user_frame()
-    where = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
-    if code is None:
-        return operation, where
-    name = getattr(code, "co_qualname", code.co_name)
-    if name.endswith(".__call__"):  # a launcher: kernel[grid, block](...)
-        return f"{name.removesuffix('.__call__')}(...)", where
-    return (name if "." in name else f"cuctx.{name}"), where
-
-
-def _where(site: tuple[str, int, str] | None) -> str:
-    return f"{site[0]}:{site[1]}" if site else "?"
-
-
+# Installed at import: Stream.capture, and the checks of captures for the lower layers.
 upper.capture = capture
 _lifetimes.refuse_in_capture = refuse_in_capture
 _lifetimes.capture_failed = capture_failed

@@ -25,11 +25,13 @@ from cuda.bindings.driver import (CU_GRAPH_COND_ASSIGN_DEFAULT, CUgraphCondition
                                   CUgraphNodeParams, CUgraphNodeType)
 
 from .. import _trace
-from ..context import fail, in_context
+from ..context import in_context
+from .._calls import fail
 
 if TYPE_CHECKING:
     from ..context import Context
-    from ._graph import Graph, GraphNode
+    from ._graph import Graph
+    from ._graph_node import GraphNode
 
 
 class Condition(int):

@@ -17,7 +17,6 @@ Refusals name the node, the user's line that made it and the driver's reason in 
 from __future__ import annotations
 
 import functools
-import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -27,17 +26,19 @@ from .. import _lifetimes, _trace
 from .._driver import in_host_function
 from ..kernels._launch_config import make_config, validate
 from .._resource import Resource
-from ..context import (ACTIVE, DESTROYED, Context, fail, in_context,
-                       refuse_in_host_function)
+from ..context import ACTIVE, DESTROYED, Context, in_context
+from .._calls import fail, refuse_in_host_function
 from ..errors import CONTEXT_IS_DESTROYED, CudaError, GraphUpdateError
 from ..stream import Stream, resolve_stream
+from ._capture_rules import _refuse_captured, _refuse_instantiation
 from ._conditions import check_condition_args, with_bodies
 from ._nodes import KernelParams, copy_params, fill_params
 from ._trace_launch import announce
 from ._update import TOPOLOGY, UPDATE_REASONS, refusal
 
 if TYPE_CHECKING:
-    from ._graph import Graph, GraphNode
+    from ._graph import Graph
+    from ._graph_node import GraphNode
 
 _F = CUgraphInstantiate_flags
 
@@ -65,7 +66,7 @@ class GraphExec(Resource):
     def __init__(self, graph: Graph, upload: Any, auto_free: bool, priority: bool) -> None:
         graph._check("Graph.instantiate")
         if _lifetimes.capturing:
-            _refuse_in_capture("Graph.instantiate")
+            _refuse_instantiation("Graph.instantiate")
         ctx = graph._ctx
         backend = ctx._backend
         drv = backend.driver
@@ -391,49 +392,6 @@ def _stream_for(ctx: Context, stream: Any, operation: str) -> Stream:
             "executable runs on streams of its own context: make one there "
             "(with exe.context: cuctx.Stream()) or instantiate a graph of that context")
     return stream
-
-
-def _refuse_captured(stream: Stream, operation: str) -> None:
-    """A graph launched (or uploaded) on a capturing stream: CUDA does not capture graph
-    launches and invalidates the capture (an H100 answers cuGraphLaunch with
-    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), so cuctx refuses it first, as it refuses other
-    calls that would break a capture."""
-    _lifetimes.refuse_in_capture(
-        operation, stream=stream,
-        why=f"{stream!r} is being captured, and CUDA cannot capture a graph launch: launch the "
-            "executable after the `with` block, or on a stream that is not captured")
-
-
-def forbidding_instantiation() -> list:
-    """The active captures that a graph instantiated by the calling thread now would break.
-    CUDA counts cuGraphInstantiate among the "potentially unsafe" calls a capture forbids:
-    a thread may not make them while it captures in "thread_local" or "global" mode, nor
-    while another thread captures in "global" mode (cuctx leaves threads in CUDA's default
-    mode, which heeds those); a "relaxed" capture allows them. The driver answers
-    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture (an H100, in a
-    thread-local capture; the rest is the CUDA programming guide's rule for such calls)."""
-    me = threading.get_ident()
-    return [c for c in dict.fromkeys(_lifetimes.capturing.values()) if c.broken is None
-            and (c.mode == "global" or (c.mode == "thread_local" and c.thread == me))]
-
-
-def _refuse_in_capture(operation: str) -> None:
-    """Refuse to instantiate a graph while a capture forbids it (`forbidding_instantiation`),
-    before the driver would invalidate that capture."""
-    captures = forbidding_instantiation()
-    if not captures:
-        return
-    capture = captures[0]
-    if capture.thread == threading.get_ident():
-        whose, what = "this thread captures", "capture in \"relaxed\" mode"
-    else:
-        whose = "another thread captures"
-        what = "have that thread capture in \"thread_local\" or \"relaxed\" mode"
-    _lifetimes.refuse_in_capture(operation, captures=captures, why=(
-        f"{whose} {capture.stream!r} in {capture.mode!r} mode, which forbids instantiating a "
-        "graph (CUDA counts it among the unsafe calls: the driver would refuse it and "
-        "invalidate the capture). Instantiate the graph before the capture begins or after "
-        f"its block, or {what}"))
 
 
 def _retire(held: _Held, objects: Any) -> None:

@@ -1,10 +1,11 @@
-"""Explicit CUDA graphs: `Graph` (a CUgraph in one context) and its `GraphNode`s.
+"""Explicit CUDA graphs: `Graph`, a CUgraph in one context, and the nodes it is given.
 
-Each node is added with the checks of the eager operation it stands for (_nodes.py) and
-remembers its graph, kind, the user's line that added it, a description, and the objects
-its work uses: arrays, the kernel's library, events, host functions, child graphs. A graph
-keeps its nodes (so their objects) alive; an executable copies that set when it is made
-(_exec.py). Graphs the driver made (stream capture) are wrapped with `Graph._adopt`.
+Each node is added with the checks of the eager operation it stands for (_nodes.py), as a
+`GraphNode` (_graph_node.py) remembering its graph, kind, the user's line that added it, a
+description, and the objects its work uses: arrays, the kernel's library, events, host
+functions, child graphs. A graph keeps its nodes (so their objects) alive; an executable
+copies that set when it is made (_exec.py). Graphs the driver made (stream capture) are
+wrapped by `_capture._adopt`.
 """
 
 from __future__ import annotations
@@ -12,91 +13,28 @@ from __future__ import annotations
 import os
 import weakref
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from cuda.bindings.driver import CUgraphDebugDot_flags
 
-from .. import _trace
 from ..kernels._kernel import Kernel
 from ..kernels._launch_config import make_config, validate
 from .._lifetimes import drop_host_function, finalize
 from .._resource import Resource
-from ..context import ACTIVE, DESTROYED, Context, context_for, fail, in_context
+from ..context import ACTIVE, DESTROYED, Context, context_for, in_context
+from .._calls import fail
 from ..event import Event
 from ..stream import resolve_stream
 from ._conditions import (Condition, check_body_kind, check_child, check_condition,
                           check_condition_args, condition_default, conditional_params,
                           conditional_size, make_condition)
 from ._exec import GraphExec
+from ._graph_node import GraphNode, add_node, after_nodes
 from ._nodes import (HostFunctions, KernelParams, NodeInfo, copy_params, describe_kernel,
-                     fill_params, kind_of, summarize)
+                     fill_params, summarize)
 
 if TYPE_CHECKING:
     from ..stream import Stream
-
-
-class GraphNode:
-    """One node of a `Graph`. ``graph``; ``kind``: "kernel", "copy", "fill", "host",
-    "record", "wait", "child", "empty", "conditional" (captured graphs also hold "alloc"
-    and "free"); ``site``: the user's (file, line, function) that added it; ``description``;
-    ``keep``: what its work uses, kept alive with it. Pass nodes to ``after=`` to order
-    work; a conditional node also has ``condition`` and ``bodies`` (``body`` when it has
-    one)."""
-
-    __slots__ = ("graph", "kind", "site", "description", "_handle", "_keep", "_kernel",
-                 "_config", "_extra", "__weakref__")
-
-    def __init__(self, graph: Graph, kind: str, handle, info: NodeInfo, extra: Any = None):
-        self.graph = graph
-        self.kind = kind
-        self.site = info.site
-        self.description = info.description or kind
-        self._handle = handle
-        self._keep = info.keep
-        self._kernel = info.kernel
-        self._config = info.config
-        # record/wait: the Event; child: the Graph; conditional: (Condition, body graphs)
-        self._extra = extra
-
-    @property
-    def keep(self) -> tuple:
-        """The objects this node's work uses (arrays, the kernel's library, the event, the
-        host function and its arguments, the child graph)."""
-        return self._keep
-
-    @property
-    def condition(self) -> Condition:
-        """A conditional node's condition: pass it to the kernel that sets it."""
-        return self._conditional()[0]
-
-    @property
-    def bodies(self) -> tuple[Graph, ...]:
-        """A conditional node's bodies, `Graph`s to add the nodes they run to: one for "if"
-        and "while", two for "if_else" (then, else), ``cases`` for "switch"."""
-        return self._conditional()[1]
-
-    @property
-    def body(self) -> Graph:
-        """The body of an "if" or "while" node (``bodies[0]``)."""
-        bodies = self._conditional()[1]
-        if len(bodies) != 1:
-            raise AttributeError(f"{self!r} has {len(bodies)} bodies: take one of "
-                                 "node.bodies (node.body is for nodes with one)")
-        return bodies[0]
-
-    def _conditional(self) -> tuple[Condition, tuple[Graph, ...]]:
-        if self.kind != "conditional" or self._extra is None:
-            raise AttributeError(f"{self!r} is not a conditional node made by "
-                                 "Graph.conditional: it has no condition or bodies")
-        return self._extra
-
-    @property
-    def where(self) -> str:
-        """"file:line" of the call that added the node ("unknown line" without one)."""
-        return f"{self.site[0]}:{self.site[1]}" if self.site else "unknown line"
-
-    def __repr__(self) -> str:
-        return f"<GraphNode {self.description} at {self.where}>"
 
 
 class Graph(Resource):
@@ -139,30 +77,6 @@ class Graph(Resource):
         self._conditions: list[Condition] = []  # made for this graph (Graph.condition)
         self._finalizer = None
 
-    @classmethod
-    def _adopt(cls, ctx: Context, handle, info: Mapping[int, NodeInfo] | None = None,
-               host_functions: Iterable[HostFunctions] = (), into: Graph | None = None) -> Graph:
-        """A `Graph` owning a CUgraph the driver made (cuStreamEndCapture's): one
-        `GraphNode` per driver node, in the driver's order, with the `NodeInfo` given for
-        its handle (``int(CUgraphNode)``; without one: no site, nothing kept). The
-        ``host_functions`` of its host nodes stay registered while the graph or an
-        executable of it lives. ``into``: the (uninitialised) Graph to fill, handed out by
-        ``with stream.capture() as graph:`` before the capture made one."""
-        graph = object.__new__(cls) if into is None else into
-        graph.__class__ = cls  # the capture's placeholder (graphs/_capture.py) becomes a Graph
-        graph._setup(ctx, handle, None)
-        drv = ctx._backend.driver
-        graph._finalizer = finalize(graph, _destroy_graph, drv, handle, ctx)
-        graph._host.extend(host_functions)
-        info = info or {}
-        for node in _driver_nodes(ctx, handle):
-            err, node_type = drv.cuGraphNodeGetType(node)
-            if err:
-                fail(ctx._backend, err, "cuGraphNodeGetType", ctx)
-            kind = kind_of(node_type)
-            graph._append(GraphNode(graph, kind, node, info.get(int(node), NodeInfo())))
-        return graph
-
     def _append(self, node: GraphNode) -> GraphNode:
         self._nodes.append(node)
         self._by_handle[int(node._handle)] = node
@@ -174,41 +88,6 @@ class Graph(Resource):
         self._by_handle.update(zip(handles, nodes))
 
     # -- adding nodes ---------------------------------------------------------------------
-
-    def _after(self, after: GraphNode | Iterable[GraphNode],
-               operation: str) -> tuple[GraphNode, ...]:
-        """The nodes of ``after=`` (every node-adding method's), checked: a GraphNode of
-        this graph or an iterable of them."""
-        nodes = (after,) if isinstance(after, GraphNode) else after
-        expected = (f"{operation}: after= takes a GraphNode or an iterable of GraphNodes (what "
-                    "this graph's methods return)")
-        if not isinstance(nodes, Iterable) or isinstance(nodes, (str, bytes)):
-            none = "; leave after= out for a node that waits for none" if after is None else ""
-            raise TypeError(f"{expected}, not {type(after).__name__} {after!r}{none}")
-        checked: dict[int, GraphNode] = {}
-        for node in nodes:
-            if not isinstance(node, GraphNode):
-                raise TypeError(f"{expected}; it holds {type(node).__name__} {node!r}")
-            if node.graph is not self:
-                raise ValueError(f"{operation}: after= names {node!r}, a node of another graph; "
-                                 "a node can only follow nodes of its own graph (to run "
-                                 "another graph inside this one, add it with Graph.child)")
-            checked.setdefault(id(node), node)
-        return tuple(checked.values())
-
-    def _add(self, operation: str, kind: str, add: Callable, args: tuple, after,
-             info: NodeInfo, extra: Any = None, hint: str = "") -> GraphNode:
-        """Add one node through ``add(graph, deps, count, *args)`` with the graph's context
-        current; the node records the user's line."""
-        deps = [node._handle for node in self._after(after, operation)]
-        ctx = self._ctx
-        with in_context(ctx, operation):
-            err, handle = add(self._handle, deps, len(deps), *args)
-        if err:
-            fail(self._backend, err, add.__name__, ctx,
-                 hint=f"adding {info.description}" + (f"; {hint}" if hint else ""))
-        site = _trace.user_site()
-        return self._append(GraphNode(self, kind, handle, info._replace(site=site), extra))
 
     def launch(self, kernel: Kernel, grid: Any, block: Any, *args: Any, shared_mem: int = 0,
                after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
@@ -231,8 +110,8 @@ class Graph(Resource):
         params.pack(args, self._stream)
         kernel._owner._used_in(ctx)
         info = NodeInfo(None, params.keep(), describe_kernel(kernel, config), kernel, config)
-        return self._add(operation, "kernel", self._backend.driver.cuGraphAddKernelNode,
-                         (params.struct,), after, info)
+        return add_node(self, operation, "kernel", self._backend.driver.cuGraphAddKernelNode,
+                        (params.struct,), after, info)
 
     def copy(self, dst: Any, src: Any,
              after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
@@ -241,9 +120,9 @@ class Graph(Resource):
         layouts one 3D copy can do."""
         self._check("Graph.copy")
         params, description = copy_params(dst, src, self._ctx, "Graph.copy")
-        return self._add("Graph.copy", "copy", self._backend.driver.cuGraphAddMemcpyNode,
-                         (params, self._ctx._handle), after,
-                         NodeInfo(keep=(dst, src), description=description))
+        return add_node(self, "Graph.copy", "copy", self._backend.driver.cuGraphAddMemcpyNode,
+                        (params, self._ctx._handle), after,
+                        NodeInfo(keep=(dst, src), description=description))
 
     def fill(self, array: Any, value: Any,
              after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
@@ -251,9 +130,9 @@ class Graph(Resource):
         number its dtype holds exactly, as for `DeviceArray.fill`)."""
         self._check("Graph.fill")
         params, description = fill_params(array, value, self._ctx, "Graph.fill")
-        return self._add("Graph.fill", "fill", self._backend.driver.cuGraphAddMemsetNode,
-                         (params, self._ctx._handle), after,
-                         NodeInfo(keep=(array,), description=description))
+        return add_node(self, "Graph.fill", "fill", self._backend.driver.cuGraphAddMemsetNode,
+                        (params, self._ctx._handle), after,
+                        NodeInfo(keep=(array,), description=description))
 
     def host(self, fn: Callable[..., Any], *args: Any,
              after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
@@ -271,9 +150,9 @@ class Graph(Resource):
         params = self._own_host.add(fn, args, self._backend.sim is None)
         name = getattr(fn, "__qualname__", repr(fn))
         try:
-            return self._add("Graph.host", "host", self._backend.driver.cuGraphAddHostNode,
-                             (params,), after,
-                             NodeInfo(keep=(fn, *args), description=f"host {name}"))
+            return add_node(self, "Graph.host", "host", self._backend.driver.cuGraphAddHostNode,
+                            (params,), after,
+                            NodeInfo(keep=(fn, *args), description=f"host {name}"))
         except BaseException:
             drop_host_function(int(params.userData))
             raise
@@ -284,17 +163,17 @@ class Graph(Resource):
         if event._ctx is not self._ctx:
             raise ValueError(f"Graph.record: {event!r} belongs to {event._ctx!r}, the graph to "
                              f"{self._ctx!r}; record an event of the graph's context")
-        return self._add("Graph.record", "record",
-                         self._backend.driver.cuGraphAddEventRecordNode, (event._handle,),
-                         after, NodeInfo(keep=(event,), description="record event"), event)
+        return add_node(self, "Graph.record", "record",
+                        self._backend.driver.cuGraphAddEventRecordNode, (event._handle,),
+                        after, NodeInfo(keep=(event,), description="record event"), event)
 
     def wait(self, event: Event, after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
         """An event wait node: the nodes after it wait for the event's latest record at the
         time the graph runs (of any context or device)."""
         self._event("Graph.wait", "wait", event)
-        return self._add("Graph.wait", "wait", self._backend.driver.cuGraphAddEventWaitNode,
-                         (event._handle,), after,
-                         NodeInfo(keep=(event,), description="wait event"), event)
+        return add_node(self, "Graph.wait", "wait",
+                        self._backend.driver.cuGraphAddEventWaitNode, (event._handle,), after,
+                        NodeInfo(keep=(event,), description="wait event"), event)
 
     def _event(self, operation: str, kind: str, event: Any) -> None:
         self._check(operation)
@@ -316,18 +195,18 @@ class Graph(Resource):
                              "another backend")
         graph._check("Graph.child")
         check_child(self, graph, "Graph.child")
-        node = self._add("Graph.child", "child", self._backend.driver.cuGraphAddChildGraphNode,
-                         (graph._handle,), after,
-                         NodeInfo(keep=(graph,), description=f"child {summarize(graph._nodes)}"),
-                         graph)
+        node = add_node(self, "Graph.child", "child",
+                        self._backend.driver.cuGraphAddChildGraphNode, (graph._handle,), after,
+                        NodeInfo(keep=(graph,), description=f"child {summarize(graph._nodes)}"),
+                        graph)
         self._parts.append(graph)
         return node
 
     def empty(self, after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
         """A node that does nothing: a join point for ``after=``."""
         self._check("Graph.empty")
-        return self._add("Graph.empty", "empty", self._backend.driver.cuGraphAddEmptyNode, (),
-                         after, NodeInfo(description="empty"))
+        return add_node(self, "Graph.empty", "empty", self._backend.driver.cuGraphAddEmptyNode,
+                        (), after, NodeInfo(description="empty"))
 
     def condition(self, default: bool | int | None = None) -> Condition:
         """A condition for conditional nodes of this graph (or of graphs inside it), made
@@ -359,7 +238,8 @@ class Graph(Resource):
         else:
             check_condition(condition, default, self, operation)
         self._check(operation)
-        after = self._after(after, operation)  # before the handle: a refusal leaves none behind
+        # (before the handle: a refusal leaves none behind)
+        after = after_nodes(self, after, operation)
         if condition is None:
             condition = make_condition(self, value, operation)
         ctx, drv = self._ctx, self._backend.driver
@@ -368,8 +248,8 @@ class Graph(Resource):
         def add(graph, deps, count, node_params):  # cuGraphAddNode takes edge data too
             return drv.cuGraphAddNode(graph, deps, None, count, node_params)
         add.__name__ = "cuGraphAddNode"
-        node = self._add(operation, "conditional", add, (params,), after,
-                         NodeInfo(description=words), hint=hint)
+        node = add_node(self, operation, "conditional", add, (params,), after,
+                        NodeInfo(description=words), hint=hint)
         bodies = []
         for index, handle in enumerate(params.conditional.phGraph_out[:size]):
             body = object.__new__(Graph)
@@ -480,19 +360,6 @@ class Graph(Resource):
 
 _KERNEL_OF = attrgetter("_kernel")
 _OWNER_OF = attrgetter("_owner")
-
-
-def _driver_nodes(ctx: Context, handle) -> list:
-    drv = ctx._backend.driver
-    err, _, count = drv.cuGraphGetNodes(handle, 0)
-    if err:
-        fail(ctx._backend, err, "cuGraphGetNodes", ctx)
-    if not count:
-        return []
-    err, nodes, count = drv.cuGraphGetNodes(handle, count)
-    if err:
-        fail(ctx._backend, err, "cuGraphGetNodes", ctx)
-    return list(nodes[:count])
 
 
 def _destroy_graph(drv, handle, ctx: Context) -> None:

@@ -13,7 +13,7 @@ eager operation they stand for:
 Conditional nodes and their conditions: `_conditions.py`.
 
 Node kinds are named once here (`KINDS`), for nodes made by cuctx and for nodes found in a
-driver graph (`Graph._adopt`).
+driver graph (`_capture._adopt`).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class NodeInfo(NamedTuple):
     """What cuctx knows of a node beyond the driver's graph: the user's call site, the
     objects its work uses (kept alive while a graph or executable holds the node), words for
     messages, and for kernel nodes the kernel and configuration (for `GraphExec.update_node`).
-    Capture (graphs/_capture.py) passes one per captured node to `Graph._adopt`."""
+    Capture (graphs/_capture.py) passes one per captured node to `_adopt`."""
     site: tuple[str, int, str] | None = None
     keep: tuple = ()
     description: str = ""

@@ -18,7 +18,8 @@ from ..memory._array import DeviceArray
 
 if TYPE_CHECKING:
     from ..stream import Stream
-    from ._graph import Graph, GraphNode
+    from ._graph import Graph
+    from ._graph_node import GraphNode
 
 
 def _device(obj: Any, mode: str) -> tuple[_trace.Access, ...]:

@@ -19,7 +19,8 @@ from ..memory._alloc import in_host_pool
 from ..memory._array import DeviceArray
 
 if TYPE_CHECKING:
-    from ._graph import Graph, GraphNode
+    from ._graph import Graph
+    from ._graph_node import GraphNode
 
 _R = CUgraphExecUpdateResult
 ERROR = int(_R.CU_GRAPH_EXEC_UPDATE_ERROR)

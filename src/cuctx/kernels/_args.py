@@ -26,7 +26,8 @@ from . import _dtypes
 from ..devcode._ptx import ParamType
 from ..context import ACTIVE
 from ..device import Device
-from ..memory._array import DeviceArray, asarray
+from ..memory._array import DeviceArray
+from ..memory._construct import asarray
 
 if TYPE_CHECKING:
     from ._plan import Packer

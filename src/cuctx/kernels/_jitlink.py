@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .. import _driver
-from ..context import context_for, fail, in_context
+from .._calls import fail
+from ..context import context_for, in_context
 from ..devcode._mangled import declared_name
 
 # How to get nvJitLink, in every message that needs it.

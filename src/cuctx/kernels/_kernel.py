@@ -17,7 +17,8 @@ from ._launcher import Launcher, make_launcher
 from ._plan import Packer
 from .._resource import Resource
 from ..devcode import _ptx
-from ..context import Context, context_for, fail, in_context
+from .._calls import fail
+from ..context import Context, context_for, in_context
 from ..device import Device
 from ..errors import INVALID_VALUE, NOT_SUPPORTED, NotSupportedError
 

@@ -25,8 +25,9 @@ from ._args import PACK_ERRORS
 from .._driver import in_host_function
 from ._launch_config import Config, driver_config, make_config, validate
 from ._plan import Plan, pack_slowly
-from ..context import ACTIVE, context_for, fail, refuse_in_host_function
-from ..stream import refuse_legacy_in_global_capture, resolve_stream
+from .._calls import fail, refuse_in_host_function, refuse_legacy_in_global_capture
+from ..context import ACTIVE, context_for
+from ..stream import resolve_stream
 
 if TYPE_CHECKING:
     from ._kernel import Kernel

@@ -25,7 +25,6 @@ import numpy as np
 
 from .. import _driver
 from ._kernel import BlockSizeSuggestion, Kernel, KernelAttributes
-from ..memory._layout import dtype_of, shape_of
 from .._lifetimes import finalize
 from .._resource import Resource
 from ..devcode import _kinds
@@ -33,10 +32,11 @@ from ..devcode._ptx import param_types
 from ..devcode._twin_check import check_twin
 from ._compiler import CompileError, Language, compile_source, declared_name, pick_arch
 from ._link import link_pieces
-from ..context import ACTIVE, Context, context_for, fail, in_context
+from ..context import ACTIVE, Context, context_for, in_context
+from .._calls import fail
 from ..device import Device, devices
 from ..errors import NOT_FOUND, NOT_SUPPORTED
-from ..memory._array import DeviceArray
+from ._variables import _HostView, _variable_view, _view_shape
 
 if TYPE_CHECKING:
     from typing import Self
@@ -398,38 +398,6 @@ def _synchronize_all(contexts: list[Context]) -> None:
 def _need_name(name: Any, operation: str) -> None:
     if not isinstance(name, str):
         raise TypeError(f"{operation} takes a name (str), not {type(name).__name__}: {name!r}")
-
-
-def _view_shape(nbytes: int, dtype: Any, shape, name: str):
-    dtype = dtype_of(dtype)  # plain numbers only: a view of raw memory never holds objects
-    if shape is None:
-        if nbytes % dtype.itemsize:
-            raise ValueError(f"variable {name!r} is {nbytes} bytes, not a whole number of "
-                             f"{dtype} ({dtype.itemsize} bytes); pass shape=")
-        shape = (nbytes // dtype.itemsize,)
-    shape = shape_of(shape)
-    need = int(np.prod(shape)) * dtype.itemsize
-    if need > nbytes:
-        raise ValueError(f"variable {name!r} is {nbytes} bytes; a {shape} view of {dtype} "
-                         f"needs {need}")
-    return dtype, shape
-
-
-def _variable_view(ctx: Context, ptr: int, nbytes: int, dtype, shape, owner,
-                   name: str) -> DeviceArray:
-    dtype, shape = _view_shape(nbytes, dtype, shape, name)
-    return DeviceArray._make(ctx, ptr, shape, dtype, None, None, owner)
-
-
-class _HostView:
-    """The base of a NumPy view of managed memory: keeps the library loaded while it lives."""
-
-    __slots__ = ("__array_interface__", "library")
-
-    def __init__(self, ptr: int, shape, dtype: np.dtype, library: Library):
-        self.__array_interface__ = {"data": (ptr, False), "shape": shape,
-                                    "typestr": dtype.str, "version": 3}
-        self.library = library
 
 
 __all__ = ["BlockSizeSuggestion", "CompileError", "Kernel", "KernelAttributes", "Library"]

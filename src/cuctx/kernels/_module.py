@@ -8,9 +8,11 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ._library import _Code, _image_from, _variable_view
+from ._library import _Code, _image_from
+from ._variables import _variable_view
 from .._lifetimes import finalize
-from ..context import ACTIVE, Context, context_for, fail, in_context
+from .._calls import fail
+from ..context import ACTIVE, Context, context_for, in_context
 from ..device import Device
 from ..errors import NOT_SUPPORTED, NotSupportedError
 

@@ -5,8 +5,8 @@ interop with other libraries (CUDA Array Interface, DLPack). See docs/memory.md.
 
 from __future__ import annotations
 
-from ._array import (DeviceArray, asarray, copy, defer_cleanup, empty, full, pinned_empty,
-                     register_host, to_device, zeros)
+from ._array import DeviceArray, copy, defer_cleanup, empty, pinned_empty, register_host
+from ._construct import asarray, full, to_device, zeros
 from ._managed import managed_empty
 from ._pool import MemoryPool
 

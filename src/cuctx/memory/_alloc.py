@@ -15,7 +15,8 @@ from .. import _lifetimes
 from .._lifetimes import free_or_defer
 from .._resource import POISONED, upper
 from .._driver import in_host_function
-from ..context import ACTIVE, fail, in_context
+from ..context import ACTIVE, in_context
+from .._calls import fail
 from ..errors import NOT_SUPPORTED, OUT_OF_MEMORY, CudaError
 from ..stream import Stream
 
@@ -150,7 +151,7 @@ def _release(ptr: int, nbytes: int, stream: Stream, recorded: list[Stream], pool
         err = native.mem_free(ctx, stream, ptr)
     else:
         err, = stream._call(stream._backend.driver.cuMemFreeAsync, ptr, stream._handle)
-    if pool is not None:  # its destroy waits for this free (`_pool._destroy`)
+    if pool is not None:  # its destroy waits for this free (`_pool_lifetime._destroy`)
         pool._queued_free(ctx)
     if not err and _trace.sinks:
         _trace.emit("free", ctx, stream, (_trace.Access(ptr, nbytes, _trace.WRITE),))

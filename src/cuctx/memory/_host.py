@@ -14,7 +14,8 @@ from cuda.bindings.driver import CU_MEMHOSTALLOC_PORTABLE
 
 from .._lifetimes import finalize
 from ._layout import nbytes_of, shape_of
-from ..context import ACTIVE, Context, context_for, fail, in_context
+from ..context import ACTIVE, Context, context_for, in_context
+from .._calls import fail
 from ..device import Device
 from ..errors import HOST_MEMORY_ALREADY_REGISTERED
 

@@ -33,7 +33,8 @@ from cuda.bindings.driver import CUmemAllocationHandleType, CUmemPoolPtrExportDa
 
 from .. import _driver, _lifetimes, _trace
 from .._resource import upper
-from ..context import ACTIVE, call, context_for, fail, in_context
+from ..context import ACTIVE, context_for, in_context
+from .._calls import call, fail
 from ..device import Device
 from ..stream import Stream, resolve_stream
 from . import _handoff

@@ -9,7 +9,8 @@ import numpy as np
 from cuda.bindings.driver import CUmemAttach_flags
 
 from .._lifetimes import finalize
-from ..context import ACTIVE, Context, context_for, fail, in_context
+from ..context import ACTIVE, Context, context_for, in_context
+from .._calls import fail
 from ..device import Device
 from ._array import DeviceArray
 from ._host import HostBytes

@@ -3,13 +3,9 @@ host memory or managed memory; each device's default pool; which devices may use
 memory (cuMemPoolSetAccess); and, for ``ipc=True`` pools, sharing with another process
 (`_ipc`).
 
-A pool outlives contexts (measured on an H100: neither a context's destruction nor a reset
-frees a pool's allocation). A MemoryPool lives while it is referenced, by the user or by the
-arrays allocated from it (each holds its pool), and is destroyed (cuMemPoolDestroy) when the
-last reference goes; the frees of its arrays were queued by then, and its destroy waits
-until they have run (the driver promises to give the memory back once they have, but a pool
-destroyed with frees still queued crashed the process at a later pool's first allocation:
-H100s and an H200, driver 580, while another process used the GPU).
+A MemoryPool lives while it is referenced, by the user or by the arrays allocated from it
+(each holds its pool), and outlives contexts; when it goes, `_pool_lifetime._destroy`
+destroys it once the frees of its arrays have run (which drivers need; see there).
 """
 
 from __future__ import annotations
@@ -23,14 +19,16 @@ from cuda.bindings.driver import (CUmemAccess_flags, CUmemAccessDesc, CUmemAlloc
                                   CUmemPool_attribute, CUmemPoolProps, cuuint64_t)
 
 from .. import _lifetimes
-from .._resource import ACTIVE, DESTROYED, upper
-from ..context import Context, call, fail, in_context
+from .._resource import upper
+from ..context import Context, in_context
+from .._calls import call, fail
 from ..device import Device
 from ..errors import NOT_SUPPORTED, CudaError, NotSupportedError
 from ..stream import Stream
 from . import _alloc, _ipc
 from ._array import DeviceArray
 from ._ipc import IpcDescriptor, SharedPool
+from ._pool_lifetime import _destroy, _supported
 
 _A = CUmemPool_attribute
 _F = CUmemAccess_flags
@@ -366,57 +364,6 @@ class MemoryPool:
         """An ipc pool pickles for another process of this machine (see `_ipc`); any other
         pool refuses with a TypeError."""
         return _ipc.reduce_pool(self)
-
-
-def _supported(device: Device, location: str) -> None:
-    """Refuse a host or managed pool the driver or device cannot make (NotSupportedError)."""
-    attribute = {"host": "host_memory_pools_supported",
-                 "managed": "concurrent_managed_access"}[location]
-    version = int(call(device._backend, "cuDriverGetVersion"))
-    if location == "managed" and version // 10 == 1300:  # CUDA 13.0
-        # Measured on two H200s, driver 580: the pool is made, and the first allocation from
-        # it ends the process (a segmentation fault in cuMemAllocFromPoolAsync).
-        raise NotSupportedError(
-            NOT_SUPPORTED, "MemoryPool", "",
-            "managed memory pools crash CUDA 13.0 drivers at their first allocation (a "
-            "segmentation fault, measured); cuctx makes them on newer drivers only: use "
-            "cuctx.managed_empty for managed arrays")
-    try:
-        supported = version >= 13000 and getattr(device.properties, attribute)
-    except NotSupportedError:  # the driver predates the attribute
-        supported = False
-    if not supported:
-        raise NotSupportedError(
-            NOT_SUPPORTED, "MemoryPool", "",
-            f"{location} memory pools need a CUDA 13 driver (this one is "
-            f"{version // 1000}.{version % 1000 // 10}) and a device whose {attribute} is "
-            f"true ({device!r}); use " + ("cuctx.pinned_empty for page-locked host arrays"
-                                          if location == "host" else
-                                          "cuctx.managed_empty for managed arrays"))
-
-
-def _destroy(backend, handle, primary: Context, granted: dict[int, Context],
-             freed_in: dict[int, weakref.ref]) -> None:
-    """Destroy the pool with its device's primary context current, once the frees of its
-    memory queued in ``freed_in``'s contexts have run (see the module's docstring); ``granted``
-    (the other devices' primary contexts it keeps retained) is released after, with the
-    arguments."""
-    if primary._state is DESTROYED:  # reset by other code: the driver must not see it again
-        return
-    drv = backend.driver
-    for ref in list(freed_in.values()):
-        ctx = ref()
-        if ctx is not None and ctx._state is ACTIVE:
-            drv.cuCtxPushCurrent(ctx._handle)
-            try:  # (a fault it reports is its own work's, for its own synchronize to raise)
-                drv.cuCtxSynchronize()
-            finally:
-                drv.cuCtxPopCurrent()
-    drv.cuCtxPushCurrent(primary._handle)
-    try:
-        drv.cuMemPoolDestroy(handle)  # arrays of it hold it: none is left
-    finally:
-        drv.cuCtxPopCurrent()
 
 
 upper.memory_pool = MemoryPool

@@ -26,7 +26,8 @@ The host is one actor for all threads: what one thread saw finish orders what ev
 submits after it. cuctx cannot see Python's thread starts, joins, locks and queues, which is
 how programs hand work between threads once it is done ("synchronize, then start workers",
 "synchronize, then put it in the queue"); a clock per thread would report those as races.
-Work captured into a graph is skipped: it runs when the graph does.
+Work captured into a graph is skipped: it runs when the graph does, and a graph's launch is
+checked as the graph orders its nodes (_racecheck_graphs.py).
 
 One `Watch` keeps this history for every checker at once; what a finding then does (raise,
 warn, collect) is the business of the scopes it reports to (`cuctx.racecheck` blocks and the
@@ -47,6 +48,7 @@ from ..memory._array import DeviceArray
 from .. import _lifetimes, _trace
 from .._resource import ACTIVE
 from ._racecheck_clocks import Clocks, join, ordered
+from ._racecheck_graphs import GraphChecks
 from ._racecheck_shadow import (FREE_IN_USE, RAW, USE_AFTER_FREE, WAR, WAW, Finding, OpInfo,
                                 Region)
 from ._racecheck_words import explain, kept_free, label_of, named_free, node_what
@@ -61,7 +63,7 @@ FREES_KEPT = 1024
 SWEEP_EVERY = 256
 
 
-class Watch:
+class Watch(GraphChecks):
     """The race checker's history and its trace sink (`see`): every operation it is shown
     is checked against what it saw before, and each finding goes to ``scopes`` (objects
     with ``mode``, ``findings`` and ``_seen``: `RaceCheck`; the innermost last), which
@@ -153,21 +155,6 @@ class Watch:
         if dst is not None and dst.host and not _host.page_locked(dst.ptr, dst.nbytes):
             # To pageable memory: the call returned once the copy was done.
             self._host_joins(self._enter(op.stream, op.thread).clock)
-        return found
-
-    def _graph_launch(self, op: _trace.Operation) -> list[Finding]:
-        """The nodes' accesses; the graph's event wait nodes count as waits before them, its
-        record nodes as records after them (ordering no more than the graph does)."""
-        events = [(node.kind, node.keep[0]) for node in op.fields["graph"].nodes
-                  if node.kind in ("record", "wait") and node.keep]
-        clock = self._enter(op.stream, op.thread).clock
-        for kind, event in events:
-            if kind == "wait":
-                join(clock, self._snapshot(event))
-        found = self._accesses(op) + self._inside_graph(op)
-        for kind, event in events:
-            if kind == "record":
-                self._events[event._key] = (dict(clock), weakref.ref(event))
         return found
 
     def _accesses(self, op: _trace.Operation) -> list[Finding]:
@@ -388,33 +375,6 @@ class Watch:
         del self._freed_starts[bisect.bisect_left(self._freed_starts, start)]
         del self._freed[start]
 
-    # -- graphs -----------------------------------------------------------------------------
-
-    def _inside_graph(self, op: _trace.Operation) -> list[Finding]:
-        """Nodes of one launch that touch the same bytes, one writing, with no path between
-        them in the graph: checked once per executable and set of ranges."""
-        nodes = op.fields["nodes"]
-        key = tuple((a.ptr, a.nbytes, a.mode) for _, acc in nodes for a in acc)
-        exe = op.fields["exec"]
-        if self._graph_checked.get(exe) == key:
-            return []
-        self._graph_checked[exe] = key
-        graph = op.fields["graph"]
-        conflicts = [(a, b) for i, (a, acc_a) in enumerate(nodes) for b, acc_b in nodes[i + 1:]
-                     if _conflict(acc_a, acc_b)]
-        if not conflicts:
-            return []
-        after: dict[Any, set] = {}
-        for src, dst in graph.edges:
-            after.setdefault(src, set()).add(dst)
-        found: list[Finding] = []
-        for a, b in conflicts:
-            if not (_reaches(after, a, b) or _reaches(after, b, a)):
-                first = OpInfo(node_what(a), op.stream, a.site, op.thread)
-                second = OpInfo(node_what(b), op.stream, b.site, op.thread)
-                found += self._report("unordered nodes of one graph", None, first, second)
-        return found
-
     # -- findings ---------------------------------------------------------------------------
 
     def _report(self, kind: str, region: Region | None, first: tuple,
@@ -459,21 +419,3 @@ def _named(info: tuple) -> OpInfo:
         return info
     what, stream, where, thread = info
     return OpInfo(what, stream, _trace.site_of(where), thread)
-
-
-def _conflict(a: tuple, b: tuple) -> bool:
-    return any(x.ptr < y.ptr + y.nbytes and y.ptr < x.ptr + x.nbytes and
-               ("w" in x.mode or "w" in y.mode) for x in a for y in b if not x.host)
-
-
-def _reaches(after: dict, a: Any, b: Any) -> bool:
-    todo, seen = [a], set()
-    while todo:
-        n = todo.pop()
-        for m in after.get(n, ()):
-            if m is b:
-                return True
-            if m not in seen:
-                seen.add(m)
-                todo.append(m)
-    return False

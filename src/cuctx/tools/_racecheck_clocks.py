@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from ..stream import LEGACY, PER_THREAD
+from .._driver import LEGACY, PER_THREAD
 
 _generations = itertools.count()
 

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _lifetimes
 from .._resource import ACTIVE, Handle
-from ..context import fail, in_context, live_current
+from .._calls import fail
+from ..context import in_context, live_current
 
 if TYPE_CHECKING:
     from .. import _driver, _trace

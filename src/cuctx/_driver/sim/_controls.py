@@ -3,7 +3,7 @@
 These controls are not driver functions, so they are not on ``backend.driver``, which offers
 only what ``cuda.bindings.driver`` has. They follow the driver's return convention (a tuple
 whose first item is a ``CUresult``) so that the layers above translate failures with the
-same `cuctx.context.fail`. The public face for users is the `cuctx.sim` module.
+same `cuctx._calls.fail`. The public face for users is the `cuctx.sim` module.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ class SimControls:
         """How many pools were destroyed while frees of their memory were still queued: the
         driver promises to wait for them, and crashed the process at a later pool's first
         allocation instead (H100s and an H200, driver 580, with another process using the
-        GPU), so cuctx never does it (`cuctx.memory._pool`); the sim counts it for tests."""
+        GPU), so cuctx never does it (`cuctx.memory._pool_lifetime`); the sim counts it for
+        tests."""
         return self._driver._pools_destroyed_early
 
     def set_kernel_twin(self, kernel, fn, kinds=None) -> tuple[CUresult]:

@@ -1,4 +1,4 @@
-"""Events of the sim: markers in a stream's queue (see `_streams` for the engine). An event
+"""Events of the sim: markers in a stream's queue (see `_engine` for the engine). An event
 records the virtual time at which its marker ran, so `cuEventElapsedTime` is exact.
 
 Events shared between processes (CU_EVENT_INTERPROCESS; cuIpcGetEventHandle and
@@ -41,7 +41,7 @@ class SimEvent:
         self.handle = handle
         self.ctx = ctx
         self.flags = flags
-        self.marker = None  # the Op (in _streams) of the latest record
+        self.marker = None  # the Op (`_engine`) of the latest record
         self.gone = False  # its context was destroyed or reset
         self.ipc_handle = None  # its 64 bytes, once exported (cuIpcGetEventHandle)
 

@@ -21,7 +21,7 @@ stream engine does that for any op returning it). Kernel twins have only address
 
 Stream-ordered allocation, pools and their reuse are in `_pools` (a block then belongs to a
 pool); blocks of IPC pools have shared memory behind them (`_ipc`), managed memory is a block
-at its host address (`_managed`).
+at its host address (`_managed`). The memsets are in `_memsets`.
 
 Arguments: sizes and memset values are converted as cuda.bindings converts C arguments
 (a negative size or a value too large is an OverflowError), so the sim never queues work
@@ -35,12 +35,13 @@ import bisect
 import numpy as np
 from cuda.bindings.driver import CUdeviceptr, CUpointer_attribute
 
-from ._cargs import size_t, unsigned
+from ._cargs import size_t
 from ._common import (CONTEXT_IS_DESTROYED, ILLEGAL_ADDRESS, INVALID_CONTEXT, INVALID_VALUE,
                       NOT_FOUND, NOT_PERMITTED, NOT_SUPPORTED, OK, OUT_OF_MEMORY)
 from ._host import HostMemory, HostSide
+from ._memsets import Memsets
 from ._pitched import PitchedCopies
-from ._timing import DTOD, DTOH, HTOD, MEMSET, PTOP, peer_copy_time
+from ._timing import DTOD, DTOH, HTOD, PTOP, peer_copy_time
 from ._unified import UnifiedCopies, copy_bytes, host_located
 
 ADDRESS_BASE = 0x7000_0000_0000  # where the device address space starts (CUDA's is similar)
@@ -137,9 +138,10 @@ class DeviceSpan:
         return OK, block.data[self.offset:end]
 
 
-class MemoryModel(PitchedCopies, UnifiedCopies, HostMemory):
+class MemoryModel(PitchedCopies, UnifiedCopies, Memsets, HostMemory):
     """cuMemAlloc*, cuMemFree*, cuMemcpy*, cuMemset*, cuPointerGetAttribute (host memory
-    in `HostMemory`, 2D and 3D copies in `PitchedCopies`, cuMemcpyAsync in `UnifiedCopies`)."""
+    in `HostMemory`, 2D and 3D copies in `PitchedCopies`, cuMemcpyAsync in `UnifiedCopies`,
+    memsets in `Memsets`)."""
 
     def _init_memory(self):
         self._next_address = ADDRESS_BASE
@@ -393,58 +395,6 @@ class MemoryModel(PitchedCopies, UnifiedCopies, HostMemory):
     def _synchronous(self, result):
         """The synchronous copies: the legacy stream's copy, waited for."""
         return result if result[0] else (self._drain(0),)
-
-    # -- memset ---------------------------------------------------------------------------
-
-    def _memset(self, hStream, dst: int, span: int, align: int, write, label: str):
-        if dst % align:
-            return (INVALID_VALUE,)
-        if span == 0:  # as on an H100: cuMemsetD8Async(0, 0, 0, stream) succeeds
-            return (self._stream_context(hStream)[0],)
-        err, spans = self._checked(hStream, (dst, span), in_current=False, device_only=False)
-        if err:
-            return (err,)
-        target = spans[0]
-
-        def run():
-            err, view = target.get()
-            if err:
-                return err
-            write(view)
-        return (self._enqueue(hStream, run, nbytes=span, label=label, kind=MEMSET),)
-
-    def cuMemsetD8Async(self, dstDevice, uc, N, hStream):
-        value = unsigned(uc, 8, "unsigned char")
-
-        def write(view):
-            view[:] = value
-        return self._memset(hStream, int(dstDevice), size_t(N), 1, write, "memset8")
-
-    def cuMemsetD16Async(self, dstDevice, us, N, hStream):
-        value = unsigned(us, 16, "unsigned short")
-
-        def write(view):
-            view.view(np.uint16)[:] = value
-        return self._memset(hStream, int(dstDevice), 2 * size_t(N), 2, write, "memset16")
-
-    def cuMemsetD32Async(self, dstDevice, ui, N, hStream):
-        value = unsigned(ui, 32, "unsigned int")
-
-        def write(view):
-            view.view(np.uint32)[:] = value
-        return self._memset(hStream, int(dstDevice), 4 * size_t(N), 4, write, "memset32")
-
-    def cuMemsetD2D32Async(self, dstDevice, dstPitch, ui, Width, Height, hStream):
-        pitch, width, height = size_t(dstPitch), size_t(Width), size_t(Height)
-        if pitch < 4 * width:
-            return (INVALID_VALUE,)
-        span = (height - 1) * pitch + 4 * width if width and height else 0
-        value = unsigned(ui, 32, "unsigned int")
-
-        def write(view):
-            rows = np.ndarray((height, width), np.uint32, buffer=view, strides=(pitch, 4))
-            rows[...] = value
-        return self._memset(hStream, int(dstDevice), span, 4, write, "memset2D32")
 
     # -- pointer queries ------------------------------------------------------------------
 
