@@ -10,6 +10,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import cuctx
@@ -28,16 +29,57 @@ def goal(what: str, value: float | None, sense: str, target: float, note: str = 
 
 
 def print_goals() -> None:
+    """The goal lines; with GOALS_TO set (a child of `over_processes`), also written there as
+    JSON."""
     print("\n== goals (issues 16 and 22)")
     for what, value, sense, target, note in GOALS:
-        if value is None:
-            print(f"  {what:<66} not measured ({note})")
-            continue
-        met = value >= target if sense == ">=" else value <= target
-        print(f"  {what:<66} {value:7.2f}  goal {sense} {target:<4}  "
-              f"{'met' if met else 'NOT met'}")
+        _print_goal(what, value, sense, target, note)
     if cuctx.backend().sim is not None:
         print("  (on the sim: its host times, not a GPU's; the goals are for a GPU)")
+    if os.environ.get(GOALS_TO):
+        Path(os.environ[GOALS_TO]).write_text(json.dumps(GOALS))
+
+
+def _print_goal(what: str, value: float | None, sense: str, target: float, note: str,
+                each: str = "") -> None:
+    if value is None:
+        print(f"  {what:<66} not measured ({note})")
+        return
+    met = value >= target if sense == ">=" else value <= target
+    print(f"  {what:<66} {value:7.2f}  goal {sense} {target:<4}  "
+          f"{'met' if met else 'NOT met'}{each}")
+
+
+# -- several processes --------------------------------------------------------------------------
+
+GOALS_TO = "CUCTX_BENCH_GOALS_TO"  # where a child of over_processes writes its goal lines
+
+
+def over_processes(processes: int, args: list[str]) -> None:
+    """``--processes N``: the whole benchmark in N processes one after another (each printed
+    whole), then each goal line's median over them beside every process's value. A process
+    lands fast or slow as a whole (its allocations, its code's place in the caches): one
+    run's line near its goal flips from process to process, the median much less."""
+    script = Path(__file__).with_name("autograph.py")
+    runs: list[list] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(processes):
+            print(f"\n######## process {k + 1} of {processes}", flush=True)
+            out = Path(tmp) / f"goals{k}.json"
+            subprocess.run([sys.executable, str(script), *args], check=True,
+                           env=dict(os.environ, **{GOALS_TO: str(out)}))
+            runs.append(json.loads(out.read_text()))
+    print(f"\n== goals (issues 16 and 22): the median of {processes} processes (each in "
+          "brackets, in order)")
+    for lines in zip(*runs):
+        what, _, sense, target, note = lines[0]
+        values = [v for _, v, *_ in lines if v is not None]
+        each = "  (" + ", ".join("-" if v is None else f"{v:.2f}" for _, v, *_ in lines) + ")"
+        _print_goal(what, statistics.median(values) if values else None, sense, target, note,
+                    each)
+    if len({len(r) for r in runs}) > 1:
+        print("  (the processes printed different numbers of goal lines: paired in order, "
+              "the shortest run's count)")
 
 
 # -- decisions ----------------------------------------------------------------------------------

@@ -38,6 +38,9 @@ Run on a GPU: ``python benchmarks/autograph.py``. ``CUCTX_BACKEND=sim`` runs sma
 smoke test (the decisions with the GPU's call counts); the C and PyTorch baselines are
 skipped with the reason, and its times are the sim's host times, not a GPU's.
 ``--decisions STEPS SMALL_CALLS TOKENS CHAIN`` prints the decisions alone, as JSON.
+``--processes N`` runs the whole benchmark in N processes, one after another, and ends with
+each goal line's median over them (a process lands fast or slow as a whole: a line near its
+goal can flip from one process to the next).
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ from _autograph_loops import (FMA_SOURCE, FORMS, LENGTH_CALLS, axpb_twin, captur
                               decisions, end_to_end, graphed, length_token, small_token,
                               step50, tiny_chain, torch_chain, torch_decoder, torch_small,
                               torch_step)
-from _autograph_report import goal, model_beside_measured, print_decisions, print_goals
+from _autograph_report import (goal, model_beside_measured, over_processes, print_decisions,
+                               print_goals)
 from graphs import STEP_SOURCE, best_us, c_program, step_twin, update_costs
 from graphs import Sizes as CSizes
 from cuctx import _record
@@ -466,5 +470,7 @@ def main_decisions(args: list[str]) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--decisions"]:
         run(lambda: main_decisions(sys.argv[2:]))
+    elif sys.argv[1:2] == ["--processes"]:
+        over_processes(int(sys.argv[2]), sys.argv[3:])
     else:
         run(main)
