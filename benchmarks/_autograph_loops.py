@@ -55,6 +55,7 @@ def step50(kernel: cuctx.Kernel, stream: cuctx.Stream, n: int, form: str) -> Cal
         o = cuctx.empty(n, np.float32, stream=stream)  # the output, new every call
         fma(o, t, a, b, n)
         return o
+
     return step
 
 
@@ -67,6 +68,7 @@ def _docs_step(axpb: cuctx.Kernel, grid: int, n: int) -> Callable:
         o = cuctx.empty(n, np.float32)
         axpb[grid, 256](o, t, 0.5, 1.0, n)
         return o
+
     return step
 
 
@@ -79,11 +81,13 @@ def _launch_step(axpb: cuctx.Kernel, grid: int, n: int) -> Callable:
         o = cuctx.empty(n, np.float32)
         cuctx.launch(axpb, grid, 256, o, t, 0.5, 1.0, n)
         return o
+
     return step
 
 
-def end_to_end(run: Callable[[], object], sync: Callable[[], object], count: int,
-               calls: int = 1) -> float:
+def end_to_end(
+    run: Callable[[], object], sync: Callable[[], object], count: int, calls: int = 1
+) -> float:
     """us per item of ``calls`` calls of ``run`` in a row (``count`` items each), up to the
     end of their work."""
     sync()
@@ -100,13 +104,18 @@ def small_token(kernel: cuctx.Kernel, stream: cuctx.Stream) -> Callable[..., Non
     the output new every call, one more kernel every 16 calls up to 8 (then 5 again)."""
     fma = kernel[-(-SMALL // 256), 256, 0, stream]
 
-    def token(out: cuctx.DeviceArray, x: cuctx.DeviceArray, k: int,
-              scratch: cuctx.DeviceArray | None = None) -> None:
+    def token(
+        out: cuctx.DeviceArray,
+        x: cuctx.DeviceArray,
+        k: int,
+        scratch: cuctx.DeviceArray | None = None,
+    ) -> None:
         t = cuctx.empty(SMALL, np.float32, stream=stream) if scratch is None else scratch
         fma(t, x, 0.5, float(k), SMALL)
         for _ in range(3 + (k // 16) % 4):
             fma(t, t, 0.5, 1.0, SMALL)
         fma(out, t, 0.5, float(k), SMALL)
+
     token.size = SMALL
     return token
 
@@ -129,6 +138,7 @@ def length_token(kernel: cuctx.Kernel, stream: cuctx.Stream) -> Callable[..., No
         for _ in range(2 if n < LENGTH_CHANGE else 3):
             fma(t, t, 0.5, 1.0, SMALL)
         fma(out, t, 0.5, float(n), SMALL)
+
     token.size = SMALL
     return token
 
@@ -137,6 +147,7 @@ def capture_and_update(stream: cuctx.Stream, enqueue: Callable[..., None]):
     """llama.cpp's way: a maker of a fresh run's step, which captures ``enqueue(*args)`` on
     ``stream``, updates the executable with the new graph (or instantiates one when the
     structure changed) and launches it."""
+
     def make() -> Callable[..., None]:
         state: dict[str, cuctx.GraphExec] = {}
 
@@ -153,7 +164,9 @@ def capture_and_update(stream: cuctx.Stream, enqueue: Callable[..., None]):
             if exe is None:
                 exe = state["exe"] = graph.instantiate()
             exe.launch(stream)
+
         return step
+
     return make
 
 
@@ -167,6 +180,7 @@ def torch_step(torch, n: int, steps: int) -> dict[str, Callable[[], float]]:
         for _ in range(48):
             t = torch.addcmul(b, t, a)
         return torch.addcmul(b, t, a)
+
     inputs = [torch.ones(n, device="cuda") for _ in range(steps)]
     sync = torch.cuda.synchronize
 
@@ -174,15 +188,18 @@ def torch_step(torch, n: int, steps: int) -> dict[str, Callable[[], float]]:
         def run():
             for x in inputs:
                 fn(x)
+
         return run
+
     candidates = {"torch eager": lambda: end_to_end(loop(step), sync, steps)}
     try:
         compiled = torch.compile(step, backend="cudagraphs")
         for x in inputs[:5]:  # traced, recorded, then replayed
             compiled(x).clone()
         sync()
-        candidates["torch.compile cudagraphs"] = \
-            lambda: end_to_end(loop(lambda x: compiled(x).clone()), sync, steps)
+        candidates["torch.compile cudagraphs"] = lambda: end_to_end(
+            loop(lambda x: compiled(x).clone()), sync, steps
+        )
     except Exception as exc:  # noqa: BLE001 - whatever keeps torch.compile from running here
         print(f"  (no torch.compile baseline: {type(exc).__name__}: {exc})")
     return candidates
@@ -191,6 +208,7 @@ def torch_step(torch, n: int, steps: int) -> dict[str, Callable[[], float]]:
 def torch_chain(torch, n: int):
     """The chain in a torch.cuda.CUDAGraph, captured once: its replay and a synchronize."""
     from graphs import STEP_SOURCE  # (benchmarks/graphs.py)
+
     step = torch.cuda._compile_kernel(STEP_SOURCE, "step")
     x = torch.zeros(1024, device="cuda")
     stream = torch.cuda.Stream()
@@ -204,6 +222,7 @@ def torch_chain(torch, n: int):
     def replay() -> None:
         with torch.cuda.stream(stream):
             graph.replay()
+
     return replay, stream.synchronize
 
 
@@ -234,6 +253,7 @@ def torch_small(torch, size: int, calls: int) -> Callable[[], float]:
         begin = time.perf_counter()
         run()
         return (time.perf_counter() - begin) / calls * 1e6
+
     return measure
 
 
@@ -243,9 +263,16 @@ def torch_decoder(torch, tokens: int):
     ``tokens`` tokens and its output rows."""
     kernels = {name: torch.cuda._compile_kernel(dl.SOURCE, name) for name in dl.TWINS}
     rng = np.random.default_rng(0)  # the weights of Model.create(seed=0), in its order
-    weights = [tuple(torch.from_numpy(rng.standard_normal((dl.DIM, dl.DIM)).astype(np.float32)
-                                      / np.float32(np.sqrt(dl.DIM))).cuda() for _ in range(2))
-               for _ in range(dl.LAYERS)]
+    weights = [
+        tuple(
+            torch.from_numpy(
+                rng.standard_normal((dl.DIM, dl.DIM)).astype(np.float32)
+                / np.float32(np.sqrt(dl.DIM))
+            ).cuda()
+            for _ in range(2)
+        )
+        for _ in range(dl.LAYERS)
+    ]
     zeros = lambda *shape: torch.zeros(shape, device="cuda")  # noqa: E731
     caches = [zeros(tokens, dl.DIM) for _ in range(dl.LAYERS)]
     h, a, q, o = (zeros(dl.DIM) for _ in range(4))
@@ -283,8 +310,8 @@ def torch_decoder(torch, tokens: int):
                 graph.replay()
                 previous = graph  # noqa: F841 - kept until the next token's replay is queued
         stream.synchronize()
-    return run, out
 
+    return run, out
 
 
 # -- decisions: each loop once from a cold start ------------------------------------------------
@@ -320,8 +347,10 @@ def decisions(steps: int, small_calls: int, tokens: int, chain: int) -> dict[str
             for _ in range(steps):
                 step(cuctx.full(n, 1.0, np.float32, stream=stream))
             found[f"50-kernel step ({form})"] = counts_of(step)
-    for name, make, first, calls in (("small decoding loop", small_token, 0, small_calls),
-                                     ("64-call loop", length_token, 1, LENGTH_CALLS)):
+    for name, make, first, calls in (
+        ("small decoding loop", small_token, 0, small_calls),
+        ("64-call loop", length_token, 1, LENGTH_CALLS),
+    ):
         auto = cuctx.autograph(make(kernel, stream))
         x = cuctx.full(SMALL, 1.0, np.float32, stream=stream)
         for k in range(first, first + calls):
@@ -340,6 +369,7 @@ def tiny_chain(n: int) -> tuple[cuctx.Kernel, cuctx.Stream, cuctx.DeviceArray, C
     """A chain of ``n`` tiny kernels (benchmarks/graphs.py's `step`, each waiting for the one
     before on one stream): the kernel, the stream, the array and the function enqueuing it."""
     from graphs import STEP_SOURCE, step_twin
+
     kernel = cuctx.Library.from_source(STEP_SOURCE, sim_kernels={"step": step_twin})["step"]
     stream = cuctx.Stream()
     x = cuctx.zeros(1024, np.float32, stream=stream)
@@ -348,6 +378,7 @@ def tiny_chain(n: int) -> tuple[cuctx.Kernel, cuctx.Stream, cuctx.DeviceArray, C
     def chain() -> None:
         for i in range(n):
             launcher(x, 1, i)
+
     return kernel, stream, x, chain
 
 

@@ -40,14 +40,16 @@ def print_goals() -> None:
         Path(os.environ[GOALS_TO]).write_text(json.dumps(GOALS))
 
 
-def _print_goal(what: str, value: float | None, sense: str, target: float, note: str,
-                each: str = "") -> None:
+def _print_goal(
+    what: str, value: float | None, sense: str, target: float, note: str, each: str = ""
+) -> None:
     if value is None:
         print(f"  {what:<66} not measured ({note})")
         return
     met = value >= target if sense == ">=" else value <= target
-    print(f"  {what:<66} {value:7.2f}  goal {sense} {target:<4}  "
-          f"{'met' if met else 'NOT met'}{each}")
+    print(
+        f"  {what:<66} {value:7.2f}  goal {sense} {target:<4}  {'met' if met else 'NOT met'}{each}"
+    )
 
 
 # -- several processes --------------------------------------------------------------------------
@@ -66,23 +68,30 @@ def over_processes(processes: int, args: list[str]) -> None:
         for k in range(processes):
             print(f"\n######## process {k + 1} of {processes}", flush=True)
             out = Path(tmp) / f"goals{k}.json"
-            subprocess.run([sys.executable, str(script), *args], check=True,
-                           env=dict(os.environ, **{GOALS_TO: str(out)}))
+            subprocess.run(
+                [sys.executable, str(script), *args],
+                check=True,
+                env=dict(os.environ, **{GOALS_TO: str(out)}),
+            )
             runs.append(json.loads(out.read_text()))
-    print(f"\n== goals (issues 16 and 22): the median of {processes} processes (each in "
-          "brackets, in order)")
+    print(
+        f"\n== goals (issues 16 and 22): the median of {processes} processes (each in "
+        "brackets, in order)"
+    )
     for lines in zip(*runs):
         what, _, sense, target, note = lines[0]
         values = [v for _, v, *_ in lines if v is not None]
         each = "  (" + ", ".join("-" if v is None else f"{v:.2f}" for _, v, *_ in lines) + ")"
-        _print_goal(what, statistics.median(values) if values else None, sense, target, note,
-                    each)
+        _print_goal(what, statistics.median(values) if values else None, sense, target, note, each)
     if len({len(r) for r in runs}) > 1:
-        print("  (the processes printed different numbers of goal lines: paired in order, "
-              "the shortest run's count)")
+        print(
+            "  (the processes printed different numbers of goal lines: paired in order, "
+            "the shortest run's count)"
+        )
 
 
 # -- decisions ----------------------------------------------------------------------------------
+
 
 def line(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} {counts[k]}" for k in COUNTS)
@@ -100,8 +109,14 @@ def sim_decisions(args: list[str]) -> tuple[dict | None, str]:
     script = Path(__file__).with_name("autograph.py")
     env = dict(os.environ, CUCTX_BACKEND="sim", CUCTX_RACECHECK="off")
     try:
-        out = subprocess.run([sys.executable, str(script), "--decisions", *args], env=env,
-                             check=True, capture_output=True, text=True, timeout=600).stdout
+        out = subprocess.run(
+            [sys.executable, str(script), "--decisions", *args],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        ).stdout
         return json.loads(out.splitlines()[-1]), ""
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
         return None, f"the sim's run failed: {type(exc).__name__}: {exc}"
@@ -117,8 +132,10 @@ def print_decisions(mine: dict[str, dict], args: list[str]) -> None:
         if here != "sim" and sims is not None:
             other = sims[name]
             same = agree(counts, other)
-            print(f"  {'':<28} sim  {line(other)}   "
-                  f"{'agree' if same else 'DIFFER'} (within {WITHIN:.0%} of the calls)")
+            print(
+                f"  {'':<28} sim  {line(other)}   "
+                f"{'agree' if same else 'DIFFER'} (within {WITHIN:.0%} of the calls)"
+            )
             if not same:  # what each side decided from
                 for side, found in ((here, counts), ("sim", other)):
                     for reason in found.get("why", []):
@@ -126,11 +143,16 @@ def print_decisions(mine: dict[str, dict], args: list[str]) -> None:
     if sims is None:
         print(f"  (no sim decisions beside them: {why})")
     if here != "sim" and sims is not None:
-        goal("decisions: loops where the sim agrees with the GPU",
-             sum(agree(c, sims[n]) for n, c in mine.items()) / len(mine), ">=", 1.0)
+        goal(
+            "decisions: loops where the sim agrees with the GPU",
+            sum(agree(c, sims[n]) for n, c in mine.items()) / len(mine),
+            ">=",
+            1.0,
+        )
 
 
 # -- the model ----------------------------------------------------------------------------------
+
 
 def model_beside_measured(graphs: list[cuctx.AutoGraph]) -> None:
     """The sim's host costs (HOST_* in cuctx/_driver/sim/_timing.py, the one place they are
@@ -144,22 +166,39 @@ def model_beside_measured(graphs: list[cuctx.AutoGraph]) -> None:
     launches = [e.replay_s for e in entries if e.replay_s is not None]
     fit = _autograph_policy.BUILDS.fit()
     measured = {
-        f"an eager call, fixed (HOST_EAGER_CALL_NS; <= {SMALL_STRUCTURE} operations)":
-            (_timing.HOST_EAGER_CALL_NS, _eager_call_fixed(entries)),
-        "an operation enqueued eagerly (HOST_EAGER_OP_NS)":
-            (_timing.HOST_EAGER_OP_NS, min(eager, default=None)),
-        "a graph launch, its nodes' share included":
-            (_timing.HOST_GRAPH_LAUNCH_NS, min(launches, default=None)),
-        "a patched kernel node (HOST_PATCH_NODE_NS)":
-            (_timing.HOST_PATCH_NODE_NS, _least(graphs, "patch_s")),
-        "a node of a whole update (HOST_WHOLE_NODE_NS)":
-            (_timing.HOST_WHOLE_NODE_NS, _least(graphs, "whole_node_s")),
-        "a build, fixed (HOST_BUILD_FIXED_NS)":
-            (_timing.HOST_BUILD_FIXED_NS, None if fit is None else fit[0]),
-        "a build, per node (HOST_BUILD_NODE_NS)":
-            (_timing.HOST_BUILD_NODE_NS, None if fit is None else fit[1])}
-    typical = {"an operation enqueued eagerly (HOST_EAGER_OP_NS)": eager,
-               "a graph launch, its nodes' share included": launches}
+        f"an eager call, fixed (HOST_EAGER_CALL_NS; <= {SMALL_STRUCTURE} operations)": (
+            _timing.HOST_EAGER_CALL_NS,
+            _eager_call_fixed(entries),
+        ),
+        "an operation enqueued eagerly (HOST_EAGER_OP_NS)": (
+            _timing.HOST_EAGER_OP_NS,
+            min(eager, default=None),
+        ),
+        "a graph launch, its nodes' share included": (
+            _timing.HOST_GRAPH_LAUNCH_NS,
+            min(launches, default=None),
+        ),
+        "a patched kernel node (HOST_PATCH_NODE_NS)": (
+            _timing.HOST_PATCH_NODE_NS,
+            _least(graphs, "patch_s"),
+        ),
+        "a node of a whole update (HOST_WHOLE_NODE_NS)": (
+            _timing.HOST_WHOLE_NODE_NS,
+            _least(graphs, "whole_node_s"),
+        ),
+        "a build, fixed (HOST_BUILD_FIXED_NS)": (
+            _timing.HOST_BUILD_FIXED_NS,
+            None if fit is None else fit[0],
+        ),
+        "a build, per node (HOST_BUILD_NODE_NS)": (
+            _timing.HOST_BUILD_NODE_NS,
+            None if fit is None else fit[1],
+        ),
+    }
+    typical = {
+        "an operation enqueued eagerly (HOST_EAGER_OP_NS)": eager,
+        "a graph launch, its nodes' share included": launches,
+    }
     for what, (model_ns, seconds) in measured.items():
         seen = "not measured in this run" if seconds is None else f"{seconds * 1e6:.2f} measured"
         if typical.get(what):  # the least is the warm loops'; the decisions see the median
@@ -172,8 +211,11 @@ def _eager_call_fixed(entries: list) -> float | None:
     SMALL_STRUCTURE operations (whose decisions it sways), the median of their measured eager
     call less their operations at the modelled cost each (HOST_EAGER_OP_NS)."""
     op = _timing.HOST_EAGER_OP_NS * 1e-9
-    rest = [e.eager_s - op * e.size for e in entries
-            if e.eager_s is not None and 0 < e.size <= SMALL_STRUCTURE]
+    rest = [
+        e.eager_s - op * e.size
+        for e in entries
+        if e.eager_s is not None and 0 < e.size <= SMALL_STRUCTURE
+    ]
     return statistics.median(rest) if rest else None
 
 

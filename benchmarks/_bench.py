@@ -21,6 +21,7 @@ def run(main: Callable[[], None]) -> None:
     """Run a benchmark's ``main``, with the race checker off (in the processes it starts
     too) unless CUCTX_RACECHECK is set (then it decides, as for any program)."""
     import cuctx
+
     if os.environ.get("CUCTX_RACECHECK"):
         main()
         return
@@ -35,10 +36,14 @@ def start(sim_note: str):
     ``sim_note`` saying what the ratios then mean)."""
     import cuctx
     from cuctx import _trace
+
     backend = cuctx.backend()
     print(f"backend: {backend}")
-    print("race checker: " + ("on" if _trace.sinks else "off") +
-          " (CUCTX_RACECHECK=warn|off decides; benchmarks/racecheck.py times the checker)")
+    print(
+        "race checker: "
+        + ("on" if _trace.sinks else "off")
+        + " (CUCTX_RACECHECK=warn|off decides; benchmarks/racecheck.py times the checker)"
+    )
     if backend.name != "cuda":
         print(f"note: {sim_note}")
     return backend, "cuda.bindings" if backend.name == "cuda" else "sim driver"
@@ -55,9 +60,15 @@ def best_time(fn: Callable[[], object], *, inner: int, rounds: int = 7) -> float
     return best
 
 
-def compare(title: str, candidates: dict[str, Callable[[], float]], *, unit: str,
-            reference: str = "cuctx", higher_is_better: bool = False,
-            rounds: int = 5) -> dict[str, float]:
+def compare(
+    title: str,
+    candidates: dict[str, Callable[[], float]],
+    *,
+    unit: str,
+    reference: str = "cuctx",
+    higher_is_better: bool = False,
+    rounds: int = 5,
+) -> dict[str, float]:
     """Measure every candidate (each returns one measurement in ``unit``) ``rounds`` times,
     interleaved so drift hits all alike; keep each one's best; print values and ratios."""
     best: dict[str, float] = {}

@@ -61,12 +61,31 @@ from cuda.bindings.driver import CUstream_flags, CUstreamCaptureMode
 
 import cuctx
 from _bench import compare, run, start
-from _autograph_loops import (FMA_SOURCE, FORMS, LENGTH_CALLS, axpb_twin, capture_and_update,
-                              decisions, end_to_end, graphed, length_token, small_token,
-                              step50, tiny_chain, torch_chain, torch_decoder, torch_small,
-                              torch_step)
-from _autograph_report import (goal, model_beside_measured, over_processes, print_decisions,
-                               print_goals)
+from _autograph_loops import (
+    FMA_SOURCE,
+    FORMS,
+    LENGTH_CALLS,
+    axpb_twin,
+    capture_and_update,
+    decisions,
+    end_to_end,
+    graphed,
+    length_token,
+    small_token,
+    step50,
+    tiny_chain,
+    torch_chain,
+    torch_decoder,
+    torch_small,
+    torch_step,
+)
+from _autograph_report import (
+    goal,
+    model_beside_measured,
+    over_processes,
+    print_decisions,
+    print_goals,
+)
 from graphs import STEP_SOURCE, best_us, c_program, step_twin, update_costs
 from graphs import Sizes as CSizes
 from cuctx import _record
@@ -103,8 +122,7 @@ def raw_graph(launches: list[tuple[object, tuple, tuple, list]]):
     """``launches`` (function, grid, block, ctypes values) captured once with raw driver calls
     on a raw stream and instantiated: (replay, synchronize)."""
     drv = cuctx.backend().driver
-    stream = check(drv.cuStreamCreate(int(CUstream_flags.CU_STREAM_NON_BLOCKING)),
-                   "cuStreamCreate")
+    stream = check(drv.cuStreamCreate(int(CUstream_flags.CU_STREAM_NON_BLOCKING)), "cuStreamCreate")
     mode = CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
     check((drv.cuStreamBeginCapture(stream, mode)[0], None), "cuStreamBeginCapture")
     for function, grid, block, values in launches:  # the driver copies the parameters
@@ -131,6 +149,7 @@ def torch_or_reason():
 
 # -- (a) the 50-kernel step ---------------------------------------------------------------
 
+
 def step_forms(sizes: Sizes, torch, why_no_torch: str | None) -> list[cuctx.AutoGraph]:
     n, steps = sizes.n, sizes.steps
     kernel = cuctx.Library.from_source(FMA_SOURCE, sim_kernels={"axpb": axpb_twin})["axpb"]
@@ -148,26 +167,44 @@ def step_forms(sizes: Sizes, torch, why_no_torch: str | None) -> list[cuctx.Auto
             with stream:
                 for x in inputs:
                     fn(x)
+
         return lambda: end_to_end(calls, stream.synchronize, steps)
-    x0, t0, o0 = inputs[0], cuctx.empty(n, np.float32, stream=stream), \
-        cuctx.empty(n, np.float32, stream=stream)
+
+    x0, t0, o0 = (
+        inputs[0],
+        cuctx.empty(n, np.float32, stream=stream),
+        cuctx.empty(n, np.float32, stream=stream),
+    )
     grid = (-(-n // 256), 1, 1)
     scalars = [ctypes.c_float(0.5), ctypes.c_float(1.0), ctypes.c_int(n)]
     pointers = [(t0, x0)] + [(t0, t0)] * 48 + [(o0, t0)]
-    replay, raw_sync = raw_graph([(kernel._function, grid, (256, 1, 1),
-                                   [ctypes.c_void_p(dst.ptr), ctypes.c_void_p(src.ptr), *scalars])
-                                  for dst, src in pointers])
+    replay, raw_sync = raw_graph(
+        [
+            (
+                kernel._function,
+                grid,
+                (256, 1, 1),
+                [ctypes.c_void_p(dst.ptr), ctypes.c_void_p(src.ptr), *scalars],
+            )
+            for dst, src in pointers
+        ]
+    )
     candidates = {}
     for form in FORMS:
         candidates[f"eager, {FORM_NAMES[form]}"] = loop(steps_of[form])
         candidates[f"AutoGraph, {FORM_NAMES[form]}"] = loop(graphs[form])
-    candidates["raw replay"] = lambda: end_to_end(lambda: [replay() for _ in range(steps)],
-                                                  raw_sync, steps)
+    candidates["raw replay"] = lambda: end_to_end(
+        lambda: [replay() for _ in range(steps)], raw_sync, steps
+    )
     if torch is not None:
         candidates.update(torch_step(torch, n, steps))
-    best = compare(f"the 50-kernel step, {n} floats, {steps} steps then a synchronize, per "
-                   "step", candidates, unit="us", reference="AutoGraph, docs' form",
-                   rounds=sizes.rounds)
+    best = compare(
+        f"the 50-kernel step, {n} floats, {steps} steps then a synchronize, per step",
+        candidates,
+        unit="us",
+        reference="AutoGraph, docs' form",
+        rounds=sizes.rounds,
+    )
     if why_no_torch:
         print(f"  (no torch baseline: {why_no_torch})")
     with stream:
@@ -175,25 +212,36 @@ def step_forms(sizes: Sizes, torch, why_no_torch: str | None) -> list[cuctx.Auto
         for form, fn in graphs.items():
             s = fn.stats()
             same = np.array_equal(fn(x0).to_host(), expected)
-            print(f"  AutoGraph, {FORM_NAMES[form]}: {s['calls']} calls, {s['updates']} "
-                  f"patched, {s['replays']} replayed, {s['builds']} builds, {s['eager']} "
-                  f"eager; results {'equal to eager' if same else 'DIFFERENT from eager'}")
+            print(
+                f"  AutoGraph, {FORM_NAMES[form]}: {s['calls']} calls, {s['updates']} "
+                f"patched, {s['replays']} replayed, {s['builds']} builds, {s['eager']} "
+                f"eager; results {'equal to eager' if same else 'DIFFERENT from eager'}"
+            )
     compiled = best.get("torch.compile cudagraphs")
     for form in ("docs", "bound"):
         auto, what = best[f"AutoGraph, {FORM_NAMES[form]}"], f"50-kernel step, {FORM_NAMES[form]}"
         goal(f"{what}: AutoGraph / raw replay", auto / best["raw replay"], "<=", 1.1)
-        goal(f"{what}: AutoGraph / torch.compile(cudagraphs)",
-             None if compiled is None else auto / compiled, "<=", 0.55,
-             why_no_torch or "torch.compile(backend='cudagraphs') did not run (see above)")
+        goal(
+            f"{what}: AutoGraph / torch.compile(cudagraphs)",
+            None if compiled is None else auto / compiled,
+            "<=",
+            0.55,
+            why_no_torch or "torch.compile(backend='cudagraphs') did not run (see above)",
+        )
         goal(f"{what}: eager / AutoGraph", best[f"eager, {FORM_NAMES[form]}"] / auto, ">=", 4.0)
     for form in ("docs", "launch"):
         for way in ("AutoGraph", "eager"):
-            goal(f"50-kernel step, {way}: {FORM_NAMES[form]} / bound launcher",
-                 best[f"{way}, {FORM_NAMES[form]}"] / best[f"{way}, bound launcher"], "<=", 1.1)
+            goal(
+                f"50-kernel step, {way}: {FORM_NAMES[form]} / bound launcher",
+                best[f"{way}, {FORM_NAMES[form]}"] / best[f"{way}, bound launcher"],
+                "<=",
+                1.1,
+            )
     return list(graphs.values())
 
 
 # -- (b) the chain --------------------------------------------------------------------------
+
 
 def chain(sizes: Sizes, c: dict[str, float] | None) -> cuctx.AutoGraph:
     n = sizes.chain
@@ -203,34 +251,60 @@ def chain(sizes: Sizes, c: dict[str, float] | None) -> cuctx.AutoGraph:
         graphed_chain()
         if graphed_chain.stats()["builds"]:
             break
-    replay, raw_sync = raw_graph([(kernel._function, (1, 1, 1), (32, 1, 1),
-                                   [ctypes.c_void_p(x.ptr), ctypes.c_int(1), ctypes.c_int(i)])
-                                  for i in range(n)])
+    replay, raw_sync = raw_graph(
+        [
+            (
+                kernel._function,
+                (1, 1, 1),
+                (32, 1, 1),
+                [ctypes.c_void_p(x.ptr), ctypes.c_int(1), ctypes.c_int(i)],
+            )
+            for i in range(n)
+        ]
+    )
     sync = stream.synchronize
-    runs = {"cuctx eager": (eager, sync), "cuctx AutoGraph": (graphed_chain, sync),
-            "raw replay": (replay, raw_sync)}
+    runs = {
+        "cuctx eager": (eager, sync),
+        "cuctx AutoGraph": (graphed_chain, sync),
+        "raw replay": (replay, raw_sync),
+    }
     torch, _ = torch_or_reason()
     if torch is not None and getattr(torch.cuda, "_compile_kernel", None) is not None:
         runs["torch CUDAGraph replay"] = torch_chain(torch, n)
-    candidates = {name: (lambda run=run, s=s: end_to_end(run, s, n, CALLS_IN_A_ROW))
-                  for name, (run, s) in runs.items()}
-    best = compare(f"a chain of {n} tiny kernels, {CALLS_IN_A_ROW} calls in a row then a "
-                   "synchronize, per kernel", candidates, unit="us", reference="cuctx AutoGraph",
-                   rounds=sizes.rounds)
+    candidates = {
+        name: (lambda run=run, s=s: end_to_end(run, s, n, CALLS_IN_A_ROW))
+        for name, (run, s) in runs.items()
+    }
+    best = compare(
+        f"a chain of {n} tiny kernels, {CALLS_IN_A_ROW} calls in a row then a "
+        "synchronize, per kernel",
+        candidates,
+        unit="us",
+        reference="cuctx AutoGraph",
+        rounds=sizes.rounds,
+    )
     if c is not None:
-        print(f"  C (one call, then a synchronize): replay {c['replay_us_per_node']:.3f}, "
-              f"eager {c['eager_us_per_kernel']:.3f} us per kernel")
+        print(
+            f"  C (one call, then a synchronize): replay {c['replay_us_per_node']:.3f}, "
+            f"eager {c['eager_us_per_kernel']:.3f} us per kernel"
+        )
     auto = best["cuctx AutoGraph"]
     goal(f"{n}-kernel chain: eager / AutoGraph", best["cuctx eager"] / auto, ">=", 4.0)
     goal(f"{n}-kernel chain: AutoGraph / raw replay", auto / best["raw replay"], "<=", 1.1)
     build = build_us(graphed_chain, sizes.rounds)
     c_build = None if c is None else c["capture_instantiate_ms"] * 1e3
-    print(f"\n== building the {n}-kernel chain's graph (us): AutoGraph {build:.0f} "
-          f"({build / n:.2f} per node); C capture + instantiate "
-          f"{'-' if c_build is None else f'{c_build:.0f} ({c_build / n:.2f} per node)'}")
-    goal(f"a build of the {n}-kernel chain: AutoGraph / C capture + instantiate",
-         None if c_build is None else build / c_build, "<=", 1.5,
-         "the C program needs a GPU" if c is None else "")
+    print(
+        f"\n== building the {n}-kernel chain's graph (us): AutoGraph {build:.0f} "
+        f"({build / n:.2f} per node); C capture + instantiate "
+        f"{'-' if c_build is None else f'{c_build:.0f} ({c_build / n:.2f} per node)'}"
+    )
+    goal(
+        f"a build of the {n}-kernel chain: AutoGraph / C capture + instantiate",
+        None if c_build is None else build / c_build,
+        "<=",
+        1.5,
+        "the C program needs a GPU" if c is None else "",
+    )
     return graphed_chain
 
 
@@ -257,6 +331,7 @@ def build_us(fn: cuctx.AutoGraph, rounds: int) -> float:
 
 # -- (c) decoding ---------------------------------------------------------------------------
 
+
 def decoding_small(sizes: Sizes, torch, why_no_torch: str | None) -> cuctx.AutoGraph:
     calls = sizes.small_calls
     kernel = cuctx.Library.from_source(FMA_SOURCE, sim_kernels={"axpb": axpb_twin})["axpb"]
@@ -273,32 +348,53 @@ def decoding_small(sizes: Sizes, torch, why_no_torch: str | None) -> cuctx.AutoG
                 out = cuctx.empty(token.size, np.float32, stream=stream)
                 fn(out, x, k)
             outputs[name] = out
+
         return end_to_end(calls_of, stream.synchronize, calls)
 
     def autograph_run() -> float:
         last["AutoGraph"] = graphed = cuctx.autograph(token)  # a cold start every run
         return run("AutoGraph", graphed)
+
     update = capture_and_update(stream, lambda out, x, k: token(out, x, k, scratch))
-    candidates = {"eager": lambda: run("eager", token), "AutoGraph": autograph_run,
-                  "capture + update": lambda: run("capture + update", update())}
+    candidates = {
+        "eager": lambda: run("eager", token),
+        "AutoGraph": autograph_run,
+        "capture + update": lambda: run("capture + update", update()),
+    }
     if torch is not None:
         candidates["torch re-capture"] = torch_small(torch, token.size, calls)
-    best = compare(f"a decoding-like loop of 5-8 small kernels, {calls} calls (a new "
-                   "structure every 16), per call", candidates, unit="us", reference="AutoGraph",
-                   rounds=sizes.rounds)
+    best = compare(
+        f"a decoding-like loop of 5-8 small kernels, {calls} calls (a new "
+        "structure every 16), per call",
+        candidates,
+        unit="us",
+        reference="AutoGraph",
+        rounds=sizes.rounds,
+    )
     if why_no_torch:
         print(f"  (no torch baseline: {why_no_torch})")
     reference = outputs["eager"].to_host()
-    print("  last outputs equal to eager: " + ", ".join(
-        f"{name} {'yes' if np.array_equal(out.to_host(), reference) else 'NO'}"
-        for name, out in outputs.items() if name != "eager"))
+    print(
+        "  last outputs equal to eager: "
+        + ", ".join(
+            f"{name} {'yes' if np.array_equal(out.to_host(), reference) else 'NO'}"
+            for name, out in outputs.items()
+            if name != "eager"
+        )
+    )
     s = last["AutoGraph"].stats()
-    print(f"  AutoGraph (last run): {s['updates']} patched, {s['replays']} replayed, "
-          f"{s['builds']} builds, {s['eager']} eager of {s['calls']}")
+    print(
+        f"  AutoGraph (last run): {s['updates']} patched, {s['replays']} replayed, "
+        f"{s['builds']} builds, {s['eager']} eager of {s['calls']}"
+    )
     fastest = min(best, key=best.get)
     goal("small decoding loop: eager / AutoGraph", best["eager"] / best["AutoGraph"], ">=", 2.0)
-    goal(f"small decoding loop: fastest / AutoGraph (fastest: {fastest})",
-         best[fastest] / best["AutoGraph"], ">=", 1.0)
+    goal(
+        f"small decoding loop: fastest / AutoGraph (fastest: {fastest})",
+        best[fastest] / best["AutoGraph"],
+        ">=",
+        1.0,
+    )
     return last["AutoGraph"]
 
 
@@ -314,28 +410,37 @@ def length_loop(sizes: Sizes) -> cuctx.AutoGraph:
         def calls() -> None:
             for n in range(1, LENGTH_CALLS + 1):
                 fn(cuctx.empty(token.size, np.float32, stream=stream), x, n)
+
         return end_to_end(calls, stream.synchronize, LENGTH_CALLS)
 
     def autograph_run() -> float:
         last["AutoGraph"] = cuctx.autograph(token)  # a cold start every run
         return run(last["AutoGraph"])
-    best = compare(f"a loop of {LENGTH_CALLS} calls whose lengths change every call, its "
-                   "structure at call 17 (4, then 5 small kernels), per call",
-                   {"eager": lambda: run(token), "AutoGraph": autograph_run}, unit="us",
-                   reference="AutoGraph", rounds=sizes.rounds)
+
+    best = compare(
+        f"a loop of {LENGTH_CALLS} calls whose lengths change every call, its "
+        "structure at call 17 (4, then 5 small kernels), per call",
+        {"eager": lambda: run(token), "AutoGraph": autograph_run},
+        unit="us",
+        reference="AutoGraph",
+        rounds=sizes.rounds,
+    )
     share = graphed(last["AutoGraph"])
     print(f"  AutoGraph (last run): {share:.0%} of the calls served by graphs")
     goal(f"{LENGTH_CALLS}-call loop: calls served by graphs (share)", share, ">=", 0.75)
-    goal(f"{LENGTH_CALLS}-call loop: eager / AutoGraph", best["eager"] / best["AutoGraph"],
-         ">=", 2.0)
+    goal(
+        f"{LENGTH_CALLS}-call loop: eager / AutoGraph", best["eager"] / best["AutoGraph"], ">=", 2.0
+    )
     return last["AutoGraph"]
 
 
 def decoding_example(sizes: Sizes) -> None:
     tokens = sizes.tokens
     library = cuctx.Library.from_source(dl.SOURCE, sim_kernels=dl.TWINS)
-    models = {name: dl.Model.create(library, tokens)
-              for name in ("eager", "AutoGraph", "capture + update")}
+    models = {
+        name: dl.Model.create(library, tokens)
+        for name in ("eager", "AutoGraph", "capture + update")
+    }
 
     def autograph_run() -> float:  # a cold start every run
         return dl.run(models["AutoGraph"], cuctx.autograph(dl.decode_token), tokens) * 1e6
@@ -343,33 +448,51 @@ def decoding_example(sizes: Sizes) -> None:
     def update_run() -> float:
         model = models["capture + update"]
         return dl.run(model, capture_and_update(model.stream, dl.decode_token)(), tokens) * 1e6
+
     candidates = {
         "eager": lambda: dl.run(models["eager"], dl.decode_token, tokens) * 1e6,
-        "AutoGraph": autograph_run, "capture + update": update_run}
+        "AutoGraph": autograph_run,
+        "capture + update": update_run,
+    }
     torch, why_no_torch = torch_or_reason()
     if torch is not None and getattr(torch.cuda, "_compile_kernel", None) is not None:
         t_run, _ = torch_decoder(torch, tokens)
         candidates["torch re-capture"] = lambda: best_us(t_run, 1) / tokens
     elif torch is not None:
         why_no_torch = f"torch {torch.__version__} has no torch.cuda._compile_kernel"
-    best = compare(f"the decoding example: {tokens} tokens, a new structure every "
-                   f"{dl.CHUNK}, per token", candidates, unit="us", reference="AutoGraph",
-                   rounds=sizes.rounds)
+    best = compare(
+        f"the decoding example: {tokens} tokens, a new structure every {dl.CHUNK}, per token",
+        candidates,
+        unit="us",
+        reference="AutoGraph",
+        rounds=sizes.rounds,
+    )
     if why_no_torch:
         print(f"  (no torch baseline: {why_no_torch})")
     reference = models["eager"].out.to_host()
-    print("  outputs equal to eager: " + ", ".join(
-        f"{name} {'yes' if np.array_equal(m.out.to_host(), reference) else 'NO'}"
-        for name, m in models.items() if name != "eager"))
+    print(
+        "  outputs equal to eager: "
+        + ", ".join(
+            f"{name} {'yes' if np.array_equal(m.out.to_host(), reference) else 'NO'}"
+            for name, m in models.items()
+            if name != "eager"
+        )
+    )
     fastest = min(best, key=best.get)
-    goal(f"decoding example: fastest / AutoGraph (fastest: {fastest})",
-         best[fastest] / best["AutoGraph"], ">=", 1.0)
+    goal(
+        f"decoding example: fastest / AutoGraph (fastest: {fastest})",
+        best[fastest] / best["AutoGraph"],
+        ">=",
+        1.0,
+    )
 
 
 # -- (d) patching one node, (e) the launcher ------------------------------------------------
 
-def patch_one(sizes: Sizes, built: cuctx.AutoGraph, c: dict[str, float] | None,
-              why_no_c: str | None) -> None:
+
+def patch_one(
+    sizes: Sizes, built: cuctx.AutoGraph, c: dict[str, float] | None, why_no_c: str | None
+) -> None:
     """AutoGraph's patch of one kernel node (the chain's executable, from recorded bytes)
     and GraphExec.update_node, us per patch, against C."""
     entry = built._last  # the chain's structure, built
@@ -381,21 +504,29 @@ def patch_one(sizes: Sizes, built: cuctx.AutoGraph, c: dict[str, float] | None,
     rounds = 2000 if cuctx.backend().name == "cuda" else 20
     ours = None
     if patcher is not None:
+
         def patches() -> None:
             for r in range(rounds):
                 patcher.patch([j], versions[r & 1])
+
         ours = best_us(patches, sizes.rounds) / rounds
     kernel = cuctx.Library.from_source(STEP_SOURCE, sim_kernels={"step": step_twin})["step"]
     x = cuctx.zeros(1024, np.float32)
     update_node = update_costs(kernel, x, sizes.chain, 1, sizes.rounds * 4)["patches"]
     c_patch = None if c is None else c["patch_us_k1"]
     print(f"\n== patching one kernel node of a {sizes.chain}-node executable (us)")
-    print(f"  AutoGraph (compiled, from recorded bytes): "
-          f"{'-' if ours is None else f'{ours:.3f}'}; GraphExec.update_node: "
-          f"{update_node:.3f}; C: {'-' if c_patch is None else f'{c_patch:.3f}'}")
-    goal("one node patched: AutoGraph / C", None if ours is None or c_patch is None
-         else ours / c_patch, "<=", 1.2,
-         why_no_c or "no compiled path (cuctx.backend().native is None)")
+    print(
+        f"  AutoGraph (compiled, from recorded bytes): "
+        f"{'-' if ours is None else f'{ours:.3f}'}; GraphExec.update_node: "
+        f"{update_node:.3f}; C: {'-' if c_patch is None else f'{c_patch:.3f}'}"
+    )
+    goal(
+        "one node patched: AutoGraph / C",
+        None if ours is None or c_patch is None else ours / c_patch,
+        "<=",
+        1.2,
+        why_no_c or "no compiled path (cuctx.backend().native is None)",
+    )
 
 
 def launcher_vs_c() -> None:
@@ -403,6 +534,7 @@ def launcher_vs_c() -> None:
         goal("compiled launcher / C program", None, "<=", 1.0, "needs a GPU")
         return
     import launch  # benchmarks/launch.py: the same measurement, its C program
+
     cc = cuctx.Device(0).compute_capability
     image = compile_source(launch.SOURCE, arch=f"sm_{cc.major}{cc.minor}", cache_dir=False).image
     cubin = Path(tempfile.gettempdir()) / "cuctx_launch_empty.cubin"
@@ -421,26 +553,34 @@ def launcher_vs_c() -> None:
     def batch() -> None:
         for _ in range(launch.BATCH):
             launcher(data, 3)
+
     ours = c = float("inf")
     for _ in range(5):
         c = min(c, c_measure()["CUkernel"])
         ours = min(ours, launch.timed(batch, stream.synchronize))
     print(f"\n== the compiled launcher: {ours:.0f} ns per launch, C {c:.0f} ns")
-    goal("compiled launcher / C program", ours / c, "<=", 1.0,
-         "" if cuctx.backend().native else "no compiled path")
+    goal(
+        "compiled launcher / C program",
+        ours / c,
+        "<=",
+        1.0,
+        "" if cuctx.backend().native else "no compiled path",
+    )
 
 
 # -- the run ----------------------------------------------------------------------------------
 
+
 def main() -> None:
-    backend, _ = start("the sim runs small sizes as a smoke test; its times are its host "
-                       "times, and the raw baseline is the sim's driver")
+    backend, _ = start(
+        "the sim runs small sizes as a smoke test; its times are its host "
+        "times, and the raw baseline is the sim's driver"
+    )
     sizes = GPU if backend.name == "cuda" else SIM
     c, why_no_c = None, "the C program needs a GPU; this run is on the sim"
     if backend.name == "cuda":
         cc = cuctx.Device(0).compute_capability
-        image = compile_source(STEP_SOURCE, arch=f"sm_{cc.major}{cc.minor}",
-                               cache_dir=False).image
+        image = compile_source(STEP_SOURCE, arch=f"sm_{cc.major}{cc.minor}", cache_dir=False).image
         try:
             c, why_no_c = c_program(CSizes(sizes.chain, (1,), sizes.rounds), image), None
         except (OSError, subprocess.CalledProcessError) as exc:

@@ -60,6 +60,7 @@ def torch_baselines(n: int):
     def d2h():
         with torch.cuda.stream(stream):
             host.copy_(device, non_blocking=True)
+
     return ({"torch": lambda: gb_per_s(h2d, sync)}, {"torch": lambda: gb_per_s(d2h, sync)})
 
 
@@ -79,16 +80,26 @@ def main() -> None:
         sync = stream.synchronize
         torch_h2d, torch_d2h = torch_baselines(NBYTES) if backend.name == "cuda" else ({}, {})
 
-        compare("pinned host to device, 64 MiB", {
-            "cuctx": lambda: gb_per_s(lambda: cuctx.copy(arr, host, stream), sync),
-            raw: lambda: gb_per_s(lambda: h2d_raw(raw_dev, address, NBYTES, h), sync),
-            **torch_h2d,
-        }, unit="GB/s", higher_is_better=True)
-        compare("pinned device to host, 64 MiB", {
-            "cuctx": lambda: gb_per_s(lambda: cuctx.copy(host, arr, stream), sync),
-            raw: lambda: gb_per_s(lambda: d2h_raw(address, raw_dev, NBYTES, h), sync),
-            **torch_d2h,
-        }, unit="GB/s", higher_is_better=True)
+        compare(
+            "pinned host to device, 64 MiB",
+            {
+                "cuctx": lambda: gb_per_s(lambda: cuctx.copy(arr, host, stream), sync),
+                raw: lambda: gb_per_s(lambda: h2d_raw(raw_dev, address, NBYTES, h), sync),
+                **torch_h2d,
+            },
+            unit="GB/s",
+            higher_is_better=True,
+        )
+        compare(
+            "pinned device to host, 64 MiB",
+            {
+                "cuctx": lambda: gb_per_s(lambda: cuctx.copy(host, arr, stream), sync),
+                raw: lambda: gb_per_s(lambda: d2h_raw(address, raw_dev, NBYTES, h), sync),
+                **torch_d2h,
+            },
+            unit="GB/s",
+            higher_is_better=True,
+        )
         host_cost(backend, raw)
 
 
@@ -116,13 +127,28 @@ def c_program(batches: int):
     """The C program's two numbers, {"HtoD": ns, "DtoH": ns}, measured in one run of it."""
     cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     exe = Path(tempfile.gettempdir()) / "cuctx_copy_c"
-    subprocess.run(["gcc", "-O2", "-o", str(exe), str(Path(__file__).with_name("copy_c.c")),
-                    f"-I{cuda}/include", "-lcuda"], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-O2",
+            "-o",
+            str(exe),
+            str(Path(__file__).with_name("copy_c.c")),
+            f"-I{cuda}/include",
+            "-lcuda",
+        ],
+        check=True,
+    )
 
     def measure() -> dict[str, float]:
-        out = subprocess.run([str(exe), str(CHUNK), str(SLICES), str(BATCH), str(batches)],
-                             check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [str(exe), str(CHUNK), str(SLICES), str(BATCH), str(batches)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         return {kind: float(ns) for kind, ns in (line.split() for line in out.splitlines())}
+
     return measure
 
 
@@ -145,10 +171,12 @@ def host_cost(backend, raw: str) -> None:
         def measured():
             with cuctx.timeline():
                 return measure()
+
         return measured
 
     def candidates(to_device: bool) -> dict:
         if to_device:
+
             def raw_call(i):
                 h2d(dev_ptr + i * CHUNK, host_ptr + i * CHUNK, CHUNK, h)
 
@@ -158,6 +186,7 @@ def host_cost(backend, raw: str) -> None:
             def of_views(i):
                 copy(dev_views[i], host_views[i], stream=stream)
         else:
+
             def raw_call(i):
                 d2h(host_ptr + i * CHUNK, dev_ptr + i * CHUNK, CHUNK, h)
 
@@ -166,6 +195,7 @@ def host_cost(backend, raw: str) -> None:
 
             def of_views(i):
                 copy(host_views[i], dev_views[i], stream=stream)
+
         return {
             f"{raw} call": lambda: per_copy(raw_call, sync, batches),
             "cuctx.copy of slices": lambda: per_copy(of_slices, sync, batches),
@@ -191,8 +221,10 @@ def host_cost(backend, raw: str) -> None:
                 best[kind, name] = min(best.get((kind, name), ns), ns)
     slicing = best_time(lambda: dev[parts[3]], inner=1000) * 1e9
     base = "C" if c_measure is not None else f"{raw} call"
-    print(f"\n== host cost per copy of an {CHUNK >> 20} MiB slice, page-locked, batches of "
-          f"{BATCH} (lower is better; ratios to the {base})")
+    print(
+        f"\n== host cost per copy of an {CHUNK >> 20} MiB slice, page-locked, batches of "
+        f"{BATCH} (lower is better; ratios to the {base})"
+    )
     for kind in measures:
         for name in (["C"] if c_measure is not None else []) + list(measures[kind]):
             ns = best[kind, name]

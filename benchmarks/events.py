@@ -29,12 +29,14 @@ def per_call_ns(fn, sync) -> float:
 
 def both_paths(backend, title: str, call, raw: str, raw_call, sync) -> None:
     """Compare ``call`` on cuctx's compiled path and on its Python path with ``raw_call``."""
+
     def on_python_path():
         native, backend.native = backend.native, None
         try:
             return per_call_ns(call, sync)
         finally:
             backend.native = native
+
     candidates = {}
     if backend.native is not None:
         candidates["cuctx (native)"] = lambda: per_call_ns(call, sync)
@@ -47,8 +49,9 @@ def both_paths(backend, title: str, call, raw: str, raw_call, sync) -> None:
 
 
 def main() -> None:
-    backend, raw = start("the baseline is the sim's driver; ratios show cuctx's Python "
-                         "overhead only")
+    backend, raw = start(
+        "the baseline is the sim's driver; ratios show cuctx's Python overhead only"
+    )
     drv = backend.driver
     with cuctx.Device(0) as ctx:
         a, b = cuctx.Stream(), cuctx.Stream()
@@ -66,14 +69,38 @@ def main() -> None:
 
         a.record(event)  # waits need a recorded event
         b.wait(a)  # the first wait on a stream makes its event
-        both_paths(backend, "event record", lambda: a.record(event),
-                   raw, lambda: record(raw_event, raw_a), sync)
-        both_paths(backend, "Event.record(stream)", lambda: event.record(a),
-                   raw, lambda: record(raw_event, raw_a), sync)
-        both_paths(backend, "stream wait on an event", lambda: b.wait(event),
-                   raw, lambda: wait(raw_b, raw_event, 0), sync)
-        both_paths(backend, "stream wait on a stream (record + wait)", lambda: b.wait(a),
-                   raw, raw_wait_stream, sync)
+        both_paths(
+            backend,
+            "event record",
+            lambda: a.record(event),
+            raw,
+            lambda: record(raw_event, raw_a),
+            sync,
+        )
+        both_paths(
+            backend,
+            "Event.record(stream)",
+            lambda: event.record(a),
+            raw,
+            lambda: record(raw_event, raw_a),
+            sync,
+        )
+        both_paths(
+            backend,
+            "stream wait on an event",
+            lambda: b.wait(event),
+            raw,
+            lambda: wait(raw_b, raw_event, 0),
+            sync,
+        )
+        both_paths(
+            backend,
+            "stream wait on a stream (record + wait)",
+            lambda: b.wait(a),
+            raw,
+            raw_wait_stream,
+            sync,
+        )
 
         handle, push, pop = ctx._handle, drv.cuCtxPushCurrent, drv.cuCtxPopCurrent
 
@@ -94,11 +121,16 @@ def main() -> None:
                 pass
 
         device = cuctx.Device(0)
-        both_paths(backend, "context push + pop: ctx.push(); Context.pop()", push_pop,
-                   raw, raw_push_pop, sync)
+        both_paths(
+            backend,
+            "context push + pop: ctx.push(); Context.pop()",
+            push_pop,
+            raw,
+            raw_push_pop,
+            sync,
+        )
         both_paths(backend, "context push + pop: with ctx", with_block, raw, raw_push_pop, sync)
-        both_paths(backend, "context push + pop: with device", with_device, raw,
-                   raw_push_pop, sync)
+        both_paths(backend, "context push + pop: with device", with_device, raw, raw_push_pop, sync)
         drv.cuEventDestroy(raw_event)
         drv.cuStreamDestroy(raw_a)
         drv.cuStreamDestroy(raw_b)

@@ -63,32 +63,48 @@ def best_us(fn: Callable[[], object], rounds: int) -> float:
 
 # -- baselines outside cuctx ---------------------------------------------------------------
 
+
 def c_program(sizes: Sizes, image: bytes) -> dict[str, float]:
     """Build and run benchmarks/graphs_c.c once; its "NAME VALUE" lines as a dict."""
     tmp = Path(tempfile.gettempdir())
     cubin, exe = tmp / "cuctx_graphs_step.cubin", tmp / "cuctx_graphs_c"
     cubin.write_bytes(image)
     cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
-    subprocess.run(["gcc", "-O2", "-o", str(exe), str(Path(__file__).with_name("graphs_c.c")),
-                    f"-I{cuda}/include", "-lcuda"], check=True)
-    out = subprocess.run([str(exe), str(cubin), "step", str(sizes.nodes), "10",
-                          *map(str, sizes.ks)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-O2",
+            "-o",
+            str(exe),
+            str(Path(__file__).with_name("graphs_c.c")),
+            f"-I{cuda}/include",
+            "-lcuda",
+        ],
+        check=True,
+    )
+    out = subprocess.run(
+        [str(exe), str(cubin), "step", str(sizes.nodes), "10", *map(str, sizes.ks)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     lines = (line.split() for line in out.stdout.splitlines())
     return {name: float(value) for name, value in lines}
 
 
 # -- updates ------------------------------------------------------------------------------
 
+
 def scalars(n: int, changed: int, value: int) -> list[int]:
     """Each node's scalar: 1, except ``value`` for the first ``changed`` nodes spread evenly
     over the chain (as in graphs_c.c)."""
     stride = n // changed if changed else 0
-    return [value if changed and i % stride == 0 and i // stride < changed else 1
-            for i in range(n)]
+    return [value if changed and i % stride == 0 and i // stride < changed else 1 for i in range(n)]
 
 
-def build_chain(kernel: cuctx.Kernel, x: cuctx.DeviceArray, n: int, changed: int,
-                value: int) -> tuple[cuctx.Graph, list[cuctx.GraphNode]]:
+def build_chain(
+    kernel: cuctx.Kernel, x: cuctx.DeviceArray, n: int, changed: int, value: int
+) -> tuple[cuctx.Graph, list[cuctx.GraphNode]]:
     """The chain as an explicit graph, with `scalars`."""
     graph, nodes, after = cuctx.Graph(), [], ()
     for i, a in enumerate(scalars(n, changed, value)):
@@ -97,8 +113,9 @@ def build_chain(kernel: cuctx.Kernel, x: cuctx.DeviceArray, n: int, changed: int
     return graph, nodes
 
 
-def autograph_updates(kernel: cuctx.Kernel, x: cuctx.DeviceArray, n: int,
-                      ks: tuple[int, ...], rounds: int) -> dict[int, float | None]:
+def autograph_updates(
+    kernel: cuctx.Kernel, x: cuctx.DeviceArray, n: int, ks: tuple[int, ...], rounds: int
+) -> dict[int, float | None]:
     """What AutoGraph's own policy does: the chain under @cuctx.autograph, called with k nodes
     changed and back, `rounds` times per k; its mean us per update (from its stats), None
     where it ran the calls eagerly instead."""
@@ -108,6 +125,7 @@ def autograph_updates(kernel: cuctx.Kernel, x: cuctx.DeviceArray, n: int,
     def chain(values: list[int]) -> None:
         for i, a in enumerate(values):
             launcher(x, a, i)
+
     graphed = cuctx.autograph(chain)
     base = scalars(n, 0, 1)
     while not graphed.stats()["builds"]:  # eager until a graph pays for the structure
@@ -126,8 +144,9 @@ def autograph_updates(kernel: cuctx.Kernel, x: cuctx.DeviceArray, n: int,
     return per_update
 
 
-def update_costs(kernel: cuctx.Kernel, x: cuctx.DeviceArray, n: int, k: int,
-                 rounds: int) -> dict[str, float]:
+def update_costs(
+    kernel: cuctx.Kernel, x: cuctx.DeviceArray, n: int, k: int, rounds: int
+) -> dict[str, float]:
     """us of each way to bring an executable of the chain to a version with k nodes changed;
     each measurement flips between the two versions, so every one really changes k nodes."""
     base, nodes = build_chain(kernel, x, n, 0, 1)
@@ -153,9 +172,13 @@ def update_costs(kernel: cuctx.Kernel, x: cuctx.DeviceArray, n: int, k: int,
         fresh = versions[next(flips) % 2].instantiate()
         holder[0].destroy()
         holder[0] = fresh
-    costs = {"patches": best_us(patches, rounds), "update": best_us(whole, rounds),
-             "build + update": best_us(rebuild_and_update, rounds),
-             "re-instantiate": best_us(reinstantiate, rounds)}
+
+    costs = {
+        "patches": best_us(patches, rounds),
+        "update": best_us(whole, rounds),
+        "build + update": best_us(rebuild_and_update, rounds),
+        "re-instantiate": best_us(reinstantiate, rounds),
+    }
     holder[0].destroy()
     return costs
 
@@ -186,34 +209,47 @@ def updates(sizes: Sizes, c: dict[str, float] | None) -> None:
     print(header)
     for k in ks:
         row = costs[k]
-        line = (f"  {k:>5} {row['patches']:9.1f} {row['update']:9.1f} "
-                f"{row['build + update']:10.1f} {row['re-instantiate']:9.1f}")
+        line = (
+            f"  {k:>5} {row['patches']:9.1f} {row['update']:9.1f} "
+            f"{row['build + update']:10.1f} {row['re-instantiate']:9.1f}"
+        )
         if c is not None:
-            line += (f" | {c[f'patch_us_k{k}']:9.1f} {c[f'update_us_k{k}']:9.1f} "
-                     f"{c[f'capture_update_us_k{k}']:10.1f} {c[f'reinstantiate_us_k{k}']:9.1f}")
+            line += (
+                f" | {c[f'patch_us_k{k}']:9.1f} {c[f'update_us_k{k}']:9.1f} "
+                f"{c[f'capture_update_us_k{k}']:10.1f} {c[f'reinstantiate_us_k{k}']:9.1f}"
+            )
         print(line)
     auto = autograph_updates(kernel, x, n, ks, sizes.rounds * 2)
     column = lambda name: {k: costs[k][name] for k in ks}  # noqa: E731
-    print(f"  measured crossover, patches vs update: "
-          f"{crossover(ks, column('patches'), column('update'))}; patches vs build + update: "
-          f"{crossover(ks, column('patches'), column('build + update'))}")
+    print(
+        f"  measured crossover, patches vs update: "
+        f"{crossover(ks, column('patches'), column('update'))}; patches vs build + update: "
+        f"{crossover(ks, column('patches'), column('build + update'))}"
+    )
     if c is not None:
         c_column = lambda name: {k: c[f"{name}_us_k{k}"] for k in ks}  # noqa: E731
-        print(f"  C crossover, patches vs update: "
-              f"{crossover(ks, c_column('patch'), c_column('update'))}")
-    print("  AutoGraph patches changed nodes or rebuilds the graph and updates it as a whole "
-          "(build + update); what its policy did, us per update:")
+        print(
+            f"  C crossover, patches vs update: "
+            f"{crossover(ks, c_column('patch'), c_column('update'))}"
+        )
+    print(
+        "  AutoGraph patches changed nodes or rebuilds the graph and updates it as a whole "
+        "(build + update); what its policy did, us per update:"
+    )
     for k in ks:
         cheaper = min(("patches", "build + update"), key=lambda way: costs[k][way])
         if auto[k] is None:
             print(f"    k = {k:>5}: ran the calls eagerly (graph calls did not pay)")
             continue
         chose = min(("patches", "build + update"), key=lambda way: abs(costs[k][way] - auto[k]))
-        print(f"    k = {k:>5}: {auto[k]:9.1f} us, like {chose}; the cheaper measured: {cheaper} "
-              f"({'matches' if chose == cheaper else 'DOES NOT match'})")
+        print(
+            f"    k = {k:>5}: {auto[k]:9.1f} us, like {chose}; the cheaper measured: {cheaper} "
+            f"({'matches' if chose == cheaper else 'DOES NOT match'})"
+        )
 
 
 # -- the run ----------------------------------------------------------------------------------
+
 
 def c_for(sizes: Sizes) -> tuple[dict[str, float] | None, str | None]:
     """The C program's measurements for ``sizes`` (None and why where there are none)."""

@@ -68,8 +68,10 @@ def touch(array: cuctx.DeviceArray) -> int:
 def line(what: str, value: float, unit: str, goal: float, note: str = "") -> None:
     verdict = "met" if value <= goal else "MISSED"
     shown = f"{value:10d}" if isinstance(value, int) else f"{value:10.3f}"
-    print(f"  {what:<46} {shown} {unit:<3} [goal <= {goal:g}{' ' + unit if unit else ''}] "
-          f"{verdict}" + (f"  ({note})" if note else ""))
+    print(
+        f"  {what:<46} {shown} {unit:<3} [goal <= {goal:g}{' ' + unit if unit else ''}] "
+        f"{verdict}" + (f"  ({note})" if note else "")
+    )
 
 
 def open_fds() -> dict[int, str]:
@@ -121,12 +123,27 @@ def faults(samples: int, standby_wait: float) -> None:
             time.sleep(standby_wait)  # the standby spent by the last fault is warm again
             warm.append(fault_then_serve(ex))
     raised = [r for r, _ in cold + warm]
-    line("fault -> exception", statistics.median(raised) * 1e3, "ms", 250,
-         f"worst {max(raised) * 1e3:.1f} ms")
-    line("fault -> next call served, cold", statistics.median(s for _, s in cold), "s", 0.5,
-         f"worst {max(s for _, s in cold):.3f} s")
-    line("fault -> next call served, warm standby", statistics.median(s for _, s in warm),
-         "s", 0.05, f"worst {max(s for _, s in warm):.3f} s")
+    line(
+        "fault -> exception",
+        statistics.median(raised) * 1e3,
+        "ms",
+        250,
+        f"worst {max(raised) * 1e3:.1f} ms",
+    )
+    line(
+        "fault -> next call served, cold",
+        statistics.median(s for _, s in cold),
+        "s",
+        0.5,
+        f"worst {max(s for _, s in cold):.3f} s",
+    )
+    line(
+        "fault -> next call served, warm standby",
+        statistics.median(s for _, s in warm),
+        "s",
+        0.05,
+        f"worst {max(s for _, s in warm):.3f} s",
+    )
 
 
 def round_trips(inner: int, with_ray: bool) -> None:
@@ -153,8 +170,10 @@ def round_trips(inner: int, with_ray: bool) -> None:
     bare = ray.remote(Echo).remote()  # Ray's own floor: an actor method call, no cuctx
     ray.get(bare.echo.remote(b""))
     floor = best_time(lambda: ray.get(bare.echo.remote(b"")), inner=max(inner // 10, 10)) * 1e6
-    print(f"  {'a bare Ray actor call (Ray alone)':<46} {floor:10.3f} us   "
-          f"Ray actors / bare = {us / floor:.2f}")
+    print(
+        f"  {'a bare Ray actor call (Ray alone)':<46} {floor:10.3f} us   "
+        f"Ray actors / bare = {us / floor:.2f}"
+    )
     ray.shutdown()
 
 
@@ -186,11 +205,18 @@ def shared_arrays(samples: int) -> None:
             late = cuctx.empty(64 << 20, np.uint8, pool=after)
             lates.append(call(ex, late) - baseline)
             del late, after
-    line("first use (a pool made before the worker)", statistics.median(firsts) * 1e3, "ms",
-         1, f"worst {max(firsts) * 1e3:.3f} ms")
+    line(
+        "first use (a pool made before the worker)",
+        statistics.median(firsts) * 1e3,
+        "ms",
+        1,
+        f"worst {max(firsts) * 1e3:.3f} ms",
+    )
     line("first use of another array of that pool", statistics.median(others) * 1e3, "ms", 1)
-    print(f"  {'first use (a pool made after the worker)':<46} "
-          f"{statistics.median(lates) * 1e3:10.3f} ms  (no goal: the pool's import too)")
+    print(
+        f"  {'first use (a pool made after the worker)':<46} "
+        f"{statistics.median(lates) * 1e3:10.3f} ms  (no goal: the pool's import too)"
+    )
 
 
 def cycles(count: int) -> None:
@@ -223,21 +249,37 @@ def cycles(count: int) -> None:
         lost_memory = free - device.mem_info().free
         replaced = ex.workers[0].replaced - replaced
     print(f"  {count} faults, {replaced} workers replaced, {spent / count:.3f} s per cycle")
-    line("file descriptors leaked", leaked_fds, "", 0,
-         f"opened since: {', '.join(opened)}" if leaked_fds > 0 else "")
+    line(
+        "file descriptors leaked",
+        leaked_fds,
+        "",
+        0,
+        f"opened since: {', '.join(opened)}" if leaked_fds > 0 else "",
+    )
     line("zombie processes", left_zombies, "", 0)
-    line("device memory not given back", lost_memory // 2**20, "MiB", 0,
-         "cuMemGetInfo: every process's memory" if cuctx.backend().sim is None
-         else "the sim's memory is per process: always 0 here")
+    line(
+        "device memory not given back",
+        lost_memory // 2**20,
+        "MiB",
+        0,
+        "cuMemGetInfo: every process's memory"
+        if cuctx.backend().sim is None
+        else "the sim's memory is per process: always 0 here",
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: few samples and cycles (CI, on the sim)")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: few samples and cycles (CI, on the sim)"
+    )
     parser.add_argument("--no-ray", action="store_true", help="leave Ray out")
-    parser.add_argument("--cycles", type=int, default=None,
-                        help="how many fault cycles (default: 100, 3 with --quick)")
+    parser.add_argument(
+        "--cycles",
+        type=int,
+        default=None,
+        help="how many fault cycles (default: 100, 3 with --quick)",
+    )
     options = parser.parse_args()
     quick = options.quick
     start("workers run the sim: the numbers are cuctx's own costs, not a GPU's")

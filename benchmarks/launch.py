@@ -57,17 +57,33 @@ def succeeded(result: tuple) -> None:
 
 # -- candidates: each returns a measure() -> ns per launch --------------------------------
 
+
 def c_program(cubin: Path):
     """The C program's two numbers, measured in one run of it: {"CUkernel": ns, ...}."""
     cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     exe = Path(tempfile.gettempdir()) / "cuctx_launch_c"
-    subprocess.run(["gcc", "-O2", "-o", str(exe), str(Path(__file__).with_name("launch_c.c")),
-                    f"-I{cuda}/include", "-lcuda"], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-O2",
+            "-o",
+            str(exe),
+            str(Path(__file__).with_name("launch_c.c")),
+            f"-I{cuda}/include",
+            "-lcuda",
+        ],
+        check=True,
+    )
 
     def measure() -> dict[str, float]:
-        out = subprocess.run([str(exe), str(cubin), "empty", str(BATCHES)], check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [str(exe), str(cubin), "empty", str(BATCHES)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         return {kind: float(ns) for kind, ns in (line.split() for line in out.splitlines())}
+
     return measure
 
 
@@ -87,6 +103,7 @@ def on_python_path(measure):
     def measured():
         with python_path():
             return measure()
+
     return measured
 
 
@@ -130,18 +147,26 @@ def cuctx_candidates(image: bytes):
         def module_held(function=function):
             for _ in range(BATCH):
                 function(data, 3)
+
         sync = stream.synchronize
-        candidates.update({
-            (f"cuctx launcher ({path})", "CUkernel"): wrap(lambda f=held, s=sync: timed(f, s)),
-            (f"cuctx kernel[...](...) ({path})", "CUkernel"):
-                wrap(lambda f=subscript, s=sync: timed(f, s)),
-            (f"cuctx.launch ({path})", "CUkernel"): wrap(lambda f=as_function, s=sync: timed(f, s)),
-            (f"cuctx Module launcher ({path})", "CUfunction"):
-                wrap(lambda f=module_held, s=sync: timed(f, s)),
-        })
+        candidates.update(
+            {
+                (f"cuctx launcher ({path})", "CUkernel"): wrap(lambda f=held, s=sync: timed(f, s)),
+                (f"cuctx kernel[...](...) ({path})", "CUkernel"): wrap(
+                    lambda f=subscript, s=sync: timed(f, s)
+                ),
+                (f"cuctx.launch ({path})", "CUkernel"): wrap(
+                    lambda f=as_function, s=sync: timed(f, s)
+                ),
+                (f"cuctx Module launcher ({path})", "CUfunction"): wrap(
+                    lambda f=module_held, s=sync: timed(f, s)
+                ),
+            }
+        )
     # The driver floor for these very objects: cuctx's kernel, stream and array, launched
     # through cuda.bindings with a void** packed once. cuctx launcher / this = cuctx's own cost.
     from cuda.bindings import driver as drv
+
     p, n = ctypes.c_void_p(data.ptr), ctypes.c_int(3)
     packed = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(n))
     address, cu_function, handle = ctypes.addressof(packed), kernel._function, stream._handle
@@ -150,13 +175,14 @@ def cuctx_candidates(image: bytes):
         for _ in range(BATCH):
             result = drv.cuLaunchKernel(cu_function, 1, 1, 1, 32, 1, 1, 0, handle, address, 0)
         succeeded(result)
-    candidates[("same objects, raw void**", "CUkernel")] = \
-        lambda: timed(floor, stream.synchronize)
+
+    candidates[("same objects, raw void**", "CUkernel")] = lambda: timed(floor, stream.synchronize)
     return candidates
 
 
 def bindings_candidates(image: bytes):
     from cuda.bindings import driver as drv
+
     err, lib = drv.cuLibraryLoadData(image, None, None, 0, None, None, 0)
     assert not err, err
     err, kernel = drv.cuLibraryGetKernel(lib, b"empty")
@@ -184,8 +210,11 @@ def bindings_candidates(image: bytes):
 
     def sync():
         drv.cuStreamSynchronize(stream)
-    return {("cuda.bindings (tuples)", "CUkernel"): lambda: timed(tuples, sync),
-            ("cuda.bindings (void**)", "CUkernel"): lambda: timed(prepacked, sync)}
+
+    return {
+        ("cuda.bindings (tuples)", "CUkernel"): lambda: timed(tuples, sync),
+        ("cuda.bindings (void**)", "CUkernel"): lambda: timed(prepacked, sync),
+    }
 
 
 def cuda_core_candidates(image: bytes):
@@ -204,11 +233,13 @@ def cuda_core_candidates(image: bytes):
     def batch():
         for _ in range(BATCH):
             launch(stream, config, kernel, buffer, n)
+
     return {("cuda.core", "CUkernel"): lambda: timed(batch, stream.sync)}
 
 
 def cupy_candidates():
     import cupy
+
     kernel = cupy.RawKernel(SOURCE, "empty")
     stream = cupy.cuda.Stream(non_blocking=True)
     data = cupy.zeros(256, cupy.float32)
@@ -218,11 +249,13 @@ def cupy_candidates():
         with stream:
             for _ in range(BATCH):
                 kernel((1,), (32,), (data, n))
+
     return {("CuPy RawKernel", "CUfunction"): lambda: timed(batch, stream.synchronize)}
 
 
 def torch_candidates():
     import torch
+
     data = torch.zeros(256, device="cuda")
     stream = torch.cuda.Stream()
     compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
@@ -233,6 +266,7 @@ def torch_candidates():
             with torch.cuda.stream(stream):
                 for _ in range(BATCH):
                     kernel(grid=(1, 1, 1), block=(32, 1, 1), args=[data, 3])
+
         name = "PyTorch _compile_kernel"
     else:  # no raw-kernel launch in this torch: its cheapest kernel-launching op instead
         small = torch.zeros(1, device="cuda")
@@ -241,11 +275,13 @@ def torch_candidates():
             with torch.cuda.stream(stream):
                 for _ in range(BATCH):
                     small.zero_()
+
         name = "PyTorch tensor.zero_()"
     return {(name, "CUfunction"): lambda: timed(batch, stream.synchronize)}
 
 
 # -- the run ------------------------------------------------------------------------------
+
 
 def compile_times() -> None:
     with tempfile.TemporaryDirectory() as cache:
@@ -257,8 +293,10 @@ def compile_times() -> None:
             start = time.perf_counter()
             cuctx.Library.from_source(SOURCE, cache_dir=cache)
             best = min(best, time.perf_counter() - start)
-    print(f"\n== Library.from_source: cold compile {cold * 1e3:.1f} ms, cache hit "
-          f"{best * 1e3:.2f} ms ({cold / best:.0f}x faster)")
+    print(
+        f"\n== Library.from_source: cold compile {cold * 1e3:.1f} ms, cache hit "
+        f"{best * 1e3:.2f} ms ({cold / best:.0f}x faster)"
+    )
 
 
 def main() -> None:
@@ -272,9 +310,12 @@ def main() -> None:
 
     c_measure = c_program(cubin)
     candidates = cuctx_candidates(image)
-    for name, make in (("cuda.bindings", lambda: bindings_candidates(image)),
-                       ("cuda.core", lambda: cuda_core_candidates(image)),
-                       ("CuPy", cupy_candidates), ("PyTorch", torch_candidates)):
+    for name, make in (
+        ("cuda.bindings", lambda: bindings_candidates(image)),
+        ("cuda.core", lambda: cuda_core_candidates(image)),
+        ("CuPy", cupy_candidates),
+        ("PyTorch", torch_candidates),
+    ):
         try:
             candidates.update(make())
         except Exception as exc:  # noqa: BLE001 - a peer's missing package or changed API
@@ -286,8 +327,10 @@ def main() -> None:
             best[("C cuLaunchKernel", kind)] = min(best.get(("C cuLaunchKernel", kind), ns), ns)
         for key, measure in candidates.items():
             best[key] = min(best.get(key, float("inf")), measure())
-    print(f"\n== host cost per launch, empty kernel, 2 arguments, batches of {BATCH} "
-          f"({device.name}; lower is better; each against C launching the same kind)")
+    print(
+        f"\n== host cost per launch, empty kernel, 2 arguments, batches of {BATCH} "
+        f"({device.name}; lower is better; each against C launching the same kind)"
+    )
     for (name, kind), ns in sorted(best.items(), key=lambda item: item[1]):
         c = best[("C cuLaunchKernel", kind)]
         print(f"  {name:<34} {kind:<10} {ns:8.0f} ns   {ns / c:5.2f}x C")
@@ -299,13 +342,15 @@ def main() -> None:
             continue
         c = best[("C cuLaunchKernel", "CUkernel")]
         module = best[(f"cuctx Module launcher ({path})", "CUfunction")]
-        print(f"  {path}: launcher / C {launcher / c:.3f} [<= 1.05]; launcher / raw "
-              f"cuda.bindings void** {launcher / floor:.3f} [<= 1.0]; kernel[...] / launcher "
-              f"{best[(f'cuctx kernel[...](...) ({path})', 'CUkernel')] / launcher:.3f} "
-              f"[<= 1.15]; cuctx.launch / launcher "
-              f"{best[(f'cuctx.launch ({path})', 'CUkernel')] / launcher:.3f} [<= 1.15]; "
-              f"Module launcher / C CUfunction "
-              f"{module / best[('C cuLaunchKernel', 'CUfunction')]:.3f}")
+        print(
+            f"  {path}: launcher / C {launcher / c:.3f} [<= 1.05]; launcher / raw "
+            f"cuda.bindings void** {launcher / floor:.3f} [<= 1.0]; kernel[...] / launcher "
+            f"{best[(f'cuctx kernel[...](...) ({path})', 'CUkernel')] / launcher:.3f} "
+            f"[<= 1.15]; cuctx.launch / launcher "
+            f"{best[(f'cuctx.launch ({path})', 'CUkernel')] / launcher:.3f} [<= 1.15]; "
+            f"Module launcher / C CUfunction "
+            f"{module / best[('C cuLaunchKernel', 'CUfunction')]:.3f}"
+        )
     native = best.get(("cuctx launcher (native)", "CUkernel"))
     for (name, _), ns in best.items():
         if native is not None and name in ("cuda.core", "CuPy RawKernel"):

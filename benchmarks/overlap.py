@@ -66,8 +66,7 @@ class Pipeline:
             if "h" in phases:
                 cuctx.copy(self.dev_in[part], self.host_in[part], stream=s)
             if "k" in phases:
-                self.scale[-(-n // 256), 256, 0, s](self.dev_out[part], self.dev_in[part],
-                                                      2.0, n)
+                self.scale[-(-n // 256), 256, 0, s](self.dev_out[part], self.dev_in[part], 2.0, n)
             if "d" in phases:
                 cuctx.copy(self.host_out[part], self.dev_out[part], stream=s)
         for s in streams[1:]:
@@ -93,14 +92,18 @@ def main() -> None:
         pipeline = Pipeline()
         phases = {p: best(lambda p=p: pipeline.run(1, p))[0] for p in "hkd"}
         ideal = max(phases.values())
-        print(f"copy/compute/copy of {TOTAL >> 20} MiB: HtoD {phases['h']:.3f} ms, kernel "
-              f"{phases['k']:.3f} ms, DtoH {phases['d']:.3f} ms alone; ideal (the longest "
-              f"phase) {ideal:.3f} ms")
+        print(
+            f"copy/compute/copy of {TOTAL >> 20} MiB: HtoD {phases['h']:.3f} ms, kernel "
+            f"{phases['k']:.3f} ms, DtoH {phases['d']:.3f} ms alone; ideal (the longest "
+            f"phase) {ideal:.3f} ms"
+        )
         untimed = {}
         for n in STREAMS:
             gpu, wall = untimed[n] = best(lambda n=n: pipeline.run(n))
-            print(f"  {n} stream(s): {gpu:.3f} ms GPU time, {wall:.3f} ms wall; "
-                  f"achieved/ideal = {ideal / gpu:.2f}")
+            print(
+                f"  {n} stream(s): {gpu:.3f} ms GPU time, {wall:.3f} ms wall; "
+                f"achieved/ideal = {ideal / gpu:.2f}"
+            )
         compare_with_timeline(pipeline, untimed)
 
 
@@ -116,11 +119,12 @@ def compare_with_timeline(pipeline: Pipeline, untimed: dict[int, tuple[float, fl
             gpu, wall = pipeline.run(n)
         summary, source = tl.summary(), tl.source
         span = summary["span_ns"] / 1e6
-        overlap = max((d["copy_compute_overlap"] for d in summary["devices"].values()),
-                      default=0.0)
-        print(f"  {n} stream(s): timeline span {span:.3f} ms, events {gpu:.3f} ms "
-              f"(timeline/events {span / gpu:.2f}; events/untimed {gpu / untimed[n][0]:.2f}), "
-              f"wall {wall:.3f} ms; copy/compute overlap {overlap:.0%}")
+        overlap = max((d["copy_compute_overlap"] for d in summary["devices"].values()), default=0.0)
+        print(
+            f"  {n} stream(s): timeline span {span:.3f} ms, events {gpu:.3f} ms "
+            f"(timeline/events {span / gpu:.2f}; events/untimed {gpu / untimed[n][0]:.2f}), "
+            f"wall {wall:.3f} ms; copy/compute overlap {overlap:.0%}"
+        )
     print(f"  timeline source: {source}")
 
 

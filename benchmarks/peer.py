@@ -43,6 +43,7 @@ def gb_per_s(copy_once, sync) -> float:
 
 # -- the link -------------------------------------------------------------------------------
 
+
 def link_figure(d0: cuctx.Device, d1: cuctx.Device) -> tuple[float | None, str]:
     """(GB/s each way or None, how it was found): NVML first, then nvidia-smi."""
     try:
@@ -77,14 +78,20 @@ def _nvml_link(nvml, d0: cuctx.Device, d1: cuctx.Device) -> tuple[float | None, 
     if not active or speed.nvmlReturn != nvml.NVML_SUCCESS:
         return None, f"NVML: no active NVLink on device 0 (peer over NVLink: {between})"
     per_link = speed.value.uiVal / 1000
-    return active * per_link, (f"NVML: {active} active NVLink links x {per_link:.3f} GB/s; "
-                               f"device 0 to 1 over NVLink: {between}")
+    return active * per_link, (
+        f"NVML: {active} active NVLink links x {per_link:.3f} GB/s; "
+        f"device 0 to 1 over NVLink: {between}"
+    )
 
 
 def _smi_link(d0: cuctx.Device) -> tuple[float | None, str]:
     try:
-        out = subprocess.run(["nvidia-smi", "nvlink", "-s", "-i", d0.uuid],
-                             capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "nvlink", "-s", "-i", d0.uuid],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"nvidia-smi nvlink -s: {exc}"
     speeds = [float(s) for s in re.findall(r"Link \d+: ([\d.]+) GB/s", out)]
@@ -94,6 +101,7 @@ def _smi_link(d0: cuctx.Device) -> tuple[float | None, str]:
 
 
 # -- copies ---------------------------------------------------------------------------------
+
 
 def torch_copies(src_device: int, dst_device: int) -> dict:
     """PyTorch's two ways of copying between devices, or none (with the reason printed)."""
@@ -112,13 +120,16 @@ def torch_copies(src_device: int, dst_device: int) -> dict:
     def sync():
         torch.cuda.synchronize(src_device)
         torch.cuda.synchronize(dst_device)
-    return {f'torch .to("{target}")': lambda: gb_per_s(
-                lambda: src.to(target, non_blocking=True), sync),
-            "torch copy_": lambda: gb_per_s(lambda: dst.copy_(src, non_blocking=True), sync)}
+
+    return {
+        f'torch .to("{target}")': lambda: gb_per_s(lambda: src.to(target, non_blocking=True), sync),
+        "torch copy_": lambda: gb_per_s(lambda: dst.copy_(src, non_blocking=True), sync),
+    }
 
 
-def copies(backend, raw: str, src, dst, stream: cuctx.Stream, title: str,
-           figure: float | None, extra: dict) -> None:
+def copies(
+    backend, raw: str, src, dst, stream: cuctx.Stream, title: str, figure: float | None, extra: dict
+) -> None:
     """Compare the copies of ``src`` into ``dst`` on ``stream`` (with ``extra`` baselines
     and the link's figure)."""
     peer, n = backend.driver.cuMemcpyPeerAsync, NBYTES
@@ -126,14 +137,20 @@ def copies(backend, raw: str, src, dst, stream: cuctx.Stream, title: str,
     candidates = {
         "cuctx": lambda: gb_per_s(lambda: cuctx.copy(dst, src, stream), stream.synchronize),
         raw: lambda: gb_per_s(lambda: peer(*args), stream.synchronize),
-        **extra}
+        **extra,
+    }
     if figure is not None:
         candidates["link"] = lambda: figure
-    compare(f"device {src.device.ordinal} to {dst.device.ordinal}, {n >> 20} MiB, {title}",
-            candidates, unit="GB/s", higher_is_better=True)
+    compare(
+        f"device {src.device.ordinal} to {dst.device.ordinal}, {n >> 20} MiB, {title}",
+        candidates,
+        unit="GB/s",
+        higher_is_better=True,
+    )
 
 
 # -- a cross-device event wait ----------------------------------------------------------------
+
 
 def event_waits(backend, raw: str, d0: cuctx.Device, d1: cuctx.Device) -> None:
     drv = backend.driver
@@ -150,7 +167,9 @@ def event_waits(backend, raw: str, d0: cuctx.Device, d1: cuctx.Device) -> None:
             second.wait(e0)
             second.record(done)
             done.synchronize()
+
         return run
+
     flags = int(CUevent_flags.CU_EVENT_DISABLE_TIMING)
     non_blocking = int(CUstream_flags.CU_STREAM_NON_BLOCKING)
     with d0:
@@ -166,12 +185,24 @@ def event_waits(backend, raw: str, d0: cuctx.Device, d1: cuctx.Device) -> None:
         synchronize(raw_e1)
 
     us = lambda fn: best_time(fn, inner=INNER, rounds=3) * 1e6
-    candidates = {"cuctx": lambda: us(chain(s0, s1, e1)), raw: lambda: us(raw_chain),
-                  **torch_chain(us), "cuctx, one device": lambda: us(chain(s0, s0b, e0b))}
-    compare("event recorded on device 0, waited for on device 1, recorded there, synchronized"
-            " (host round trip)", candidates, unit="us")
-    for name, handle in (("cuEventDestroy", raw_e0), ("cuEventDestroy", raw_e1),
-                         ("cuStreamDestroy", raw_s0), ("cuStreamDestroy", raw_s1)):
+    candidates = {
+        "cuctx": lambda: us(chain(s0, s1, e1)),
+        raw: lambda: us(raw_chain),
+        **torch_chain(us),
+        "cuctx, one device": lambda: us(chain(s0, s0b, e0b)),
+    }
+    compare(
+        "event recorded on device 0, waited for on device 1, recorded there, synchronized"
+        " (host round trip)",
+        candidates,
+        unit="us",
+    )
+    for name, handle in (
+        ("cuEventDestroy", raw_e0),
+        ("cuEventDestroy", raw_e1),
+        ("cuStreamDestroy", raw_s0),
+        ("cuStreamDestroy", raw_s1),
+    ):
         getattr(drv, name)(handle)
 
 
@@ -190,6 +221,7 @@ def torch_chain(us) -> dict:
         ts1.wait_event(e0)
         e1.record(ts1)
         e1.synchronize()
+
     return {"torch": lambda: us(run)}
 
 
@@ -198,13 +230,17 @@ def main() -> None:
     devices = cuctx.devices()
     if backend.name != "cuda" or len(devices) < 2:
         where = "a GPU" if backend.name == "cuda" else f"the {backend.name} backend"
-        print(f"skipped: copies and waits between devices need two GPUs; {where} has "
-              f"{len(devices)} device(s). Run it on a machine with two.")
+        print(
+            f"skipped: copies and waits between devices need two GPUs; {where} has "
+            f"{len(devices)} device(s). Run it on a machine with two."
+        )
         return
     d0, d1 = devices[:2]
     figure, how = link_figure(d0, d1)
-    print("link between device 0 and 1: "
-          + (f"{figure:.1f} GB/s each way ({how})" if figure else f"unknown ({how})"))
+    print(
+        "link between device 0 and 1: "
+        + (f"{figure:.1f} GB/s each way ({how})" if figure else f"unknown ({how})")
+    )
     a0, a1 = (cuctx.full(NBYTES, 1, np.uint8, device=d) for d in (d0, d1))
     s0, s1 = cuctx.Stream(d0), cuctx.Stream(d1)  # each direction on its destination's
     d0.synchronize()
@@ -219,8 +255,10 @@ def main() -> None:
         d0.disable_peer_access(d1)
         d1.disable_peer_access(d0)
     else:
-        print("note: the devices cannot access each other (cuDeviceCanAccessPeer is 0): no "
-              "measurement with peer access")
+        print(
+            "note: the devices cannot access each other (cuDeviceCanAccessPeer is 0): no "
+            "measurement with peer access"
+        )
     event_waits(backend, raw, d0, d1)
 
 

@@ -37,8 +37,10 @@ extern "C" __global__ void add(float* out, const float* x, float a, int n) {
     if (i < n) out[i] = x[i] + a;
 }
 """
-CHECKER_FILES = [tracemalloc.Filter(True, "*/cuctx/tools/*"),
-                 tracemalloc.Filter(True, "*/cuctx/_trace.py")]
+CHECKER_FILES = [
+    tracemalloc.Filter(True, "*/cuctx/tools/*"),
+    tracemalloc.Filter(True, "*/cuctx/_trace.py"),
+]
 GOALS: list[tuple[str, float | None, float, str, str]] = []
 
 
@@ -65,15 +67,16 @@ def per_operation(kernel: cuctx.Kernel) -> None:
     }
     s1.record(event)
     print(f"\n== per operation, us (best of 3 rounds of {INNER}; lower is better)")
-    print(f"  {'operation':<26}{'off':>9}{'no-op sink':>12}{'racecheck':>12}"
-          f"{'checked/off':>13}")
+    print(f"  {'operation':<26}{'off':>9}{'no-op sink':>12}{'racecheck':>12}{'checked/off':>13}")
     launch = None
     for name, op in operations.items():
+
         def measure(op=op) -> float:
             try:
                 return best_time(op, inner=INNER, rounds=3) * 1e6
             finally:
                 cuctx.synchronize()
+
         with cuctx.racecheck("off"):  # each column as named, whatever CUCTX_RACECHECK says
             off = measure()
             with _trace.sink(lambda operation: None):
@@ -83,15 +86,22 @@ def per_operation(kernel: cuctx.Kernel) -> None:
         print(f"  {name:<26}{off:9.2f}{traced:12.2f}{checked:12.2f}{checked / off:13.2f}")
         launch = launch or (off, checked)
     added = checker_cost(launcher, (out, x, 1.0, n))
-    print(f"\n  the checker's own cost per launch (announcement and check, no driver call): "
-          f"{added:.2f} us")
+    print(
+        f"\n  the checker's own cost per launch (announcement and check, no driver call): "
+        f"{added:.2f} us"
+    )
     if cuctx.backend().name == "cuda":
         goal("launch with the checker / untraced", launch[1] / launch[0], 2.0, "x")
     else:
-        goal("launch with the checker / untraced", None, 2.0, "x",
-             f"on a GPU only: the sim's launch runs its virtual GPU in Python "
-             f"({launch[0]:.1f} us); the checker adds {added:.2f} us to a launch, which a GPU "
-             f"adds to its untraced launch (4.65 us on an H200: 2x leaves 4.65)")
+        goal(
+            "launch with the checker / untraced",
+            None,
+            2.0,
+            "x",
+            f"on a GPU only: the sim's launch runs its virtual GPU in Python "
+            f"({launch[0]:.1f} us); the checker adds {added:.2f} us to a launch, which a GPU "
+            f"adds to its untraced launch (4.65 us on an H200: 2x leaves 4.65)",
+        )
 
 
 def checker_cost(launcher, args: tuple) -> float:
@@ -102,6 +112,7 @@ def checker_cost(launcher, args: tuple) -> float:
 
     def announce() -> None:
         _trace.emit_launch(launcher, args, plan)
+
     with cuctx.racecheck("off"):
         nothing = best_time(announce, inner=INNER * 5, rounds=5)
         with cuctx.racecheck("raise"):
@@ -146,11 +157,17 @@ def growth(kernel: cuctx.Kernel) -> None:
         finally:
             tracemalloc.stop()
     grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
-    checker = sum(s.size_diff for s in after.filter_traces(CHECKER_FILES).compare_to(
-        before.filter_traces(CHECKER_FILES), "filename"))
+    checker = sum(
+        s.size_diff
+        for s in after.filter_traces(CHECKER_FILES).compare_to(
+            before.filter_traces(CHECKER_FILES), "filename"
+        )
+    )
     print(f"\n== {done} operations under racecheck('warn') ({seconds:.1f} s, tracemalloc on)")
-    print(f"  Python's memory grew by {grown / 1024:.1f} KiB, of which the checker's and "
-          f"the trace's code allocated {checker / 1024:.1f} KiB")
+    print(
+        f"  Python's memory grew by {grown / 1024:.1f} KiB, of which the checker's and "
+        f"the trace's code allocated {checker / 1024:.1f} KiB"
+    )
     goal(f"growth over {done // 1000}k operations", grown / 2**20, 1.0, "MiB")
 
 
@@ -160,13 +177,17 @@ def print_goals() -> None:
         if value is None:
             print(f"  {what:<44} not measured ({note})")
             continue
-        print(f"  {what:<44} {value:8.2f} {unit:<3}  goal <= {target} {unit:<3}  "
-              f"{'met' if value <= target else 'NOT met'}")
+        print(
+            f"  {what:<44} {value:8.2f} {unit:<3}  goal <= {target} {unit:<3}  "
+            f"{'met' if value <= target else 'NOT met'}"
+        )
 
 
 def main() -> None:
-    start("on the sim every operation also runs the virtual GPU; the differences between the "
-          "columns are cuctx's and the checker's own costs")
+    start(
+        "on the sim every operation also runs the virtual GPU; the differences between the "
+        "columns are cuctx's and the checker's own costs"
+    )
     kernel = cuctx.Library.from_source(SOURCE, sim_kernels={"add": add})["add"]
     with cuctx.Device(0):
         per_operation(kernel)

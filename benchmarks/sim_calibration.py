@@ -36,13 +36,20 @@ def main() -> None:
     print("speedup over 1 stream: " + ", ".join(f"{n}: {mine[n]:.2f}x" for n in STREAMS))
     if "--both" in sys.argv and backend.name == "cuda":
         env = dict(os.environ, CUCTX_BACKEND="sim")
-        out = subprocess.run([sys.executable, __file__, "--json"], env=env, check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [sys.executable, __file__, "--json"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         sim = {int(k): v for k, v in json.loads(out.splitlines()[-1]).items()}
         for n in STREAMS:
             ratio = sim[n] / mine[n]
-            print(f"  {n} streams: GPU {mine[n]:.2f}x, sim {sim[n]:.2f}x, sim/GPU {ratio:.2f} "
-                  f"({'within' if abs(ratio - 1) <= 0.2 else 'OUTSIDE'} +-20%)")
+            print(
+                f"  {n} streams: GPU {mine[n]:.2f}x, sim {sim[n]:.2f}x, sim/GPU {ratio:.2f} "
+                f"({'within' if abs(ratio - 1) <= 0.2 else 'OUTSIDE'} +-20%)"
+            )
 
 
 if __name__ == "__main__":

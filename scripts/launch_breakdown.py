@@ -1,5 +1,6 @@
 """Dev tool: where a cuctx launch spends its host time, piece by piece, on the real driver,
 all in one process and interleaved (absolute numbers drift between processes)."""
+
 import ctypes
 import time
 
@@ -47,11 +48,16 @@ buffer, go = launcher._local.state
 cases = {
     "raw: raw library, raw stream": (
         lambda: drv.cuLaunchKernel(raw_fn, 1, 1, 1, 32, 1, 1, 0, raw_stream, addr, 0),
-        lambda: drv.cuStreamSynchronize(raw_stream)),
+        lambda: drv.cuStreamSynchronize(raw_stream),
+    ),
     "raw: cuctx kernel, cuctx stream": (
-        lambda: drv.cuLaunchKernel(kernel._function, 1, 1, 1, 32, 1, 1, 0, h, addr, 0), sync),
+        lambda: drv.cuLaunchKernel(kernel._function, 1, 1, 1, 32, 1, 1, 0, h, addr, 0),
+        sync,
+    ),
     "raw: raw library, cuctx stream": (
-        lambda: drv.cuLaunchKernel(raw_fn, 1, 1, 1, 32, 1, 1, 0, h, addr, 0), sync),
+        lambda: drv.cuLaunchKernel(raw_fn, 1, 1, 1, 32, 1, 1, 0, h, addr, 0),
+        sync,
+    ),
     "cuctx go() (bound driver call)": (go, sync),
     "cuctx launcher(data, 3)": (lambda: launcher(data, 3), sync),
     "cuctx fast path only (no __call__)": (lambda: launcher._fast((data, 3)), sync),

@@ -5,6 +5,7 @@ kernel nodes and instantiating them (on a GPU), and a profile of the build's Pyt
 
     python scripts/probe_autograph_build.py [--profile]
 """
+
 import cProfile
 import pstats
 import sys
@@ -71,10 +72,13 @@ def steps_of(recording: Recording) -> None:
 
     parts = {}
     for _ in range(ROUNDS):
-        for name, step in (("construct", do_construct), ("driver's instantiate+destroy",
-                                                          driver_instantiate),
-                           ("instantiate", do_instantiate),
-                           ("patcher", do_patcher), ("destroy", do_destroy)):
+        for name, step in (
+            ("construct", do_construct),
+            ("driver's instantiate+destroy", driver_instantiate),
+            ("instantiate", do_instantiate),
+            ("patcher", do_patcher),
+            ("destroy", do_destroy),
+        ):
             t0 = time.perf_counter()
             step()
             parts.setdefault(name, []).append((time.perf_counter() - t0) * 1e6)
@@ -102,8 +106,8 @@ def raw(recording: Recording) -> None:
     from cuda.bindings import driver as drv
     from cuctx.graphs._nodes import KernelParams
     from cuctx.kernels._launcher import Launcher
-    launches = [(k, v) for k, v in zip(recording.keys, recording.values)
-                if k.__class__ is Launcher]
+
+    launches = [(k, v) for k, v in zip(recording.keys, recording.values) if k.__class__ is Launcher]
     ctx = recording.ctx
     first = launches[0][0]
     params = KernelParams(first.kernel, first.config, ctx)
@@ -113,7 +117,7 @@ def raw(recording: Recording) -> None:
         err, graph = drv.cuGraphCreate(0)
         prev = []
         for _launcher, data in launches:
-            params.buffer[:len(data)] = data
+            params.buffer[: len(data)] = data
             err, node = drv.cuGraphAddKernelNode(graph, prev, len(prev), params.struct)
             assert not err, err
             prev = [node]
@@ -126,6 +130,7 @@ def raw(recording: Recording) -> None:
     def destroy():
         drv.cuGraphExecDestroy(held.pop("exe"))
         drv.cuGraphDestroy(held.pop("graph"))
+
     with ctx:
         parts = {}
         for _ in range(ROUNDS):
@@ -134,8 +139,10 @@ def raw(recording: Recording) -> None:
                 step()
                 parts.setdefault(name, []).append((time.perf_counter() - t0) * 1e6)
     n = len(launches)
-    print("  raw cuda.bindings: " + "  ".join(
-        f"{k} {min(v):8.1f} ({min(v) / n:5.2f}/node)" for k, v in parts.items()))
+    print(
+        "  raw cuda.bindings: "
+        + "  ".join(f"{k} {min(v):8.1f} ({min(v) / n:5.2f}/node)" for k, v in parts.items())
+    )
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ profile of one run of each.
 
     python scripts/probe_autograph_calls.py [--profile]
 """
+
 import cProfile
 import pstats
 import sys
@@ -19,8 +20,14 @@ import numpy as np  # noqa: E402
 import cuctx  # noqa: E402
 from cuctx.graphs import _autograph, _autograph_policy  # noqa: E402
 from cuctx.graphs._graph import Graph  # noqa: E402
-from _autograph_loops import (FMA_SOURCE, LENGTH_CALLS, SMALL, axpb_twin,  # noqa: E402
-                              length_token, small_token)
+from _autograph_loops import (
+    FMA_SOURCE,
+    LENGTH_CALLS,
+    SMALL,
+    axpb_twin,  # noqa: E402
+    length_token,
+    small_token,
+)
 
 RUNS = 5
 
@@ -45,8 +52,11 @@ BUILT = []  # (nodes, us) of every build AutoGraph measured in this process
 def log_builds() -> None:
     """Log each build AutoGraph measures, and the time of its construct and instantiate
     (``c+i``: what it measured should be their sum)."""
-    add, construct, instantiate = (_autograph_policy.BuildCosts.add, _autograph.construct,
-                                   Graph.instantiate)
+    add, construct, instantiate = (
+        _autograph_policy.BuildCosts.add,
+        _autograph.construct,
+        Graph.instantiate,
+    )
     parts = []
 
     def logged(self, nodes, seconds, context=0):
@@ -61,7 +71,9 @@ def log_builds() -> None:
                 return fn(*args, **kwargs)
             finally:
                 parts.append((time.perf_counter() - t0) * 1e6)
+
         return run
+
     _autograph_policy.BuildCosts.add = logged
     _autograph.construct = timed(construct)
     Graph.instantiate = timed(instantiate)
@@ -73,28 +85,38 @@ def main() -> None:
     kernel = cuctx.Library.from_source(FMA_SOURCE, sim_kernels={"axpb": axpb_twin})["axpb"]
     stream = cuctx.Stream()
     x = cuctx.full(SMALL, 1.0, np.float32, stream=stream)
-    for name, make_token, first, calls in (("small decoding loop", small_token, 0, 256),
-                                           ("64-call loop", length_token, 1, LENGTH_CALLS)):
+    for name, make_token, first, calls in (
+        ("small decoding loop", small_token, 0, 256),
+        ("64-call loop", length_token, 1, LENGTH_CALLS),
+    ):
         token = make_token(kernel, stream)
         print(f"== {name}, {calls} calls, us per call")
         for run in range(RUNS):
             eager, _ = timed(lambda t=token: t, stream, x, calls, first)
             auto, fn = timed(lambda t=token: cuctx.autograph(t), stream, x, calls, first)
             s = fn.stats()
-            split = ", ".join(f"{k} {s[k + '_s'] * 1e6 / calls:.1f}" for k in (
-                "recording", "replay", "update", "build", "eager"))
-            print(f"  run {run}: eager {eager:7.1f}  AutoGraph {auto:7.1f}  "
-                  f"(replays {s['replays']}, updates {s['updates']}, builds {s['builds']}, "
-                  f"eager {s['eager']}; per call: {split})")
-            print(f"    builds measured (nodes, us): {BUILT}; the fit (fixed us, us a node): "
-                  f"{[round(v * 1e6, 2) for v in _autograph_policy.BUILDS.fit() or ()]}")
+            split = ", ".join(
+                f"{k} {s[k + '_s'] * 1e6 / calls:.1f}"
+                for k in ("recording", "replay", "update", "build", "eager")
+            )
+            print(
+                f"  run {run}: eager {eager:7.1f}  AutoGraph {auto:7.1f}  "
+                f"(replays {s['replays']}, updates {s['updates']}, builds {s['builds']}, "
+                f"eager {s['eager']}; per call: {split})"
+            )
+            print(
+                f"    builds measured (nodes, us): {BUILT}; the fit (fixed us, us a node): "
+                f"{[round(v * 1e6, 2) for v in _autograph_policy.BUILDS.fit() or ()]}"
+            )
             BUILT.clear()
             if run == 0 or s["eager"] > 12:  # the first run, and runs mostly eager
                 for reason in s["reasons"][-12:]:
                     print(f"    call {reason['call']}: {reason['action']}: {reason['reason']}")
         if "--profile" in sys.argv:
-            for label, make in (("eager", lambda t=token: t),
-                                ("AutoGraph", lambda t=token: cuctx.autograph(t))):
+            for label, make in (
+                ("eager", lambda t=token: t),
+                ("AutoGraph", lambda t=token: cuctx.autograph(t)),
+            ):
                 fn = make()
                 prof = cProfile.Profile()
                 prof.enable()
@@ -128,6 +150,7 @@ def steady() -> None:
                 fn(i)
             best = min(best, time.perf_counter() - t0)
         return best / n * 1e6
+
     before = auto.stats()
     pieces = {
         "AutoGraph call (5 kernels)": lambda i: auto(outs[i % 16], x, i % 16),
@@ -140,8 +163,13 @@ def steady() -> None:
     for name, fn in pieces.items():
         print(f"  {name:32s} {per_call(fn):7.2f}")
     after = auto.stats()
-    print("  (AutoGraph: " + ", ".join(f"{k} +{after[k] - before[k]}" for k in (
-        "replays", "updates", "builds", "eager")) + ")")
+    print(
+        "  (AutoGraph: "
+        + ", ".join(
+            f"{k} +{after[k] - before[k]}" for k in ("replays", "updates", "builds", "eager")
+        )
+        + ")"
+    )
 
 
 def per_call() -> None:
@@ -164,15 +192,18 @@ def per_call() -> None:
         auto(out, x, k)
         t3 = time.perf_counter()
         after = auto.stats()
-        kind = next(key for key in ("builds", "eager", "updates", "replays")
-                    if after[key] > before[key])
+        kind = next(
+            key for key in ("builds", "eager", "updates", "replays") if after[key] > before[key]
+        )
         kinds.setdefault(kind, []).append((t3 - t2) * 1e6)
         empties.append((t1 - t0) * 1e6)
     stream.synchronize()
     print("== the small loop, each call alone (us): median, total over the run")
     for kind, times in kinds.items():
-        print(f"  {kind:8s} {len(times):4d} calls  median {sorted(times)[len(times) // 2]:7.1f}"
-              f"  total {sum(times):8.1f}")
+        print(
+            f"  {kind:8s} {len(times):4d} calls  median {sorted(times)[len(times) // 2]:7.1f}"
+            f"  total {sum(times):8.1f}"
+        )
     print(f"  caller's cuctx.empty: median {sorted(empties)[128]:.1f}, total {sum(empties):.1f}")
 
 

@@ -11,25 +11,44 @@ shared memory. Run it on a GPU:
 
 import cuctx
 
-SOURCE = (r'extern "C" __global__ void k(float* y) { extern __shared__ float s[]; '
-          r's[threadIdx.x] = y[threadIdx.x]; y[threadIdx.x] = 2 * s[threadIdx.x]; }')
+SOURCE = (
+    r'extern "C" __global__ void k(float* y) { extern __shared__ float s[]; '
+    r"s[threadIdx.x] = y[threadIdx.x]; y[threadIdx.x] = 2 * s[threadIdx.x]; }"
+)
 # (threads per block, bytes of dynamic shared memory)
-CASES = [(32, 0), (64, 0), (128, 0), (256, 0), (512, 0), (1024, 0), (128, 4096), (128, 16384),
-         (256, 32768), (1024, 49152)]
+CASES = [
+    (32, 0),
+    (64, 0),
+    (128, 0),
+    (256, 0),
+    (512, 0),
+    (1024, 0),
+    (128, 4096),
+    (128, 16384),
+    (256, 32768),
+    (1024, 49152),
+]
 
 
 def answers(backend: str) -> dict:
     cuctx.set_backend(backend)
     kernel = cuctx.Library.from_source(SOURCE)["k"]
-    return {case: (kernel.occupancy(*case), kernel.max_cluster_size(*case),
-                   [kernel.max_active_clusters(size, *case) for size in range(1, 9)])
-            for case in CASES}
+    return {
+        case: (
+            kernel.occupancy(*case),
+            kernel.max_cluster_size(*case),
+            [kernel.max_active_clusters(size, *case) for size in range(1, 9)],
+        )
+        for case in CASES
+    }
 
 
 gpu, sim = answers("cuda"), answers("sim")
 cuctx.set_backend("cuda")
-print(f"{cuctx.Device(0).name}, {cuctx.Device(0).properties.multiprocessor_count} SMs: "
-      "block, shared: per SM, max cluster size, active clusters of 1..8 blocks")
+print(
+    f"{cuctx.Device(0).name}, {cuctx.Device(0).properties.multiprocessor_count} SMs: "
+    "block, shared: per SM, max cluster size, active clusters of 1..8 blocks"
+)
 for case in CASES:
     mark = "" if gpu[case] == sim[case] else f"   sim: {sim[case]}"
     print(f"{case[0]:5} {case[1]:6}: {gpu[case]}{mark}")

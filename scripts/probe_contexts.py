@@ -4,6 +4,7 @@ current, and with CUDA called from a host function (dev tool; run on the GPU mac
 Each case runs in a child process (a sticky fault poisons only that process) and prints one
 JSON line: the case and the result codes it saw. ``python scripts/probe_contexts.py``.
 """
+
 import json
 import subprocess
 import sys
@@ -123,11 +124,15 @@ def main() -> None:
             continue
         code = PRELUDE + body + "\nprint(json.dumps(out))\n"
         try:
-            run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                 timeout=60)
+            run = subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+            )
             line = (run.stdout.strip().splitlines() or [""])[-1]
-            result = json.loads(line) if line.startswith("{") else {"rc": run.returncode,
-                                                                    "stderr": run.stderr[-600:]}
+            result = (
+                json.loads(line)
+                if line.startswith("{")
+                else {"rc": run.returncode, "stderr": run.stderr[-600:]}
+            )
         except subprocess.TimeoutExpired:
             result = {"timeout": "60 s (deadlock?)"}
         print(json.dumps({"case": case, **result}), flush=True)

@@ -1,24 +1,42 @@
 """Record what the real driver does, so the sim can be checked against it (dev tool)."""
+
 import json
 import os
 import sys
 import subprocess
 import importlib
 from cuda.bindings import driver as d
+
 out = os.environ.get("OUT", "/tmp")
 info = {}
-for m in ["cuda.bindings", "cuda.core", "cupy", "torch", "numba", "numba_cuda", "triton", "numpy", "cuda.bindings.nvrtc", "hypothesis", "pytest"]:
+for m in [
+    "cuda.bindings",
+    "cuda.core",
+    "cupy",
+    "torch",
+    "numba",
+    "numba_cuda",
+    "triton",
+    "numpy",
+    "cuda.bindings.nvrtc",
+    "hypothesis",
+    "pytest",
+]:
     try:
-        mod = importlib.import_module(m); info[m] = getattr(mod, "__version__", "?")
+        mod = importlib.import_module(m)
+        info[m] = getattr(mod, "__version__", "?")
     except Exception as e:
         info[m] = f"ERR {e!r}"
 info["python"] = sys.version
 for cmd in (["nvcc", "--version"], ["gcc", "--version"], ["nvidia-smi"]):
-    try: info[cmd[0]] = subprocess.run(cmd, capture_output=True, text=True).stdout[-600:]
-    except Exception as e: info[cmd[0]] = repr(e)
+    try:
+        info[cmd[0]] = subprocess.run(cmd, capture_output=True, text=True).stdout[-600:]
+    except Exception as e:
+        info[cmd[0]] = repr(e)
 print(d.cuInit(0))
 info["driver_version"] = d.cuDriverGetVersion()[1]
-err, n = d.cuDeviceGetCount(); info["count"] = n
+err, n = d.cuDeviceGetCount()
+info["count"] = n
 err, dev = d.cuDeviceGet(0)
 info["name"] = d.cuDeviceGetName(256, dev)[1].split(b"\0")[0].decode()
 info["uuid"] = bytes(d.cuDeviceGetUuid(dev)[1].bytes).hex()
@@ -76,20 +94,35 @@ rec("create_flags_bad", d.cuCtxCreate(None, 0xFFFF, dev))
 rec("attr_bad_dev", d.cuDeviceGetAttribute(d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_WARP_SIZE, d.CUdevice(77)))
 rec("can_access_peer_self", d.cuDeviceCanAccessPeer(dev, dev))
 """
+
+
 def run_steps():
     lines = STEPS.strip("\n").splitlines()
     for n in range(1, len(lines) + 1):
-        prog = "import threading\nfrom cuda.bindings import driver as d\nd.cuInit(0)\nerr, dev = d.cuDeviceGet(0)\nbeh={}\n" + \
-            "def rec(k, r): beh[k] = [x.name if isinstance(x, d.CUresult) else repr(x) for x in (r if isinstance(r, tuple) else (r,))]\n" + \
-            "\n".join(lines[:n]) + "\nimport json; print(json.dumps(beh))"
+        prog = (
+            "import threading\nfrom cuda.bindings import driver as d\nd.cuInit(0)\nerr, dev = d.cuDeviceGet(0)\nbeh={}\n"
+            + "def rec(k, r): beh[k] = [x.name if isinstance(x, d.CUresult) else repr(x) for x in (r if isinstance(r, tuple) else (r,))]\n"
+            + "\n".join(lines[:n])
+            + "\nimport json; print(json.dumps(beh))"
+        )
         p = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True)
         if p.returncode != 0:
-            beh["CRASH at: " + lines[n-1]] = [p.returncode, p.stderr[-300:]]
-            lines[n-1] = "pass"
+            beh["CRASH at: " + lines[n - 1]] = [p.returncode, p.stderr[-300:]]
+            lines[n - 1] = "pass"
         else:
             beh.update(json.loads(p.stdout.strip().splitlines()[-1]))
+
+
 run_steps()
-for k in ["cuKernelGetParamInfo", "cuLibraryLoadData", "cuCtxCreate_v4", "cuLaunchKernelEx", "cuStreamGetDevice", "cuCtxGetDevice_v2", "cuStreamGetCtx_v2"]:
+for k in [
+    "cuKernelGetParamInfo",
+    "cuLibraryLoadData",
+    "cuCtxCreate_v4",
+    "cuLaunchKernelEx",
+    "cuStreamGetDevice",
+    "cuCtxGetDevice_v2",
+    "cuStreamGetCtx_v2",
+]:
     beh["has_" + k] = hasattr(d, k)
 info["behaviour"] = beh
 print(json.dumps(beh, indent=1))

@@ -56,6 +56,7 @@ def transcript(backend) -> list[list]:
 
 def main() -> None:
     import cuctx
+
     backend = cuctx.backend()
     result = {"backend": backend.name, "steps": transcript(backend)}
     if backend.name == "cuda":

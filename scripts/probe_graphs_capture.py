@@ -36,20 +36,23 @@ def capture(r: Recorder, s: Setup) -> None:
         params = r.kernel(put, ptr, value)
         return drv.cuLaunchKernel(put, 1, 1, 1, 1, 1, 1, 0, s, params.kernelParams, 0)
 
-    step("begin capture on the legacy stream",
-         lambda: drv.cuStreamBeginCapture(0, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    step(
+        "begin capture on the legacy stream",
+        lambda: drv.cuStreamBeginCapture(0, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL),
+    )
     step("end capture of a stream not capturing", lambda: drv.cuStreamEndCapture(stream))
     step("is capturing (idle)", lambda: drv.cuStreamIsCapturing(stream))
     step("capture info (idle)", lambda: drv.cuStreamGetCaptureInfo(stream))
     begin("C1")
-    step("begin capture again", lambda: drv.cuStreamBeginCapture(
-        stream, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    step(
+        "begin capture again",
+        lambda: drv.cuStreamBeginCapture(stream, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL),
+    )
     step("is capturing", lambda: drv.cuStreamIsCapturing(stream))
     step("captured memset", lambda: drv.cuMemsetD32Async(a, 6, 4, stream))
     step("captured launch", lambda: launch(stream, 8))
     step("captured copy to pinned", lambda: drv.cuMemcpyDtoHAsync(pinned, a, 16, stream))
-    step("captured host function", lambda: drv.cuLaunchHostFunc(
-        stream, r.host(seen, 11).fn, 11))
+    step("captured host function", lambda: drv.cuLaunchHostFunc(stream, r.host(seen, 11).fn, 11))
     step("captured zero-size memset", lambda: drv.cuMemsetD32Async(a, 6, 0, stream))
     step("capture info", lambda: drv.cuStreamGetCaptureInfo(stream))
     g = end("C1")
@@ -62,23 +65,30 @@ def capture(r: Recorder, s: Setup) -> None:
         "query the capturing stream": lambda: drv.cuStreamQuery(stream),
         "cuCtxSynchronize": lambda: drv.cuCtxSynchronize(),
         "cuMemAlloc": lambda: drv.cuMemAlloc(64)[0],
-        "pageable async copy": lambda: drv.cuMemcpyHtoDAsync(a, pageable.ctypes.data, 16,
-                                                             stream),
+        "pageable async copy": lambda: drv.cuMemcpyHtoDAsync(a, pageable.ctypes.data, 16, stream),
         "pageable synchronous copy": lambda: drv.cuMemcpyHtoD(a, pageable.ctypes.data, 16),
         "legacy stream memset": lambda: drv.cuMemsetD32Async(a, 1, 1, 0),
         "wait on an event recorded outside": lambda: drv.cuStreamWaitEvent(stream, outside, 0),
         "external wait on an event recorded outside": lambda: drv.cuStreamWaitEvent(
-            stream, outside, 1),
-        "query an event recorded in the capture": lambda: (drv.cuEventRecord(fork, stream),
-                                                           drv.cuEventQuery(fork)),
+            stream, outside, 1
+        ),
+        "query an event recorded in the capture": lambda: (
+            drv.cuEventRecord(fork, stream),
+            drv.cuEventQuery(fork),
+        ),
         "synchronize an event recorded in the capture": lambda: (
-            drv.cuEventRecord(fork, stream), drv.cuEventSynchronize(fork)),
+            drv.cuEventRecord(fork, stream),
+            drv.cuEventSynchronize(fork),
+        ),
         "cuStreamSynchronize of another stream": lambda: drv.cuStreamSynchronize(side),
         "cuStreamQuery of another stream": lambda: drv.cuStreamQuery(side),
         "cuMemFree": lambda: drv.cuMemFree(spare.pop()),
     }
-    for mode in (MODE.CU_STREAM_CAPTURE_MODE_GLOBAL, MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-                 MODE.CU_STREAM_CAPTURE_MODE_RELAXED):
+    for mode in (
+        MODE.CU_STREAM_CAPTURE_MODE_GLOBAL,
+        MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        MODE.CU_STREAM_CAPTURE_MODE_RELAXED,
+    ):
         for label, breaker in breakers.items():
             label = f"{mode.name.removeprefix('CU_STREAM_CAPTURE_MODE_')}: {label}"
             begin(label, mode=mode)
@@ -87,8 +97,10 @@ def capture(r: Recorder, s: Setup) -> None:
             step(f"status after [{label}]", lambda: drv.cuStreamIsCapturing(stream))
             step(f"work after [{label}]", lambda: drv.cuMemsetD32Async(a, 1, 1, stream))
             step(f"end [{label}]", lambda: drv.cuStreamEndCapture(stream)[0])
-            step(f"eager work after [{label}]", lambda: (
-                drv.cuMemsetD32Async(a, 2, 1, stream), drv.cuStreamSynchronize(stream)))
+            step(
+                f"eager work after [{label}]",
+                lambda: (drv.cuMemsetD32Async(a, 2, 1, stream), drv.cuStreamSynchronize(stream)),
+            )
             for event in (fork, outside):
                 drv.cuEventRecord(event, stream)  # out of the capture again
             drv.cuStreamSynchronize(stream)
@@ -96,8 +108,7 @@ def capture(r: Recorder, s: Setup) -> None:
     begin("legacy with a blocking stream", s=blocking)
     step("is capturing: legacy", lambda: drv.cuStreamIsCapturing(0))
     step("capture info: legacy", lambda: drv.cuStreamGetCaptureInfo(0)[0])
-    step("legacy memset while a blocking stream captures",
-         lambda: drv.cuMemsetD32Async(a, 1, 1, 0))
+    step("legacy memset while a blocking stream captures", lambda: drv.cuMemsetD32Async(a, 1, 1, 0))
     step("end: legacy with a blocking stream", lambda: drv.cuStreamEndCapture(blocking))
 
     begin("fork and join")
@@ -148,10 +159,14 @@ def capture(r: Recorder, s: Setup) -> None:
     t.start()
     t.join()
     step("end capture from another thread (relaxed)", lambda: out[0])
-    step("exchange capture mode", lambda: drv.cuThreadExchangeStreamCaptureMode(
-        MODE.CU_STREAM_CAPTURE_MODE_RELAXED))
-    step("exchange capture mode back", lambda: drv.cuThreadExchangeStreamCaptureMode(
-        MODE.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    step(
+        "exchange capture mode",
+        lambda: drv.cuThreadExchangeStreamCaptureMode(MODE.CU_STREAM_CAPTURE_MODE_RELAXED),
+    )
+    step(
+        "exchange capture mode back",
+        lambda: drv.cuThreadExchangeStreamCaptureMode(MODE.CU_STREAM_CAPTURE_MODE_GLOBAL),
+    )
 
     begin("memory")
     step("capture: cuMemAllocAsync", lambda: drv.cuMemAllocAsync(64, stream)[0])
@@ -165,9 +180,14 @@ def capture(r: Recorder, s: Setup) -> None:
     mg = end("memory nodes")
     step("memory nodes: types", lambda: types(drv, mg))
     mx = step("memory nodes: instantiate", lambda: drv.cuGraphInstantiate(mg, 0))
-    step("memory nodes: launch twice", lambda: (drv.cuGraphLaunch(mx[1], stream),
-                                                drv.cuGraphLaunch(mx[1], stream),
-                                                drv.cuStreamSynchronize(stream)))
+    step(
+        "memory nodes: launch twice",
+        lambda: (
+            drv.cuGraphLaunch(mx[1], stream),
+            drv.cuGraphLaunch(mx[1], stream),
+            drv.cuStreamSynchronize(stream),
+        ),
+    )
     step("memory nodes: value", lambda: ctypes.c_uint32.from_address(pinned).value)
     step("memory nodes: second instantiate", lambda: drv.cuGraphInstantiate(mg, 0))
 
@@ -195,12 +215,15 @@ def graphs_in_a_capture(r: Recorder, s: Setup) -> None:
     drv.cuGraphAddMemsetNode(g, None, 0, r.memset(s.allocs[0], 1, 1), s.ctx)
     x = drv.cuGraphInstantiate(g, 0)[1]
 
-    for label, call in (("cuGraphInstantiate of another graph",
-                         lambda: instantiate_once(drv, g)),
-                        ("cuGraphUpload", lambda: drv.cuGraphUpload(x, stream)),
-                        ("cuStreamIsCapturing", lambda: drv.cuStreamIsCapturing(stream))):
-        step(f"begin capture thread-local: {label}", lambda: drv.cuStreamBeginCapture(
-            stream, MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
+    for label, call in (
+        ("cuGraphInstantiate of another graph", lambda: instantiate_once(drv, g)),
+        ("cuGraphUpload", lambda: drv.cuGraphUpload(x, stream)),
+        ("cuStreamIsCapturing", lambda: drv.cuStreamIsCapturing(stream)),
+    ):
+        step(
+            f"begin capture thread-local: {label}",
+            lambda: drv.cuStreamBeginCapture(stream, MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+        )
         step(f"thread-local capture: {label}", call)
         step(f"status after [{label}]", lambda: drv.cuStreamIsCapturing(stream))
         step(f"end [{label}]", lambda: drv.cuStreamEndCapture(stream)[0])
@@ -223,19 +246,39 @@ def instantiating_beside_captures(r: Recorder, s: Setup) -> None:
 
     relax = MODE.CU_STREAM_CAPTURE_MODE_RELAXED
     for label, mode, call, thread_mode in (
-            ("global: cuGraphInstantiate", MODE.CU_STREAM_CAPTURE_MODE_GLOBAL, instantiate, None),
-            ("relaxed: cuGraphInstantiate", relax, instantiate, None),
-            ("thread-local, thread relaxed: cuGraphInstantiate",
-             MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, instantiate, relax),
-            ("thread-local: cuGraphLaunch on another stream",
-             MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, lambda: drv.cuGraphLaunch(x, other), None),
-            ("thread-local: cuGraphUpload on another stream",
-             MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, lambda: drv.cuGraphUpload(x, other), None),
-            ("thread-local: cuGraphExecMemsetNodeSetParams",
-             MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, lambda: drv.cuGraphExecMemsetNodeSetParams(
-                 x, node, r.memset(s.allocs[0], 2, 1), s.ctx), None),
-            ("thread-local: cuGraphExecUpdate", MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-             lambda: drv.cuGraphExecUpdate(x, g)[0], None)):
+        ("global: cuGraphInstantiate", MODE.CU_STREAM_CAPTURE_MODE_GLOBAL, instantiate, None),
+        ("relaxed: cuGraphInstantiate", relax, instantiate, None),
+        (
+            "thread-local, thread relaxed: cuGraphInstantiate",
+            MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            instantiate,
+            relax,
+        ),
+        (
+            "thread-local: cuGraphLaunch on another stream",
+            MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            lambda: drv.cuGraphLaunch(x, other),
+            None,
+        ),
+        (
+            "thread-local: cuGraphUpload on another stream",
+            MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            lambda: drv.cuGraphUpload(x, other),
+            None,
+        ),
+        (
+            "thread-local: cuGraphExecMemsetNodeSetParams",
+            MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            lambda: drv.cuGraphExecMemsetNodeSetParams(x, node, r.memset(s.allocs[0], 2, 1), s.ctx),
+            None,
+        ),
+        (
+            "thread-local: cuGraphExecUpdate",
+            MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            lambda: drv.cuGraphExecUpdate(x, g)[0],
+            None,
+        ),
+    ):
         step(f"begin capture [{label}]", lambda mode=mode: drv.cuStreamBeginCapture(stream, mode))
         if thread_mode is not None:
             _, thread_mode = drv.cuThreadExchangeStreamCaptureMode(thread_mode)
@@ -245,8 +288,10 @@ def instantiating_beside_captures(r: Recorder, s: Setup) -> None:
         step(f"status after [{label}]", lambda: drv.cuStreamIsCapturing(stream))
         step(f"end [{label}]", lambda: drv.cuStreamEndCapture(stream)[0])
 
-    for name, mode in (("global", MODE.CU_STREAM_CAPTURE_MODE_GLOBAL),
-                       ("thread-local", MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)):
+    for name, mode in (
+        ("global", MODE.CU_STREAM_CAPTURE_MODE_GLOBAL),
+        ("thread-local", MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+    ):
         begun, instantiated, out = threading.Event(), threading.Event(), []
 
         def capture_there(mode=mode, begun=begun, instantiated=instantiated, out=out):
@@ -258,6 +303,7 @@ def instantiating_beside_captures(r: Recorder, s: Setup) -> None:
             instantiated.wait()
             out.append(drv.cuStreamEndCapture(stream)[0].name)
             drv.cuCtxPopCurrent()
+
         t = threading.Thread(target=capture_there)
         t.start()
         begun.wait()

@@ -33,7 +33,6 @@ def other_twin(grid, block, p, v):
     pass
 
 
-
 class Setup:
     """What every part of the transcript uses: the context, the module's two kernels, a
     non-blocking stream, three zeroed 256-byte buffers, pinned and pageable host memory."""
@@ -75,16 +74,18 @@ class NodeParams:
         return params
 
     @staticmethod
-    def memset(ptr: int, value: int, width: int, size: int = 4, height: int = 1,
-               pitch: int = 0) -> d.CUDA_MEMSET_NODE_PARAMS:
+    def memset(
+        ptr: int, value: int, width: int, size: int = 4, height: int = 1, pitch: int = 0
+    ) -> d.CUDA_MEMSET_NODE_PARAMS:
         params = d.CUDA_MEMSET_NODE_PARAMS()
         params.dst, params.value, params.elementSize = ptr, value, size
         params.width, params.height, params.pitch = width, height, pitch
         return params
 
     @staticmethod
-    def copy(dst: int, src: int, nbytes: int, dst_kind=DEVICE, src_kind=DEVICE,
-             height: int = 1) -> d.CUDA_MEMCPY3D:
+    def copy(
+        dst: int, src: int, nbytes: int, dst_kind=DEVICE, src_kind=DEVICE, height: int = 1
+    ) -> d.CUDA_MEMCPY3D:
         params = d.CUDA_MEMCPY3D()
         params.srcMemoryType, params.dstMemoryType = src_kind, dst_kind
         for prefix, kind, address in (("src", src_kind, src), ("dst", dst_kind, dst)):
@@ -122,8 +123,11 @@ class Recorder(NodeParams):
         if isinstance(value, (list, tuple)):
             return [self.show(v) for v in value]
         if isinstance(value, d.CUgraphExecUpdateResultInfo):
-            return {"result": value.result.name, "errorNode": self.show(value.errorNode),
-                    "errorFromNode": self.show(value.errorFromNode)}
+            return {
+                "result": value.result.name,
+                "errorNode": self.show(value.errorNode),
+                "errorFromNode": self.show(value.errorFromNode),
+            }
         if isinstance(value, d.CUgraphEdgeData):
             return [int(value.type), int(value.from_port), int(value.to_port)]
         if isinstance(value, d.cuuint64_t):
@@ -144,7 +148,6 @@ class Recorder(NodeParams):
             return None
         self.steps.append([label, self.show(result)])
         return result
-
 
     def graph(self, label: str):
         result = self.step(f"cuGraphCreate {label}", lambda: self.drv.cuGraphCreate(0))

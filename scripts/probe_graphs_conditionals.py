@@ -55,8 +55,10 @@ def add_conditional(r: Recorder, ctx, label: str, g, kind, size: int, h, after=(
     params.type = T.CU_GRAPH_NODE_TYPE_CONDITIONAL
     params.conditional.handle, params.conditional.type = h, kind
     params.conditional.size, params.conditional.ctx = size, ctx
-    result = r.step(f"add conditional {label}", lambda: r.drv.cuGraphAddNode(
-        g, list(after), None, len(after), params))
+    result = r.step(
+        f"add conditional {label}",
+        lambda: r.drv.cuGraphAddNode(g, list(after), None, len(after), params),
+    )
     return list(params.conditional.phGraph_out) if result and not result[0] else []
 
 
@@ -69,6 +71,7 @@ def conditional_kinds(r: Recorder, s: Setup, backend) -> None:
     _, setc = drv.cuModuleGetFunction(loaded[1], b"setc")
     _, countdown = drv.cuModuleGetFunction(loaded[1], b"countdown")
     if backend.sim is not None:  # the kernels' twins set the condition through the sim
+
         def setc_twin(grid, block, h, v):
             backend.sim.set_conditional(h, v)
 
@@ -76,6 +79,7 @@ def conditional_kinds(r: Recorder, s: Setup, backend) -> None:
             view = counter.view(np.uint32, 1)
             view[0] -= 1
             backend.sim.set_conditional(h, int(view[0] != 0))
+
         backend.sim.set_kernel_twin(setc, setc_twin)
         backend.sim.set_kernel_twin(countdown, countdown_twin)
 
@@ -92,8 +96,10 @@ def conditional_kinds(r: Recorder, s: Setup, backend) -> None:
         result = step(f"{label}: instantiate", lambda: drv.cuGraphInstantiate(g, 0))
         if result is None or result[0]:
             return
-        step(f"{label}: launch", lambda: (drv.cuGraphLaunch(result[1], stream),
-                                          drv.cuStreamSynchronize(stream)))
+        step(
+            f"{label}: launch",
+            lambda: (drv.cuGraphLaunch(result[1], stream), drv.cuStreamSynchronize(stream)),
+        )
         step(f"{label}: memory", lambda: r.read(c, words))
         drv.cuGraphExecDestroy(result[1])
 
@@ -103,8 +109,13 @@ def conditional_kinds(r: Recorder, s: Setup, backend) -> None:
         k = r.add(f"IF/ELSE set to {value}.setc", "Kernel", g, r.kernel(setc, int(h), value))
         bodies = node(f"IF/ELSE set to {value}", g, COND.CU_GRAPH_COND_TYPE_IF, 2, h, [k])
         for i, body in enumerate(bodies):
-            r.add(f"IF/ELSE set to {value}.body{i}", "Memset", body,
-                  r.memset(c + 4 * i, 10 + i, 1), ctx)
+            r.add(
+                f"IF/ELSE set to {value}.body{i}",
+                "Memset",
+                body,
+                r.memset(c + 4 * i, 10 + i, 1),
+                ctx,
+            )
         run(f"IF/ELSE set to {value}", g)
     for value in (0, 2, 3):  # SWITCH: body n when the value is n, none past the last
         g = r.graph(f"SWITCH set to {value}")
@@ -112,12 +123,22 @@ def conditional_kinds(r: Recorder, s: Setup, backend) -> None:
         k = r.add(f"SWITCH set to {value}.setc", "Kernel", g, r.kernel(setc, int(h), value))
         bodies = node(f"SWITCH set to {value}", g, COND.CU_GRAPH_COND_TYPE_SWITCH, 3, h, [k])
         for i, body in enumerate(bodies):
-            r.add(f"SWITCH set to {value}.body{i}", "Memset", body,
-                  r.memset(c + 4 * i, 20 + i, 1), ctx)
+            r.add(
+                f"SWITCH set to {value}.body{i}",
+                "Memset",
+                body,
+                r.memset(c + 4 * i, 20 + i, 1),
+                ctx,
+            )
         run(f"SWITCH set to {value}", g)
     g = r.graph("SWITCH default 1")
-    bodies = node("SWITCH default 1", g, COND.CU_GRAPH_COND_TYPE_SWITCH, 2,
-                  handle(g, 1, d.CU_GRAPH_COND_ASSIGN_DEFAULT))
+    bodies = node(
+        "SWITCH default 1",
+        g,
+        COND.CU_GRAPH_COND_TYPE_SWITCH,
+        2,
+        handle(g, 1, d.CU_GRAPH_COND_ASSIGN_DEFAULT),
+    )
     for i, body in enumerate(bodies):
         r.add(f"SWITCH default 1.body{i}", "Memset", body, r.memset(c + 4 * i, 30 + i, 1), ctx)
     run("SWITCH default 1", g)
@@ -134,8 +155,10 @@ def conditional_kinds(r: Recorder, s: Setup, backend) -> None:
         r.add("WHILE countdown.k", "Kernel", bodies[0], params)
     run("WHILE countdown", g, 1, counter=3)
 
-    for label, kind, size in (("SWITCH size 0", COND.CU_GRAPH_COND_TYPE_SWITCH, 0),
-                              ("IF size 3", COND.CU_GRAPH_COND_TYPE_IF, 3)):
+    for label, kind, size in (
+        ("SWITCH size 0", COND.CU_GRAPH_COND_TYPE_SWITCH, 0),
+        ("IF size 3", COND.CU_GRAPH_COND_TYPE_IF, 3),
+    ):
         g = r.graph(label)
         node(label, g, kind, size, handle(g))
     shared = r.graph("shared handle")  # one handle driving two nodes
@@ -161,8 +184,12 @@ def conditional_rules(r: Recorder, s: Setup) -> None:
 
     inner = r.graph("child with a conditional")
     if_node("in a child", inner)
-    step("child graph with a conditional node", lambda: drv.cuGraphAddChildGraphNode(
-        r.graph("conditional child holder"), None, 0, inner)[0])
+    step(
+        "child graph with a conditional node",
+        lambda: drv.cuGraphAddChildGraphNode(r.graph("conditional child holder"), None, 0, inner)[
+            0
+        ],
+    )
     eb = r.graph("event body")
     bodies = if_node("for an event node", eb)
     if bodies:
@@ -177,23 +204,36 @@ def conditional_rules(r: Recorder, s: Setup) -> None:
     k = r.add("body updates.k", "Kernel", bodies[0], r.kernel(s.put, c, 1))
     m = r.add("body updates.m", "Memset", bodies[0], r.memset(c + 4, 2, 1), ctx)
     nested = if_node("nested in body updates", bodies[0])
-    deep = r.add("body updates.deep", "Memset", nested[0], r.memset(c + 8, 3, 1), ctx) \
-        if nested else None
+    deep = (
+        r.add("body updates.deep", "Memset", nested[0], r.memset(c + 8, 3, 1), ctx)
+        if nested
+        else None
+    )
     drv.cuMemsetD32Async(c, 0, 3, stream)
     x = r.instantiate("body updates exec", g)
     if x is None:
         return
-    step("body updates: launch", lambda: (drv.cuGraphLaunch(x, stream),
-                                          drv.cuStreamSynchronize(stream)))
+    step(
+        "body updates: launch",
+        lambda: (drv.cuGraphLaunch(x, stream), drv.cuStreamSynchronize(stream)),
+    )
     step("body updates: memory", lambda: r.read(c, 3))
-    step("body updates: kernel set params", lambda: drv.cuGraphExecKernelNodeSetParams(
-        x, k, r.kernel(s.put, c, 10)))
-    step("body updates: memset set params", lambda: drv.cuGraphExecMemsetNodeSetParams(
-        x, m, r.memset(c + 4, 20, 1), ctx))
-    step("body updates: disable a node of a nested body", lambda: drv.cuGraphNodeSetEnabled(
-        x, deep, 0))
+    step(
+        "body updates: kernel set params",
+        lambda: drv.cuGraphExecKernelNodeSetParams(x, k, r.kernel(s.put, c, 10)),
+    )
+    step(
+        "body updates: memset set params",
+        lambda: drv.cuGraphExecMemsetNodeSetParams(x, m, r.memset(c + 4, 20, 1), ctx),
+    )
+    step(
+        "body updates: disable a node of a nested body",
+        lambda: drv.cuGraphNodeSetEnabled(x, deep, 0),
+    )
     drv.cuMemsetD32Async(c, 0, 3, stream)
-    step("body updates: relaunch", lambda: (drv.cuGraphLaunch(x, stream),
-                                            drv.cuStreamSynchronize(stream)))
+    step(
+        "body updates: relaunch",
+        lambda: (drv.cuGraphLaunch(x, stream), drv.cuStreamSynchronize(stream)),
+    )
     step("body updates: memory after", lambda: r.read(c, 3))
     drv.cuGraphExecDestroy(x)

@@ -34,18 +34,29 @@ def explicit(r: Recorder, s: Setup) -> object:
     foreign = drv.cuGraphAddEmptyNode(foreign_graph, None, 0)[1]
     r.add("foreign dep", "Empty", g, after=[foreign])
     step("add Empty to a null graph", lambda: drv.cuGraphAddEmptyNode(d.CUgraph(0), None, 0))
-    step("add Memset outside any allocation",
-         lambda: drv.cuGraphAddMemsetNode(g, None, 0, r.memset(16, 0, 4), ctx))
-    step("add Memset elementSize 3", lambda: drv.cuGraphAddMemsetNode(
-        g, None, 0, r.memset(a, 0, 4, size=3), ctx))
-    step("add Memset misaligned", lambda: drv.cuGraphAddMemsetNode(
-        g, None, 0, r.memset(a + 2, 0, 4), ctx))
-    step("add Memcpy past the end", lambda: drv.cuGraphAddMemcpyNode(
-        g, None, 0, r.copy(b, a, 512), ctx))
-    step("add Host null fn", lambda: drv.cuGraphAddHostNode(g, None, 0,
-                                                            d.CUDA_HOST_NODE_PARAMS()))
-    step("add Memcpy pageable host", lambda: drv.cuGraphAddMemcpyNode(
-        g, None, 0, r.copy(s.pageable.ctypes.data, a, 16, dst_kind=HOST), ctx)[0])
+    step(
+        "add Memset outside any allocation",
+        lambda: drv.cuGraphAddMemsetNode(g, None, 0, r.memset(16, 0, 4), ctx),
+    )
+    step(
+        "add Memset elementSize 3",
+        lambda: drv.cuGraphAddMemsetNode(g, None, 0, r.memset(a, 0, 4, size=3), ctx),
+    )
+    step(
+        "add Memset misaligned",
+        lambda: drv.cuGraphAddMemsetNode(g, None, 0, r.memset(a + 2, 0, 4), ctx),
+    )
+    step(
+        "add Memcpy past the end",
+        lambda: drv.cuGraphAddMemcpyNode(g, None, 0, r.copy(b, a, 512), ctx),
+    )
+    step("add Host null fn", lambda: drv.cuGraphAddHostNode(g, None, 0, d.CUDA_HOST_NODE_PARAMS()))
+    step(
+        "add Memcpy pageable host",
+        lambda: drv.cuGraphAddMemcpyNode(
+            g, None, 0, r.copy(s.pageable.ctypes.data, a, 16, dst_kind=HOST), ctx
+        )[0],
+    )
     child = r.graph("child")
     r.add("ck", "Kernel", child, r.kernel(put, c, 5))
     r.add("child", "ChildGraph", g, child)
@@ -69,38 +80,57 @@ def explicit(r: Recorder, s: Setup) -> object:
     step("launch null exec", lambda: drv.cuGraphLaunch(d.CUgraphExec(0), stream))
 
     # -- per-node parameters of an executable -------------------------------------------------
-    step("kernel set params", lambda: drv.cuGraphExecKernelNodeSetParams(
-        x, k, r.kernel(put, a, 10)))
-    step("kernel set params other function", lambda: drv.cuGraphExecKernelNodeSetParams(
-        x, k, r.kernel(other, a, 10)))
-    step("kernel set params on memset node", lambda: drv.cuGraphExecKernelNodeSetParams(
-        x, m, r.kernel(put, a, 10)))
-    for label, params in (("value and address", r.memset(a + 8, 3, 3)),
-                          ("narrower", r.memset(a + 4, 3, 2)),
-                          ("wider", r.memset(a + 4, 3, 8)),
-                          ("element size 1", r.memset(a + 4, 3, 12, size=1)),
-                          ("2D", r.memset(a + 4, 3, 3, height=2, pitch=16)),
-                          ("back", r.memset(a + 4, 4, 3))):
-        step(f"memset set params {label}",
-             lambda params=params: drv.cuGraphExecMemsetNodeSetParams(x, m, params, ctx))
-    for label, params in (("other buffer", r.copy(c, a, 16)),
-                          ("bigger", r.copy(b, a, 64)),
-                          ("to pinned host", r.copy(pinned, a, 16, dst_kind=HOST)),
-                          ("2D", r.copy(b, a, 8, height=2)),
-                          ("back", r.copy(b, a, 16))):
-        step(f"memcpy set params {label}",
-             lambda params=params: drv.cuGraphExecMemcpyNodeSetParams(x, cp, params, ctx))
+    step(
+        "kernel set params", lambda: drv.cuGraphExecKernelNodeSetParams(x, k, r.kernel(put, a, 10))
+    )
+    step(
+        "kernel set params other function",
+        lambda: drv.cuGraphExecKernelNodeSetParams(x, k, r.kernel(other, a, 10)),
+    )
+    step(
+        "kernel set params on memset node",
+        lambda: drv.cuGraphExecKernelNodeSetParams(x, m, r.kernel(put, a, 10)),
+    )
+    for label, params in (
+        ("value and address", r.memset(a + 8, 3, 3)),
+        ("narrower", r.memset(a + 4, 3, 2)),
+        ("wider", r.memset(a + 4, 3, 8)),
+        ("element size 1", r.memset(a + 4, 3, 12, size=1)),
+        ("2D", r.memset(a + 4, 3, 3, height=2, pitch=16)),
+        ("back", r.memset(a + 4, 4, 3)),
+    ):
+        step(
+            f"memset set params {label}",
+            lambda params=params: drv.cuGraphExecMemsetNodeSetParams(x, m, params, ctx),
+        )
+    for label, params in (
+        ("other buffer", r.copy(c, a, 16)),
+        ("bigger", r.copy(b, a, 64)),
+        ("to pinned host", r.copy(pinned, a, 16, dst_kind=HOST)),
+        ("2D", r.copy(b, a, 8, height=2)),
+        ("back", r.copy(b, a, 16)),
+    ):
+        step(
+            f"memcpy set params {label}",
+            lambda params=params: drv.cuGraphExecMemcpyNodeSetParams(x, cp, params, ctx),
+        )
     step("host set params", lambda: drv.cuGraphExecHostNodeSetParams(x, h, r.host(seen, 8)))
-    step("set params with a foreign node", lambda: drv.cuGraphExecKernelNodeSetParams(
-        x, foreign, r.kernel(put, a, 1)))
-    for label, node in (("kernel", k), ("memset", m), ("memcpy", cp), ("host", h),
-                        ("empty", e)):
+    step(
+        "set params with a foreign node",
+        lambda: drv.cuGraphExecKernelNodeSetParams(x, foreign, r.kernel(put, a, 1)),
+    )
+    for label, node in (("kernel", k), ("memset", m), ("memcpy", cp), ("host", h), ("empty", e)):
         step(f"disable {label}", lambda node=node: drv.cuGraphNodeSetEnabled(x, node, 0))
         step(f"enabled? {label}", lambda node=node: drv.cuGraphNodeGetEnabled(x, node))
         step(f"enable {label}", lambda node=node: drv.cuGraphNodeSetEnabled(x, node, 1))
-    step("disable memset, launch", lambda: (drv.cuGraphNodeSetEnabled(x, m, 0),
-                                            drv.cuMemsetD32Async(a, 0, 16, stream),
-                                            drv.cuGraphLaunch(x, stream)))
+    step(
+        "disable memset, launch",
+        lambda: (
+            drv.cuGraphNodeSetEnabled(x, m, 0),
+            drv.cuMemsetD32Async(a, 0, 16, stream),
+            drv.cuGraphLaunch(x, stream),
+        ),
+    )
     step("memory after the second launch", lambda: (r.read(a), r.read(b), seen[:]))
     step("exec destroy", lambda: drv.cuGraphExecDestroy(x))
     r.forget(x)
@@ -123,14 +153,31 @@ def updates(r: Recorder, s: Setup, backend, event) -> None:
         backend.sim.set_kernel_twin(put2, put_twin)
     drv.cuCtxPopCurrent()
 
-    def base(name, kernel=None, memset=None, copy=None, host=7, record=event, child=5,
-             extra=False, swap=False, cross=False):
+    def base(
+        name,
+        kernel=None,
+        memset=None,
+        copy=None,
+        host=7,
+        record=event,
+        child=5,
+        extra=False,
+        swap=False,
+        cross=False,
+    ):
         g = r.graph(name)
         k = r.add(f"{name}.k", "Kernel", g, kernel or r.kernel(put, a, 1))
-        m = r.add(f"{name}.m", "Memset", g, memset or r.memset(a + 4, 2, 4), ctx,
-                  after=[] if swap else [k])
-        cp = r.add(f"{name}.cp", "Memcpy", g, copy or r.copy(b, a, 16), ctx,
-                   after=[k] if cross else [m])
+        m = r.add(
+            f"{name}.m",
+            "Memset",
+            g,
+            memset or r.memset(a + 4, 2, 4),
+            ctx,
+            after=[] if swap else [k],
+        )
+        cp = r.add(
+            f"{name}.cp", "Memcpy", g, copy or r.copy(b, a, 16), ctx, after=[k] if cross else [m]
+        )
         r.add(f"{name}.h", "Host", g, r.host(seen, host), after=[cp])
         r.add(f"{name}.rec", "EventRecord", g, record, after=[cp])
         inner = r.graph(f"{name}.inner")
@@ -142,8 +189,13 @@ def updates(r: Recorder, s: Setup, backend, event) -> None:
 
     g0 = base("U0")
     variants = {
-        "same structure, new values": dict(kernel=r.kernel(put, b, 3), memset=r.memset(b, 4, 4),
-                                           copy=r.copy(c, b, 16), host=9, child=6),
+        "same structure, new values": dict(
+            kernel=r.kernel(put, b, 3),
+            memset=r.memset(b, 4, 4),
+            copy=r.copy(c, b, 16),
+            host=9,
+            child=6,
+        ),
         "an extra node": dict(extra=True),
         "a dependency removed": dict(swap=True),
         "a dependency moved": dict(cross=True),
@@ -198,29 +250,38 @@ def memory_and_conditionals(r: Recorder, s: Setup) -> None:
     ptr = int(params.dptr)
     step("alloc node: dptr set", lambda: ptr != 0)
     r.add("M.fill", "Memset", g, r.memset(ptr, 5, 16), ctx, after=[node])
-    step("alloc node of 0 bytes", lambda: drv.cuGraphAddMemAllocNode(
-        g, None, 0, alloc_params(0))[0])
-    step("free node of a cuMemAlloc pointer", lambda: drv.cuGraphAddMemFreeNode(
-        g, None, 0, a)[0])
+    step(
+        "alloc node of 0 bytes", lambda: drv.cuGraphAddMemAllocNode(g, None, 0, alloc_params(0))[0]
+    )
+    step("free node of a cuMemAlloc pointer", lambda: drv.cuGraphAddMemFreeNode(g, None, 0, a)[0])
     x = r.instantiate("M exec", g)
     step("M: second instantiate", lambda: drv.cuGraphInstantiate(g, 0)[0])
     step("M: launch", lambda: (drv.cuGraphLaunch(x, stream), drv.cuStreamSynchronize(stream)))
     step("M: value", lambda: r.read(ptr, 2))
     step("M: relaunch unfreed", lambda: drv.cuGraphLaunch(x, stream))
     step("M: cuMemFreeAsync", lambda: drv.cuMemFreeAsync(ptr, stream))
-    step("M: relaunch after the free", lambda: (drv.cuGraphLaunch(x, stream),
-                                                drv.cuStreamSynchronize(stream)))
+    step(
+        "M: relaunch after the free",
+        lambda: (drv.cuGraphLaunch(x, stream), drv.cuStreamSynchronize(stream)),
+    )
     step("M: exec destroy", lambda: drv.cuGraphExecDestroy(x))
     r.forget(x)
     auto = r.instantiate("M auto-free", g, 1)
-    step("M: auto-free relaunch", lambda: (drv.cuGraphLaunch(auto, stream),
-                                           drv.cuGraphLaunch(auto, stream),
-                                           drv.cuStreamSynchronize(stream)))
+    step(
+        "M: auto-free relaunch",
+        lambda: (
+            drv.cuGraphLaunch(auto, stream),
+            drv.cuGraphLaunch(auto, stream),
+            drv.cuStreamSynchronize(stream),
+        ),
+    )
     free = r.graph("F")
     r.add("F.free", "MemFree", free, ptr)
     step("second free node", lambda: drv.cuGraphAddMemFreeNode(free, None, 0, ptr)[0])
-    step("child graph with memory nodes", lambda: drv.cuGraphAddChildGraphNode(
-        r.graph("holder"), None, 0, g)[0])
+    step(
+        "child graph with memory nodes",
+        lambda: drv.cuGraphAddChildGraphNode(r.graph("holder"), None, 0, g)[0],
+    )
     drv.cuGraphExecDestroy(auto)
     r.forget(auto)
 
@@ -230,8 +291,9 @@ def memory_and_conditionals(r: Recorder, s: Setup) -> None:
         params.type = T.CU_GRAPH_NODE_TYPE_CONDITIONAL
         params.conditional.handle, params.conditional.type = handle, kind
         params.conditional.size, params.conditional.ctx = size, ctx
-        result = step(f"add conditional {label}", lambda: drv.cuGraphAddNode(
-            g, None, None, 0, params))
+        result = step(
+            f"add conditional {label}", lambda: drv.cuGraphAddNode(g, None, None, 0, params)
+        )
         bodies = params.conditional.phGraph_out if result and not result[0] else []
         step(f"conditional {label}: bodies", lambda: len([b for b in bodies if int(b)]))
         return bodies
@@ -257,8 +319,10 @@ def memory_and_conditionals(r: Recorder, s: Setup) -> None:
     hb = r.graph("host body")
     host_bodies = conditional("IF for a host node", hb, cond.CU_GRAPH_COND_TYPE_IF, 1)
     if host_bodies:
-        step("host node in a body", lambda: drv.cuGraphAddHostNode(
-            host_bodies[0], None, 0, r.host([], 1))[0])
+        step(
+            "host node in a body",
+            lambda: drv.cuGraphAddHostNode(host_bodies[0], None, 0, r.host([], 1))[0],
+        )
     step("instantiate a host node in a body", lambda: drv.cuGraphInstantiate(hb, 0)[0])
     unused = r.graph("unused handle")
     drv.cuGraphConditionalHandleCreate(unused, ctx, 0, 0)
@@ -267,5 +331,7 @@ def memory_and_conditionals(r: Recorder, s: Setup) -> None:
         path = Path(tmp) / "g.dot"
         step("dot print", lambda: drv.cuGraphDebugDotPrint(c, str(path).encode(), 0))
         step("dot file written", lambda: path.exists())
-    step("dot print to a missing directory", lambda: drv.cuGraphDebugDotPrint(
-        c, b"/nonexistent-dir/g.dot", 0))
+    step(
+        "dot print to a missing directory",
+        lambda: drv.cuGraphDebugDotPrint(c, b"/nonexistent-dir/g.dot", 0),
+    )

@@ -342,8 +342,9 @@ def run(name: str, code: str) -> None:
     print(f"== {name}", flush=True)
     source = SETUP + textwrap.dedent(code)
     env_code = f"SETUP = {SETUP!r}\nIMPORTER = {IMPORTER!r}\n"
-    proc = subprocess.run([sys.executable, "-c", env_code + source], capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-c", env_code + source], capture_output=True, text=True, timeout=240
+    )
     print(proc.stdout.rstrip())
     if proc.returncode:
         print(f"EXIT {proc.returncode}: {proc.stderr[-600:]}")

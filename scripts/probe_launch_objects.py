@@ -4,6 +4,7 @@ objects cuda.bindings made itself (benchmarks/launch.py: "cuda.bindings (void**)
 mix of kernel handle, stream and argument memory, interleaved, in batches of 128 with a
 synchronize between batches, and prints the best and the median ns per launch, and the GPU's
 own time per launch (events around a batch: when it exceeds the host's, the queue fills)."""
+
 import ctypes
 import itertools
 import statistics
@@ -59,10 +60,13 @@ cycles = ctypes.c_longlong(4_000_000)  # about 2 ms at 1.98 GHz: longer than a b
 spin_args = (ctypes.c_void_p * 1)(ctypes.addressof(cycles))
 times = {}
 gpu = {}
-combos = [(*c, held) for c in itertools.product(kernels, streams, memories)
-          for held in ("", "behind spin")]
+combos = [
+    (*c, held)
+    for c in itertools.product(kernels, streams, memories)
+    for held in ("", "behind spin")
+]
 for r in range(ROUNDS):
-    for combo in (combos if r % 2 == 0 else combos[::-1]):
+    for combo in combos if r % 2 == 0 else combos[::-1]:
         k, s, m = kernels[combo[0]], streams[combo[1]], packs[combo[2]][0]
         launch = drv.cuLaunchKernel
         if combo[3]:
@@ -76,13 +80,23 @@ for r in range(ROUNDS):
         ok(drv.cuEventSynchronize(end))
         times.setdefault(combo, []).append(t / BATCH)
         gpu.setdefault(combo, []).append(ok(drv.cuEventElapsedTime(start, end)) * 1e6 / BATCH)
-print(f"{'kernel':<12} {'stream':<16} {'memory':<11} {'queue':<12} {'best':>6} {'median':>7} "
-      f"{'GPU/launch':>10}")
+print(
+    f"{'kernel':<12} {'stream':<16} {'memory':<11} {'queue':<12} {'best':>6} {'median':>7} "
+    f"{'GPU/launch':>10}"
+)
 for combo in sorted(times, key=lambda c: statistics.median(times[c])):
-    print(f"{combo[0]:<12} {combo[1]:<16} {combo[2]:<11} {combo[3] or 'empty':<12} "
-          f"{min(times[combo]):6.0f} "
-          f"{statistics.median(times[combo]):7.0f} {statistics.median(gpu[combo]):10.0f}")
-print("stream flags/priority:", {n: (ok(drv.cuStreamGetFlags(s)), ok(drv.cuStreamGetPriority(s)))
-                                 for n, s in streams.items()})
-print("stream contexts:", {n: int(ok(drv.cuStreamGetCtx(s))) for n, s in streams.items()},
-      "current:", int(ok(drv.cuCtxGetCurrent())))
+    print(
+        f"{combo[0]:<12} {combo[1]:<16} {combo[2]:<11} {combo[3] or 'empty':<12} "
+        f"{min(times[combo]):6.0f} "
+        f"{statistics.median(times[combo]):7.0f} {statistics.median(gpu[combo]):10.0f}"
+    )
+print(
+    "stream flags/priority:",
+    {n: (ok(drv.cuStreamGetFlags(s)), ok(drv.cuStreamGetPriority(s))) for n, s in streams.items()},
+)
+print(
+    "stream contexts:",
+    {n: int(ok(drv.cuStreamGetCtx(s))) for n, s in streams.items()},
+    "current:",
+    int(ok(drv.cuCtxGetCurrent())),
+)

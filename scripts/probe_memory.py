@@ -1,6 +1,7 @@
 """Dev tool: what the real driver answers for the memory misuse the sim models
 (tests/memory/test_memory.py::test_sim_driver_answers_misuse_like_the_driver). Each step runs in
 its own process, because misuse may crash or poison the context."""
+
 import subprocess
 import sys
 
@@ -21,6 +22,12 @@ STEPS = {
     "double cuMemFree": "d.cuMemFree(arr); r = d.cuMemFree(arr)",
 }
 for name, code in STEPS.items():
-    proc = subprocess.run([sys.executable, "-c", SETUP + code + "\nprint([getattr(x, 'name', x) for x in r])"],
-                          capture_output=True, text=True, timeout=60)
-    print(f"{name:32} -> {proc.stdout.strip() or 'CRASH rc=%d %s' % (proc.returncode, proc.stderr[-200:])}")
+    proc = subprocess.run(
+        [sys.executable, "-c", SETUP + code + "\nprint([getattr(x, 'name', x) for x in r])"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    print(
+        f"{name:32} -> {proc.stdout.strip() or 'CRASH rc=%d %s' % (proc.returncode, proc.stderr[-200:])}"
+    )

@@ -15,6 +15,7 @@ cuStreamQuery right after a small copy queued behind a long memset: CUDA_ERROR_N
 when the copy call returned at once (the host memory was page-locked for it), CUDA_SUCCESS
 when the call waited for the copy (pageable, staged).
 """
+
 import json
 import os
 import subprocess
@@ -189,16 +190,27 @@ captured_dtod(peer_access=True)
 
 def run_case(body: str, backend: str) -> dict:
     # what a case saw up to an exception (a sticky fault fails every later call) is kept
-    code = (f"BACKEND = {backend!r}\n" + PRELUDE + "try:\n" + textwrap.indent(body, "    ")
-            + "\nexcept Exception as exc:\n    out['raised'] = repr(exc)[:300]\n"
-            + "print(json.dumps(out))\n")
+    code = (
+        f"BACKEND = {backend!r}\n"
+        + PRELUDE
+        + "try:\n"
+        + textwrap.indent(body, "    ")
+        + "\nexcept Exception as exc:\n    out['raised'] = repr(exc)[:300]\n"
+        + "print(json.dumps(out))\n"
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
     try:
-        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        run = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+        )
     except subprocess.TimeoutExpired:
         return {"timeout": "120 s (deadlock?)"}
     line = (run.stdout.strip().splitlines() or [""])[-1]
-    return json.loads(line) if line.startswith("{") else {"rc": run.returncode, "stderr": run.stderr[-600:]}
+    return (
+        json.loads(line)
+        if line.startswith("{")
+        else {"rc": run.returncode, "stderr": run.stderr[-600:]}
+    )
 
 
 def main() -> None:
@@ -208,7 +220,12 @@ def main() -> None:
             continue
         gpu, sim = run_case(body, "cuda"), run_case(body, "sim")
         differ = sorted(k for k in gpu.keys() | sim.keys() if gpu.get(k) != sim.get(k))
-        print(json.dumps({"case": case, "agree": not differ, "differ": differ, "gpu": gpu, "sim": sim}), flush=True)
+        print(
+            json.dumps(
+                {"case": case, "agree": not differ, "differ": differ, "gpu": gpu, "sim": sim}
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Dev tool (GPU): host time of each operation of the 8-stream pipeline (benchmarks/
 overlap.py), timed one by one, plain, under a no-op trace sink and inside cuctx.timeline()
 with each source: where a timeline's host time goes, per kind of operation."""
+
 import collections
 import sys
 import time
@@ -26,16 +27,20 @@ def timed_run(pipe):
         start = time.perf_counter_ns()
         fn()
         costs[kind].append((time.perf_counter_ns() - start) / 1e3)
+
     t("record", lambda: first.record(streams[0]))
     for s in streams[1:]:
         t("wait", lambda s=s: s.wait(first))
     for i, s in enumerate(streams):
         part = slice(i * n, (i + 1) * n)
         t("copy HtoD", lambda p=part, s=s: cuctx.copy(pipe.dev_in[p], pipe.host_in[p], stream=s))
-        t("launch", lambda p=part, s=s: pipe.scale[-(-n // 256), 256, 0, s](
-            pipe.dev_out[p], pipe.dev_in[p], 2.0, n))
-        t("copy DtoH", lambda p=part, s=s: cuctx.copy(pipe.host_out[p], pipe.dev_out[p],
-                                                        stream=s))
+        t(
+            "launch",
+            lambda p=part, s=s: pipe.scale[-(-n // 256), 256, 0, s](
+                pipe.dev_out[p], pipe.dev_in[p], 2.0, n
+            ),
+        )
+        t("copy DtoH", lambda p=part, s=s: cuctx.copy(pipe.host_out[p], pipe.dev_out[p], stream=s))
     for s in streams[1:]:
         t("wait stream", lambda s=s: streams[0].wait(s))
     cuctx.current_context().synchronize()
@@ -43,8 +48,11 @@ def timed_run(pipe):
 
 
 def show(label, costs):
-    print(f"{label:<22}" + "  ".join(f"{k} {min(v):6.1f}/{sum(v) / len(v):6.1f}"
-                                      for k, v in costs.items()), flush=True)
+    print(
+        f"{label:<22}"
+        + "  ".join(f"{k} {min(v):6.1f}/{sum(v) / len(v):6.1f}" for k, v in costs.items()),
+        flush=True,
+    )
 
 
 with cuctx.Device(0):

@@ -24,8 +24,9 @@ FD = d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 
 def show(label, result):
     result = result if isinstance(result, tuple) else (result,)
-    shown = [getattr(x, "name", x if isinstance(x, (int, str)) else type(x).__name__)
-             for x in result]
+    shown = [
+        getattr(x, "name", x if isinstance(x, (int, str)) else type(x).__name__) for x in result
+    ]
     print(f"{label}: {shown}")
     return result
 
@@ -36,8 +37,9 @@ def pool(location=L.CU_MEM_LOCATION_TYPE_DEVICE, kind="PINNED", handles=0, ordin
     props.location.type = location
     props.location.id = ordinal
     props.handleTypes = handles
-    return show(f"cuMemPoolCreate({location.name}, {kind}, handles {handles})",
-                d.cuMemPoolCreate(props))[-1]
+    return show(
+        f"cuMemPoolCreate({location.name}, {kind}, handles {handles})", d.cuMemPoolCreate(props)
+    )[-1]
 
 
 def access(label, handle, device, flags=None):
@@ -46,8 +48,10 @@ def access(label, handle, device, flags=None):
     if flags is not None:
         desc = d.CUmemAccessDesc()
         desc.location.type, desc.location.id, desc.flags = where.type, device, flags
-        show(f"{label}: cuMemPoolSetAccess(device {device}, {flags.name})",
-             d.cuMemPoolSetAccess(handle, [desc], 1))
+        show(
+            f"{label}: cuMemPoolSetAccess(device {device}, {flags.name})",
+            d.cuMemPoolSetAccess(handle, [desc], 1),
+        )
     show(f"{label}: cuMemPoolGetAccess(device {device})", d.cuMemPoolGetAccess(handle, where))
 
 
@@ -87,21 +91,23 @@ def main() -> None:
         access("managed pool", managed_pool, count - 1, F.CU_MEM_ACCESS_FLAGS_PROT_NONE)
 
     stream = d.cuStreamCreate(1)[1]
-    ptr = show("cuMemAllocFromPoolAsync(64)", d.cuMemAllocFromPoolAsync(64, device_pool,
-                                                                        stream))[-1]
+    ptr = show("cuMemAllocFromPoolAsync(64)", d.cuMemAllocFromPoolAsync(64, device_pool, stream))[
+        -1
+    ]
     d.cuStreamSynchronize(stream)
     show("pool allocation of 64 bytes: cuMemGetAddressRange", d.cuMemGetAddressRange(ptr))
-    fd = show("cuMemPoolExportToShareableHandle", d.cuMemPoolExportToShareableHandle(
-        device_pool, FD, 0))[-1]
+    fd = show(
+        "cuMemPoolExportToShareableHandle", d.cuMemPoolExportToShareableHandle(device_pool, FD, 0)
+    )[-1]
     data = show("cuMemPoolExportPointer", d.cuMemPoolExportPointer(ptr))[-1]
     raw = ctypes.string_at(data.getPtr(), 64).hex()
-    subprocess.run([sys.executable, "-c", textwrap.dedent(IMPORT), str(fd), raw],
-                   pass_fds=[fd], check=False)
+    subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(IMPORT), str(fd), raw], pass_fds=[fd], check=False
+    )
     os.close(fd)
 
     plain = d.cuEventCreate(int(d.CUevent_flags.CU_EVENT_DISABLE_TIMING))[1]
-    show("cuIpcGetEventHandle(event without CU_EVENT_INTERPROCESS)",
-         d.cuIpcGetEventHandle(plain))
+    show("cuIpcGetEventHandle(event without CU_EVENT_INTERPROCESS)", d.cuIpcGetEventHandle(plain))
     flags = int(d.CUevent_flags.CU_EVENT_INTERPROCESS | d.CUevent_flags.CU_EVENT_DISABLE_TIMING)
     shared = d.cuEventCreate(flags)[1]
     handle = show("cuIpcGetEventHandle(ipc event)", d.cuIpcGetEventHandle(shared))[-1]

@@ -90,7 +90,8 @@ print(f"free before {before:.0f} MiB, after the reset {after:.0f} MiB: "
 """
 
 for name, code in CASES.items():
-    proc = subprocess.run([sys.executable, "-c", SETUP + code + REPORT], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", SETUP + code + REPORT], capture_output=True, text=True, timeout=120
+    )
     out = proc.stdout.strip().replace("\n", "; ")
     print(f"{name:36} -> {out or 'CRASH rc=%d %s' % (proc.returncode, proc.stderr[-300:])}")

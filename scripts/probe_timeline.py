@@ -3,6 +3,7 @@ benchmarks/overlap.py, or misread it? Runs the pipeline plain, under a trace sin
 nothing, under the timeline with event pairs, with CUPTI as cuctx enables it, and with CUPTI
 minus one activity kind at a time; prints the events' GPU time, the wall time, and what the
 timeline saw (span, overlap, records per lane and per device)."""
+
 import collections
 import sys
 from pathlib import Path
@@ -22,10 +23,13 @@ def show(label, gpu, wall, tl=None):
     if tl is not None:
         s = tl.summary()
         lanes = collections.Counter((r.lane, r.device) for r in tl.records)
-        line += (f"  span {s['span_ns'] / 1e6:7.3f} ms  overlap "
-                 + ", ".join(f"dev {d}: {v['copy_compute_overlap']:.0%}"
-                             for d, v in s["devices"].items())
-                 + f"  records {dict(lanes)}  source {tl.source}")
+        line += (
+            f"  span {s['span_ns'] / 1e6:7.3f} ms  overlap "
+            + ", ".join(
+                f"dev {d}: {v['copy_compute_overlap']:.0%}" for d, v in s["devices"].items()
+            )
+            + f"  records {dict(lanes)}  source {tl.source}"
+        )
     print(line, flush=True)
 
 
@@ -50,14 +54,20 @@ with cuctx.Device(0):
     except ImportError as exc:
         print("no cupti-python:", exc)
         raise SystemExit from None
-    kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY,
-             cupti.ActivityKind.MEMSET, cupti.ActivityKind.DRIVER,
-             cupti.ActivityKind.EXTERNAL_CORRELATION]
+    kinds = [
+        cupti.ActivityKind.CONCURRENT_KERNEL,
+        cupti.ActivityKind.MEMCPY,
+        cupti.ActivityKind.MEMSET,
+        cupti.ActivityKind.DRIVER,
+        cupti.ActivityKind.EXTERNAL_CORRELATION,
+    ]
     original = _cupti.CuptiSource.__init__
     for drop in kinds[2:]:
+
         def patched(self, drop=drop):
             original(self)
             self._kinds = [k for k in self._kinds if k != drop]
+
         _cupti.CuptiSource.__init__ = patched
         with cuctx.timeline("activity") as tl:
             gpu, wall = pipe.run(N)
@@ -66,9 +76,14 @@ with cuctx.Device(0):
     # The raw records of one run: times per lane straight from CUPTI, no matching.
     with cuctx.timeline("activity") as tl:
         gpu, wall = pipe.run(N)
-    rows = sorted((r.start_ns, r.end_ns, r.lane, r.stream, r.correlation) for r in tl.records
-                  if r.start_ns is not None and r.lane in ("kernel", "copy"))
+    rows = sorted(
+        (r.start_ns, r.end_ns, r.lane, r.stream, r.correlation)
+        for r in tl.records
+        if r.start_ns is not None and r.lane in ("kernel", "copy")
+    )
     t0 = rows[0][0] if rows else 0
     for start, end, lane, stream, corr in rows[:40]:
-        print(f"  {(start - t0) / 1e3:9.1f} us .. {(end - t0) / 1e3:9.1f} us  {lane:<6} "
-              f"stream {stream:#x}  corr {corr}")
+        print(
+            f"  {(start - t0) / 1e3:9.1f} us .. {(end - t0) / 1e3:9.1f} us  {lane:<6} "
+            f"stream {stream:#x}  corr {corr}"
+        )

@@ -1,5 +1,6 @@
 """Dev tool (GPU): where the host time of the 8-stream pipeline goes inside cuctx.timeline()
 (CUPTI and event pairs) against a plain run: cProfile's top entries, and per-operation gaps."""
+
 import cProfile
 import pstats
 import sys
@@ -32,5 +33,7 @@ with cuctx.Device(0):
     rows = [r for r in tl.records if r.submit_ns is not None]
     rows.sort(key=lambda r: r.submit_ns)
     t0 = rows[0].submit_ns
-    print("submissions (us from the first):",
-          [(r.kind, round((r.submit_ns - t0) / 1e3, 1)) for r in rows[:30]])
+    print(
+        "submissions (us from the first):",
+        [(r.kind, round((r.submit_ns - t0) / 1e3, 1)) for r in rows[:30]],
+    )

@@ -42,6 +42,7 @@ from cuctx.kernels._compiler import nvrtc_version
 _cuda_driver, CUDA_REASON = probe()
 HAVE_GPU = _cuda_driver is not None
 
+
 def _nvrtc_missing() -> str | None:
     try:
         nvrtc_version()
@@ -51,11 +52,13 @@ def _nvrtc_missing() -> str | None:
 
 
 NVRTC_MISSING = _nvrtc_missing()
-requires_nvrtc = pytest.mark.skipif(NVRTC_MISSING is not None,
-                                    reason=f"NVRTC cannot be loaded: {NVRTC_MISSING}")
+requires_nvrtc = pytest.mark.skipif(
+    NVRTC_MISSING is not None, reason=f"NVRTC cannot be loaded: {NVRTC_MISSING}"
+)
 # For tests of what a launch fast path does: CUCTX_FASTPATH=0 turns them off (both kinds).
 requires_fast_paths = pytest.mark.skipif(
-    not _codegen.ENABLED, reason="launch fast paths are turned off (CUCTX_FASTPATH=0)")
+    not _codegen.ENABLED, reason="launch fast paths are turned off (CUCTX_FASTPATH=0)"
+)
 
 # CUCTX_TEST_BACKENDS="cuda" (scripts/gpu-check's first pass): the variants of the other
 # backends skip. The sim's run in CI exactly so (the README's test command); on the device
@@ -65,16 +68,23 @@ _ONLY_BACKENDS = os.environ.get("CUCTX_TEST_BACKENDS")
 
 def _variant(name: str, *marks) -> Any:
     if _ONLY_BACKENDS is not None and name not in _ONLY_BACKENDS.split(","):
-        marks = (*marks, pytest.mark.skip(
-            reason=f"the {name} variant runs elsewhere (CUCTX_TEST_BACKENDS={_ONLY_BACKENDS}; "
-                   "the sim's in CI)"))
+        marks = (
+            *marks,
+            pytest.mark.skip(
+                reason=f"the {name} variant runs elsewhere (CUCTX_TEST_BACKENDS={_ONLY_BACKENDS}; "
+                "the sim's in CI)"
+            ),
+        )
     return pytest.param(name, id=name, marks=list(marks))
 
 
 BACKENDS = [
     _variant("sim"),
-    _variant("cuda", pytest.mark.gpu,
-             pytest.mark.skipif(not HAVE_GPU, reason=f"needs a GPU: {CUDA_REASON}")),
+    _variant(
+        "cuda",
+        pytest.mark.gpu,
+        pytest.mark.skipif(not HAVE_GPU, reason=f"needs a GPU: {CUDA_REASON}"),
+    ),
 ]
 
 
@@ -119,10 +129,12 @@ def pytest_generate_tests(metafunc):
     if marker is not None and "path" in metafunc.fixturenames:
         names = marker.args or PATHS
         if _ONLY_PATHS is not None:
-            ran = pytest.mark.skip(reason="this path variant ran in the first pass "
-                                   f"(CUCTX_TEST_PATHS={_ONLY_PATHS})")
-            names = [n if n in _ONLY_PATHS.split(",") else pytest.param(n, marks=ran)
-                     for n in names]
+            ran = pytest.mark.skip(
+                reason=f"this path variant ran in the first pass (CUCTX_TEST_PATHS={_ONLY_PATHS})"
+            )
+            names = [
+                n if n in _ONLY_PATHS.split(",") else pytest.param(n, marks=ran) for n in names
+            ]
         metafunc.parametrize("path", names, indirect=True)
 
 
@@ -164,12 +176,16 @@ def _needs_the_gpu_alone(node) -> None:
     if GPU_SHARED:
         for marker, why in _ALONE.items():
             if node.get_closest_marker(marker):
-                pytest.skip(f"{why}, which the other test processes change: run it without "
-                            "-n (scripts/gpu-check does)")
+                pytest.skip(
+                    f"{why}, which the other test processes change: run it without "
+                    "-n (scripts/gpu-check does)"
+                )
 
 
-_ALONE = {"device_memory": "judges (or takes for a moment) the GPU's free memory",
-          "host_timing": "judges what the host's own speed decides"}
+_ALONE = {
+    "device_memory": "judges (or takes for a moment) the GPU's free memory",
+    "host_timing": "judges what the host's own speed decides",
+}
 
 
 @pytest.fixture(params=BACKENDS)
@@ -222,8 +238,9 @@ def _checked_stack(b: _driver.Backend):
     leaked = _empty_stack(b)
     # Lazy initialisation and Device.set_current leave a primary context current for good, as
     # the runtime API does: at the bottom of the stack, that one is no leak.
-    runtime = {d._runtime_primary.handle for d in b.devices.values()
-               if d._runtime_primary is not None}
+    runtime = {
+        d._runtime_primary.handle for d in b.devices.values() if d._runtime_primary is not None
+    }
     if leaked and leaked[-1] in runtime:
         leaked.pop()
     b.tls.state = ThreadState()  # a fresh per-thread state for the next test

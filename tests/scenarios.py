@@ -89,13 +89,25 @@ def child_env(clean: bool = False, **env: str) -> dict[str, str]:
     return environ
 
 
-def run_python(*args: str, input: str | None = None, cwd: os.PathLike | None = None,
-               timeout: float = 120, clean: bool = False,
-               **env: str) -> subprocess.CompletedProcess[str]:
+def run_python(
+    *args: str,
+    input: str | None = None,
+    cwd: os.PathLike | None = None,
+    timeout: float = 120,
+    clean: bool = False,
+    **env: str,
+) -> subprocess.CompletedProcess[str]:
     """``python ARGS`` in a fresh interpreter, as a user would run it: the environment of
     `child_env`, output captured as text, killed after ``timeout`` seconds."""
-    return subprocess.run([sys.executable, *args], input=input, cwd=cwd, capture_output=True,
-                          text=True, env=child_env(clean, **env), timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *args],
+        input=input,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=child_env(clean, **env),
+        timeout=timeout,
+    )
 
 
 class Handoff:
@@ -116,15 +128,20 @@ class Handoff:
         return seen
 
 
-def driver_calls(monkeypatch: pytest.MonkeyPatch, driver: Any,
-                 *names: str) -> list[tuple[str, tuple]]:
+def driver_calls(
+    monkeypatch: pytest.MonkeyPatch, driver: Any, *names: str
+) -> list[tuple[str, tuple]]:
     """The calls of the driver functions ``names`` from now on, in order, as (name, args);
     each still reaches the driver."""
     calls: list[tuple[str, tuple]] = []
     for name in names:
         real = getattr(driver, name)
-        monkeypatch.setattr(driver, name, lambda *args, real=real, name=name:
-                            calls.append((name, args)) or real(*args), raising=False)
+        monkeypatch.setattr(
+            driver,
+            name,
+            lambda *args, real=real, name=name: calls.append((name, args)) or real(*args),
+            raising=False,
+        )
     return calls
 
 
@@ -133,6 +150,7 @@ def retire_history() -> None:
     once enough operations ran (twice: a stream idle since the first time loses its clock at
     the second)."""
     from cuctx.tools._racecheck_run import _WATCH
+
     with _WATCH.lock:
         _WATCH._sweep()
         _WATCH._sweep()

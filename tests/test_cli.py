@@ -27,7 +27,7 @@ def cli(*args, backend, **env):
 def info_fields(stdout: str) -> dict[str, str]:
     """The `key : value` lines of `info` (keys padded to one width), up to the device table."""
     lines = stdout.splitlines()
-    fields = dict(line.split(" : ", 1) for line in lines[:lines.index("")])
+    fields = dict(line.split(" : ", 1) for line in lines[: lines.index("")])
     return {key.strip(): value for key, value in fields.items()}
 
 
@@ -60,6 +60,7 @@ def test_info_shows_versions_and_where_things_are(name, tmp_path):
     import cuda.bindings
     import numpy as np
     import cuctx
+
     assert info["versions"]["cuctx"] == cuctx.__version__
     assert info["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
     assert info["versions"]["cuda_bindings"] == cuda.bindings.__version__
@@ -88,8 +89,10 @@ def test_info_says_when_the_cache_is_off():
     proc = cli("info", backend="sim", CUCTX_CACHE_DIR="")
     assert proc.returncode == 0, proc.stderr
     assert info_fields(proc.stdout)["compile cache"] == "off (CUCTX_CACHE_DIR is empty)"
-    assert json.loads(cli("info", "--json", backend="sim", CUCTX_CACHE_DIR="").stdout)[
-        "compile_cache"] is None
+    assert (
+        json.loads(cli("info", "--json", backend="sim", CUCTX_CACHE_DIR="").stdout)["compile_cache"]
+        is None
+    )
 
 
 @pytest.mark.parametrize("name", BACKENDS)
@@ -98,8 +101,17 @@ def test_info_table_names_backend_and_devices(name):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     fields = info_fields(proc.stdout)
-    for key in ("cuctx", "Python", "OS", "cuda-bindings", "NVRTC", "NumPy", "libcuda",
-                "compile cache", "environment"):
+    for key in (
+        "cuctx",
+        "Python",
+        "OS",
+        "cuda-bindings",
+        "NVRTC",
+        "NumPy",
+        "libcuda",
+        "compile cache",
+        "environment",
+    ):
         assert fields[key], key
     assert fields["backend"].startswith(f"{name} (")
     assert fields["native fast path"].startswith("yes (" if NATIVE_BUILT else "no (")
@@ -116,6 +128,7 @@ def test_info_table_names_backend_and_devices(name):
 
 def test_version():
     import cuctx
+
     proc = cli("--version", backend="sim")
     assert proc.returncode == 0 and proc.stdout.strip() == f"cuctx {cuctx.__version__}"
 
@@ -123,19 +136,32 @@ def test_version():
 EXAMPLE_NAMES = ", ".join(EXAMPLES)
 
 
-@pytest.mark.parametrize("args, wrong, see", [
-    ([], "say which command to run: info or demo", "--help"),
-    (["nosuchcommand"], "there is no command 'nosuchcommand': the commands are info and demo",
-     "--help"),
-    (["--bogus"], "unrecognized arguments: --bogus", "--help"),
-    (["info", "--bogus"], "unrecognized arguments: --bogus", "info --help"),
-    (["info", "--js"], "unrecognized arguments: --js", "info --help"),  # no abbreviations
-    (["info", "extra"], "unrecognized arguments: extra", "info --help"),
-    (["demo", "nope"], f"there is no example 'nope': the examples are {EXAMPLE_NAMES}",
-     "demo --help"),
-    (["demo", "nope", "x"], f"there is no example 'nope' or 'x': the examples are "
-     f"{EXAMPLE_NAMES}", "demo --help"),
-], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+@pytest.mark.parametrize(
+    "args, wrong, see",
+    [
+        ([], "say which command to run: info or demo", "--help"),
+        (
+            ["nosuchcommand"],
+            "there is no command 'nosuchcommand': the commands are info and demo",
+            "--help",
+        ),
+        (["--bogus"], "unrecognized arguments: --bogus", "--help"),
+        (["info", "--bogus"], "unrecognized arguments: --bogus", "info --help"),
+        (["info", "--js"], "unrecognized arguments: --js", "info --help"),  # no abbreviations
+        (["info", "extra"], "unrecognized arguments: extra", "info --help"),
+        (
+            ["demo", "nope"],
+            f"there is no example 'nope': the examples are {EXAMPLE_NAMES}",
+            "demo --help",
+        ),
+        (
+            ["demo", "nope", "x"],
+            f"there is no example 'nope' or 'x': the examples are {EXAMPLE_NAMES}",
+            "demo --help",
+        ),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
 def test_a_mistake_on_the_command_line_is_one_line_naming_the_help_to_read(args, wrong, see):
     proc = cli(*args, backend="sim")
     assert one_line_error(proc) == f"python -m cuctx: error: {wrong}; see 'python -m cuctx {see}'"
@@ -159,13 +185,19 @@ def test_ctrl_c_is_one_line_and_exit_status_130(json_flag):
     # it runs and waits for a signal, so SIGINT arrives while it runs, whatever the timing.
     # Python's own SIGINT handler, as in a terminal: a child inherits an ignored SIGINT from
     # a parent started in the background (`pytest &` in a script), and would never see it.
-    code = ("import signal, sys, cuctx.__main__ as cli\n"
-            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "cli._info = lambda args: (print('running', flush=True), signal.pause())\n"
-            f"sys.exit(cli.main(['info', *{json_flag!r}]))")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env=child_env(CUCTX_BACKEND="sim"))
+    code = (
+        "import signal, sys, cuctx.__main__ as cli\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "cli._info = lambda args: (print('running', flush=True), signal.pause())\n"
+        f"sys.exit(cli.main(['info', *{json_flag!r}]))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(CUCTX_BACKEND="sim"),
+    )
     try:
         assert proc.stdout.readline() == "running\n"
         proc.send_signal(signal.SIGINT)
@@ -190,8 +222,9 @@ def test_a_bad_backend_name_is_one_line_not_a_traceback(command):
 def test_a_bad_racecheck_setting_is_one_line_and_a_json_object_with_json():
     line = one_line_error(cli("info", backend="sim", CUCTX_RACECHECK="bogus"))
     assert line.startswith("python -m cuctx: error: ValueError: CUCTX_RACECHECK='bogus': use ")
-    error = json.loads(one_line_error(cli("info", "--json", backend="sim",
-                                          CUCTX_RACECHECK="bogus")))
+    error = json.loads(
+        one_line_error(cli("info", "--json", backend="sim", CUCTX_RACECHECK="bogus"))
+    )
     assert error["type"] == "ValueError" and "CUCTX_RACECHECK='bogus'" in error["error"]
 
 
@@ -224,9 +257,14 @@ def test_a_reader_that_leaves_early_gets_no_error_message(command):
     # `python -m cuctx info | head -1`: stdout is a pipe whose reader has gone.
     read, write = os.pipe()
     os.close(read)
-    proc = subprocess.run([sys.executable, "-m", "cuctx", command], stdout=write,
-                          stderr=subprocess.PIPE, text=True, timeout=120,
-                          env=dict(os.environ, CUCTX_BACKEND="sim"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "cuctx", command],
+        stdout=write,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, CUCTX_BACKEND="sim"),
+    )
     os.close(write)
     assert proc.stderr == ""
 
@@ -277,8 +315,11 @@ def test_help_names_examples_by_what_they_show(args):
     assert "seed" not in proc.stdout.lower()
     if args == ["--help"]:  # what happens on an error (the tests above hold it to that)
         text = " ".join(proc.stdout.split())
-        assert "one line on stderr and exit status 1, for a mistake on the command line too" \
-            in text and '"type": "UsageError"' in text and "exit status 130" in text
+        assert (
+            "one line on stderr and exit status 1, for a mistake on the command line too" in text
+            and '"type": "UsageError"' in text
+            and "exit status 130" in text
+        )
     if args[0] == "demo":
         for example in EXAMPLES.values():
             assert f"{example.name}: {example.title}" in proc.stdout
@@ -288,6 +329,11 @@ def test_the_installed_script_names_itself():
     script = shutil.which("cuctx", path=os.path.dirname(sys.executable))
     if script is None:
         pytest.skip("the `cuctx` script is not installed next to this Python (pip install -e .)")
-    proc = subprocess.run([script, "info"], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, CUCTX_BACKEND="no-such-backend"))
+    proc = subprocess.run(
+        [script, "info"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, CUCTX_BACKEND="no-such-backend"),
+    )
     assert one_line_error(proc).startswith("cuctx: error: ValueError: ")

@@ -58,8 +58,11 @@ def python_blocks(page: pathlib.Path) -> list[dict]:
             code = "\n".join(line.removeprefix(indent) for line in lines[start:i])
             where = f"{page.name}:{start}"
             need = _need(marker.strip(), where)
-            block = {"line": start + 1, "code": code,
-                     "only": None if need else _only(marker.strip(), where)}
+            block = {
+                "line": start + 1,
+                "code": code,
+                "only": None if need else _only(marker.strip(), where),
+            }
             if need:
                 block["needs"] = need
             blocks.append(block)
@@ -69,6 +72,7 @@ def python_blocks(page: pathlib.Path) -> list[dict]:
 
 def _nvjitlink_missing() -> str | None:
     from cuctx.kernels._jitlink import _nvjitlink
+
     return _nvjitlink()[1]
 
 
@@ -82,8 +86,10 @@ def _need(marker: str, where: str) -> str | None:
         return None
     name, _, reason = marker.removeprefix("needs ").partition(":")
     if name.strip() not in NEEDS or not reason.strip():
-        raise ValueError(f"{where}: ```python {marker!r}: write `needs NAME: REASON` with NAME "
-                         f"one of {sorted(NEEDS)} (see tests/test_docs.py)")
+        raise ValueError(
+            f"{where}: ```python {marker!r}: write `needs NAME: REASON` with NAME "
+            f"one of {sorted(NEEDS)} (see tests/test_docs.py)"
+        )
     return name.strip()
 
 
@@ -95,9 +101,11 @@ def _only(marker: str, where: str) -> str | None:
         return "sim"
     if marker.startswith("gpu-only") and marker.removeprefix("gpu-only").strip(" :"):
         return "cuda"
-    raise ValueError(f"{where}: ```python {marker!r} is no marker: a block runs on every "
-                     "backend; mark it `sim` (the sim only) or `gpu-only: why the sim cannot "
-                     "run it` (see tests/test_docs.py)")
+    raise ValueError(
+        f"{where}: ```python {marker!r} is no marker: a block runs on every "
+        "backend; mark it `sim` (the sim only) or `gpu-only: why the sim cannot "
+        "run it` (see tests/test_docs.py)"
+    )
 
 
 # Runs in the page's own process: each block compiled with the page's name and the block's
@@ -119,16 +127,26 @@ for block in blocks:
 """
 
 
-def run_page(page: pathlib.Path, backend: str, tmp_path,
-             blocks: list[dict] | None = None) -> subprocess.CompletedProcess:
+def run_page(
+    page: pathlib.Path, backend: str, tmp_path, blocks: list[dict] | None = None
+) -> subprocess.CompletedProcess:
     """The page's blocks for ``backend`` in one process (or the ``blocks`` given)."""
     if blocks is None:
-        blocks = [b for b in python_blocks(page) if b["only"] in (None, backend)
-                  and not (b.get("needs") and NEEDS[b["needs"]]())]
+        blocks = [
+            b
+            for b in python_blocks(page)
+            if b["only"] in (None, backend) and not (b.get("needs") and NEEDS[b["needs"]]())
+        ]
     name = str(page.relative_to(ROOT) if page.is_relative_to(ROOT) else page)
-    return run_python("-c", _RUNNER, input=json.dumps([name, blocks]),
-                      cwd=tmp_path, timeout=300, CUCTX_BACKEND=backend,
-                      CUCTX_CACHE_DIR=str(tmp_path / "cache"))
+    return run_python(
+        "-c",
+        _RUNNER,
+        input=json.dumps([name, blocks]),
+        cwd=tmp_path,
+        timeout=300,
+        CUCTX_BACKEND=backend,
+        CUCTX_CACHE_DIR=str(tmp_path / "cache"),
+    )
 
 
 def gpu_only_blocks_the_sim_runs(page: pathlib.Path, tmp_path) -> list[int]:
@@ -144,16 +162,22 @@ def gpu_only_blocks_the_sim_runs(page: pathlib.Path, tmp_path) -> list[int]:
 
 
 @pytest.mark.parametrize("name", BACKENDS)
-@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)],
-                         ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "page", [p for p in PAGES if python_blocks(p)], ids=lambda p: str(p.relative_to(ROOT))
+)
 def test_every_python_block_runs(page, name, tmp_path):
     proc = run_page(page, name, tmp_path)
     assert proc.returncode == 0, proc.stderr
-    missing = {b["needs"]: why for b in python_blocks(page)
-               if b.get("needs") and (why := NEEDS[b["needs"]]())}
+    missing = {
+        b["needs"]: why
+        for b in python_blocks(page)
+        if b.get("needs") and (why := NEEDS[b["needs"]]())
+    }
     if missing:
-        pytest.skip(f"the page ran without its blocks that need {', '.join(missing)}: "
-                    f"{'; '.join(missing.values())}")
+        pytest.skip(
+            f"the page ran without its blocks that need {', '.join(missing)}: "
+            f"{'; '.join(missing.values())}"
+        )
 
 
 def test_the_readme_kernel_example_prints_what_it_says(tmp_path):
@@ -166,7 +190,7 @@ def _text_after(page: pathlib.Path, words: str) -> list[str]:
     """The lines of the first ```text block after ``words`` on the page."""
     text = page.read_text()
     at = text.index("```text", text.index(words)) + len("```text\n")
-    return text[at:text.index("```", at)].splitlines()
+    return text[at : text.index("```", at)].splitlines()
 
 
 def _same_report(shown: list[str], printed: str) -> None:
@@ -175,10 +199,15 @@ def _same_report(shown: list[str], printed: str) -> None:
     pattern = ""
     for part in re.split(r"(\.\.\.|0x[0-9a-f]+|\s+)", " ".join(shown).strip()):
         pattern += {"...": ".*?", "": ""}.get(part) or (
-            r"0x[0-9a-f]+" if part.startswith("0x") else
-            r"\s+" if part.isspace() else re.escape(part))
-    assert re.search(pattern, printed, re.DOTALL), \
+            r"0x[0-9a-f]+"
+            if part.startswith("0x")
+            else r"\s+"
+            if part.isspace()
+            else re.escape(part)
+        )
+    assert re.search(pattern, printed, re.DOTALL), (
         f"the page shows:\n{chr(10).join(shown)}\nthe sim printed:\n{printed}"
+    )
 
 
 def test_the_readme_race_warning_is_what_the_sim_says(tmp_path):
@@ -188,9 +217,9 @@ def test_the_readme_race_warning_is_what_the_sim_says(tmp_path):
     line = "x = cuctx.to_device(np.arange(1024, dtype=np.float32), stream=stream)"
     (block,) = [b for b in blocks if line in b["code"]]
     block["code"] = block["code"].replace(line, line.replace(", stream=stream", ""))
-    proc = run_page(readme, "sim", tmp_path, blocks[:blocks.index(block) + 1])
+    proc = run_page(readme, "sim", tmp_path, blocks[: blocks.index(block) + 1])
     assert proc.returncode == 1  # the race, a RaceWarning the runner makes an error
-    printed = proc.stderr[proc.stderr.index("RaceWarning: "):]
+    printed = proc.stderr[proc.stderr.index("RaceWarning: ") :]
     shown = _text_after(readme, "naming the wait that is missing and the fix")
     # (raised by the runner, the warning's "README.md:124: RaceWarning: " prefix is not there)
     _same_report([shown[0].split("RaceWarning: ")[1], *shown[1:]], printed)
@@ -207,12 +236,16 @@ def test_the_checkers_first_report_is_what_the_sim_prints(tmp_path):
 
 def test_blocks_are_found_as_the_rule_says(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("text\n```python\na = 1\n```\n```sh\nls\n```\n- item\n\n"
-                    "  ```python gpu-only: PyTorch\n  if a:\n      b = 2\n  ```\n"
-                    "```\nnot python\n```\n```python sim\nc = 3\n```\n")
-    assert python_blocks(page) == [{"line": 3, "code": "a = 1", "only": None},
-                                   {"line": 11, "code": "if a:\n    b = 2", "only": "cuda"},
-                                   {"line": 18, "code": "c = 3", "only": "sim"}]
+    page.write_text(
+        "text\n```python\na = 1\n```\n```sh\nls\n```\n- item\n\n"
+        "  ```python gpu-only: PyTorch\n  if a:\n      b = 2\n  ```\n"
+        "```\nnot python\n```\n```python sim\nc = 3\n```\n"
+    )
+    assert python_blocks(page) == [
+        {"line": 3, "code": "a = 1", "only": None},
+        {"line": 11, "code": "if a:\n    b = 2", "only": "cuda"},
+        {"line": 18, "code": "c = 3", "only": "sim"},
+    ]
 
 
 @pytest.mark.parametrize("marker", ["gpu", "gpu-only", "gpu-only:", "simulator"])
@@ -225,15 +258,20 @@ def test_a_marker_the_rule_does_not_know_is_refused(tmp_path, marker):
 
 def test_a_gpu_only_block_the_sim_runs_is_found(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("```python\nimport cuctx\n```\n"
-                    "```python gpu-only: the sim has no such device\ncuctx.Device(0)\n```\n"
-                    "```python gpu-only: the sim has no such device\ncuctx.Device(99)\n```\n")
+    page.write_text(
+        "```python\nimport cuctx\n```\n"
+        "```python gpu-only: the sim has no such device\ncuctx.Device(0)\n```\n"
+        "```python gpu-only: the sim has no such device\ncuctx.Device(99)\n```\n"
+    )
     assert gpu_only_blocks_the_sim_runs(page, tmp_path) == [5]  # Device(0) exists on the sim
 
 
 def test_gpu_only_blocks_are_those_the_sim_cannot_run(tmp_path):
-    wrong = [f"{page.relative_to(ROOT)}:{line}" for page in PAGES
-             for line in gpu_only_blocks_the_sim_runs(page, tmp_path)]
+    wrong = [
+        f"{page.relative_to(ROOT)}:{line}"
+        for page in PAGES
+        for line in gpu_only_blocks_the_sim_runs(page, tmp_path)
+    ]
     assert not wrong, f"these gpu-only blocks run on the sim: drop the marker ({wrong})"
 
 
@@ -243,15 +281,20 @@ _ORIGIN = re.compile(r"\bseeds?\s+\d|\bseeds?'s?(?=\s)|\bthe seeds?\b", re.IGNOR
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_docs_do_not_name_where_examples_came_from(page):
-    found = [f"{page.name}:{n}: {line.strip()}"
-             for n, line in enumerate(page.read_text().splitlines(), 1) if _ORIGIN.search(line)]
+    found = [
+        f"{page.name}:{n}: {line.strip()}"
+        for n, line in enumerate(page.read_text().splitlines(), 1)
+        if _ORIGIN.search(line)
+    ]
     assert not found, "\n".join(found)
 
 
 def test_a_block_that_needs_a_missing_package_is_left_out(tmp_path, monkeypatch):
     page = tmp_path / "page.md"
-    page.write_text("```python\na = 1\n```\n```python needs nvjitlink: it links\nb = a\n```\n"
-                    "```python\nprint(a)\n```\n")
+    page.write_text(
+        "```python\na = 1\n```\n```python needs nvjitlink: it links\nb = a\n```\n"
+        "```python\nprint(a)\n```\n"
+    )
     blocks = python_blocks(page)
     assert blocks[1] == {"line": 5, "code": "b = a", "only": None, "needs": "nvjitlink"}
     monkeypatch.setitem(NEEDS, "nvjitlink", lambda: "not installed")

@@ -21,9 +21,19 @@ def test_exit_after_cupy_interop_and_a_device_reset_is_silent():
     was torn down ("Error in sys.excepthook" after the whole GPU suite). The round trip now
     runs in a process of its own."""
     pytest.importorskip("cupy")
-    run = run_python("-m", "pytest", "-q", "-p", "no:cacheprovider",
-                     "tests/memory/test_interop.py", "tests/core/test_stream.py",
-                     "-k", "cupy or reset", cwd=ROOT, timeout=300)
+    run = run_python(
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "tests/memory/test_interop.py",
+        "tests/core/test_stream.py",
+        "-k",
+        "cupy or reset",
+        cwd=ROOT,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "Error in sys.excepthook" not in run.stderr + run.stdout
     assert "Exception ignored" not in run.stderr + run.stdout
@@ -43,8 +53,19 @@ print(float(kept[1].to_host().sum()))
 """
 
 
-@pytest.mark.parametrize("backend", ["sim", pytest.param("cuda", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason=f"needs a GPU: {CUDA_REASON}")])])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "sim",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not HAVE_GPU, reason=f"needs a GPU: {CUDA_REASON}"),
+            ],
+        ),
+    ],
+)
 def test_exit_with_arrays_still_alive_is_silent(backend):
     """Arrays that live until the interpreter exits (globals, a cycle, one of a created
     context, some held by a module torn down after cuctx's): their frees are not run during

@@ -11,6 +11,7 @@ import cuctx
 
 PACKAGE = Path(cuctx.__file__).parent
 
+
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -20,7 +21,8 @@ def module_name(path: Path) -> str:
 
 def _type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(tree: ast.AST, type_only: bool = False):
@@ -54,15 +56,16 @@ def import_graph(type_only: bool = False) -> dict[str, set[str]]:
             else:
                 base = package.split(".")
                 if node.level:
-                    base = base[:len(base) - node.level + 1]
+                    base = base[: len(base) - node.level + 1]
                     if node.module:
                         base += node.module.split(".")
                 else:
                     base = node.module.split(".")
                 base = ".".join(base)
                 # ``from . import x`` imports the submodule x when there is one
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in graph else base
-                           for a in node.names]
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in graph else base for a in node.names
+                ]
             for target in targets:
                 while target and target not in graph:  # a name inside a module
                     target = target.rpartition(".")[0]
@@ -151,8 +154,12 @@ def imports_that_run_back_up(graph: dict[str, set[str]]) -> list[tuple[str, str]
     """The imports that close a cycle once package ``__init__``s count: each leads to a
     module that imports the importer back (an edge inside a strongly connected part)."""
     parts = {module: tuple(part) for part in cycles(graph) for module in part}
-    return sorted((name, target) for name, targets in graph.items() for target in targets
-                  if name in parts and parts.get(target) == parts[name])
+    return sorted(
+        (name, target)
+        for name, targets in graph.items()
+        for target in targets
+        if name in parts and parts.get(target) == parts[name]
+    )
 
 
 def test_importing_a_module_runs_no_layer_above_it():
@@ -167,8 +174,15 @@ def test_importing_a_module_runs_no_layer_above_it():
 
 
 def test_a_lower_layer_reaching_into_an_upper_family_is_seen():
-    graph = {"cuctx.low": {"cuctx.up.mod"}, "cuctx.up": {"cuctx.up.main"},
-             "cuctx.up.main": {"cuctx.low"}, "cuctx.up.mod": set()}
+    graph = {
+        "cuctx.low": {"cuctx.up.mod"},
+        "cuctx.up": {"cuctx.up.main"},
+        "cuctx.up.main": {"cuctx.low"},
+        "cuctx.up.mod": set(),
+    }
     assert imports_that_run_back_up(graph) == []  # no cycle without the package's __init__
     assert imports_that_run_back_up(with_package_inits(graph)) == [
-        ("cuctx.low", "cuctx.up"), ("cuctx.up", "cuctx.up.main"), ("cuctx.up.main", "cuctx.low")]
+        ("cuctx.low", "cuctx.up"),
+        ("cuctx.up", "cuctx.up.main"),
+        ("cuctx.up.main", "cuctx.low"),
+    ]

@@ -44,20 +44,39 @@ def surface(lib: cuctx.Library) -> dict[str, object]:
     with cuctx.timeline() as tl:
         x.fill(5.0, stream=s)
     return {
-        "Device": ctx.device, "DeviceProperties": ctx.device.properties,
-        "MemInfo": ctx.device.mem_info(), "ComputeCapability": ctx.device.compute_capability,
-        "Context": ctx, "ContextFlags": cuctx.ContextFlags(0), "Stream": s,
-        "Event": s.record(), "DeviceArray": x, "Library": lib, "Kernel": lib["add"],
-        "KernelAttributes": lib["add"].attributes(), "Launcher": lib["add"][1, 8, 0, s],
-        "BlockSizeSuggestion": lib["add"].suggest_block_size(), "Module": module,
-        "Graph": graph, "GraphNode": node, "GraphExec": graph.instantiate(),
-        "Capture": s.capture(), "AutoGraph": step, "RaceCheck": rc, "Finding": rc.findings[0],
-        "Timeline": tl, "Record": tl.records[0], "Summary": tl.summary(),
-        "Operation": tl.records[0].operation, "Access": tl.records[0].operation.accesses[0],
-        "Backend": cuctx.backend(), "MemoryPool": cuctx.MemoryPool(ctx.device, max_size=1),
+        "Device": ctx.device,
+        "DeviceProperties": ctx.device.properties,
+        "MemInfo": ctx.device.mem_info(),
+        "ComputeCapability": ctx.device.compute_capability,
+        "Context": ctx,
+        "ContextFlags": cuctx.ContextFlags(0),
+        "Stream": s,
+        "Event": s.record(),
+        "DeviceArray": x,
+        "Library": lib,
+        "Kernel": lib["add"],
+        "KernelAttributes": lib["add"].attributes(),
+        "Launcher": lib["add"][1, 8, 0, s],
+        "BlockSizeSuggestion": lib["add"].suggest_block_size(),
+        "Module": module,
+        "Graph": graph,
+        "GraphNode": node,
+        "GraphExec": graph.instantiate(),
+        "Capture": s.capture(),
+        "AutoGraph": step,
+        "RaceCheck": rc,
+        "Finding": rc.findings[0],
+        "Timeline": tl,
+        "Record": tl.records[0],
+        "Summary": tl.summary(),
+        "Operation": tl.records[0].operation,
+        "Access": tl.records[0].operation.accesses[0],
+        "Backend": cuctx.backend(),
+        "MemoryPool": cuctx.MemoryPool(ctx.device, max_size=1),
         "IsolatedExecutor": executor(),
         "CompileResult": cuctx.compile_source(
-            ADD_SOURCE, arch="sm_%d%d" % tuple(ctx.device.compute_capability)),
+            ADD_SOURCE, arch="sm_%d%d" % tuple(ctx.device.compute_capability)
+        ),
     }
 
 
@@ -70,9 +89,12 @@ def executor() -> cuctx.IsolatedExecutor:
 
 
 def public_classes() -> set[type]:
-    return {obj for module in (cuctx, cuctx.tools) for obj in map(module.__dict__.get,
-                                                                   module.__all__)
-            if isinstance(obj, type) and not issubclass(obj, BaseException)}
+    return {
+        obj
+        for module in (cuctx, cuctx.tools)
+        for obj in map(module.__dict__.get, module.__all__)
+        if isinstance(obj, type) and not issubclass(obj, BaseException)
+    }
 
 
 def test_every_public_class_is_in_the_surface_and_prints_its_own_way(lib):
@@ -95,9 +117,11 @@ def test_reprs_name_kind_state_context_and_hex_handles(lib):
         "Stream": ["created", f"{s.handle:#x}", "device 0", on],
         "Event": ["recorded", f"{made['Event'].handle:#x}", on],
         "DeviceArray": ["float32", "(8,)", "device 0", f"{made['DeviceArray'].ptr:#x}"],
-        "DeviceProperties": [f"device 0 ({cuctx.backend().name})", "compute capability "
-                             f"{props.compute_capability_major}.{props.compute_capability_minor}",
-                             f"{props.multiprocessor_count} SMs"],
+        "DeviceProperties": [
+            f"device 0 ({cuctx.backend().name})",
+            f"compute capability {props.compute_capability_major}.{props.compute_capability_minor}",
+            f"{props.multiprocessor_count} SMs",
+        ],
         "Library": [f"{made['Library'].handle:#x}"],
         "Kernel": [f"'add' {made['Kernel'].handle:#x} of <Library {made['Library'].handle:#x}"],
         "Module": [handle(made["Module"]), f"{ctx.handle:#x} active"],
@@ -108,8 +132,11 @@ def test_reprs_name_kind_state_context_and_hex_handles(lib):
         "Capture": ["thread_local", f"{s.handle:#x}", "not begun"],
         "AutoGraph": ["'surface.<locals>.step'", "1 calls"],
         "RaceCheck": ["'collect'", "not watching", "1 finding"],
-        "Finding": ["write-after-write", f"fill on <Stream created {s.handle:#x}",
-                    "then fill on <Stream created 0x"],
+        "Finding": [
+            "write-after-write",
+            f"fill on <Stream created {s.handle:#x}",
+            "then fill on <Stream created 0x",
+        ],
         "Timeline": [f"{len(tl.records)} records", "1 context", tl.source],
         "Record": ["memset", on, f"stream {s.handle:#x}", __file__],
         "Summary": ["'s'", f"'context': {ctx.handle:#x}", f"'stream': {s.handle:#x}"],
@@ -152,8 +179,17 @@ def test_reprs_never_raise_once_the_context_is_gone(lib, end):
     assert made["Context"]._state == end
     for name, obj in made.items():
         assert not DEFAULT.search(repr(obj)), (name, repr(obj))
-    for name in ("Context", "Stream", "Event", "DeviceArray", "Module", "Launcher", "Graph",
-                 "GraphExec", "Capture"):
+    for name in (
+        "Context",
+        "Stream",
+        "Event",
+        "DeviceArray",
+        "Module",
+        "Launcher",
+        "Graph",
+        "GraphExec",
+        "Capture",
+    ):
         assert end in repr(made[name]), (name, repr(made[name]))
 
 
@@ -194,5 +230,6 @@ def test_a_partition_says_its_contexts_and_whether_it_is_closed(sim):
     with cuctx.Device(0).partition([64, 64]) as partition:
         assert repr(partition).endswith("of [64, 64] SMs, active>")
         handles = ", ".join(f"{ctx.handle:#x}" for ctx in partition)
-    assert repr(partition) == (f"<Partition of device 0: 2 green contexts ({handles}) of "
-                               "[64, 64] SMs, closed>")
+    assert repr(partition) == (
+        f"<Partition of device 0: 2 green contexts ({handles}) of [64, 64] SMs, closed>"
+    )

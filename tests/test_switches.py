@@ -13,20 +13,41 @@ import pytest
 from scenarios import run_python
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-LAUNCH_TESTS = ["tests/kernels/test_launch.py", "tests/kernels/test_codegen.py",
-                "tests/kernels/test_native.py", "tests/kernels/test_launcher_trace.py"]
+LAUNCH_TESTS = [
+    "tests/kernels/test_launch.py",
+    "tests/kernels/test_codegen.py",
+    "tests/kernels/test_native.py",
+    "tests/kernels/test_launcher_trace.py",
+]
 
 
-@pytest.mark.parametrize("switch, skipped", [
-    ("CUCTX_FASTPATH", "launch fast paths are turned off (CUCTX_FASTPATH=0)"),
-    ("CUCTX_NATIVE", "the compiled fast path is off: turned off by CUCTX_NATIVE=0"),
-], ids=["CUCTX_FASTPATH=0", "CUCTX_NATIVE=0"])
+@pytest.mark.parametrize(
+    "switch, skipped",
+    [
+        ("CUCTX_FASTPATH", "launch fast paths are turned off (CUCTX_FASTPATH=0)"),
+        ("CUCTX_NATIVE", "the compiled fast path is off: turned off by CUCTX_NATIVE=0"),
+    ],
+    ids=["CUCTX_FASTPATH=0", "CUCTX_NATIVE=0"],
+)
 def test_the_launch_tests_pass_with_a_switch_off(switch, skipped, nvrtc_cache):
     # On the sim only (the switches act on host code, the same on both backends; a GPU run
     # of the whole suite with CUCTX_NATIVE=0 is scripts/gpu-check's), with no other
     # CUCTX_ setting than the switch and the compile cache.
-    proc = run_python("-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "not cuda",
-                      *LAUNCH_TESTS, cwd=ROOT, timeout=600, clean=True,
-                      CUCTX_CACHE_DIR=str(nvrtc_cache), **{switch: "0"})
+    proc = run_python(
+        "-m",
+        "pytest",
+        "-q",
+        "-x",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "not cuda",
+        *LAUNCH_TESTS,
+        cwd=ROOT,
+        timeout=600,
+        clean=True,
+        CUCTX_CACHE_DIR=str(nvrtc_cache),
+        **{switch: "0"},
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert skipped in proc.stdout  # the switch took effect: its tests said why they skipped

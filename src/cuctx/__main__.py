@@ -28,10 +28,17 @@ import cuctx
 from cuctx.kernels._compiler import cache_directory, nvrtc_version
 from cuctx.examples import EXAMPLES
 
-_KEY_PROPERTIES = ("multiprocessor_count", "max_threads_per_block",
-                   "max_shared_memory_per_block_optin",
-                   "l2_cache_size", "clock_rate", "memory_clock_rate", "global_memory_bus_width",
-                   "unified_addressing", "concurrent_managed_access")
+_KEY_PROPERTIES = (
+    "multiprocessor_count",
+    "max_threads_per_block",
+    "max_shared_memory_per_block_optin",
+    "l2_cache_size",
+    "clock_rate",
+    "memory_clock_rate",
+    "global_memory_bus_width",
+    "unified_addressing",
+    "concurrent_managed_access",
+)
 
 
 def _nvrtc() -> str:
@@ -47,6 +54,7 @@ def _libcuda_path(backend: cuctx._driver.Backend) -> str | None:
     if backend.sim is not None:
         return None
     from cuda.pathfinder import load_nvidia_dynamic_lib
+
     # cuda.bindings loads libcuda through this function, and its cache hands back that same
     # library: nothing is loaded a second time.
     return load_nvidia_dynamic_lib("cuda").abs_path
@@ -61,17 +69,29 @@ def describe() -> dict:
     for device in cuctx.devices():
         free, total = device.mem_info()
         props = device.properties.as_dict()
-        devices.append({
-            "ordinal": device.ordinal, "name": device.name, "uuid": device.uuid,
-            "pci_bus_id": device.pci_bus_id, "compute_capability": str(device.compute_capability),
-            "total_memory": total, "free_memory": free,
-            "properties": {k: props[k] for k in _KEY_PROPERTIES if k in props},
-        })
+        devices.append(
+            {
+                "ordinal": device.ordinal,
+                "name": device.name,
+                "uuid": device.uuid,
+                "pci_bus_id": device.pci_bus_id,
+                "compute_capability": str(device.compute_capability),
+                "total_memory": total,
+                "free_memory": free,
+                "properties": {k: props[k] for k in _KEY_PROPERTIES if k in props},
+            }
+        )
     return {
-        "versions": {"cuctx": cuctx.__version__, "python": platform.python_version(),
-                     "os": platform.platform(), "cuda_bindings": _cuda_bindings_version(),
-                     "nvrtc": _nvrtc(), "numpy": np.__version__},
-        "backend": backend.name, "reason": backend.reason,
+        "versions": {
+            "cuctx": cuctx.__version__,
+            "python": platform.python_version(),
+            "os": platform.platform(),
+            "cuda_bindings": _cuda_bindings_version(),
+            "nvrtc": _nvrtc(),
+            "numpy": np.__version__,
+        },
+        "backend": backend.name,
+        "reason": backend.reason,
         # On the sim the driver version is the one it models, and event times come from its
         # virtual clock: both are simulated, not measured.
         "simulated": backend.sim is not None,
@@ -87,6 +107,7 @@ def describe() -> dict:
 
 def _cuda_bindings_version() -> str:
     import cuda.bindings
+
     return cuda.bindings.__version__
 
 
@@ -99,18 +120,35 @@ def render(info: dict) -> str:
     sim = info["simulated"]
     v = info["versions"]
     fields = [
-        ("cuctx", v["cuctx"]), ("Python", v["python"]), ("OS", v["os"]),
-        ("cuda-bindings", v["cuda_bindings"]), ("NVRTC", v["nvrtc"]), ("NumPy", v["numpy"]),
+        ("cuctx", v["cuctx"]),
+        ("Python", v["python"]),
+        ("OS", v["os"]),
+        ("cuda-bindings", v["cuda_bindings"]),
+        ("NVRTC", v["nvrtc"]),
+        ("NumPy", v["numpy"]),
         ("backend", f"{info['backend']} ({info['reason']})"),
-        ("driver", f"CUDA {info['driver_version']}"
-                   + (" (simulated: the version the sim models)" if sim else "")),
-        ("libcuda", info["libcuda"] or ("none (the simulated GPU needs no driver)" if sim
-                                        else "loaded, path unknown")),
-        ("native fast path", f"yes ({info['native_reason']})" if info["native_fast_path"]
-                             else f"no ({info['native_reason']})"),
+        (
+            "driver",
+            f"CUDA {info['driver_version']}"
+            + (" (simulated: the version the sim models)" if sim else ""),
+        ),
+        (
+            "libcuda",
+            info["libcuda"]
+            or ("none (the simulated GPU needs no driver)" if sim else "loaded, path unknown"),
+        ),
+        (
+            "native fast path",
+            f"yes ({info['native_reason']})"
+            if info["native_fast_path"]
+            else f"no ({info['native_reason']})",
+        ),
         ("compile cache", info["compile_cache"] or "off (CUCTX_CACHE_DIR is empty)"),
-        ("environment", ", ".join(f"{k}={val}" for k, val in info["environment"].items())
-                        or "no CUCTX_* variables set"),
+        (
+            "environment",
+            ", ".join(f"{k}={val}" for k, val in info["environment"].items())
+            or "no CUCTX_* variables set",
+        ),
     ]
     if sim:
         fields.append(("timings", "simulated: event times come from the sim's virtual clock"))
@@ -119,10 +157,18 @@ def render(info: dict) -> str:
     lines = [f"{key.ljust(width)} : {value}" for key, value in fields]
     lines.append("")
     header = ("#", "name", "cc", "SMs", "memory free/total", "pci bus", "uuid")
-    rows = [(str(d["ordinal"]), d["name"], d["compute_capability"],
-             str(d["properties"].get("multiprocessor_count", "?")),
-             f"{_gib(d['free_memory'])} / {_gib(d['total_memory'])}", d["pci_bus_id"], d["uuid"])
-            for d in info["devices"]]
+    rows = [
+        (
+            str(d["ordinal"]),
+            d["name"],
+            d["compute_capability"],
+            str(d["properties"].get("multiprocessor_count", "?")),
+            f"{_gib(d['free_memory'])} / {_gib(d['total_memory'])}",
+            d["pci_bus_id"],
+            d["uuid"],
+        )
+        for d in info["devices"]
+    ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, tuple("-" * w for w in widths), *rows]:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
@@ -186,20 +232,36 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> _Parser:
     # No abbreviated options: `main` looks for --json before parsing, to know how to print a
     # usage error, so --json has to be its one spelling.
-    parser = _Parser(prog=_prog(), description=__doc__, allow_abbrev=False,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(
+        prog=_prog(),
+        description=__doc__,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"cuctx {cuctx.__version__}")
     sub = parser.add_subparsers(dest="command")  # none given: `_parse` says which there are
-    info = sub.add_parser("info", help="show versions, the backend, the driver and each device",
-                          allow_abbrev=False)
-    info.add_argument("--json", action="store_true",
-                      help="print JSON for scripts (an error too: {\"error\": ..., \"type\": ...})")
+    info = sub.add_parser(
+        "info", help="show versions, the backend, the driver and each device", allow_abbrev=False
+    )
+    info.add_argument(
+        "--json",
+        action="store_true",
+        help='print JSON for scripts (an error too: {"error": ..., "type": ...})',
+    )
     info.set_defaults(run=_info)
-    demo = sub.add_parser("demo", help="run the examples, saying what each one shows",
-                          epilog=_examples_epilog(), allow_abbrev=False,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    demo.add_argument("names", nargs="*", metavar="NAME",
-                      help=f"which examples (default: all of {', '.join(EXAMPLES)})")
+    demo = sub.add_parser(
+        "demo",
+        help="run the examples, saying what each one shows",
+        epilog=_examples_epilog(),
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    demo.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help=f"which examples (default: all of {', '.join(EXAMPLES)})",
+    )
     demo.set_defaults(run=_demo)
     parser.commands = sub.choices
     return parser
@@ -210,8 +272,10 @@ def _parse(parser: _Parser, argv: list[str]) -> argparse.Namespace:
     # Before the command only flags are taken, so the first word that is not one is the command.
     command = next((arg for arg in argv if not arg.startswith("-")), None)
     if command is not None and command not in parser.commands:
-        raise UsageError(f"there is no command {command!r}: the commands are "
-                         f"{' and '.join(parser.commands)}; see '{parser.prog} --help'")
+        raise UsageError(
+            f"there is no command {command!r}: the commands are "
+            f"{' and '.join(parser.commands)}; see '{parser.prog} --help'"
+        )
     see = f"see '{parser.prog} {command} --help'" if command else f"see '{parser.prog} --help'"
     try:
         args = parser.parse_args(argv)  # --help and --version print and exit with status 0
@@ -221,8 +285,10 @@ def _parse(parser: _Parser, argv: list[str]) -> argparse.Namespace:
         raise UsageError(f"say which command to run: {' or '.join(parser.commands)}; {see}")
     unknown = [name for name in getattr(args, "names", []) if name not in EXAMPLES]
     if unknown:
-        raise UsageError(f"there is no example {' or '.join(map(repr, unknown))}: the examples "
-                         f"are {', '.join(EXAMPLES)}; {see}")
+        raise UsageError(
+            f"there is no example {' or '.join(map(repr, unknown))}: the examples "
+            f"are {', '.join(EXAMPLES)}; {see}"
+        )
     return args
 
 
@@ -231,8 +297,7 @@ def _describe_error(exc: BaseException) -> tuple[str, str]:
     where = ""
     if isinstance(exc, _ExampleFailed):
         name, exc = exc.args[0], exc.__cause__
-        where = (f" (in the example {name}; `python -m cuctx.examples.{name}` shows the "
-                 "traceback)")
+        where = f" (in the example {name}; `python -m cuctx.examples.{name}` shows the traceback)"
     return type(exc).__name__, " ".join(str(exc).split()) + where
 
 

@@ -17,8 +17,14 @@ from typing import TYPE_CHECKING, NoReturn
 from . import _driver, _lifetimes
 from ._driver import LEGACY, in_host_function
 from ._resource import ACTIVE
-from .errors import (CAPTURE_CODES, CONTEXT_IS_DESTROYED, NOT_PERMITTED, STICKY_CODES,
-                     called_from_host_function, error_for)
+from .errors import (
+    CAPTURE_CODES,
+    CONTEXT_IS_DESTROYED,
+    NOT_PERMITTED,
+    STICKY_CODES,
+    called_from_host_function,
+    error_for,
+)
 
 if TYPE_CHECKING:
     from .context import Context
@@ -40,8 +46,9 @@ def refuse_legacy_in_global_capture(stream: Stream, operation: str) -> None:
         _lifetimes.refuse_in_capture(operation, legacy=stream)
 
 
-def fail(backend: _driver.Backend, err, operation: str, ctx: Context | None = None,
-         hint: str = "") -> NoReturn:
+def fail(
+    backend: _driver.Backend, err, operation: str, ctx: Context | None = None, hint: str = ""
+) -> NoReturn:
     """Raise the exception for a failed driver call, poisoning the context (``ctx``, else the
     thread's current one, where the driver reports them) on a sticky fault."""
     code = int(err)

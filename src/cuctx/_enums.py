@@ -21,10 +21,14 @@ if TYPE_CHECKING:
     from .device import Device
 
 
-ContextFlags = enum.IntFlag("ContextFlags", {
-    flag.name.removeprefix("CU_CTX_"): int(flag) for flag in CUctx_flags
-    if flag.name not in ("CU_CTX_SCHED_MASK", "CU_CTX_FLAGS_MASK", "CU_CTX_BLOCKING_SYNC")
-})
+ContextFlags = enum.IntFlag(
+    "ContextFlags",
+    {
+        flag.name.removeprefix("CU_CTX_"): int(flag)
+        for flag in CUctx_flags
+        if flag.name not in ("CU_CTX_SCHED_MASK", "CU_CTX_FLAGS_MASK", "CU_CTX_BLOCKING_SYNC")
+    },
+)
 ContextFlags.__doc__ = "Context creation flags, generated from the driver's CUctx_flags."
 ContextFlags.__module__ = __name__
 
@@ -35,30 +39,46 @@ def _attribute_name(name: str) -> str:
 
 # Attributes that answer yes or no (0/1), returned as bool: those named *_SUPPORTED, CAN_*,
 # *_ENABLED, and these, whose names do not say so.
-_YES_NO = frozenset({
-    "gpu_overlap", "kernel_exec_timeout", "integrated", "concurrent_kernels", "tcc_driver",
-    "unified_addressing", "managed_memory", "multi_gpu_board", "pageable_memory_access",
-    "concurrent_managed_access", "cooperative_launch", "cooperative_multi_device_launch",
-    "pageable_memory_access_uses_host_page_tables", "direct_managed_mem_access_from_host",
-    "cluster_launch", "unified_function_pointers",
-})
+_YES_NO = frozenset(
+    {
+        "gpu_overlap",
+        "kernel_exec_timeout",
+        "integrated",
+        "concurrent_kernels",
+        "tcc_driver",
+        "unified_addressing",
+        "managed_memory",
+        "multi_gpu_board",
+        "pageable_memory_access",
+        "concurrent_managed_access",
+        "cooperative_launch",
+        "cooperative_multi_device_launch",
+        "pageable_memory_access_uses_host_page_tables",
+        "direct_managed_mem_access_from_host",
+        "cluster_launch",
+        "unified_function_pointers",
+    }
+)
 
 
 def is_yes_no(name: str) -> bool:
-    return (name.endswith(("_supported", "_enabled")) or name.startswith("can_")
-            or name in _YES_NO)
+    return name.endswith(("_supported", "_enabled")) or name.startswith("can_") or name in _YES_NO
 
 
 def _property_for(attribute: CUdevice_attribute, name: str) -> property:
     if is_yes_no(name):
+
         def read(self: DeviceProperties) -> bool | int:
             return bool(self._read(attribute))
     else:
+
         def read(self: DeviceProperties) -> bool | int:
             return self._read(attribute)
+
     read.__name__ = name
-    read.__doc__ = f"The device's CU_DEVICE_ATTRIBUTE_{name.upper()}" + \
-        (" (a bool)." if is_yes_no(name) else ".")
+    read.__doc__ = f"The device's CU_DEVICE_ATTRIBUTE_{name.upper()}" + (
+        " (a bool)." if is_yes_no(name) else "."
+    )
     return property(read)
 
 
@@ -94,8 +114,12 @@ class DeviceProperties:
             err, value = backend.driver.cuDeviceGetAttribute(attribute, self._device._handle)
             if err:
                 if int(err) == INVALID_VALUE:  # the driver predates this attribute
-                    raise NotSupportedError(NOT_SUPPORTED, "cuDeviceGetAttribute", "",
-                                            f"this driver does not know {attribute.name}")
+                    raise NotSupportedError(
+                        NOT_SUPPORTED,
+                        "cuDeviceGetAttribute",
+                        "",
+                        f"this driver does not know {attribute.name}",
+                    )
                 fail(backend, err, "cuDeviceGetAttribute")
             value = int(value)
             if attribute not in _UNCACHED:
@@ -115,19 +139,25 @@ class DeviceProperties:
 
     def __repr__(self) -> str:
         try:
-            what = (f": compute capability {self.compute_capability_major}."
-                    f"{self.compute_capability_minor}, {self.multiprocessor_count} SMs, "
-                    f"{len(ATTRIBUTE_NAMES)} attributes (as_dict() lists them)")
+            what = (
+                f": compute capability {self.compute_capability_major}."
+                f"{self.compute_capability_minor}, {self.multiprocessor_count} SMs, "
+                f"{len(ATTRIBUTE_NAMES)} attributes (as_dict() lists them)"
+            )
         except Exception:  # noqa: BLE001 - a repr never raises; the driver's error shows on use
             what = ""
-        return f"<DeviceProperties of device {self._device.ordinal} " \
-               f"({self._device._backend.name}){what}>"
+        return (
+            f"<DeviceProperties of device {self._device.ordinal} "
+            f"({self._device._backend.name}){what}>"
+        )
 
 
 # __members__, not iteration: iterating an enum skips the aliases (a second name for a value).
-_ATTRIBUTES = {_attribute_name(name): attribute
-               for name, attribute in CUdevice_attribute.__members__.items()
-               if name != "CU_DEVICE_ATTRIBUTE_MAX"}
+_ATTRIBUTES = {
+    _attribute_name(name): attribute
+    for name, attribute in CUdevice_attribute.__members__.items()
+    if name != "CU_DEVICE_ATTRIBUTE_MAX"
+}
 ATTRIBUTE_NAMES = tuple(_ATTRIBUTES)
 for _name, _attribute in _ATTRIBUTES.items():
     setattr(DeviceProperties, _name, _property_for(_attribute, _name))

@@ -32,8 +32,9 @@ class Partition(Sequence):
     ``"green"``) with ``sm_counts[i]`` SMs. ``with device.partition([64, 64]) as (a, b):``
     destroys them at the end of the block; `close` does it explicitly."""
 
-    def __init__(self, device: Device, contexts: list[Context], greens: list,
-                 sm_counts: list[int]) -> None:
+    def __init__(
+        self, device: Device, contexts: list[Context], greens: list, sm_counts: list[int]
+    ) -> None:
         self.device = device
         self.sm_counts = sm_counts  # as the driver gave them (rounded to its granularity)
         self._contexts = contexts
@@ -54,7 +55,7 @@ class Partition(Sequence):
                 continue
             ctx.synchronize()
             ctx._tear_down_first()
-            err, = drv.cuGreenCtxDestroy(green)
+            (err,) = drv.cuGreenCtxDestroy(green)
             if err:
                 fail(ctx._backend, err, "cuGreenCtxDestroy", ctx)
             ctx._finalizer.detach()
@@ -70,8 +71,10 @@ class Partition(Sequence):
         states = {ctx._state for ctx in self._contexts}
         state = "closed" if states == {DESTROYED} else "/".join(sorted(states))
         handles = ", ".join(f"{ctx._key:#x}" for ctx in self._contexts)
-        return (f"<Partition of device {self.device.ordinal}: {len(self)} green contexts "
-                f"({handles}) of {self.sm_counts} SMs, {state}>")
+        return (
+            f"<Partition of device {self.device.ordinal}: {len(self)} green contexts "
+            f"({handles}) of {self.sm_counts} SMs, {state}>"
+        )
 
 
 def partition(device: Device, sm_counts: Sequence[int]) -> Partition:
@@ -82,11 +85,18 @@ def partition(device: Device, sm_counts: Sequence[int]) -> Partition:
     operation = f"Device({device.ordinal}).partition({counts})"
     err, whole = drv.cuDeviceGetDevResource(device._handle, _SM)
     if err:
-        fail(backend, err, "cuDeviceGetDevResource", hint=f"{operation}: green contexts need "
-             "CUDA 12.4 or later and a device of compute capability 8.0 or later")
+        fail(
+            backend,
+            err,
+            "cuDeviceGetDevResource",
+            hint=f"{operation}: green contexts need "
+            "CUDA 12.4 or later and a device of compute capability 8.0 or later",
+        )
     if sum(counts) > whole.sm.smCount:
-        raise ValueError(f"{operation}: the device has {whole.sm.smCount} SMs, the partitions "
-                         f"ask for {sum(counts)}")
+        raise ValueError(
+            f"{operation}: the device has {whole.sm.smCount} SMs, the partitions "
+            f"ask for {sum(counts)}"
+        )
     groups = _split(drv, backend, whole, counts, operation)
     contexts, greens = [], []
     for group in groups:
@@ -101,11 +111,13 @@ def partition(device: Device, sm_counts: Sequence[int]) -> Partition:
         if err:
             drv.cuGreenCtxDestroy(green)
             fail(backend, err, "cuCtxFromGreenCtx", hint=operation)
-        contexts.append(Context._wrap(backend, handle, device, "green",
-                                      (drv.cuGreenCtxDestroy, green)))
+        contexts.append(
+            Context._wrap(backend, handle, device, "green", (drv.cuGreenCtxDestroy, green))
+        )
         greens.append(green)
-    return Partition(device, contexts, greens,
-                     [sum(g.sm.smCount for g in group) for group in groups])
+    return Partition(
+        device, contexts, greens, [sum(g.sm.smCount for g in group) for group in groups]
+    )
 
 
 def _counts(device: Device, sm_counts: Any) -> list[int]:
@@ -116,20 +128,28 @@ def _counts(device: Device, sm_counts: Any) -> list[int]:
     if isinstance(sm_counts, np.ndarray):
         sm_counts = sm_counts.tolist()  # (a 0-d array gives its number: refused below)
     if not isinstance(sm_counts, Sequence) or isinstance(sm_counts, (str, bytes)):
-        one = (f"; for one partition of {sm_counts} SMs, pass [{sm_counts}]"
-               if isinstance(sm_counts, (int, np.integer)) and not isinstance(sm_counts, bool)
-               else "")
-        raise TypeError(f"{operation} takes a list of SM counts, one int per partition "
-                        f"(e.g. [64, 64]), not {type(sm_counts).__name__} {sm_counts!r}{one}")
+        one = (
+            f"; for one partition of {sm_counts} SMs, pass [{sm_counts}]"
+            if isinstance(sm_counts, (int, np.integer)) and not isinstance(sm_counts, bool)
+            else ""
+        )
+        raise TypeError(
+            f"{operation} takes a list of SM counts, one int per partition "
+            f"(e.g. [64, 64]), not {type(sm_counts).__name__} {sm_counts!r}{one}"
+        )
     counts = []
     for c in sm_counts:
         if isinstance(c, bool) or not isinstance(c, (int, np.integer)):
-            raise TypeError(f"{operation}: SM counts are ints, one per partition (e.g. [64, "
-                            f"64]); {sm_counts!r} holds {type(c).__name__} {c!r}")
+            raise TypeError(
+                f"{operation}: SM counts are ints, one per partition (e.g. [64, "
+                f"64]); {sm_counts!r} holds {type(c).__name__} {c!r}"
+            )
         counts.append(int(c))
     if not counts or any(c <= 0 for c in counts):
-        raise ValueError(f"{operation}: SM counts must be one or more positive ints, one per "
-                         f"partition (e.g. [64, 64]), got {sm_counts!r}")
+        raise ValueError(
+            f"{operation}: SM counts must be one or more positive ints, one per "
+            f"partition (e.g. [64, 64]), got {sm_counts!r}"
+        )
     return counts
 
 
@@ -147,12 +167,14 @@ def _split(drv, backend, whole, counts: list[int], operation: str) -> list[list]
     if err:
         fail(backend, err, "cuDevSmResourceSplitByCount", hint=operation)
     if n < wanted:
-        raise ValueError(f"{operation}: the driver rounds SM counts up to a multiple of "
-                         f"{step}, and makes only {n} group(s) of {size} from the device's "
-                         f"{whole.sm.smCount} SMs where {wanted} are needed; ask for fewer "
-                         "or smaller partitions")
+        raise ValueError(
+            f"{operation}: the driver rounds SM counts up to a multiple of "
+            f"{step}, and makes only {n} group(s) of {size} from the device's "
+            f"{whole.sm.smCount} SMs where {wanted} are needed; ask for fewer "
+            "or smaller partitions"
+        )
     groups, out, start = list(groups)[:n], [], 0
     for k in sizes:
-        out.append(groups[start:start + k])
+        out.append(groups[start : start + k])
         start += k
     return out

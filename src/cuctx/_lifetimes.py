@@ -269,8 +269,10 @@ def _wait_for_host_functions() -> None:
     the driver would otherwise call the trampoline from its thread while Python tears down.
     (Only one-shot ones: a graph's stay registered while it lives.)"""
     deadline = time.monotonic() + _EXIT_WAIT_S
-    while (any(on_gpu and owner.one_shot for _, _, owner, on_gpu in list(_pending.values()))
-           or in_host_function) and time.monotonic() < deadline:
+    while (
+        any(on_gpu and owner.one_shot for _, _, owner, on_gpu in list(_pending.values()))
+        or in_host_function
+    ) and time.monotonic() < deadline:
         time.sleep(0.001)
 
 

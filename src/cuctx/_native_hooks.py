@@ -69,19 +69,30 @@ ANNOUNCE = ((vars(_trace), "sinks"),)
 # of the allocation's device (freed first: csrc/arrays.c looks them up by device, so another
 # device's orphans slow no allocation here), a defer_cleanup block (it holds the free).
 ALLOC_STEP_ASIDE = STEP_ASIDE + (
-    (vars(_lifetimes), "capturing"), (vars(_lifetimes), "_held"),
+    (vars(_lifetimes), "capturing"),
+    (vars(_lifetimes), "_held"),
 )
 FREE_STEP_ASIDE = STEP_ASIDE + (
-    (vars(_lifetimes), "capturing"), (vars(_lifetimes), "_held"),
+    (vars(_lifetimes), "capturing"),
+    (vars(_lifetimes), "_held"),
     (vars(_lifetimes), "_defer_depth"),
 )
 
 # (class, method name) of every method with a compiled path (cuctx/csrc/methods.c, IMPLS).
 METHODS = (
-    (Stream, "record"), (Stream, "wait"), (Event, "record"),
-    (Context, "push"), (Context, "pop"), (Context, "__enter__"), (Context, "__exit__"),
-    (Device, "__enter__"), (Device, "__exit__"), (Kernel, "__getitem__"),
-    (Launcher, "__call__"), (AutoGraph, "__call__"), (_alloc.Allocation, "__del__"),
+    (Stream, "record"),
+    (Stream, "wait"),
+    (Event, "record"),
+    (Context, "push"),
+    (Context, "pop"),
+    (Context, "__enter__"),
+    (Context, "__exit__"),
+    (Device, "__enter__"),
+    (Device, "__exit__"),
+    (Kernel, "__getitem__"),
+    (Launcher, "__call__"),
+    (AutoGraph, "__call__"),
+    (_alloc.Allocation, "__del__"),
 )
 
 
@@ -94,29 +105,60 @@ def _install():
     for cls, name in METHODS:
         python = vars(cls)[name]
         if isinstance(python, staticmethod):
-            setattr(cls, name, staticmethod(module.Method(f"{cls.__name__}.{name}",
-                                                          python.__func__)))
+            setattr(
+                cls, name, staticmethod(module.Method(f"{cls.__name__}.{name}", python.__func__))
+            )
         else:
             setattr(cls, name, module.Method(f"{cls.__name__}.{name}", python))
     # (after the methods: setup gives Launcher its call slot, which a class assignment of
     # __call__ would replace)
-    module.setup(Context=Context, Stream=Stream, Event=Event, DeviceArray=DeviceArray,
-                 ThreadState=ThreadState, Device=Device, Kernel=Kernel, Launcher=Launcher,
-                 Tape=_record.Tape, AutoGraph=AutoGraph, Recording=Recording, Entry=Entry,
-                 Policy=_autograph_policy.Policy, Tally=Tally, Arena=Arena, Slot=Slot,
-                 Lease=Lease, Allocation=_alloc.Allocation, Backend=Backend, Code=_Code,
-                 ACTIVE=ACTIVE, CUresult=CUresult, CUcontext=CUcontext, fail=fail,
-                 object_for=_object_for, driver_namespace=vars(_driver),
-                 step_aside=STEP_ASIDE, launch_step_aside=LAUNCH_STEP_ASIDE,
-                 announce=ANNOUNCE, emit_launch=_trace.emit_launch,
-                 recording=_record.threads, autograph_namespace=vars(_autograph),
-                 policy_namespace=vars(_autograph_policy), GRAPH=GRAPH, CudaError=CudaError,
-                 defer=_lifetimes.defer_cleanup(), perf_counter=time.perf_counter,
-                 lifetimes_namespace=vars(_lifetimes),
-                 known_dtypes=_layout.KNOWN_DTYPES,
-                 default_dtype=_array.empty.__defaults__[0], from_pool=_alloc.from_pool,
-                 release=_alloc._release, exiting=_lifetimes.exiting,
-                 alloc_step_aside=ALLOC_STEP_ASIDE, free_step_aside=FREE_STEP_ASIDE)
+    module.setup(
+        Context=Context,
+        Stream=Stream,
+        Event=Event,
+        DeviceArray=DeviceArray,
+        ThreadState=ThreadState,
+        Device=Device,
+        Kernel=Kernel,
+        Launcher=Launcher,
+        Tape=_record.Tape,
+        AutoGraph=AutoGraph,
+        Recording=Recording,
+        Entry=Entry,
+        Policy=_autograph_policy.Policy,
+        Tally=Tally,
+        Arena=Arena,
+        Slot=Slot,
+        Lease=Lease,
+        Allocation=_alloc.Allocation,
+        Backend=Backend,
+        Code=_Code,
+        ACTIVE=ACTIVE,
+        CUresult=CUresult,
+        CUcontext=CUcontext,
+        fail=fail,
+        object_for=_object_for,
+        driver_namespace=vars(_driver),
+        step_aside=STEP_ASIDE,
+        launch_step_aside=LAUNCH_STEP_ASIDE,
+        announce=ANNOUNCE,
+        emit_launch=_trace.emit_launch,
+        recording=_record.threads,
+        autograph_namespace=vars(_autograph),
+        policy_namespace=vars(_autograph_policy),
+        GRAPH=GRAPH,
+        CudaError=CudaError,
+        defer=_lifetimes.defer_cleanup(),
+        perf_counter=time.perf_counter,
+        lifetimes_namespace=vars(_lifetimes),
+        known_dtypes=_layout.KNOWN_DTYPES,
+        default_dtype=_array.empty.__defaults__[0],
+        from_pool=_alloc.from_pool,
+        release=_alloc._release,
+        exiting=_lifetimes.exiting,
+        alloc_step_aside=ALLOC_STEP_ASIDE,
+        free_step_aside=FREE_STEP_ASIDE,
+    )
     compiled_empty = module.Method("empty", _array.empty)
     _array.empty = _construct.empty = memory.empty = compiled_empty
     return module.Method("launch", _launcher.launch), compiled_empty

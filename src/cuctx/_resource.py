@@ -51,8 +51,10 @@ class Resource:
         """A driver object is valid only in the process that made it: pickling one refuses,
         naming the object and what to do instead (`_INSTEAD`). Arrays of an ipc pool and
         ipc events share themselves with other processes (their own ``__reduce__``)."""
-        advice = next((_INSTEAD[c.__name__] for c in type(self).__mro__ if c.__name__ in _INSTEAD),
-                      "it belongs to the process that made it")
+        advice = next(
+            (_INSTEAD[c.__name__] for c in type(self).__mro__ if c.__name__ in _INSTEAD),
+            "it belongs to the process that made it",
+        )
         raise TypeError(f"cannot pickle {self!r}: {advice}")
 
     def _check(self, operation: str) -> None:
@@ -61,20 +63,27 @@ class Resource:
             raise ctx._unusable(operation)
 
 
-_LOADED = ("loaded code belongs to the process that loaded it: load the library in the other "
-           "process (in an IsolatedExecutor call, in the function the worker runs: "
-           "cuctx.Library.from_source or from_bytes there)")
-_GRAPH = ("a graph holds this process's driver objects: build it in the other process (a "
-          "function that builds it pickles)")
+_LOADED = (
+    "loaded code belongs to the process that loaded it: load the library in the other "
+    "process (in an IsolatedExecutor call, in the function the worker runs: "
+    "cuctx.Library.from_source or from_bytes there)"
+)
+_GRAPH = (
+    "a graph holds this process's driver objects: build it in the other process (a "
+    "function that builds it pickles)"
+)
 # What to send another process instead of each kind of resource (`Resource.__reduce__`).
 _INSTEAD = {
     "Context": "a context belongs to the process that made it: in another process use that "
-               "process's own (cuctx.Device(n).primary_context, or with cuctx.Device(n):)",
+    "process's own (cuctx.Device(n).primary_context, or with cuctx.Device(n):)",
     "Stream": "a stream belongs to its process's context: make one in the other process "
-              "(cuctx.Stream()) and order its work with this one's through an event of "
-              "cuctx.Event(ipc=True), which pickles",
-    "Library": _LOADED, "Module": _LOADED, "Kernel": _LOADED,
-    "Graph": _GRAPH, "GraphExec": _GRAPH,
+    "(cuctx.Stream()) and order its work with this one's through an event of "
+    "cuctx.Event(ipc=True), which pickles",
+    "Library": _LOADED,
+    "Module": _LOADED,
+    "Kernel": _LOADED,
+    "Graph": _GRAPH,
+    "GraphExec": _GRAPH,
 }
 
 

@@ -30,22 +30,24 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 READ, WRITE, READ_WRITE = "r", "w", "rw"
 
 # Operation kinds: what each one's fields mean.
-KINDS = frozenset({
-    "alloc",        # accesses: the new allocation (mode w); stream: where it is ordered
-    "free",         # accesses: the allocation freed; stream: where the free is ordered
-    "copy",         # accesses: source (r) and destination (w); host sides have device=None
-    "memset",       # accesses: the range written (w)
-    "launch",       # accesses: pointer arguments (mode from annotation, const, else rw)
-    "graph_launch",  # accesses: its kernel/copy/fill nodes'; fields: graph, exec, nodes
-    #                  ((GraphNode, accesses) each; graph.edges order them)
-    "host_func",    # fields["fn"]: the callable
-    "record",       # event: the event recorded on stream
-    "wait_event",   # event: the event stream waits for
-    "wait_stream",  # other: the stream that stream waits for (through an internal event)
-    "sync_stream",  # the host waits for stream (fields["query"]: a query answered done)
-    "sync_event",   # the host waits for event (fields["query"]: a query answered done)
-    "sync_context",  # the host waits for everything in context
-})
+KINDS = frozenset(
+    {
+        "alloc",  # accesses: the new allocation (mode w); stream: where it is ordered
+        "free",  # accesses: the allocation freed; stream: where the free is ordered
+        "copy",  # accesses: source (r) and destination (w); host sides have device=None
+        "memset",  # accesses: the range written (w)
+        "launch",  # accesses: pointer arguments (mode from annotation, const, else rw)
+        "graph_launch",  # accesses: its kernel/copy/fill nodes'; fields: graph, exec, nodes
+        #                  ((GraphNode, accesses) each; graph.edges order them)
+        "host_func",  # fields["fn"]: the callable
+        "record",  # event: the event recorded on stream
+        "wait_event",  # event: the event stream waits for
+        "wait_stream",  # other: the stream that stream waits for (through an internal event)
+        "sync_stream",  # the host waits for stream (fields["query"]: a query answered done)
+        "sync_event",  # the host waits for event (fields["query"]: a query answered done)
+        "sync_context",  # the host waits for everything in context
+    }
+)
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # The examples ship inside the package but are user code: their lines are the user's.
@@ -67,8 +69,10 @@ class Access(NamedTuple):  # (a tuple: one is made per array of every traced ope
     host: bool = False
 
     def __repr__(self) -> str:  # the address in hex, as DeviceArray prints it
-        return (f"Access(ptr={self.ptr:#x}, nbytes={self.nbytes}, mode={self.mode!r}, "
-                f"array={self.array!r}, host={self.host})")
+        return (
+            f"Access(ptr={self.ptr:#x}, nbytes={self.nbytes}, mode={self.mode!r}, "
+            f"array={self.array!r}, host={self.host})"
+        )
 
 
 _NO_FIELDS: Mapping[str, Any] = MappingProxyType({})  # (shared: no dict made per operation)
@@ -82,13 +86,39 @@ class Operation:
     ``launch`` is (plan, args, modes), what they are worked out from (the race checker reads
     the arrays there, without making Accesses)."""
 
-    __slots__ = ("kind", "context", "stream", "kernel", "config", "event", "other", "where",
-                 "thread", "time_ns", "fields", "launch", "_accesses", "_accesses_of", "_site")
+    __slots__ = (
+        "kind",
+        "context",
+        "stream",
+        "kernel",
+        "config",
+        "event",
+        "other",
+        "where",
+        "thread",
+        "time_ns",
+        "fields",
+        "launch",
+        "_accesses",
+        "_accesses_of",
+        "_site",
+    )
 
-    def __init__(self, kind: str, context: Any, stream: Any, accesses: tuple[Access, ...] = (),
-                 kernel: Any = None, config: Any = None, event: Any = None, other: Any = None,
-                 where: Where | None = None, thread: int = 0, time_ns: int = 0,
-                 fields: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        context: Any,
+        stream: Any,
+        accesses: tuple[Access, ...] = (),
+        kernel: Any = None,
+        config: Any = None,
+        event: Any = None,
+        other: Any = None,
+        where: Where | None = None,
+        thread: int = 0,
+        time_ns: int = 0,
+        fields: Mapping[str, Any] | None = None,
+    ) -> None:
         self.kind = kind
         self.context = context
         self.stream = stream
@@ -151,8 +181,9 @@ def add_sink(sink: Sink, kinds: Iterable[str] | None = None) -> None:
         raise TypeError(f"a trace sink is a callable taking an Operation, not {sink!r}")
     wanted = KINDS if kinds is None else frozenset(kinds)
     if not wanted <= KINDS:
-        raise ValueError(f"unknown operation kinds {sorted(wanted - KINDS)}; the kinds are "
-                         f"{sorted(KINDS)}")
+        raise ValueError(
+            f"unknown operation kinds {sorted(wanted - KINDS)}; the kinds are {sorted(KINDS)}"
+        )
     with _lock:
         _registered.append((sink, wanted))
         _publish()
@@ -235,25 +266,38 @@ def site_of(where: Where | None) -> tuple[str, int, str] | None:
     if known is not None and known[0] is code:
         line = known[1]
     else:
-        line = next((line for start, end, line in code.co_lines() if start <= offset < end),
-                    code.co_firstlineno)
+        line = next(
+            (line for start, end, line in code.co_lines() if start <= offset < end),
+            code.co_firstlineno,
+        )
         if len(_lines) >= _LINES_KEPT:
             _lines.clear()
         _lines[id(code), offset] = code, line
     return code.co_filename, line, code.co_name
 
 
-def emit(kind: str, context: Any, stream: Any, accesses: tuple[Access, ...] = (),
-         **fields: Any) -> None:
+def emit(
+    kind: str, context: Any, stream: Any, accesses: tuple[Access, ...] = (), **fields: Any
+) -> None:
     """Announce one operation to the sinks that want its kind. Call it only under
     ``if sinks:``."""
     wanted = _by_kind[kind]
     if not wanted:
         return
-    op = Operation(kind, context, stream, accesses,
-                   fields.pop("kernel", None), fields.pop("config", None),
-                   fields.pop("event", None), fields.pop("other", None),
-                   user_where(), get_ident(), perf_counter_ns(), fields)
+    op = Operation(
+        kind,
+        context,
+        stream,
+        accesses,
+        fields.pop("kernel", None),
+        fields.pop("config", None),
+        fields.pop("event", None),
+        fields.pop("other", None),
+        user_where(),
+        get_ident(),
+        perf_counter_ns(),
+        fields,
+    )
     for fn in wanted:
         fn(op)
 
@@ -264,8 +308,19 @@ def emit_lazily(kind: str, context: Any, stream: Any, accesses_of: tuple) -> Non
     wanted = _by_kind[kind]
     if not wanted:
         return
-    op = Operation(kind, context, stream, (), None, None, None, None, user_where(),
-                   get_ident(), perf_counter_ns())
+    op = Operation(
+        kind,
+        context,
+        stream,
+        (),
+        None,
+        None,
+        None,
+        None,
+        user_where(),
+        get_ident(),
+        perf_counter_ns(),
+    )
     op._accesses_of = accesses_of
     for fn in wanted:
         fn(op)
@@ -304,14 +359,16 @@ def device_access(array: Any, mode: str) -> Access:
     """The bytes a device array (``ptr``, ``shape``, ``strides``, ``dtype``) spans, from
     its lowest to its highest address, for any strides (negative ones too)."""
     if getattr(array, "_c", False):  # a C-contiguous cuctx array: its own bytes
-        return _new(Access, (array.ptr, prod(array.shape) * array.dtype.itemsize, mode, array,
-                             False))
+        return _new(
+            Access, (array.ptr, prod(array.shape) * array.dtype.itemsize, mode, array, False)
+        )
     start, nbytes = extent(array.ptr, array.shape, array.strides, array.dtype.itemsize)
     return _new(Access, (start, nbytes, mode, array, False))
 
 
-def extent(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...],
-           itemsize: int) -> tuple[int, int]:
+def extent(
+    ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int
+) -> tuple[int, int]:
     """(lowest address, bytes) of the elements of a strided layout starting at ``ptr``."""
     if 0 in shape:
         return ptr, 0

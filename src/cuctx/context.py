@@ -17,8 +17,15 @@ from ._calls import call, fail, refuse_in_host_function
 from ._enums import ContextFlags
 from ._lifetimes import finalize, raise_host_func_errors
 from ._resource import ACTIVE, DESTROYED, POISONED, Resource, upper
-from .errors import (CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_VALUE, ContextDestroyedError,
-                     ContextPoisonedError, CudaError, InvalidContextError)
+from .errors import (
+    CONTEXT_IS_DESTROYED,
+    INVALID_CONTEXT,
+    INVALID_VALUE,
+    ContextDestroyedError,
+    ContextPoisonedError,
+    CudaError,
+    InvalidContextError,
+)
 
 if TYPE_CHECKING:
     from .device import Device
@@ -34,8 +41,12 @@ def exit_block(backend: _driver.Backend) -> None:
     while len(stack) > depth:
         err, _ = pop()
         if err:
-            fail(backend, err, "cuCtxPopCurrent",
-                 hint="the context stack was popped past a `with` block by other code")
+            fail(
+                backend,
+                err,
+                "cuCtxPopCurrent",
+                hint="the context stack was popped past a `with` block by other code",
+            )
         stack.pop()
 
 
@@ -53,7 +64,7 @@ class _InContext:
         drv = ctx._backend.driver
         self._pushed = int(drv.cuCtxGetCurrent()[1]) != ctx._key
         if self._pushed:
-            err, = drv.cuCtxPushCurrent(ctx._handle)
+            (err,) = drv.cuCtxPushCurrent(ctx._handle)
             if err:
                 fail(ctx._backend, err, "cuCtxPushCurrent", ctx)
         return ctx
@@ -80,12 +91,26 @@ class Context(Resource):
     reference goes, a primary context released.
     """
 
-    __slots__ = ("_drv", "_device", "kind", "_state", "_fault", "_why_destroyed", "_finalizer",
-                 "_default_streams", "_teardown", "_before_teardown", "_allocations", "__weakref__")
+    __slots__ = (
+        "_drv",
+        "_device",
+        "kind",
+        "_state",
+        "_fault",
+        "_why_destroyed",
+        "_finalizer",
+        "_default_streams",
+        "_teardown",
+        "_before_teardown",
+        "_allocations",
+        "__weakref__",
+    )
 
     def __init__(self) -> None:
-        raise TypeError("make contexts with Context.create(device), device.primary_context "
-                        "or cuctx.current_context()")
+        raise TypeError(
+            "make contexts with Context.create(device), device.primary_context "
+            "or cuctx.current_context()"
+        )
 
     @classmethod
     def _wrap(cls, backend, handle, device, kind: str, finalizer=None) -> Context:
@@ -120,9 +145,14 @@ class Context(Resource):
         stack = backend.tls.state.stack  # (read first: inside a host function it raises)
         err, handle = drv.cuCtxCreate(None, int(flags), device._handle)
         if err:
-            fail(backend, err, "cuCtxCreate",
-                 hint=f"flags={int(flags):#x}; valid flags are ContextFlags members"
-                 if int(err) == INVALID_VALUE else "")
+            fail(
+                backend,
+                err,
+                "cuCtxCreate",
+                hint=f"flags={int(flags):#x}; valid flags are ContextFlags members"
+                if int(err) == INVALID_VALUE
+                else "",
+            )
         ctx = cls._wrap(backend, handle, device, "created", (drv.cuCtxDestroy, handle))
         stack.append(ctx)
         return ctx
@@ -134,12 +164,16 @@ class Context(Resource):
         on their stacks drop it when their next cuctx call finds it current."""
         if self.kind != "created":
             raise InvalidContextError(
-                INVALID_CONTEXT, "Context.destroy", "",
+                INVALID_CONTEXT,
+                "Context.destroy",
+                "",
                 f"{self!r} was not created by Context.create; primary contexts are released "
-                "when unreferenced, or reset with device.reset()")
+                "when unreferenced, or reset with device.reset()",
+            )
         if self._state == DESTROYED:
-            raise ContextDestroyedError(operation="Context.destroy",
-                                        hint=f"{self!r} was already destroyed")
+            raise ContextDestroyedError(
+                operation="Context.destroy", hint=f"{self!r} was already destroyed"
+            )
         backend = self._backend
         drv = backend.driver
         state = backend.tls.state
@@ -147,7 +181,7 @@ class Context(Resource):
         on_top = int(drv.cuCtxGetCurrent()[1] or 0) == self._key
         if self._state is ACTIVE:
             self._tear_down_first()
-        err, = drv.cuCtxDestroy(self._handle)
+        (err,) = drv.cuCtxDestroy(self._handle)
         if err and int(err) != CONTEXT_IS_DESTROYED:
             # still alive: leave it as it was, finalizer included
             fail(backend, err, "cuCtxDestroy", self)
@@ -204,7 +238,8 @@ class Context(Resource):
         return ContextDestroyedError(
             operation=operation,
             hint=f"{self!r} was destroyed {self._why_destroyed}; objects bound to it cannot "
-                 "be used any more")
+            "be used any more",
+        )
 
     def _check(self, operation: str) -> None:
         if self._state is not ACTIVE:
@@ -220,7 +255,7 @@ class Context(Resource):
         if self._state is not ACTIVE:
             raise self._unusable("Context.push")
         stack = self._backend.tls.state.stack  # before the driver call: see HostFunctionState
-        err, = self._drv.cuCtxPushCurrent(self._handle)
+        (err,) = self._drv.cuCtxPushCurrent(self._handle)
         if err:
             fail(self._backend, err, "cuCtxPushCurrent", self)
         stack.append(self)
@@ -238,12 +273,18 @@ class Context(Resource):
                     f"Context.pop: {self!r} is not the current context of this thread; "
                     f"{top!r} is (the top of its context stack), and ctx.pop() pops only "
                     "the context it names, so nothing was popped. Pop the top with "
-                    "Context.pop(), or use `with ctx:` blocks, which restore the stack")
+                    "Context.pop(), or use `with ctx:` blocks, which restore the stack"
+                )
         err, handle = backend.driver.cuCtxPopCurrent()
         if err:
-            fail(backend, err, "cuCtxPopCurrent",
-                 hint="the context stack of this thread is empty"
-                 if int(err) == INVALID_CONTEXT else "")
+            fail(
+                backend,
+                err,
+                "cuCtxPopCurrent",
+                hint="the context stack of this thread is empty"
+                if int(err) == INVALID_CONTEXT
+                else "",
+            )
         if stack and stack[-1]._handle == handle:
             return stack.pop()
         return _object_for(backend, handle)  # pushed by other code than cuctx
@@ -252,7 +293,7 @@ class Context(Resource):
         """Replace the top of this thread's stack with this context (push if empty)."""
         self._check("Context.set_current")
         stack = self._backend.tls.state.stack
-        err, = self._drv.cuCtxSetCurrent(self._handle)
+        (err,) = self._drv.cuCtxSetCurrent(self._handle)
         if err:
             fail(self._backend, err, "cuCtxSetCurrent", self)
         if stack:
@@ -264,7 +305,7 @@ class Context(Resource):
         if self._state is not ACTIVE:
             raise self._unusable("Context.__enter__")
         state = self._backend.tls.state
-        err, = self._drv.cuCtxPushCurrent(self._handle)
+        (err,) = self._drv.cuCtxPushCurrent(self._handle)
         if err:
             fail(self._backend, err, "cuCtxPushCurrent", self)
         state.blocks.append(len(state.stack))
@@ -280,7 +321,6 @@ class Context(Resource):
         if err:
             fail(self._backend, err, "cuCtxPopCurrent", self)
         state.stack.pop()
-
 
     # -- queries --------------------------------------------------------------------------
 
@@ -313,7 +353,7 @@ class Context(Resource):
         if _lifetimes.orphans:  # freed first, so this synchronize gives their memory back
             _lifetimes.free_orphans(self)
         with _InContext(self, "Context.synchronize"):
-            err, = self._drv.cuCtxSynchronize()
+            (err,) = self._drv.cuCtxSynchronize()
         if err:
             fail(self._backend, err, "cuCtxSynchronize", self)
         if _trace.sinks:
@@ -351,7 +391,7 @@ def _take_out_of_stack(backend: _driver.Backend, state, ctx: Context) -> None:
 def _device_of(backend, handle, current: bool = False) -> Device:
     drv = backend.driver
     if not current:  # the driver answers for the current context only
-        err, = drv.cuCtxPushCurrent(handle)
+        (err,) = drv.cuCtxPushCurrent(handle)
         if err:
             fail(backend, err, "cuCtxPushCurrent")
     err, dev = drv.cuCtxGetDevice()

@@ -15,8 +15,12 @@ from ._enums import DeviceProperties
 from ._green import Partition, partition
 from ._resource import upper
 from .context import ACTIVE, DESTROYED, Context, context_for, exit_block, in_context
-from .errors import (PEER_ACCESS_ALREADY_ENABLED, PEER_ACCESS_NOT_ENABLED, PEER_ACCESS_UNSUPPORTED,
-                     NotSupportedError)
+from .errors import (
+    PEER_ACCESS_ALREADY_ENABLED,
+    PEER_ACCESS_NOT_ENABLED,
+    PEER_ACCESS_UNSUPPORTED,
+    NotSupportedError,
+)
 
 
 class ComputeCapability(NamedTuple):
@@ -36,9 +40,20 @@ class Device:
     """A CUDA device. ``Device(i)`` returns the one object for ordinal ``i`` of the active
     backend. ``with device:`` makes its primary context current for the block."""
 
-    __slots__ = ("_backend", "ordinal", "_handle", "_primary", "_runtime_primary",
-                 "_properties", "_lock", "_peers", "_peer_holds", "_granted_by", "_memory_pool",
-                 "__weakref__")
+    __slots__ = (
+        "_backend",
+        "ordinal",
+        "_handle",
+        "_primary",
+        "_runtime_primary",
+        "_properties",
+        "_lock",
+        "_peers",
+        "_peer_holds",
+        "_granted_by",
+        "_memory_pool",
+        "__weakref__",
+    )
 
     def __new__(cls, ordinal: int | Device = 0) -> Device:
         if isinstance(ordinal, Device):
@@ -56,9 +71,15 @@ class Device:
             err, handle = backend.driver.cuDeviceGet(ordinal)
             if err:
                 count = backend.driver.cuDeviceGetCount()[1]
-                fail(backend, err, f"Device({ordinal})",
-                     hint=f"the {backend.name} backend has {count} device(s): valid ordinals "
-                          f"are 0 to {count - 1}" if count else "there is no device")
+                fail(
+                    backend,
+                    err,
+                    f"Device({ordinal})",
+                    hint=f"the {backend.name} backend has {count} device(s): valid ordinals "
+                    f"are 0 to {count - 1}"
+                    if count
+                    else "there is no device",
+                )
             device = object.__new__(cls)
             device._backend = backend
             device.ordinal = ordinal
@@ -84,9 +105,11 @@ class Device:
             device = cls._for_backend(backend, ordinal)
             if device.uuid == uuid:
                 return device
-        raise ValueError(f"{what} is on a GPU this process does not see (its {count} "
-                         "device(s) have other UUIDs): make that GPU visible here "
-                         "(CUDA_VISIBLE_DEVICES; Ray's num_gpus)")
+        raise ValueError(
+            f"{what} is on a GPU this process does not see (its {count} "
+            "device(s) have other UUIDs): make that GPU visible here "
+            "(CUDA_VISIBLE_DEVICES; Ray's num_gpus)"
+        )
 
     def _query(self, operation: str, *args):
         return call(self._backend, operation, *args)
@@ -151,14 +174,16 @@ class Device:
             return
         if not self.can_access_peer(other):
             raise NotSupportedError(
-                PEER_ACCESS_UNSUPPORTED, "Device.enable_peer_access",
+                PEER_ACCESS_UNSUPPORTED,
+                "Device.enable_peer_access",
                 "peer access is not supported between these two devices",
                 f"{self!r} cannot access memory of {other!r} (cuDeviceCanAccessPeer is 0); "
                 "copy the data with cuctx.copy instead (copies between devices need no peer "
-                "access)")
+                "access)",
+            )
         mine, theirs = self.primary_context, other.primary_context
         with in_context(mine, "Device.enable_peer_access"):
-            err, = self._backend.driver.cuCtxEnablePeerAccess(theirs._handle, 0)
+            (err,) = self._backend.driver.cuCtxEnablePeerAccess(theirs._handle, 0)
         if err and int(err) != PEER_ACCESS_ALREADY_ENABLED:
             fail(self._backend, err, "cuCtxEnablePeerAccess", mine)
         try:
@@ -178,14 +203,17 @@ class Device:
         other = self._peer_of(other, "disable_peer_access")
         if not self.can_access_peer(other):
             return  # nothing can have been enabled
-        for ctx in [c for c in list(self._backend.contexts.values())
-                    if c._device is self and c._state is ACTIVE]:
+        for ctx in [
+            c
+            for c in list(self._backend.contexts.values())
+            if c._device is self and c._state is ACTIVE
+        ]:
             with in_context(ctx, "Device.disable_peer_access"):
                 self._backend.driver.cuCtxSynchronize()  # a fault stays for its next use
         self._grant_pool(other, CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE)
         mine, theirs = self.primary_context, other.primary_context
         with in_context(mine, "Device.disable_peer_access"):
-            err, = self._backend.driver.cuCtxDisablePeerAccess(theirs._handle)
+            (err,) = self._backend.driver.cuCtxDisablePeerAccess(theirs._handle)
         self._peers.discard(other)
         self._peer_holds.pop(other, None)
         if err and int(err) != PEER_ACCESS_NOT_ENABLED:
@@ -197,7 +225,8 @@ class Device:
             raise ValueError(
                 f"{operation}: {self!r} is the device itself; kernels always have access to "
                 "their own device's memory, in any of its contexts, so there is nothing to "
-                "enable or disable")
+                "enable or disable"
+            )
         return other
 
     def _grant_pool(self, other: Device, flags: CUmemAccess_flags) -> None:
@@ -214,8 +243,11 @@ class Device:
         (its primary context, created and adopted ones). Raises what `Context.synchronize`
         raises (a fault, `HostFunctionError`) after waiting for all of them."""
         refuse_in_host_function("Device.synchronize")
-        contexts = [c for c in list(self._backend.contexts.values())
-                    if c._device is self and c._state is ACTIVE]
+        contexts = [
+            c
+            for c in list(self._backend.contexts.values())
+            if c._device is self and c._state is ACTIVE
+        ]
         errors = []
         for ctx in contexts:
             try:
@@ -256,8 +288,13 @@ class Device:
             if ctx is None or ctx._state == DESTROYED:  # reset here, or by other code
                 drv = self._backend.driver
                 handle = call(self._backend, "cuDevicePrimaryCtxRetain", self._handle)
-                ctx = Context._wrap(self._backend, handle, self, "primary",
-                                    (drv.cuDevicePrimaryCtxRelease, self._handle))
+                ctx = Context._wrap(
+                    self._backend,
+                    handle,
+                    self,
+                    "primary",
+                    (drv.cuDevicePrimaryCtxRelease, self._handle),
+                )
                 self._primary = weakref.ref(ctx)
             return ctx
 

@@ -107,8 +107,13 @@ class InvalidContextError(CudaError):
 class ContextDestroyedError(CudaError):
     """The context, or the context an object belongs to, was destroyed or reset."""
 
-    def __init__(self, code: int = CONTEXT_IS_DESTROYED, operation: str = "", message: str = "",
-                 hint: str = ""):
+    def __init__(
+        self,
+        code: int = CONTEXT_IS_DESTROYED,
+        operation: str = "",
+        message: str = "",
+        hint: str = "",
+    ):
         super().__init__(code, operation, message or "context is destroyed", hint)
 
 
@@ -126,7 +131,9 @@ class ContextPoisonedError(CudaError):
     def __init__(self, fault: CudaError, operation: str):
         self.fault = fault
         super().__init__(
-            fault.code, operation, fault.message,
+            fault.code,
+            operation,
+            fault.message,
             f"the context was poisoned by an earlier {fault.name} in {fault.operation}; "
             "destroy it (or reset the device) and create a new one",
         )
@@ -148,19 +155,32 @@ class WorkerFaultError(StickyFaultError):
     ``call`` the function that was running. The worker's traceback is the ``__cause__``.
     Memory the worker could reach may hold partial writes (docs/isolation.md says which)."""
 
-    def __init__(self, code: int, operation: str, message: str = "", hint: str = "", *,
-                 device: int = -1, worker: int = 0, call: str = ""):
+    def __init__(
+        self,
+        code: int,
+        operation: str,
+        message: str = "",
+        hint: str = "",
+        *,
+        device: int = -1,
+        worker: int = 0,
+        call: str = "",
+    ):
         self.device = device
         self.worker = worker
         self.call = call
-        where = (f"raised by {_worker_words(call, device, worker)}, which exited; a new "
-                 "worker takes its place and the call was not retried")
+        where = (
+            f"raised by {_worker_words(call, device, worker)}, which exited; a new "
+            "worker takes its place and the call was not retried"
+        )
         self._fault_hint = hint  # the fault's own, as __reduce__ gives it back
         super().__init__(code, operation, message, f"{hint}; {where}" if hint else where)
 
     def __reduce__(self):
-        return (partial(type(self), device=self.device, worker=self.worker, call=self.call),
-                (self.code, self.operation, self.message, self._fault_hint))
+        return (
+            partial(type(self), device=self.device, worker=self.worker, call=self.call),
+            (self.code, self.operation, self.message, self._fault_hint),
+        )
 
 
 class WorkerTimeoutError(TimeoutError):
@@ -173,7 +193,8 @@ class WorkerTimeoutError(TimeoutError):
         self.call, self.device, self.worker, self.timeout = call, device, worker, timeout
         super().__init__(
             f"{_worker_words(call, device, worker)} ran past its timeout of {timeout:g} s: the "
-            "worker was killed and a new one takes its place; the call was not retried")
+            "worker was killed and a new one takes its place; the call was not retried"
+        )
 
     def __reduce__(self):
         return (type(self), (self.call, self.device, self.worker, self.timeout))
@@ -193,12 +214,16 @@ class WorkerDiedError(RuntimeError):
         self.call, self.device, self.worker, self.how = call, device, worker, how
         self.started = started
         if started:
-            text = (f"{_worker_words(call, device, worker)} died ({how}): a new worker takes "
-                    "its place; the call was not retried")
+            text = (
+                f"{_worker_words(call, device, worker)} died ({how}): a new worker takes "
+                "its place; the call was not retried"
+            )
         else:
-            text = (f"{call} did not run: the worker process {worker} on device {device} could "
-                    f"not start ({how}), so the executor is broken; fix what the workers "
-                    "inherit (the environment, sys.path) and make a new IsolatedExecutor")
+            text = (
+                f"{call} did not run: the worker process {worker} on device {device} could "
+                f"not start ({how}), so the executor is broken; fix what the workers "
+                "inherit (the environment, sys.path) and make a new IsolatedExecutor"
+            )
         super().__init__(text)
 
     def __reduce__(self):
@@ -211,8 +236,9 @@ class HostFunctionError(RuntimeError):
 
     def __init__(self, where: str, failures: list[tuple[Callable, BaseException]]):
         self.failures = failures
-        parts = "; ".join(f"{getattr(fn, '__qualname__', repr(fn))} raised {exc!r}"
-                          for fn, exc in failures)
+        parts = "; ".join(
+            f"{getattr(fn, '__qualname__', repr(fn))} raised {exc!r}" for fn, exc in failures
+        )
         super().__init__(f"{len(failures)} host function(s) launched on {where} failed: {parts}")
 
 
@@ -225,13 +251,15 @@ HOST_FUNCTION_HINT = (
     "it was called from inside a host function (Stream.launch_host_func), and host functions "
     "must not call CUDA (the driver may refuse or deadlock). Do the CUDA work on the stream "
     "before or after the host function from the thread that launched it, or hand the data to "
-    "another thread (e.g. through a queue.Queue) that makes the call")
+    "another thread (e.g. through a queue.Queue) that makes the call"
+)
 
 
 def called_from_host_function(operation: str) -> NotPermittedError:
     """The error for a cuctx call made from inside a host function."""
-    return NotPermittedError(NOT_PERMITTED, operation, "operation not permitted",
-                             HOST_FUNCTION_HINT)
+    return NotPermittedError(
+        NOT_PERMITTED, operation, "operation not permitted", HOST_FUNCTION_HINT
+    )
 
 
 class GraphCaptureError(CudaError):

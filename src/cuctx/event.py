@@ -58,10 +58,15 @@ class Event(Resource):
 
     def __init__(self, timing: bool = False, blocking: bool = False, ipc: bool = False) -> None:
         if timing and ipc:
-            raise ValueError("an ipc event cannot measure time: CUDA requires events shared "
-                             "between processes to be created with timing=False")
-        flags = (0 if timing else _DISABLE_TIMING) | (_BLOCKING_SYNC if blocking else 0) \
+            raise ValueError(
+                "an ipc event cannot measure time: CUDA requires events shared "
+                "between processes to be created with timing=False"
+            )
+        flags = (
+            (0 if timing else _DISABLE_TIMING)
+            | (_BLOCKING_SYNC if blocking else 0)
             | (_INTERPROCESS if ipc else 0)
+        )
         self._setup(context_for(), flags)
 
     @classmethod
@@ -116,9 +121,11 @@ class Event(Resource):
         if stream is None:  # stream.py, above this module, installed the rule and the class
             stream = upper.resolve_stream(None, self._ctx)
         elif not isinstance(stream, upper.stream):
-            raise TypeError(f"Event.record takes a cuctx.Stream or None, not "
-                            f"{type(stream).__name__}; adopt another library's stream with "
-                            "cuctx.Stream.wrap(obj)")
+            raise TypeError(
+                f"Event.record takes a cuctx.Stream or None, not "
+                f"{type(stream).__name__}; adopt another library's stream with "
+                "cuctx.Stream.wrap(obj)"
+            )
         return stream.record(self)
 
     def _check_waitable(self, operation: str, backend: _driver.Backend) -> None:
@@ -127,9 +134,11 @@ class Event(Resource):
         if self._ctx._state is not ACTIVE:
             raise self._ctx._unusable(operation)
         if not self._recorded:
-            raise ValueError(f"{operation}: {self!r} was never recorded, so there is nothing "
-                             "to wait for; call event.record(stream) (or stream.record()) "
-                             "first")
+            raise ValueError(
+                f"{operation}: {self!r} was never recorded, so there is nothing "
+                "to wait for; call event.record(stream) (or stream.record()) "
+                "first"
+            )
 
     def synchronize(self) -> None:
         """Wait on the host until the work captured by the latest record is done."""
@@ -139,7 +148,7 @@ class Event(Resource):
             _record.interrupt("Event.synchronize")
         if _lifetimes.capturing:
             _lifetimes.refuse_in_capture("Event.synchronize", event=self)
-        err, = self._backend.driver.cuEventSynchronize(self._handle)
+        (err,) = self._backend.driver.cuEventSynchronize(self._handle)
         if err:
             fail(self._backend, err, "cuEventSynchronize", self._ctx)
         if _trace.sinks:
@@ -156,7 +165,7 @@ class Event(Resource):
             _record.interrupt("Event.done")
         if _lifetimes.capturing:
             _lifetimes.refuse_in_capture("Event.done", event=self)
-        err, = self._backend.driver.cuEventQuery(self._handle)
+        (err,) = self._backend.driver.cuEventQuery(self._handle)
         if err and int(err) != NOT_READY:
             fail(self._backend, err, "cuEventQuery", self._ctx)
         if not err and _trace.sinks:  # the host saw the work finish, as a synchronize does
@@ -170,14 +179,17 @@ class Event(Resource):
             raise TypeError(f"elapsed_ms needs an end Event, not {type(end).__name__}")
         for event, role in ((self, "start"), (end, "end")):
             if not event.timing:
-                raise ValueError(f"the {role} event {event!r} does not measure time; create "
-                                 "timing events with cuctx.Event(timing=True)")
+                raise ValueError(
+                    f"the {role} event {event!r} does not measure time; create "
+                    "timing events with cuctx.Event(timing=True)"
+                )
             event._check_waitable("Event.elapsed_ms", self._backend)
         if end._ctx._device is not self._ctx._device:
             raise ValueError(
                 f"elapsed_ms between events of two devices ({self._ctx._device!r} and "
                 f"{end._ctx._device!r}): their clocks are not comparable, so CUDA gives no "
-                "meaningful answer; time each device's work with two events of that device")
+                "meaningful answer; time each device's work with two events of that device"
+            )
         self.synchronize()
         end.synchronize()
         err, ms = self._backend.driver.cuEventElapsedTime(self._handle, end._handle)
@@ -197,16 +209,19 @@ class Event(Resource):
         """An ipc event pickles for another process of this machine (opened there once per
         process; in this process it is this event); any other refuses with a TypeError."""
         if not self.ipc:
-            raise TypeError(f"cannot pickle {self!r}: only an event created with "
-                            "cuctx.Event(ipc=True) can be used by another process")
+            raise TypeError(
+                f"cannot pickle {self!r}: only an event created with "
+                "cuctx.Event(ipc=True) can be used by another process"
+            )
         self._check("Event (pickled)")
         if self._ipc_handle is None:
             handle = call(self._backend, "cuIpcGetEventHandle", self._handle)
             self._ipc_handle = ctypes.string_at(handle.getPtr(), _IPC_HANDLE_SIZE)
             _made[self._ipc_handle] = self
         device = self._ctx.device
-        return _event_from_pickle, (EventRef(self._backend.name, device.uuid, device.ordinal,
-                                             self._ipc_handle),)
+        return _event_from_pickle, (
+            EventRef(self._backend.name, device.uuid, device.ordinal, self._ipc_handle),
+        )
 
     def __repr__(self) -> str:
         kind = "ipc" if self.ipc else "timing" if self.timing else "sync"
@@ -230,7 +245,8 @@ def _check_recordable(stream: Stream, event: object) -> None:
     raise ValueError(
         f"cannot record {event!r} on {stream!r}: the event belongs to {event._ctx!r} and the "
         "stream to another context; create the event in the stream's context "
-        "(`with stream.context: Event()`) or let stream.record() make one")
+        "(`with stream.context: Event()`) or let stream.record() make one"
+    )
 
 
 def _destroy_event(drv, handle, ctx: Context) -> None:
@@ -248,9 +264,11 @@ def _event_from_pickle(ref: EventRef) -> Event:
     one opened here (cuIpcOpenEventHandle, in the primary context of its GPU), opened once."""
     backend = _driver.active()
     if backend.name != ref.backend:
-        raise ValueError(f"an ipc event of the {ref.backend} backend cannot be unpickled in a "
-                         f"process running the {backend.name} backend: select {ref.backend} "
-                         f"first (CUCTX_BACKEND={ref.backend}, or cuctx.set_backend)")
+        raise ValueError(
+            f"an ipc event of the {ref.backend} backend cannot be unpickled in a "
+            f"process running the {backend.name} backend: select {ref.backend} "
+            f"first (CUCTX_BACKEND={ref.backend}, or cuctx.set_backend)"
+        )
     event = _made.get(ref.handle)
     if event is not None and event._backend is backend:
         return event
@@ -264,8 +282,13 @@ def _event_from_pickle(ref: EventRef) -> Event:
     with in_context(ctx, "Event (unpickled)"):
         err, opened = backend.driver.cuIpcOpenEventHandle(handle)
     if err:
-        fail(backend, err, "cuIpcOpenEventHandle", ctx,
-             "the process that made the event may have destroyed it")
+        fail(
+            backend,
+            err,
+            "cuIpcOpenEventHandle",
+            ctx,
+            "the process that made the event may have destroyed it",
+        )
     event = object.__new__(Event)
     event._setup(ctx, _DISABLE_TIMING | _INTERPROCESS, opened)
     event._ipc_handle = ref.handle

@@ -35,10 +35,12 @@ def inject_fault(context: Context, error: int | str = "CUDA_ERROR_ILLEGAL_ADDRES
     sim = _controls(context._backend, "inject_fault")
     code = getattr(CUresult, error) if isinstance(error, str) else CUresult(error)
     if int(code) not in STICKY_CODES:
-        raise ValueError(f"{code.name} is not a sticky fault; choose one of "
-                         f"{sorted(CUresult(c).name for c in STICKY_CODES)}")
+        raise ValueError(
+            f"{code.name} is not a sticky fault; choose one of "
+            f"{sorted(CUresult(c).name for c in STICKY_CODES)}"
+        )
     context._check("inject_fault")
-    err, = sim.inject_fault(context._handle, code)
+    (err,) = sim.inject_fault(context._handle, code)
     if err:
         raise RuntimeError(f"inject_fault failed with {err.name}")
 
@@ -48,7 +50,7 @@ def stream_busy(stream: Stream, ns: int) -> None:
     time: a stand-in for a long kernel, to test event timings and races between streams."""
     sim = _controls(stream._backend, "stream_busy")
     with stream.context:  # a default stream's handle means the current context's
-        err, = sim.stream_busy(stream._handle, ns)
+        (err,) = sim.stream_busy(stream._handle, ns)
     if err:
         raise RuntimeError(f"stream_busy failed with {err.name}")
 

@@ -36,6 +36,7 @@ _NON_BLOCKING = int(CUstream_flags.CU_STREAM_NON_BLOCKING)
 
 # -- the stream object --------------------------------------------------------------------
 
+
 class Stream(Resource):
     """A CUDA stream. ``Stream(device=None, priority=None, non_blocking=True)`` creates one
     in the current context (with ``device``: the current context when it is on that device,
@@ -45,11 +46,24 @@ class Stream(Resource):
     CuPy streams are) means no implicit synchronization with the legacy default stream.
     """
 
-    __slots__ = ("kind", "_priority", "_sync_event", "_finalizer", "_record", "_wait", "_sync",
-                 "_checked", "__weakref__")
+    __slots__ = (
+        "kind",
+        "_priority",
+        "_sync_event",
+        "_finalizer",
+        "_record",
+        "_wait",
+        "_sync",
+        "_checked",
+        "__weakref__",
+    )
 
-    def __init__(self, device: Device | int | None = None, priority: int | None = None,
-                 non_blocking: bool = True) -> None:
+    def __init__(
+        self,
+        device: Device | int | None = None,
+        priority: int | None = None,
+        non_blocking: bool = True,
+    ) -> None:
         ctx = context_for(device)
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
             raise TypeError(f"priority must be an int or None, not {type(priority).__name__}")
@@ -66,7 +80,8 @@ class Stream(Resource):
                     raise ValueError(
                         f"stream priority {priority} is outside the range of {ctx.device!r}: "
                         f"{least} (lowest, the default) to {greatest} (highest); lower numbers "
-                        "are more urgent")
+                        "are more urgent"
+                    )
             flags = _NON_BLOCKING if non_blocking else 0
             err, handle = drv.cuStreamCreateWithPriority(flags, priority)
         if err:
@@ -177,7 +192,7 @@ class Stream(Resource):
             return event
         if _lifetimes.capturing:
             refuse_legacy_in_global_capture(self, "Stream.record")
-        err, = self._record(event._handle, self._handle)
+        (err,) = self._record(event._handle, self._handle)
         if err:
             fail(self._backend, err, "cuEventRecord", ctx)
         event._recorded = True
@@ -198,18 +213,23 @@ class Stream(Resource):
             if isinstance(other, Stream):
                 return self._wait_stream(other)
             if not isinstance(other, Event):
-                raise TypeError(f"Stream.wait takes an Event or a Stream, not "
-                                f"{type(other).__name__}; adopt another library's stream with "
-                                "cuctx.Stream.wrap(obj)")
+                raise TypeError(
+                    f"Stream.wait takes an Event or a Stream, not "
+                    f"{type(other).__name__}; adopt another library's stream with "
+                    "cuctx.Stream.wrap(obj)"
+                )
             other._check_waitable("Stream.wait", self._backend)
-        elif not other._recorded or other._ctx._state is not ACTIVE \
-                or other._backend is not self._backend:
+        elif (
+            not other._recorded
+            or other._ctx._state is not ACTIVE
+            or other._backend is not self._backend
+        ):
             other._check_waitable("Stream.wait", self._backend)  # raises the reason
         if _record.threads and _record.enqueue(self, _record.WAIT, other):
             return  # an autograph call recorded it
         if _lifetimes.capturing:
             refuse_legacy_in_global_capture(self, "Stream.wait")
-        err, = self._wait(self._handle, other._handle, 0)
+        (err,) = self._wait(self._handle, other._handle, 0)
         if err:
             fail(self._backend, err, "cuStreamWaitEvent", ctx)
         if _trace.sinks:
@@ -232,10 +252,10 @@ class Stream(Resource):
             event = other._sync_event = Event._create(other_ctx, timing=False)
         # Threads may share this event without a lock: a record by another thread between
         # ours and the wait only widens what the wait covers, which is still correct.
-        err, = other._record(event._handle, other._handle)
+        (err,) = other._record(event._handle, other._handle)
         if err:
             fail(self._backend, err, "cuEventRecord", other_ctx)
-        err, = self._wait(self._handle, event._handle, 0)
+        (err,) = self._wait(self._handle, event._handle, 0)
         if err:
             fail(self._backend, err, "cuStreamWaitEvent", self._ctx)
         if _trace.sinks:
@@ -252,7 +272,7 @@ class Stream(Resource):
             _record.interrupt("Stream.synchronize")
         if _lifetimes.capturing:
             _lifetimes.refuse_in_capture("Stream.synchronize", stream=self)
-        err, = self._sync(self._handle)
+        (err,) = self._sync(self._handle)
         if err:
             fail(self._backend, err, "cuStreamSynchronize", ctx)
         if _trace.sinks:
@@ -272,7 +292,7 @@ class Stream(Resource):
             _record.interrupt("Stream.done")
         if _lifetimes.capturing:
             _lifetimes.refuse_in_capture("Stream.done", stream=self)
-        err, = self._call(self._backend.driver.cuStreamQuery, self._handle)
+        (err,) = self._call(self._backend.driver.cuStreamQuery, self._handle)
         if err and int(err) != NOT_READY:
             fail(self._backend, err, "cuStreamQuery", self._ctx)
         if not err and _trace.sinks:  # the host saw the work finish, as a synchronize does
@@ -283,8 +303,13 @@ class Stream(Resource):
     def is_capturing(self) -> bool:
         """True while this stream is captured into a graph, by `capture` or another library."""
         self._check("Stream.is_capturing")
-        err, status = (0, 0) if self._key in (0, LEGACY) else self._call(  # legacy: never
-            self._backend.driver.cuStreamIsCapturing, self._handle)  # (driver: "implicit")
+        err, status = (
+            (0, 0)
+            if self._key in (0, LEGACY)
+            else self._call(  # legacy: never
+                self._backend.driver.cuStreamIsCapturing, self._handle
+            )
+        )  # (driver: "implicit")
         if err:
             fail(self._backend, err, "cuStreamIsCapturing", self._ctx)
         return bool(status)  # NONE is 0; ACTIVE, and INVALIDATED until the capture ends
@@ -306,8 +331,9 @@ class Stream(Resource):
             err = owner.capturing.host_function(self, fn, args)
         else:
             key = owner.add_host_function(fn, args, self._backend.sim is None)
-            err, = self._call(self._backend.driver.cuLaunchHostFunc, self._handle,
-                              _lifetimes.TRAMPOLINE_FN, key)
+            (err,) = self._call(
+                self._backend.driver.cuLaunchHostFunc, self._handle, _lifetimes.TRAMPOLINE_FN, key
+            )
             if err:
                 _lifetimes.drop_host_function(key)
         if err:
@@ -360,17 +386,24 @@ def _adopt_any(obj: Any, ctx: Context | None) -> Stream:
     (per-thread) name the default streams of ``ctx`` (default: the current context)."""
     handle = _handle_of(obj)
     if handle in (0, LEGACY, PER_THREAD):
-        return _default_stream(context_for() if ctx is None else ctx,
-                               "per-thread" if handle == PER_THREAD else "legacy")
+        return _default_stream(
+            context_for() if ctx is None else ctx,
+            "per-thread" if handle == PER_THREAD else "legacy",
+        )
     backend = _driver.active() if ctx is None else ctx._backend
     err, ctx_handle = backend.driver.cuStreamGetCtx(CUstream(handle))
     if err:
-        fail(backend, err, "cuStreamGetCtx",
-             hint=f"{obj!r} does not name a live stream of the {backend.name} backend")
+        fail(
+            backend,
+            err,
+            "cuStreamGetCtx",
+            hint=f"{obj!r} does not name a live stream of the {backend.name} backend",
+        )
     return Stream._adopt(_object_for(backend, ctx_handle), CUstream(handle), "adopted")
 
 
 # -- default and current streams; the one stream rule --------------------------------------
+
 
 def _default_stream(ctx: Context, kind: str) -> Stream:
     """The one `Stream` object for a default stream of ``ctx`` ("legacy" or "per-thread")."""
@@ -402,8 +435,13 @@ def current_stream(device: Device | int | None = None) -> Stream:
     return resolve_stream(None, device=device)
 
 
-def resolve_stream(stream: Stream | Any | None = None, ctx: Context | None = None,
-                   operation: str | None = None, *, device: Device | int | None = None) -> Stream:
+def resolve_stream(
+    stream: Stream | Any | None = None,
+    ctx: Context | None = None,
+    operation: str | None = None,
+    *,
+    device: Device | int | None = None,
+) -> Stream:
     """THE rule for which stream an operation runs on, from a stream argument in any form.
 
     ``stream`` None: with ``ctx``, this thread's current stream when it is of ``ctx``, else
@@ -426,10 +464,13 @@ def resolve_stream(stream: Stream | Any | None = None, ctx: Context | None = Non
             raise ValueError(
                 f"{operation} works in {ctx!r} but was given {stream!r} of {stream._ctx!r}; use "
                 "a stream of the same context (with ctx: cuctx.Stream()), or enter the context "
-                "you mean")
+                "you mean"
+            )
         if device is not None and stream.device is not Device(device):
-            raise ValueError(f"device={Device(device)!r} but stream {stream!r} is on "
-                             f"{stream.device!r}; pass one of them, or a stream of that device")
+            raise ValueError(
+                f"device={Device(device)!r} but stream {stream!r} is on "
+                f"{stream.device!r}; pass one of them, or a stream of that device"
+            )
     return stream
 
 

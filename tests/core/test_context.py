@@ -28,6 +28,7 @@ def in_thread(fn):
             box["result"] = fn()
         except BaseException as exc:  # noqa: BLE001 - handed back to the test
             box["error"] = exc
+
     t = threading.Thread(target=target)
     t.start()
     t.join()
@@ -37,6 +38,7 @@ def in_thread(fn):
 
 
 # -- primary contexts ---------------------------------------------------------------------
+
 
 @pytest.mark.primary_unheld
 def test_primary_context_is_retained_while_referenced(backend):
@@ -75,6 +77,7 @@ def test_reset_invalidates_objects_of_the_primary_context(backend):
 
 # -- created contexts ---------------------------------------------------------------------
 
+
 def test_create_pushes_and_destroy_pops(backend):
     ctx = Context.create(cuctx.Device(0))
     try:
@@ -104,10 +107,18 @@ def test_bad_flags_are_rejected_by_the_driver_rules(backend):
     assert cuctx.current_context() is None
 
 
-@pytest.mark.parametrize("use", [
-    lambda c: c.synchronize(), lambda c: c.push(), lambda c: c.set_current(),
-    lambda c: c.api_version, lambda c: c.flags, lambda c: c.__enter__(), lambda c: c.destroy(),
-])
+@pytest.mark.parametrize(
+    "use",
+    [
+        lambda c: c.synchronize(),
+        lambda c: c.push(),
+        lambda c: c.set_current(),
+        lambda c: c.api_version,
+        lambda c: c.flags,
+        lambda c: c.__enter__(),
+        lambda c: c.destroy(),
+    ],
+)
 def test_use_after_destroy_raises_context_destroyed(backend, use):
     ctx = Context.create(0)
     ctx.destroy()
@@ -148,6 +159,7 @@ def test_context_destroyed_by_another_thread(backend):
 
 # -- the stack ----------------------------------------------------------------------------
 
+
 def test_pop_on_an_empty_stack(backend):
     with pytest.raises(InvalidContextError, match="stack of this thread is empty") as info:
         Context.pop()
@@ -174,8 +186,12 @@ def test_ctx_pop_pops_only_the_context_it_names(backend):
     a = Context.create(0)
     b = Context.create(0)  # stack: a, b
     try:
-        with pytest.raises(ValueError, match=re.escape(
-                f"Context.pop: {a!r} is not the current context of this thread; {b!r} is")):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                f"Context.pop: {a!r} is not the current context of this thread; {b!r} is"
+            ),
+        ):
             a.pop()
         assert cuctx.current_context() is b  # nothing was popped
         assert b.pop() is b and a.pop() is a
@@ -241,6 +257,7 @@ def test_contexts_on_a_stack_stay_alive(backend):
 
 # -- lazy initialisation and the current device ---------------------------------------------
 
+
 def test_lazy_init_uses_device_0s_primary_context(backend):
     def fresh_thread():
         assert cuctx.current_context() is None
@@ -249,6 +266,7 @@ def test_lazy_init_uses_device_0s_primary_context(backend):
         assert ctx is cuctx.Device(0).primary_context is cuctx.current_context()
         Context.pop()
         return ctx
+
     assert in_thread(fresh_thread).kind == "primary"
 
 
@@ -260,6 +278,7 @@ def test_set_current_device_then_lazy_init_uses_it(backend):
         assert cuctx.current_device() is last
         assert cuctx.ensure_context() is last.primary_context
         Context.pop()
+
     in_thread(fresh_thread)
 
 
@@ -287,10 +306,12 @@ def test_lazy_init_after_a_reset_gets_the_reset_primary_context(backend):
         assert cuctx.current_context() is ctx is device.primary_context
         ctx.synchronize()
         Context.pop()
+
     in_thread(fresh_thread)
 
 
 # -- destroy takes a context out of this thread's stack --------------------------------------
+
 
 def raw_current(backend) -> int:
     err, handle = backend.driver.cuCtxGetCurrent()
@@ -355,10 +376,19 @@ def test_destroy_inside_with_blocks_keeps_their_exits_exact(backend):
 
 # -- lazy initialisation leaves the primary context current -----------------------------------
 
-@pytest.mark.parametrize("first_call", [
-    lambda: cuctx.zeros(3), lambda: cuctx.Stream(), lambda: cuctx.Event(),
-    lambda: cuctx.current_stream(), lambda: cuctx.ensure_context(), lambda: cuctx.synchronize(),
-], ids=["zeros", "Stream", "Event", "current_stream", "ensure_context", "synchronize"])
+
+@pytest.mark.parametrize(
+    "first_call",
+    [
+        lambda: cuctx.zeros(3),
+        lambda: cuctx.Stream(),
+        lambda: cuctx.Event(),
+        lambda: cuctx.current_stream(),
+        lambda: cuctx.ensure_context(),
+        lambda: cuctx.synchronize(),
+    ],
+    ids=["zeros", "Stream", "Event", "current_stream", "ensure_context", "synchronize"],
+)
 def test_lazy_init_leaves_device_0s_primary_context_current(backend, first_call):
     def fresh_thread():
         assert cuctx.current_context() is None
@@ -367,6 +397,7 @@ def test_lazy_init_leaves_device_0s_primary_context_current(backend, first_call)
         assert ctx is cuctx.Device(0).primary_context
         assert raw_current(backend) == ctx.handle  # the driver agrees, as the runtime API
         Context.pop()
+
     in_thread(fresh_thread)
 
 
@@ -378,6 +409,7 @@ def test_lazy_init_of_a_named_device_makes_its_primary_context_current(backend):
         assert stream.context is last.primary_context is cuctx.current_context()
         assert cuctx.current_device() is last
         Context.pop()
+
     in_thread(fresh_thread)
 
 
@@ -391,8 +423,10 @@ def test_a_named_device_does_not_replace_a_current_context(backend):
 
 # -- synchronize ------------------------------------------------------------------------------
 
+
 def test_device_synchronize_waits_for_every_context_of_the_device(backend):
     from conftest import busy
+
     device = cuctx.Device(0)
     created = Context.create(device)
     try:

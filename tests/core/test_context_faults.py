@@ -21,8 +21,9 @@ def test_injected_fault_poisons_only_its_context(sim):
     assert first.value.name == "CUDA_ERROR_ILLEGAL_ADDRESS" and first.value.sticky
     assert victim.state == "poisoned" and victim.fault is first.value
     for use in (victim.synchronize, victim.push, lambda: victim.flags):
-        with pytest.raises(ContextPoisonedError,
-                           match="poisoned by an earlier CUDA_ERROR_ILLEGAL_ADDRESS") as later:
+        with pytest.raises(
+            ContextPoisonedError, match="poisoned by an earlier CUDA_ERROR_ILLEGAL_ADDRESS"
+        ) as later:
             use()
         assert later.value.fault is first.value
     bystander.synchronize()  # contained: other contexts work on

@@ -13,12 +13,15 @@ from cuctx import Context, InvalidContextError
 
 pytestmark = pytest.mark.paths()
 
-OPS = st.lists(st.one_of(
-    st.tuples(st.just("push"), st.integers(0, 2)),
-    st.tuples(st.just("set_current"), st.integers(0, 2)),
-    st.tuples(st.just("pop"), st.just(0)),
-    st.tuples(st.just("with"), st.integers(0, 2)),
-), max_size=25)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("push"), st.integers(0, 2)),
+        st.tuples(st.just("set_current"), st.integers(0, 2)),
+        st.tuples(st.just("pop"), st.just(0)),
+        st.tuples(st.just("with"), st.integers(0, 2)),
+    ),
+    max_size=25,
+)
 
 
 def run_program(contexts, program, model):
@@ -60,8 +63,9 @@ def make_contexts():
     return contexts
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(program=OPS)
 def test_random_programs_match_the_driver_model(backend, program):
     contexts = backend.tls.__dict__.setdefault("model_contexts", None) or make_contexts()

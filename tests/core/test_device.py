@@ -22,8 +22,9 @@ def test_one_object_per_ordinal(backend):
 @pytest.mark.parametrize("ordinal", [99, -1])
 def test_bad_ordinal_is_a_clear_error(backend, ordinal):
     count = len(cuctx.devices())
-    with pytest.raises(cuctx.InvalidDeviceError,
-                       match=f"valid ordinals are 0 to {count - 1}") as info:
+    with pytest.raises(
+        cuctx.InvalidDeviceError, match=f"valid ordinals are 0 to {count - 1}"
+    ) as info:
         cuctx.Device(ordinal)
     assert info.value.code == 101 and info.value.name == "CUDA_ERROR_INVALID_DEVICE"
 
@@ -54,8 +55,11 @@ def test_memory_sizes_are_consistent(backend):
 
 def test_properties_cover_every_attribute_of_the_enum(backend):
     props = cuctx.Device(0).properties
-    expected = {name.removeprefix("CU_DEVICE_ATTRIBUTE_").lower()
-                for name in CUdevice_attribute.__members__ if name != "CU_DEVICE_ATTRIBUTE_MAX"}
+    expected = {
+        name.removeprefix("CU_DEVICE_ATTRIBUTE_").lower()
+        for name in CUdevice_attribute.__members__
+        if name != "CU_DEVICE_ATTRIBUTE_MAX"
+    }
     assert set(ATTRIBUTE_NAMES) == expected
     values = props.as_dict()
     assert len(values) >= 140  # a few very new attributes may be unknown to the driver
@@ -77,22 +81,33 @@ def test_properties_include_the_enums_aliases(backend):
 
 def test_yes_no_properties_are_bools(backend):
     props = cuctx.Device(0).properties
-    for name in ("unified_addressing", "managed_memory", "concurrent_kernels",
-                 "can_map_host_memory", "memory_pools_supported", "ecc_enabled",
-                 "cooperative_launch", "virtual_memory_management_supported"):
+    for name in (
+        "unified_addressing",
+        "managed_memory",
+        "concurrent_kernels",
+        "can_map_host_memory",
+        "memory_pools_supported",
+        "ecc_enabled",
+        "cooperative_launch",
+        "virtual_memory_management_supported",
+    ):
         assert type(getattr(props, name)) is bool, name
     assert props.unified_addressing is True and props.memory_pools_supported is True
     assert type(props.multiprocessor_count) is int and type(props.compute_mode) is int
-    assert all(type(value) is bool for name, value in props.as_dict().items()
-               if name.endswith("_supported"))
+    assert all(
+        type(value) is bool
+        for name, value in props.as_dict().items()
+        if name.endswith("_supported")
+    )
 
 
 def test_attribute_unknown_to_the_driver_is_not_supported(sim):
     device = cuctx.Device(0)
     attributes = device._backend.driver._devices[0].attributes
     del attributes[CUdevice_attribute.CU_DEVICE_ATTRIBUTE_WARP_SIZE]
-    with pytest.raises(cuctx.NotSupportedError,
-                       match="does not know CU_DEVICE_ATTRIBUTE_WARP_SIZE"):
+    with pytest.raises(
+        cuctx.NotSupportedError, match="does not know CU_DEVICE_ATTRIBUTE_WARP_SIZE"
+    ):
         _ = device.properties.warp_size
     assert "warp_size" not in device.properties.as_dict()
 

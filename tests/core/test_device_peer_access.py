@@ -4,8 +4,7 @@ revoke both the context access (cuCtxEnablePeerAccess) and the default memory po
 clear errors. The sim answers the raw calls as the driver does."""
 
 import pytest
-from cuda.bindings.driver import (CUmemAccess_flags, CUmemLocation, CUmemLocationType,
-                                  CUresult)
+from cuda.bindings.driver import CUmemAccess_flags, CUmemLocation, CUmemLocationType, CUresult
 
 import cuctx
 from cuctx import Context, Device
@@ -101,7 +100,7 @@ def test_the_driver_refuses_peer_access_within_one_device(backend):
     primary = device.primary_context
     created = Context.create(device)
     try:
-        err, = backend.driver.cuCtxEnablePeerAccess(primary._handle, 0)
+        (err,) = backend.driver.cuCtxEnablePeerAccess(primary._handle, 0)
         assert err == CUresult.CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
     finally:
         created.destroy()
@@ -127,6 +126,7 @@ def test_a_device_that_cannot_access_is_a_clear_error(sim, monkeypatch):
 
 def test_the_sims_pool_access_follows_the_driver_rules(sim):
     from cuda.bindings.driver import CUmemAccessDesc
+
     drv = sim.driver
     _, pool = drv.cuDeviceGetDefaultMemPool(0)
 
@@ -136,6 +136,7 @@ def test_the_sims_pool_access_follows_the_driver_rules(sim):
         d.location.id = device
         d.flags = flags
         return d
+
     # the owner's access cannot be lowered (an H100, driver 580, answers INVALID_DEVICE)
     assert drv.cuMemPoolSetAccess(pool, [desc(0, NONE)], 1) == (CUresult.CUDA_ERROR_INVALID_DEVICE,)
     bad_device = drv.cuMemPoolSetAccess(pool, [desc(5, READWRITE)], 1)

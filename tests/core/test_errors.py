@@ -5,18 +5,28 @@ import pickle
 import pytest
 
 from cuctx import errors
-from cuctx.errors import (ContextDestroyedError, ContextPoisonedError, CudaError,
-                          InvalidValueError, NotSupportedError, OutOfMemoryError,
-                          StickyFaultError, error_for)
+from cuctx.errors import (
+    ContextDestroyedError,
+    ContextPoisonedError,
+    CudaError,
+    InvalidValueError,
+    NotSupportedError,
+    OutOfMemoryError,
+    StickyFaultError,
+    error_for,
+)
 
 
-@pytest.mark.parametrize("code, cls, builtin", [
-    (1, InvalidValueError, ValueError),
-    (2, OutOfMemoryError, MemoryError),
-    (709, ContextDestroyedError, RuntimeError),
-    (801, NotSupportedError, RuntimeError),
-    (999, CudaError, RuntimeError),
-])
+@pytest.mark.parametrize(
+    "code, cls, builtin",
+    [
+        (1, InvalidValueError, ValueError),
+        (2, OutOfMemoryError, MemoryError),
+        (709, ContextDestroyedError, RuntimeError),
+        (801, NotSupportedError, RuntimeError),
+        (999, CudaError, RuntimeError),
+    ],
+)
 def test_codes_map_to_the_classes_users_catch(code, cls, builtin):
     exc = error_for(code, "cuSomething", "driver text")
     assert type(exc) is cls and isinstance(exc, builtin) and isinstance(exc, CudaError)
@@ -32,8 +42,10 @@ def test_sticky_codes_are_named_as_such(code):
 
 def test_message_names_code_operation_and_hint():
     exc = error_for(700, "cuCtxSynchronize", "an illegal memory access was encountered", "fix it")
-    assert str(exc) == ("cuCtxSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS (700): "
-                        "an illegal memory access was encountered; fix it")
+    assert str(exc) == (
+        "cuCtxSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS (700): "
+        "an illegal memory access was encountered; fix it"
+    )
     assert not error_for(1, "x").sticky
 
 
@@ -45,8 +57,10 @@ def test_poisoned_error_names_the_original_fault():
 
 
 def test_errors_survive_pickling_for_multiprocessing():
-    for exc in (error_for(2, "cuMemAlloc", "out of memory", "asked 1 GiB"),
-                ContextPoisonedError(error_for(719, "k", "launch failed"), "sync")):
+    for exc in (
+        error_for(2, "cuMemAlloc", "out of memory", "asked 1 GiB"),
+        ContextPoisonedError(error_for(719, "k", "launch failed"), "sync"),
+    ):
         back = pickle.loads(pickle.dumps(exc))
         assert type(back) is type(exc) and str(back) == str(exc)
 
@@ -57,6 +71,7 @@ def test_unknown_code_still_gets_a_name():
 
 def test_not_permitted_and_peer_access_codes_have_their_classes():
     from cuctx.errors import NotPermittedError, called_from_host_function
+
     assert type(error_for(800, "cuMemAlloc")) is NotPermittedError
     assert type(error_for(217, "cuCtxEnablePeerAccess")) is NotSupportedError
     exc = called_from_host_function("cuctx.zeros")

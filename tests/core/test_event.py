@@ -149,6 +149,7 @@ def test_events_of_two_devices_can_be_waited_on(backend):
 
 # -- misuse -------------------------------------------------------------------------------
 
+
 def test_elapsed_time_needs_timing_events(backend):
     with Device(0):
         stream = Stream()
@@ -182,8 +183,9 @@ def test_recording_on_a_stream_of_another_context_is_refused(backend):
     created = Context.create(Device(0))
     try:
         stream = Stream()
-        with pytest.raises(ValueError, match="the event belongs to .* create the event in the "
-                                             "stream's context"):
+        with pytest.raises(
+            ValueError, match="the event belongs to .* create the event in the stream's context"
+        ):
             stream.record(event)
         with pytest.raises(ValueError, match="belongs to"):
             event.record(stream)

@@ -72,8 +72,11 @@ def test_sm_counts_must_be_a_list_of_positive_ints(backend):
     device = cuctx.Device(0)
     with pytest.raises(TypeError, match=r"SM counts are ints.*\[64\.9\] holds float 64\.9"):
         device.partition([64.9])  # not rounded down to 64
-    with pytest.raises(TypeError, match=r"list of SM counts.*not int 64; for one partition "
-                       r"of 64 SMs, pass \[64\]"):
+    with pytest.raises(
+        TypeError,
+        match=r"list of SM counts.*not int 64; for one partition "
+        r"of 64 SMs, pass \[64\]",
+    ):
         device.partition(64)
     with pytest.raises(TypeError, match="not str '64'"):
         device.partition("64")  # not the counts 6 and 4

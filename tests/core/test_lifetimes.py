@@ -51,6 +51,7 @@ def test_no_idle_query_while_a_capture_is_active(monkeypatch):
 
     def idle():
         raise AssertionError("queried while capturing")
+
     monkeypatch.setitem(_lifetimes.capturing, (-4, 2), object())  # another stream captures
     for i in range(3 * _lifetimes.HOLD_CHECK):
         owner.keep(i, idle)
@@ -60,14 +61,14 @@ def test_no_idle_query_while_a_capture_is_active(monkeypatch):
     assert owner._kept == []
 
 
-def test_a_stream_is_not_queried_for_its_host_arrays_while_a_capture_is_active(sim,
-                                                                                monkeypatch):
+def test_a_stream_is_not_queried_for_its_host_arrays_while_a_capture_is_active(sim, monkeypatch):
     with cuctx.Device(0) as ctx:
         stream, capturing = Stream(), Stream()
         monkeypatch.setitem(_lifetimes.capturing, (ctx._key, capturing._key), object())
 
         def refuse(*args):
             raise AssertionError("cuStreamQuery while a capture is active")
+
         monkeypatch.setattr(sim.driver, "cuStreamQuery", refuse)
         for i in range(2 * _lifetimes.HOLD_CHECK):
             stream._hold(i)

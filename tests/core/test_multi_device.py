@@ -111,6 +111,7 @@ def here() -> int:
 
 # -- one library, three contexts ----------------------------------------------------------
 
+
 def test_one_library_launches_in_both_primary_contexts_and_a_created_one(pair):
     lib = load()  # once, before any context of device 1 exists
     add = lib["add"]
@@ -191,6 +192,7 @@ def test_torch_tensors_of_device_1_launch_where_torch_made_device_1_current(gpus
 
 # -- copies and waits between devices -----------------------------------------------------
 
+
 @pytest.mark.parametrize("peer_access", [False, True], ids=["no-peer-access", "peer-access"])
 def test_copies_between_devices_both_ways(pair, peer_access):
     d0, d1 = pair
@@ -249,6 +251,7 @@ def test_without_the_wait_device_1_reads_what_was_there_on_the_sim(sim_pair):
 
 # -- every copy in its stream's context ------------------------------------------------------
 
+
 def test_the_driver_checks_a_copys_memory_against_the_current_context(backend, pair):
     """What cuctx works around, in raw driver calls: a copy of device 1's memory on a stream
     of device 1 is CUDA_ERROR_INVALID_VALUE while device 0's context is current (two H200s,
@@ -258,11 +261,11 @@ def test_the_driver_checks_a_copys_memory_against_the_current_context(backend, p
     s1 = Stream(d1)
     b = cuctx.full(N, 3.0, np.float32, stream=s1)
     out = cuctx.pinned_empty(N, np.float32)
-    for device, expected in ((d0, CUresult.CUDA_ERROR_INVALID_VALUE),
-                             (d1, CUresult.CUDA_SUCCESS)):
+    for device, expected in ((d0, CUresult.CUDA_ERROR_INVALID_VALUE), (d1, CUresult.CUDA_SUCCESS)):
         with device:
-            assert drv.cuMemcpyDtoHAsync(out.ctypes.data, b.ptr, b.nbytes, s1._handle) \
-                == (expected,), device
+            assert drv.cuMemcpyDtoHAsync(out.ctypes.data, b.ptr, b.nbytes, s1._handle) == (
+                expected,
+            ), device
     s1.synchronize()
     assert out.tolist() == [3.0] * N
 
@@ -281,8 +284,17 @@ def test_on_the_sim_only_copies_are_checked_against_the_current_context(sim, sim
     with d0:
         assert drv.cuMemcpyDtoDAsync(b.ptr, a.ptr, a.nbytes, s1._handle) == refused
         assert drv.cuMemsetD32Async(b.ptr, 7, N, s1._handle) == ok
-        assert drv.cuMemcpyPeerAsync(b.ptr, d1.primary_context._handle, a.ptr,
-                                     d1.primary_context._handle, a.nbytes, s1._handle) == ok
+        assert (
+            drv.cuMemcpyPeerAsync(
+                b.ptr,
+                d1.primary_context._handle,
+                a.ptr,
+                d1.primary_context._handle,
+                a.nbytes,
+                s1._handle,
+            )
+            == ok
+        )
         d0.enable_peer_access(d1)
         try:
             assert drv.cuMemcpyDtoDAsync(b.ptr, a.ptr, a.nbytes, s1._handle) == ok
@@ -313,6 +325,7 @@ def test_copies_and_fills_on_a_stream_of_device_1_work_whatever_context_is_curre
 
 
 # -- kernels and another device's memory --------------------------------------------------
+
 
 def test_kernels_use_the_other_devices_memory_after_enable_peer_access(pair):
     d0, d1 = pair
@@ -355,14 +368,18 @@ def test_on_the_sim_a_kernel_faults_on_another_devices_memory_without_access(sim
         assert out0.to_host().tolist() == [2.0] + [i + 1.0 for i in range(1, N)]
         d0.disable_peer_access(d1)
         lib["add"][1, N](out0, x1.ptr, 1.0, N)
-        with pytest.raises(cuctx.StickyFaultError, match=r"ILLEGAL_ADDRESS.*twin of kernel "
-                           r"'add' .* accessed memory of device 1 from device 0 without peer "
-                           r"access \(cuctx\.Device\(0\)\.enable_peer_access"):
+        with pytest.raises(
+            cuctx.StickyFaultError,
+            match=r"ILLEGAL_ADDRESS.*twin of kernel "
+            r"'add' .* accessed memory of device 1 from device 0 without peer "
+            r"access \(cuctx\.Device\(0\)\.enable_peer_access",
+        ):
             cuctx.synchronize()
     assert x1.to_host().tolist() == list(range(N))  # device 1 goes on
 
 
 # -- a pipeline across devices under the race checker -------------------------------------
+
 
 def pipeline(lib, d0: Device, d1: Device, wait: bool) -> tuple[Stream, Stream, int, list]:
     """Device 0 computes a, device 1 copies it and computes from the copy; the streams, the
@@ -410,6 +427,7 @@ def test_the_race_checker_names_a_missing_wait_across_devices(pair):
 
 # -- graphs on each device ----------------------------------------------------------------
 
+
 def test_graphs_run_on_streams_of_their_own_device_only(pair):
     lib = load()
     arrays, executables, streams = [], [], []
@@ -434,8 +452,11 @@ def test_graphs_run_on_streams_of_their_own_device_only(pair):
         assert x.to_host().tolist() == [i + runs for i in range(N)]
     for exe, foreign in ((executables[0], streams[1]), (executables[1], streams[0])):
         mine, theirs = exe.device.ordinal, foreign.device.ordinal
-        with pytest.raises(ValueError, match=rf"\(device {mine}\).*\(device {theirs}\); an "
-                                             r"executable runs on streams of its own context"):
+        with pytest.raises(
+            ValueError,
+            match=rf"\(device {mine}\).*\(device {theirs}\); an "
+            r"executable runs on streams of its own context",
+        ):
             exe.launch(foreign)
         with pytest.raises(ValueError, match="own context"):
             exe.upload(foreign)
@@ -483,10 +504,13 @@ def test_a_copy_between_devices_in_a_capture_needs_peer_access(pair):
     with d1:
         c = cuctx.zeros(N, np.float32)
     cuctx.Device(1).synchronize()
-    with pytest.raises(ValueError, match=r"CUDA cannot capture cuMemcpyPeerAsync, and the copy "
-                       r"a graph holds is made by device 0, which needs peer access to device "
-                       r"1: call cuctx\.Device\(0\)\.enable_peer_access\(1\) before the "
-                       r"capture"):
+    with pytest.raises(
+        ValueError,
+        match=r"CUDA cannot capture cuMemcpyPeerAsync, and the copy "
+        r"a graph holds is made by device 0, which needs peer access to device "
+        r"1: call cuctx\.Device\(0\)\.enable_peer_access\(1\) before the "
+        r"capture",
+    ):
         with s0.capture():
             cuctx.copy(b, a, stream=s0)  # within device 0: captured
             cuctx.copy(c, a, stream=s0)
@@ -503,9 +527,12 @@ def test_a_graphs_copy_node_copies_between_devices_with_peer_access(pair):
     d1.synchronize()
     with d0:
         g = cuctx.Graph()
-        with pytest.raises(ValueError, match=r"a copy between devices in a graph is made by "
-                           r"device 0, which needs peer access to device 1: call "
-                           r"cuctx\.Device\(0\)\.enable_peer_access\(1\) first"):
+        with pytest.raises(
+            ValueError,
+            match=r"a copy between devices in a graph is made by "
+            r"device 0, which needs peer access to device 1: call "
+            r"cuctx\.Device\(0\)\.enable_peer_access\(1\) first",
+        ):
             g.copy(b, a)
         if not d0.can_access_peer(d1):
             pytest.skip("these devices cannot access each other (cuDeviceCanAccessPeer is 0)")
@@ -537,16 +564,24 @@ def test_cuMemcpyPeerAsync_in_a_capture_is_refused_and_invalidates_it(backend, p
     with d0:
         mode = CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         assert drv.cuStreamBeginCapture(s0._handle, mode) == (CUresult.CUDA_SUCCESS,)
-        assert drv.cuMemcpyPeerAsync(b.ptr, d1.primary_context._handle, a.ptr,
-                                     d0.primary_context._handle, a.nbytes, s0._handle) \
-            == (CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,)
+        assert drv.cuMemcpyPeerAsync(
+            b.ptr,
+            d1.primary_context._handle,
+            a.ptr,
+            d0.primary_context._handle,
+            a.nbytes,
+            s0._handle,
+        ) == (CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,)
         assert drv.cuStreamIsCapturing(s0._handle) == (
-            CUresult.CUDA_SUCCESS, CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+            CUresult.CUDA_SUCCESS,
+            CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_INVALIDATED,
+        )
         err, graph = drv.cuStreamEndCapture(s0._handle)
         assert err == CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and not int(graph or 0)
 
 
 # -- the timeline of two devices ----------------------------------------------------------
+
 
 def test_a_timeline_groups_each_devices_tracks(pair, tmp_path):
     d0, d1 = pair
@@ -566,8 +601,7 @@ def test_a_timeline_groups_each_devices_tracks(pair, tmp_path):
     with open(tl.save(tmp_path / "trace.json")) as f:
         events = json.load(f)["traceEvents"]
     groups = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
-    order = {e["pid"]: e["args"]["sort_index"] for e in events
-             if e["name"] == "process_sort_index"}
+    order = {e["pid"]: e["args"]["sort_index"] for e in events if e["name"] == "process_sort_index"}
     pid_of = {}
     for e in events:
         if e["ph"] == "X" and e["pid"] != 0:

@@ -37,9 +37,14 @@ def bound_to(ctx: Context) -> dict[str, Resource]:
     with ctx:
         module = cuctx.Module.from_source(SOURCE, sim_kernels={"fill": fill})
         stream = cuctx.Stream()
-        return {"context": ctx, "stream": stream, "event": stream.record(cuctx.Event()),
-                "array": cuctx.zeros(4, np.int32), "module": module,
-                "module kernel": module["fill"]}
+        return {
+            "context": ctx,
+            "stream": stream,
+            "event": stream.record(cuctx.Event()),
+            "array": cuctx.zeros(4, np.int32),
+            "module": module,
+            "module kernel": module["fill"],
+        }
 
 
 @requires_nvrtc
@@ -104,6 +109,7 @@ def test_check_of_unloaded_code(backend):
 
 
 # -- device properties: cached only where the attribute cannot change --------------------
+
 
 def test_only_the_compute_mode_is_read_again(sim, monkeypatch):
     calls = []

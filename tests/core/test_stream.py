@@ -19,6 +19,7 @@ pytestmark = pytest.mark.paths()
 
 # -- creating streams ---------------------------------------------------------------------
 
+
 def test_stream_belongs_to_the_current_context(backend):
     with Device(0) as ctx:
         stream = Stream()
@@ -62,6 +63,7 @@ def test_a_stream_without_a_current_context_uses_device_0(backend):
 
 
 # -- ordering and waits -------------------------------------------------------------------
+
 
 def test_work_on_one_stream_runs_in_order(backend):
     with Device(0):
@@ -141,6 +143,7 @@ def test_a_blocking_stream_waits_for_the_legacy_default_stream(backend):
 
 # -- host functions -----------------------------------------------------------------------
 
+
 def test_a_failing_host_function_is_reported_at_the_next_synchronize(backend):
     with Device(0):
         stream = Stream()
@@ -148,10 +151,12 @@ def test_a_failing_host_function_is_reported_at_the_next_synchronize(backend):
 
         def broken():
             raise KeyError("lost key")
+
         stream.launch_host_func(broken)
         stream.launch_host_func(ran.append, "after")  # the stream keeps going
-        with pytest.raises(cuctx.HostFunctionError, match=r"broken raised KeyError\('lost key'\)") \
-                as info:
+        with pytest.raises(
+            cuctx.HostFunctionError, match=r"broken raised KeyError\('lost key'\)"
+        ) as info:
             stream.synchronize()
         assert isinstance(info.value.__cause__, KeyError)
         assert ran == ["after"]
@@ -165,6 +170,7 @@ def test_host_function_arguments_stay_alive_until_it_ran(backend):
 
         class Payload:
             value = 42
+
         busy(stream, 5)
         stream.launch_host_func(lambda p: seen.append(p.value), Payload())
         gc.collect()
@@ -179,6 +185,7 @@ def test_launch_host_func_needs_a_callable(backend):
 
 
 # -- the current stream -------------------------------------------------------------------
+
 
 def test_with_stream_makes_it_current_and_restores(backend):
     device = Device(0)
@@ -248,6 +255,7 @@ def test_default_streams_work_when_another_context_is_current(backend):
 
 def test_resolve_stream_rejects_a_stream_of_another_context(backend):
     from cuctx.stream import resolve_stream
+
     with Device(0) as primary:
         stream = Stream()
     created = Context.create(Device(0))
@@ -262,6 +270,7 @@ def test_resolve_stream_rejects_a_stream_of_another_context(backend):
 
 # -- adopting streams ---------------------------------------------------------------------
 
+
 def test_wrap_adopts_protocol_objects_and_raw_handles(backend):
     with Device(0):
         stream = Stream()
@@ -269,6 +278,7 @@ def test_wrap_adopts_protocol_objects_and_raw_handles(backend):
         class Foreign:
             def __cuda_stream__(self):
                 return (0, stream.handle)
+
         adopted = Stream.wrap(Foreign())
         assert adopted == stream and adopted.kind == "adopted"
         assert adopted.context is stream.context and adopted.priority == 0
@@ -311,6 +321,7 @@ def test_wrap_adopts_a_cupy_stream(gpu):
 
 # -- misuse and lifetime ------------------------------------------------------------------
 
+
 def test_wait_rejects_what_is_not_an_event_or_stream(backend):
     with Device(0):
         with pytest.raises(TypeError, match="takes an Event or a Stream"):
@@ -322,9 +333,14 @@ def test_streams_of_a_destroyed_context_raise(backend):
     stream = Stream()
     event = stream.record()
     ctx.destroy()
-    for use in (stream.synchronize, lambda: stream.done, stream.record,
-                lambda: stream.wait(event), lambda: stream.launch_host_func(print),
-                lambda: stream.__enter__()):
+    for use in (
+        stream.synchronize,
+        lambda: stream.done,
+        stream.record,
+        lambda: stream.wait(event),
+        lambda: stream.launch_host_func(print),
+        lambda: stream.__enter__(),
+    ):
         with pytest.raises(ContextDestroyedError):
             use()
     with Device(0):
@@ -352,6 +368,7 @@ def test_a_stream_keeps_its_context_alive(backend):
         stream = Stream()
         Context.pop()
         return stream
+
     stream = make()
     gc.collect()
     assert stream.context.handle == ctx_handle and stream.context.state == "active"
@@ -360,6 +377,7 @@ def test_a_stream_keeps_its_context_alive(backend):
 
 
 # -- the sim's asynchrony ----------------------------------------------------------------
+
 
 def test_missing_wait_reads_stale_data_in_the_sim(sim):
     with Device(0):
@@ -437,6 +455,7 @@ def test_a_sticky_fault_poisons_the_streams_of_its_context(sim):
 
 def test_an_op_returning_a_sticky_code_poisons_the_context(sim):
     from cuda.bindings.driver import CUresult
+
     with Device(0) as ctx:
         stream = Stream()
         err = sim.driver._enqueue(stream._handle, lambda: CUresult.CUDA_ERROR_ILLEGAL_ADDRESS)
@@ -455,8 +474,12 @@ def test_a_destroyed_context_leaves_no_host_functions_behind(sim):
     from cuctx import _lifetimes as stream_module
 
     def mine():
-        return [key for key, (_, _, owner, _) in stream_module._pending.items()
-                if owner.key[0] == ctx.handle]
+        return [
+            key
+            for key, (_, _, owner, _) in stream_module._pending.items()
+            if owner.key[0] == ctx.handle
+        ]
+
     ctx = Context.create(0)
     try:
         stream = Stream()

@@ -42,11 +42,30 @@ def calls(ctx: Context, stream: Stream, other: Stream, event: cuctx.Event, arr):
     }
 
 
-ENTRIES = ["cuctx.zeros", "cuctx.empty", "cuctx.to_device", "DeviceArray.to_host", "cuctx.copy",
-           "Stream.record", "Stream.wait", "Stream.synchronize", "Stream.done",
-           "Stream.launch_host_func", "Stream", "Event", "Event.synchronize", "Context.push",
-           "Context.pop", "Context.create", "Context.synchronize", "current_context",
-           "current_stream", "Device.synchronize", "cuctx.synchronize", "Device.mem_info"]
+ENTRIES = [
+    "cuctx.zeros",
+    "cuctx.empty",
+    "cuctx.to_device",
+    "DeviceArray.to_host",
+    "cuctx.copy",
+    "Stream.record",
+    "Stream.wait",
+    "Stream.synchronize",
+    "Stream.done",
+    "Stream.launch_host_func",
+    "Stream",
+    "Event",
+    "Event.synchronize",
+    "Context.push",
+    "Context.pop",
+    "Context.create",
+    "Context.synchronize",
+    "current_context",
+    "current_stream",
+    "Device.synchronize",
+    "cuctx.synchronize",
+    "Device.mem_info",
+]
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -152,6 +171,7 @@ def test_an_array_collected_inside_a_host_function_is_freed_afterwards(backend):
     the array's free waits and runs at the next cuctx call outside one. Nothing leaks and
     nothing is reported as ignored."""
     import gc
+
     with Device(0) as ctx:
         stream = Stream()
         # What the driver sets up for a context's first host function and first fill (an

@@ -12,8 +12,10 @@ def test_a_sink_sees_operations_with_the_users_line_and_only_while_registered():
     with cuctx.racecheck("off"), _trace.sink(seen.append):  # (the sim's checker is a sink)
         assert _trace.sinks
         _trace.emit("record", None, None, event="e")  # this line is the call site
-        line = test_a_sink_sees_operations_with_the_users_line_and_only_while_registered \
-            .__code__.co_firstlineno + 4
+        line = (
+            test_a_sink_sees_operations_with_the_users_line_and_only_while_registered.__code__.co_firstlineno
+            + 4
+        )
     with cuctx.racecheck("off"):
         _trace.emit("record", None, None) if _trace.sinks else None
         assert not _trace.sinks
@@ -34,7 +36,6 @@ def test_sinks_must_be_callable_and_registered_to_be_removed():
         _trace.add_sink(42)
     with pytest.raises(ValueError, match="not a registered"):
         _trace.remove_sink(print)
-
 
 
 def test_the_examples_lines_are_the_users(backend, capsys):

@@ -76,8 +76,10 @@ def test_a_query_that_answered_done_is_announced_as_a_synchronize(backend, ops):
         stream.synchronize()
         ops.clear()
         assert event.done and stream.done
-        assert [(op.kind, op.fields["query"]) for op in ops] == \
-            [("sync_event", True), ("sync_stream", True)]
+        assert [(op.kind, op.fields["query"]) for op in ops] == [
+            ("sync_event", True),
+            ("sync_stream", True),
+        ]
         assert (ops[0].event, ops[1].stream) == (event, stream)
 
 
@@ -155,6 +157,7 @@ def test_copies_between_devices(backend, ops):
 def test_nothing_is_built_without_a_sink(backend, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("announced with no sink registered")
+
     monkeypatch.setattr(_trace, "emit", refuse)
     monkeypatch.setattr(_trace, "Access", refuse)
     monkeypatch.setattr(_trace, "device_access", refuse)

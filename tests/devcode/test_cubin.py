@@ -23,7 +23,6 @@ from cuctx.devcode._ptx import ptx_kernels, ptx_layouts
 from cuctx.kernels._compiler import compile_source
 
 
-
 MIXED_SRC = r"""
 struct S12 { float a; int b; short c; };
 extern "C" __global__ void mixed(char c, int i, double d, float* p, S12 s,
@@ -372,8 +371,9 @@ def test_missing_nv_info_section(cubin):
         read_kernels(_patched(cubin, at, b".nv.info.MIXED"))
 
 
-@settings(max_examples=200, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_any_truncation_is_a_value_error(cubin, data):
     cut = data.draw(st.integers(0, len(cubin) - 1))
@@ -381,8 +381,9 @@ def test_any_truncation_is_a_value_error(cubin, data):
         read_kernels(cubin[:cut])
 
 
-@settings(max_examples=300, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_corrupted_bytes_never_leak_low_level_errors(cubin, data):
     image = bytearray(cubin)

@@ -75,20 +75,25 @@ def test_set_backend_ignores_case():
 def test_a_bad_sim_device_count_names_the_variable(value):
     proc = run_python("import cuctx; cuctx.devices()", CUCTX_BACKEND="sim", CUCTX_SIM_DEVICES=value)
     assert proc.returncode != 0
-    assert f"CUCTX_SIM_DEVICES must be a whole number of devices (0 or more), got {value!r}" \
+    assert (
+        f"CUCTX_SIM_DEVICES must be a whole number of devices (0 or more), got {value!r}"
         in proc.stderr
+    )
 
 
 def test_an_empty_sim_device_count_means_the_default():
-    proc = run_python("import cuctx; print(len(cuctx.devices()))", CUCTX_BACKEND="sim",
-                      CUCTX_SIM_DEVICES="")
+    proc = run_python(
+        "import cuctx; print(len(cuctx.devices()))", CUCTX_BACKEND="sim", CUCTX_SIM_DEVICES=""
+    )
     assert proc.stdout.strip() == "2", proc.stderr
 
 
 # -- the slots: driver, sim, native -----------------------------------------------------
 
+
 def test_the_slots_say_what_a_backend_can_do(backend):
     from cuctx._driver.sim import SimControls
+
     if backend.native is None:  # not built, or turned off (CUCTX_NATIVE=0, a test's path)
         assert backend.native_reason
     else:  # the driver's C functions on a GPU, the sim's Python functions on the sim
@@ -97,11 +102,13 @@ def test_the_slots_say_what_a_backend_can_do(backend):
         assert isinstance(backend.sim, SimControls)
     else:
         from cuda.bindings import driver
+
         assert backend.driver is driver and backend.sim is None
 
 
 def test_the_sim_driver_has_only_the_names_of_cuda_bindings_driver(sim):
     from cuda.bindings import driver
+
     public = [name for name in dir(sim.driver) if not name.startswith("_")]
     assert public and [name for name in public if not hasattr(driver, name)] == []
 
@@ -110,17 +117,22 @@ def test_no_code_above_the_seam_asks_for_the_sim_by_name():
     """Callers ask the slots (``backend.sim is not None``), never ``backend.name``."""
     import pathlib
     import re
+
     root = pathlib.Path(cuctx.__file__).parent
     asks = re.compile(r"""\.name\s*[!=]=\s*["'](sim|cuda)["']|driver\.sim[A-Z]""")
-    found = [f"{path.relative_to(root)}:{number}"
-             for path in root.rglob("*.py") if "_driver" not in path.parts
-             for number, line in enumerate(path.read_text().splitlines(), 1)
-             if asks.search(line)]
+    found = [
+        f"{path.relative_to(root)}:{number}"
+        for path in root.rglob("*.py")
+        if "_driver" not in path.parts
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if asks.search(line)
+    ]
     assert found == []
 
 
 def test_the_sim_controls_are_public_in_cuctx_sim(sim):
     import cuctx.sim
+
     stream = cuctx.Stream()
     before = cuctx.sim.clock()
     start, end = cuctx.Event(timing=True), cuctx.Event(timing=True)
@@ -137,6 +149,7 @@ def test_the_sim_controls_are_public_in_cuctx_sim(sim):
 @pytest.mark.skipif(not HAVE_GPU, reason="needs the cuda backend")
 def test_the_sim_controls_refuse_a_real_gpu(gpu):
     import cuctx.sim
+
     with pytest.raises(RuntimeError, match="sim backend only"):
         cuctx.sim.inject_fault(cuctx.Device(0).primary_context)
     with pytest.raises(RuntimeError, match="sim backend only"):

@@ -69,9 +69,10 @@ def transcript() -> list[tuple[str, str]]:
         seen.append(("current", label(ctx)))
 
     def synchronize_current():
-        err, = cuctx.backend().driver.cuCtxSynchronize()
+        (err,) = cuctx.backend().driver.cuCtxSynchronize()
         if err:
             from cuctx._calls import fail
+
             fail(cuctx.backend(), err, "cuCtxSynchronize", cuctx.current_context())
 
     seen.append(("current on a fresh thread", label(cuctx.current_context())))
@@ -105,6 +106,7 @@ def transcript() -> list[tuple[str, str]]:
         t = threading.Thread(target=b.destroy)
         t.start()
         t.join()
+
     step("B.push; destroy B from another thread", destroy_b_elsewhere)
     current()
     step("synchronize the current context", synchronize_current)
@@ -129,11 +131,13 @@ def transcript() -> list[tuple[str, str]]:
         finally:
             gc.enable()
         return f"active while retained={retained}, restored={after == before}"
+
     step("primary retained twice, released twice", primary_refcount)
 
     def with_device():
         with cuctx.Device(0) as ctx:
             return cuctx.current_context() is ctx and ctx
+
     step("with device 0", with_device)
     current()
     return seen

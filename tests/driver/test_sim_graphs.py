@@ -73,8 +73,9 @@ class Rig:
         return graph
 
     def add(self, graph, kind: str, *args, after=()):
-        err, node = getattr(self.drv, f"cuGraphAdd{kind}Node")(graph, list(after), len(after),
-                                                               *args)
+        err, node = getattr(self.drv, f"cuGraphAdd{kind}Node")(
+            graph, list(after), len(after), *args
+        )
         assert err == OK, err
         return node
 
@@ -94,6 +95,7 @@ def rig(sim):
 
 
 # -- explicit graphs ----------------------------------------------------------------------
+
 
 def test_a_graph_runs_its_nodes_in_dependency_order_on_the_stream(rig):
     a, b = rig.alloc(), rig.alloc()
@@ -121,8 +123,9 @@ def test_parameters_are_copied_when_the_node_is_added(rig):
     g = rig.graph()
     params = rig.kernel(a, 3)
     rig.add(g, "Kernel", params)
-    ctypes.c_uint32.from_address(ctypes.c_void_p.from_address(params.kernelParams + 8).value) \
-        .value = 4
+    ctypes.c_uint32.from_address(
+        ctypes.c_void_p.from_address(params.kernelParams + 8).value
+    ).value = 4
     rig.run(g)
     assert rig.read(a, 1) == [3]
 
@@ -147,8 +150,11 @@ def test_roots_and_edges_come_in_the_h100s_order(rig):
     w = rig.add(g, "Empty", after=[x, z])
     assert [int(n) for n in rig.drv.cuGraphGetRootNodes(g, 2)[1]] == [int(z), int(x)]
     _, src, dst, _, _ = rig.drv.cuGraphGetEdges(g, 3)  # by source, then as added
-    assert [(int(a), int(b)) for a, b in zip(src, dst)] == \
-        [(int(x), int(y)), (int(x), int(w)), (int(z), int(w))]
+    assert [(int(a), int(b)) for a, b in zip(src, dst)] == [
+        (int(x), int(y)),
+        (int(x), int(w)),
+        (int(z), int(w)),
+    ]
 
 
 def test_child_graphs_are_cloned_when_added(rig):
@@ -205,14 +211,17 @@ def test_bad_handles_and_dependencies_are_invalid_values(rig):
         rig.drv.cuGraphAddEmptyNode(g, [x], 2)
     assert rig.drv.cuGraphAddEmptyNode(d.CUgraph(0), None, 0) == (INVALID_VALUE, None)
     assert rig.drv.cuGraphLaunch(d.CUgraphExec(0), rig.stream) == (INVALID_VALUE,)
-    assert rig.drv.cuGraphAddMemsetNode(g, None, 0, rig.memset(12345, 0, 4), rig.ctx) \
-        == (INVALID_VALUE, None)
+    assert rig.drv.cuGraphAddMemsetNode(g, None, 0, rig.memset(12345, 0, 4), rig.ctx) == (
+        INVALID_VALUE,
+        None,
+    )
     assert rig.drv.cuGraphDestroy(g) == (OK,)
     assert rig.drv.cuGraphDestroy(g) == (INVALID_VALUE,)
     assert rig.drv.cuGraphNodeGetType(x) == (INVALID_VALUE, None)
 
 
 # -- executables --------------------------------------------------------------------------
+
 
 def test_set_params_and_disabled_nodes_change_later_launches_only(rig):
     a = rig.alloc()
@@ -238,12 +247,15 @@ def test_memset_set_params_keep_the_shape(rig):
     g = rig.graph()
     m = rig.add(g, "Memset", rig.memset(a, 2, 4), rig.ctx)
     _, exe = rig.drv.cuGraphInstantiate(g, 0)
-    assert rig.drv.cuGraphExecMemsetNodeSetParams(exe, m, rig.memset(a, 3, 8), rig.ctx) \
-        == (OK,)  # a wider 1D memset fits (H100)
-    assert rig.drv.cuGraphExecMemsetNodeSetParams(exe, m, rig.memset(a + 16, 3, 4), rig.ctx) \
-        == (OK,)
+    assert rig.drv.cuGraphExecMemsetNodeSetParams(exe, m, rig.memset(a, 3, 8), rig.ctx) == (
+        OK,
+    )  # a wider 1D memset fits (H100)
+    assert rig.drv.cuGraphExecMemsetNodeSetParams(exe, m, rig.memset(a + 16, 3, 4), rig.ctx) == (
+        OK,
+    )
     assert rig.drv.cuGraphExecMemsetNodeSetParams(
-        exe, m, rig.memset(a, 3, 2, height=2, pitch=16), rig.ctx) == (INVALID_VALUE,)
+        exe, m, rig.memset(a, 3, 2, height=2, pitch=16), rig.ctx
+    ) == (INVALID_VALUE,)
     assert rig.drv.cuGraphLaunch(exe, rig.stream) == (OK,)
     assert rig.read(a, 8) == [0, 0, 0, 0, 3, 3, 3, 3]
 
@@ -263,6 +275,7 @@ def test_an_update_with_the_same_structure_takes_the_new_parameters(rig):
         k = rig.add(g, "Kernel", rig.kernel(ptr, value))
         rig.add(g, "Memset", rig.memset(ptr + 4, value, 3), rig.ctx, after=[k])
         return g
+
     exe = rig.run(build(a, 1))
     err, info = drv.cuGraphExecUpdate(exe, build(b, 2))
     assert (err, info.result) == (OK, UPDATE.CU_GRAPH_EXEC_UPDATE_SUCCESS)
@@ -317,6 +330,7 @@ def stepper(rig):
         view = counter.view(np.uint32, 1)
         view[0] -= 1
         rig.backend.sim.set_conditional(handle, int(view[0] > 0))
+
     rig.backend.sim.set_kernel_twin(fn, step)
     return fn
 
@@ -326,8 +340,9 @@ def test_a_while_node_runs_its_body_while_a_kernel_keeps_the_condition_set(rig):
     counter, out = rig.alloc(), rig.alloc()
     fn = stepper(rig)
     g = rig.graph()
-    handle, bodies = conditional(rig, g, COND.CU_GRAPH_COND_TYPE_WHILE, default=1,
-                                 flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT)
+    handle, bodies = conditional(
+        rig, g, COND.CU_GRAPH_COND_TYPE_WHILE, default=1, flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT
+    )
     body = bodies[0]
     values = (ctypes.c_uint64 * 2)(counter, int(handle))
     array = (ctypes.c_void_p * 2)(ctypes.addressof(values), ctypes.addressof(values) + 8)
@@ -343,8 +358,9 @@ def test_a_while_node_runs_its_body_while_a_kernel_keeps_the_condition_set(rig):
 def test_an_if_node_runs_its_else_body_when_the_condition_is_zero(rig):
     a = rig.alloc()
     g = rig.graph()
-    _, bodies = conditional(rig, g, COND.CU_GRAPH_COND_TYPE_IF, size=2, default=0,
-                            flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT)
+    _, bodies = conditional(
+        rig, g, COND.CU_GRAPH_COND_TYPE_IF, size=2, default=0, flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT
+    )
     rig.add(bodies[0], "Memset", rig.memset(a, 1, 1), rig.ctx)
     rig.add(bodies[1], "Memset", rig.memset(a + 4, 2, 1), rig.ctx)
     rig.run(g)
@@ -352,12 +368,17 @@ def test_an_if_node_runs_its_else_body_when_the_condition_is_zero(rig):
 
 
 @pytest.mark.parametrize("value, expect", [(0, [1, 0, 0]), (2, [0, 0, 3]), (3, [0, 0, 0])])
-def test_a_switch_node_runs_the_body_its_value_names_and_none_past_the_last(rig, value,
-                                                                             expect):
+def test_a_switch_node_runs_the_body_its_value_names_and_none_past_the_last(rig, value, expect):
     a = rig.alloc()
     g = rig.graph()
-    _, bodies = conditional(rig, g, COND.CU_GRAPH_COND_TYPE_SWITCH, size=3, default=value,
-                            flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT)
+    _, bodies = conditional(
+        rig,
+        g,
+        COND.CU_GRAPH_COND_TYPE_SWITCH,
+        size=3,
+        default=value,
+        flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT,
+    )
     assert len(bodies) == 3
     for i, body in enumerate(bodies):
         rig.add(body, "Memset", rig.memset(a + 4 * i, i + 1, 1), rig.ctx)
@@ -365,9 +386,14 @@ def test_a_switch_node_runs_the_body_its_value_names_and_none_past_the_last(rig,
     assert rig.read(a, 3) == expect
 
 
-@pytest.mark.parametrize("kind, size", [(COND.CU_GRAPH_COND_TYPE_SWITCH, 0),
-                                        (COND.CU_GRAPH_COND_TYPE_IF, 3),
-                                        (COND.CU_GRAPH_COND_TYPE_WHILE, 2)])
+@pytest.mark.parametrize(
+    "kind, size",
+    [
+        (COND.CU_GRAPH_COND_TYPE_SWITCH, 0),
+        (COND.CU_GRAPH_COND_TYPE_IF, 3),
+        (COND.CU_GRAPH_COND_TYPE_WHILE, 2),
+    ],
+)
 def test_a_conditional_of_a_size_its_type_does_not_take_is_refused(rig, kind, size):
     g = rig.graph()
     _, handle = rig.drv.cuGraphConditionalHandleCreate(g, rig.ctx, 0, 0)
@@ -421,25 +447,28 @@ def test_a_graph_with_a_conditional_node_is_refused_as_a_child(rig):
     g = rig.graph()
     conditional(rig, g, COND.CU_GRAPH_COND_TYPE_IF)
     assert rig.drv.cuGraphAddChildGraphNode(rig.graph(), None, 0, g) == (
-        d.CUresult.CUDA_ERROR_NOT_SUPPORTED, None)  # an H100, driver 580
+        d.CUresult.CUDA_ERROR_NOT_SUPPORTED,
+        None,
+    )  # an H100, driver 580
 
 
 def test_the_per_node_calls_of_an_executable_take_the_nodes_of_bodies(rig):
     a = rig.alloc()
     g = rig.graph()
-    _, bodies = conditional(rig, g, COND.CU_GRAPH_COND_TYPE_IF, default=1,
-                            flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT)
+    _, bodies = conditional(
+        rig, g, COND.CU_GRAPH_COND_TYPE_IF, default=1, flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT
+    )
     k = rig.add(bodies[0], "Kernel", rig.kernel(a, 1))
     m = rig.add(bodies[0], "Memset", rig.memset(a + 4, 2, 1), rig.ctx)
-    _, inner = conditional(rig, bodies[0], COND.CU_GRAPH_COND_TYPE_IF, default=1,
-                           flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT)
+    _, inner = conditional(
+        rig, bodies[0], COND.CU_GRAPH_COND_TYPE_IF, default=1, flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT
+    )
     deep = rig.add(inner[0], "Memset", rig.memset(a + 8, 3, 1), rig.ctx)
     exe = rig.run(g)
     assert rig.read(a, 3) == [1, 2, 3]
     drv = rig.drv
     assert drv.cuGraphExecKernelNodeSetParams(exe, k, rig.kernel(a, 10)) == (OK,)
-    assert drv.cuGraphExecMemsetNodeSetParams(exe, m, rig.memset(a + 4, 20, 1), rig.ctx) \
-        == (OK,)
+    assert drv.cuGraphExecMemsetNodeSetParams(exe, m, rig.memset(a + 4, 20, 1), rig.ctx) == (OK,)
     assert drv.cuGraphNodeSetEnabled(exe, deep, 0) == (OK,)
     assert drv.cuMemsetD32Async(a, 0, 3, rig.stream) == (OK,)
     assert drv.cuGraphLaunch(exe, rig.stream) == (OK,)
@@ -450,10 +479,12 @@ def test_a_while_node_that_never_ends_is_stopped_and_named(rig):
     """Where a GPU would loop for ever the sim stops after MAX_ROUNDS rounds, failing the
     launch as a watchdog would, and says which node it stopped (by the name cuctx gave)."""
     from cuctx._driver.sim._graph_conditional import MAX_ROUNDS
+
     sim, drv = rig.backend.sim, rig.drv
     g = rig.graph()
-    handle, bodies = conditional(rig, g, COND.CU_GRAPH_COND_TYPE_WHILE, default=1,
-                                 flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT)
+    handle, bodies = conditional(
+        rig, g, COND.CU_GRAPH_COND_TYPE_WHILE, default=1, flags=d.CU_GRAPH_COND_ASSIGN_DEFAULT
+    )
     node = drv.cuGraphGetNodes(g, 1)[1][0]
     assert sim.name_node(node, "the loop at my.py:3") == (OK,)
     empty = rig.add(bodies[0], "Empty")
@@ -491,8 +522,10 @@ def test_explicit_memory_nodes_and_relaunching_an_unfreed_allocation(rig):
     assert drv.cuStreamSynchronize(rig.stream) == (OK,)
     drv.cuGraphExecDestroy(exe)
     rig.run(g, flags=d.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
-    assert drv.cuGraphAddChildGraphNode(rig.graph(), None, 0, g) \
-        == (d.CUresult.CUDA_ERROR_NOT_SUPPORTED, None)  # memory nodes stay at the top (H100)
+    assert drv.cuGraphAddChildGraphNode(rig.graph(), None, 0, g) == (
+        d.CUresult.CUDA_ERROR_NOT_SUPPORTED,
+        None,
+    )  # memory nodes stay at the top (H100)
     free = rig.graph()
     rig.add(free, "MemFree", ptr)
     assert drv.cuGraphAddMemFreeNode(free, None, 0, ptr) == (INVALID_VALUE, None)  # twice

@@ -22,8 +22,7 @@ R = d.CUresult
 
 def node_types(drv, graph) -> list[str]:
     _, nodes, _ = drv.cuGraphGetNodes(graph, drv.cuGraphGetNodes(graph)[2])
-    return [drv.cuGraphNodeGetType(n)[1].name.removeprefix("CU_GRAPH_NODE_TYPE_")
-            for n in nodes]
+    return [drv.cuGraphNodeGetType(n)[1].name.removeprefix("CU_GRAPH_NODE_TYPE_") for n in nodes]
 
 
 def pinned(rig, nbytes: int) -> int:
@@ -38,8 +37,9 @@ def test_captured_work_becomes_nodes_and_runs_only_when_launched(rig):
     assert drv.cuStreamBeginCapture(s, CAPTURE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) == (OK,)
     assert drv.cuStreamIsCapturing(s) == (OK, STATUS.CU_STREAM_CAPTURE_STATUS_ACTIVE)
     assert drv.cuMemsetD32Async(a, 4, 4, s) == (OK,)
-    assert drv.cuLaunchKernel(rig.fn, 1, 1, 1, 1, 1, 1, 0, s,
-                              rig.kernel(a + 8, 5).kernelParams, 0) == (OK,)
+    assert drv.cuLaunchKernel(
+        rig.fn, 1, 1, 1, 1, 1, 1, 0, s, rig.kernel(a + 8, 5).kernelParams, 0
+    ) == (OK,)
     assert drv.cuMemcpyDtoHAsync(host, a, 16, s) == (OK,)
     err, info = drv.cuStreamGetCaptureInfo(s), None
     assert info is None and err[1] == STATUS.CU_STREAM_CAPTURE_STATUS_ACTIVE and err[6] == 1
@@ -100,17 +100,29 @@ def test_a_fork_not_joined_back_ends_the_capture_without_a_graph(rig):
     assert drv.cuStreamIsCapturing(side) == (OK, STATUS.CU_STREAM_CAPTURE_STATUS_NONE)
 
 
-@pytest.mark.parametrize("breaker", [
-    lambda rig: rig.drv.cuStreamSynchronize(rig.stream),
-    lambda rig: rig.drv.cuStreamQuery(rig.stream),
-    lambda rig: rig.drv.cuCtxSynchronize(),
-    lambda rig: rig.drv.cuMemAlloc(16)[:1],
-    lambda rig: rig.drv.cuStreamSynchronize(rig.other),  # another stream: unsafe in GLOBAL
-    lambda rig: rig.drv.cuGraphLaunch(rig.exe, rig.stream),  # graphs are not captured
-    lambda rig: rig.drv.cuGraphUpload(rig.exe, rig.stream),
-    lambda rig: rig.drv.cuGraphInstantiate(rig.template, 0)[:1],  # unsafe, as cuMemAlloc
-], ids=["stream sync", "stream query", "ctx sync", "cuMemAlloc", "other stream sync",
-        "graph launch", "graph upload", "instantiate"])
+@pytest.mark.parametrize(
+    "breaker",
+    [
+        lambda rig: rig.drv.cuStreamSynchronize(rig.stream),
+        lambda rig: rig.drv.cuStreamQuery(rig.stream),
+        lambda rig: rig.drv.cuCtxSynchronize(),
+        lambda rig: rig.drv.cuMemAlloc(16)[:1],
+        lambda rig: rig.drv.cuStreamSynchronize(rig.other),  # another stream: unsafe in GLOBAL
+        lambda rig: rig.drv.cuGraphLaunch(rig.exe, rig.stream),  # graphs are not captured
+        lambda rig: rig.drv.cuGraphUpload(rig.exe, rig.stream),
+        lambda rig: rig.drv.cuGraphInstantiate(rig.template, 0)[:1],  # unsafe, as cuMemAlloc
+    ],
+    ids=[
+        "stream sync",
+        "stream query",
+        "ctx sync",
+        "cuMemAlloc",
+        "other stream sync",
+        "graph launch",
+        "graph upload",
+        "instantiate",
+    ],
+)
 def test_a_call_that_breaks_a_capture_invalidates_it_and_the_stream_recovers(rig, breaker):
     drv, s = rig.drv, rig.stream
     a = rig.alloc()
@@ -140,8 +152,10 @@ def test_relaxed_mode_allows_unsafe_calls_but_never_a_context_synchronize(rig):
     assert err == OK and drv.cuGraphExecDestroy(exe) == (OK,)
     assert drv.cuStreamEndCapture(s)[0] == OK
     assert drv.cuStreamBeginCapture(s, CAPTURE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) == (OK,)
-    assert drv.cuThreadExchangeStreamCaptureMode(CAPTURE.CU_STREAM_CAPTURE_MODE_RELAXED) \
-        == (OK, CAPTURE.CU_STREAM_CAPTURE_MODE_GLOBAL)
+    assert drv.cuThreadExchangeStreamCaptureMode(CAPTURE.CU_STREAM_CAPTURE_MODE_RELAXED) == (
+        OK,
+        CAPTURE.CU_STREAM_CAPTURE_MODE_GLOBAL,
+    )
     assert drv.cuMemAlloc(16)[0] == OK  # this thread asked to be relaxed
     drv.cuThreadExchangeStreamCaptureMode(CAPTURE.CU_STREAM_CAPTURE_MODE_GLOBAL)
     assert drv.cuStreamEndCapture(s)[0] == OK
@@ -168,8 +182,9 @@ def test_the_legacy_stream_is_refused_while_a_blocking_stream_captures(rig):
     drv = rig.drv
     a = rig.alloc()
     _, blocking = drv.cuStreamCreate(0)
-    assert drv.cuStreamBeginCapture(0, CAPTURE.CU_STREAM_CAPTURE_MODE_GLOBAL) \
-        == (R.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,)
+    assert drv.cuStreamBeginCapture(0, CAPTURE.CU_STREAM_CAPTURE_MODE_GLOBAL) == (
+        R.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+    )
     assert drv.cuStreamBeginCapture(blocking, CAPTURE.CU_STREAM_CAPTURE_MODE_RELAXED) == (OK,)
     assert drv.cuStreamIsCapturing(0) == (R.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, None)
     assert drv.cuMemsetD32Async(a, 1, 1, 0) == (R.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,)
@@ -241,5 +256,7 @@ def test_stream_ordered_allocations_in_a_capture_become_memory_nodes(rig):
     assert ctypes.c_uint32.from_address(host).value == 6
     assert drv.cuGraphLaunch(exe, s) == (OK,)  # freed in the graph: relaunching is fine
     assert drv.cuStreamSynchronize(s) == (OK,)
-    assert drv.cuGraphInstantiate(graph, 0) \
-        == (R.CUDA_ERROR_NOT_SUPPORTED, None)  # one at a time (H100)
+    assert drv.cuGraphInstantiate(graph, 0) == (
+        R.CUDA_ERROR_NOT_SUPPORTED,
+        None,
+    )  # one at a time (H100)

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 TRANSCRIPT = Path(__file__).with_name("graphs_transcript.json")
-RECORD = ("record it on a GPU: CUCTX_BACKEND=cuda PYTHONPATH=src python "
-          "scripts/probe_graphs.py tests/driver/graphs_transcript.json")
+RECORD = (
+    "record it on a GPU: CUCTX_BACKEND=cuda PYTHONPATH=src python "
+    "scripts/probe_graphs.py tests/driver/graphs_transcript.json"
+)
 
 
 @pytest.fixture
@@ -38,8 +40,11 @@ def test_the_sim_answers_the_graph_transcript_as_the_gpu_did(sim, probe):
     recorded = json.loads(TRANSCRIPT.read_text())["steps"]
     seen = probe.transcript(sim)
     answers = dict((label, answer) for label, answer in seen)
-    differences = [f"{label}: GPU {want!r}, sim {answers[label]!r}"
-                   for label, want in recorded if label in answers and answers[label] != want]
+    differences = [
+        f"{label}: GPU {want!r}, sim {answers[label]!r}"
+        for label, want in recorded
+        if label in answers and answers[label] != want
+    ]
     gone = [label for label, _ in recorded if label not in answers]
     if gone:
         differences.append(f"the probe no longer has the steps {gone}: {RECORD}")
@@ -49,5 +54,8 @@ def test_the_sim_answers_the_graph_transcript_as_the_gpu_did(sim, probe):
     assert not differences, "the sim differs from the GPU:\n" + "\n".join(differences)
     new = [label for label, _ in seen if label not in known]
     if new:
-        warnings.warn(f"{len(new)} steps of the probe are not in the GPU transcript yet "
-                      f"({RECORD}), the first: {new[:3]}", stacklevel=1)
+        warnings.warn(
+            f"{len(new)} steps of the probe are not in the GPU transcript yet "
+            f"({RECORD}), the first: {new[:3]}",
+            stacklevel=1,
+        )

@@ -49,13 +49,21 @@ def run_inside(drv, stream, body):
 
 # -- both backends ------------------------------------------------------------------------
 
+
 def test_allocating_and_querying_inside_a_host_function_answer_as_the_driver(backend):
     drv = backend.driver
     with Device(0):
         stream = Stream(Device(0))
         s = stream._handle
-        alloc, query, memset = run_inside(drv, s, lambda: (
-            drv.cuMemAlloc(16)[0], drv.cuStreamQuery(s)[0], drv.cuMemsetD8Async(0, 0, 0, s)[0]))
+        alloc, query, memset = run_inside(
+            drv,
+            s,
+            lambda: (
+                drv.cuMemAlloc(16)[0],
+                drv.cuStreamQuery(s)[0],
+                drv.cuMemsetD8Async(0, 0, 0, s)[0],
+            ),
+        )
         assert alloc == NOT_PERMITTED
         assert query == NOT_READY  # its own stream is busy running it
         assert memset == OK
@@ -74,6 +82,7 @@ def test_asking_for_the_current_context_inside_a_host_function_is_not_permitted(
 
 # -- the sim --------------------------------------------------------------------------------
 
+
 def test_waiting_inside_a_host_function_is_not_permitted_on_the_sim(sim):
     drv = sim.driver
     with Device(0):
@@ -86,15 +95,19 @@ def test_waiting_inside_a_host_function_is_not_permitted_on_the_sim(sim):
         err, ptr = drv.cuMemAlloc(4)
         assert not err
         address = host.__array_interface__["data"][0]
-        answers = run_inside(drv, s, lambda: [
-            drv.cuStreamSynchronize(s)[0],
-            drv.cuStreamSynchronize(other._handle)[0],
-            drv.cuCtxSynchronize()[0],
-            drv.cuEventSynchronize(event)[0],
-            drv.cuMemFree(ptr)[0],
-            drv.cuMemcpyDtoH(address, ptr, 4)[0],  # pageable: it would wait
-            drv.cuMemcpyDtoHAsync(address, ptr, 4, s)[0],
-        ])
+        answers = run_inside(
+            drv,
+            s,
+            lambda: [
+                drv.cuStreamSynchronize(s)[0],
+                drv.cuStreamSynchronize(other._handle)[0],
+                drv.cuCtxSynchronize()[0],
+                drv.cuEventSynchronize(event)[0],
+                drv.cuMemFree(ptr)[0],
+                drv.cuMemcpyDtoH(address, ptr, 4)[0],  # pageable: it would wait
+                drv.cuMemcpyDtoHAsync(address, ptr, 4, s)[0],
+            ],
+        )
         assert answers == [NOT_PERMITTED] * 7
         assert drv.cuStreamQuery(s) == (OK,)  # the refused copies queued nothing
         assert drv.cuMemFree(ptr) == (OK,)
@@ -120,6 +133,7 @@ def test_work_queued_inside_a_host_function_runs_after_it_on_the_sim(sim):
             seen.append(drv.cuEventQuery(event)[0])
             seen.append(drv.cuStreamQuery(waiting._handle)[0])
             seen.append(out.tolist())
+
         fn = HostFunction(body)
         fn.launch(drv, s)
         err, event = drv.cuEventCreate(0)
@@ -141,6 +155,7 @@ def test_the_host_function_marker_ends_with_the_function_on_the_sim(sim):
 
         def body():
             raise RuntimeError("a failing host function")
+
         fn = HostFunction(body)
         fn.launch(drv, stream._handle)
         assert drv.cuStreamSynchronize(stream._handle) == (OK,)

@@ -25,6 +25,7 @@ def address(host: np.ndarray) -> int:
 
 # -- both backends ------------------------------------------------------------------------
 
+
 def test_a_freed_array_reused_for_a_smaller_one_is_not_a_fault(backend):
     with Device(0):
         a = cuctx.zeros(100, np.float32)
@@ -67,15 +68,17 @@ def test_sizes_and_values_are_converted_as_the_bindings_convert_c_arguments(back
         err, ptr = drv.cuMemAlloc(64)
         assert not err
         host = np.zeros(8, np.uint8)
-        for call in (lambda: drv.cuMemcpyHtoDAsync(ptr, address(host), -1, 0),
-                     lambda: drv.cuMemsetD8Async(ptr, 256, 4, 0),
-                     lambda: drv.cuMemsetD8Async(ptr, -1, 4, 0),
-                     lambda: drv.cuMemsetD16Async(ptr, 1 << 16, 4, 0),
-                     lambda: drv.cuMemsetD32Async(ptr, 1 << 32, 4, 0),
-                     lambda: drv.cuMemsetD32Async(ptr, 0, -4, 0),
-                     lambda: drv.cuMemAlloc(-1),
-                     lambda: drv.cuMemHostAlloc(-1, 0),
-                     lambda: drv.cuMemHostRegister(address(host), -1, 0)):
+        for call in (
+            lambda: drv.cuMemcpyHtoDAsync(ptr, address(host), -1, 0),
+            lambda: drv.cuMemsetD8Async(ptr, 256, 4, 0),
+            lambda: drv.cuMemsetD8Async(ptr, -1, 4, 0),
+            lambda: drv.cuMemsetD16Async(ptr, 1 << 16, 4, 0),
+            lambda: drv.cuMemsetD32Async(ptr, 1 << 32, 4, 0),
+            lambda: drv.cuMemsetD32Async(ptr, 0, -4, 0),
+            lambda: drv.cuMemAlloc(-1),
+            lambda: drv.cuMemHostAlloc(-1, 0),
+            lambda: drv.cuMemHostRegister(address(host), -1, 0),
+        ):
             with pytest.raises(OverflowError):
                 call()
         assert drv.cuMemsetD32Async(ptr, 0xFFFF_FFFF, 16, 0) == (OK,)
@@ -85,6 +88,7 @@ def test_sizes_and_values_are_converted_as_the_bindings_convert_c_arguments(back
 
 
 # -- the mechanism, on the sim --------------------------------------------------------------
+
 
 def alloc(drv, nbytes, stream):
     err, ptr = drv.cuMemAllocAsync(nbytes, stream)
@@ -157,6 +161,7 @@ def test_a_free_dropped_with_a_faulted_context_gives_its_memory_back_at_the_rese
     """The free is queued, then the context faults: its queued work never runs, yet the
     device's memory is back once the context is reset (no block left in the pool forever)."""
     from cuctx.sim import inject_fault
+
     drv = sim.driver
     device = Device(0)
     with device:
@@ -176,6 +181,7 @@ def test_a_free_dropped_with_a_faulted_context_gives_its_memory_back_at_the_rese
 
 # -- host addresses -------------------------------------------------------------------------
 
+
 def test_host_addresses_numpy_cannot_touch_are_refused_not_a_crash(sim):
     drv = sim.driver
     with Device(0):
@@ -194,8 +200,14 @@ def test_host_addresses_numpy_cannot_touch_are_refused_not_a_crash(sim):
 def test_registered_memory_unmapped_while_a_copy_is_queued_faults_not_crashes(sim):
     libc = ctypes.CDLL(None)
     libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long)
+    libc.mmap.argtypes = (
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    )
     libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
     size = 1 << 16
     page = libc.mmap(None, size, 0x1 | 0x2, 0x02 | 0x20, -1, 0)  # RW, PRIVATE | ANONYMOUS

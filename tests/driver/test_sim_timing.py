@@ -55,7 +55,10 @@ def test_every_operation_is_reported_with_its_stream_context_and_correlation(fee
         context = int(device.primary_context._handle)
     work = [r for r in records if r.stream == int(stream._handle)]
     assert [(r.kind, r.correlation) for r in work] == [
-        ("memcpy HtoD", 7), ("kernel", 8), ("memcpy DtoH", 7)]
+        ("memcpy HtoD", 7),
+        ("kernel", 8),
+        ("memcpy DtoH", 7),
+    ]
     assert all(r.context == context and r.device == 0 for r in work)
     assert work[1].name == "scale" and work[1].bytes == 2 * N * 4  # read in, wrote out
     assert work[0].end_ns <= work[1].start_ns and work[1].end_ns <= work[2].start_ns
@@ -113,6 +116,7 @@ def test_a_twin_may_declare_its_time(feed):
 
     def slow(grid, block, out, data, factor: float, n):
         scale_twin(grid, block, out, data, factor, n)
+
     slow.cost_ns = lambda grid, block, out, data, factor, n: 1000 * n
 
     library = cuctx.Library.from_source(SOURCE, sim_kernels={"scale": slow})
@@ -120,7 +124,7 @@ def test_a_twin_may_declare_its_time(feed):
         x = cuctx.zeros(16, np.float32)
         library["scale"][1, 16](x, x, 2.0, 16)
         cuctx.current_stream().synchronize()
-    kernel, = [r for r in records if r.kind == "kernel"]
+    (kernel,) = [r for r in records if r.kind == "kernel"]
     assert kernel.end_ns - kernel.start_ns == _timing.LAUNCH_NS + 16_000
 
 
@@ -170,7 +174,7 @@ def test_a_wait_for_another_devices_event_takes_the_measured_latency(feed):
         x.fill(1.0, stream=stream)
     d0.synchronize()
     d1.synchronize()
-    busy, = [r for r in records if r.kind == "busy"]
+    (busy,) = [r for r in records if r.kind == "busy"]
     fills = {r.device: r for r in records if r.kind == "memset"}
     assert fills[0].start_ns == busy.end_ns
     assert fills[1].start_ns == busy.end_ns + 6000

@@ -26,8 +26,9 @@ from .model import Arr, Base, CtxRec, StreamRec, same_values
 from .streams import StreamMachine
 
 BAD_SHAPES = st.sampled_from([-1, (2, -1), 2.5, "3", (1.0,), None])
-BAD_DTYPES = st.sampled_from([np.dtype(">i4"), np.dtype(object), np.dtype("U3"),
-                              np.dtype("datetime64[s]"), "not a dtype"])
+BAD_DTYPES = st.sampled_from(
+    [np.dtype(">i4"), np.dtype(object), np.dtype("U3"), np.dtype("datetime64[s]"), "not a dtype"]
+)
 
 
 def convert(value, dtype: np.dtype):
@@ -92,7 +93,10 @@ class ArrayMachine(StreamMachine):
         assert dev.size == mirror.size and dev.nbytes == mirror.nbytes and dev.ndim == mirror.ndim
         flags = mirror.flags
         assert dev.is_contiguous == (flags.c_contiguous or flags.f_contiguous), (
-            dev, dev.strides, mirror.strides)
+            dev,
+            dev.strides,
+            mirror.strides,
+        )
         if dev.size:
             assert dev.strides == mirror.strides, (dev.strides, mirror.strides)
             assert dev.ptr - arr.base.dev.ptr == arr.offset, (dev.ptr, arr.offset)
@@ -117,10 +121,12 @@ class ArrayMachine(StreamMachine):
         if kind == "full":
             element, cond = convert(value, dtype)
             conds.append(cond)
-        make = {"empty": lambda: cuctx.empty(shape, dtype, **kwargs),
-                "zeros": lambda: cuctx.zeros(shape, dtype, **kwargs),
-                "full": lambda: cuctx.full(shape, value, dtype, **kwargs),
-                "to_device": lambda: cuctx.to_device(host, **kwargs)}[kind]
+        make = {
+            "empty": lambda: cuctx.empty(shape, dtype, **kwargs),
+            "zeros": lambda: cuctx.zeros(shape, dtype, **kwargs),
+            "full": lambda: cuctx.full(shape, value, dtype, **kwargs),
+            "to_device": lambda: cuctx.to_device(host, **kwargs),
+        }[kind]
         dev = self.call(f"{kind}({shape!r}, {dtype}, {where}) in {rec}", combine(*conds), make)
         if where == "current" and ok(dev):
             self.lazy_init()  # issue 7 item 5: lazy initialisation leaves the primary current
@@ -140,19 +146,34 @@ class ArrayMachine(StreamMachine):
     # Hypothesis picks among the valid rules uniformly: arrays are what most rules need, so
     # allocation is two rules (the second always on a given stream).
     allocate_current = rule(
-        target=arrays, kind=st.sampled_from(["empty", "zeros", "full", "to_device"]),
-        shape=S.shapes, dtype=S.array_dtypes, value=S.fill_values, seed=S.seeds,
+        target=arrays,
+        kind=st.sampled_from(["empty", "zeros", "full", "to_device"]),
+        shape=S.shapes,
+        dtype=S.array_dtypes,
+        value=S.fill_values,
+        seed=S.seeds,
         where=st.sampled_from(["current", "stream", "device"]),
-        s=ContextMachine.streams)(allocate)
+        s=ContextMachine.streams,
+    )(allocate)
     allocate_on_stream = rule(
-        target=arrays, kind=st.sampled_from(["empty", "zeros", "full", "to_device"]),
-        shape=S.shapes, dtype=S.array_dtypes, value=S.fill_values, seed=S.seeds,
-        where=st.just("stream"), s=ContextMachine.streams)(allocate)
+        target=arrays,
+        kind=st.sampled_from(["empty", "zeros", "full", "to_device"]),
+        shape=S.shapes,
+        dtype=S.array_dtypes,
+        value=S.fill_values,
+        seed=S.seeds,
+        where=st.just("stream"),
+        s=ContextMachine.streams,
+    )(allocate)
 
     # Every program starts with arrays of the kernels' types, so views, copies and launches
     # have something to work on from the first step.
-    @initialize(target=arrays, shape=st.integers(1, 64), dtype=st.sampled_from(
-        ["float32", "int64", "uint32"]), seed=S.seeds)
+    @initialize(
+        target=arrays,
+        shape=st.integers(1, 64),
+        dtype=st.sampled_from(["float32", "int64", "uint32"]),
+        seed=S.seeds,
+    )
     def initial_array(self, shape, dtype, seed):
         self.count("initial_array")
         return self.allocate("to_device", shape, np.dtype(dtype), 0, seed, "device", None)
@@ -162,15 +183,21 @@ class ArrayMachine(StreamMachine):
         self.count("initial_array")
         return self.allocate("to_device", shape, np.dtype(np.float32), 0, seed, "device", None)
 
-    @rule(bad_shape=BAD_SHAPES, bad_dtype=BAD_DTYPES, shape=S.shapes, dtype=S.dtypes,
-          which=st.sampled_from(["shape", "dtype", "both"]))
+    @rule(
+        bad_shape=BAD_SHAPES,
+        bad_dtype=BAD_DTYPES,
+        shape=S.shapes,
+        dtype=S.dtypes,
+        which=st.sampled_from(["shape", "dtype", "both"]),
+    )
     def allocate_bad(self, bad_shape, bad_dtype, shape, dtype, which):
         """A bad shape or dtype (or both) is a TypeError or ValueError."""
         self.count("allocate_bad")
         shape = bad_shape if which != "dtype" else shape
         dtype = bad_dtype if which != "shape" else dtype
-        self.call(f"empty({shape!r}, {dtype!r})", (TypeError, ValueError), cuctx.empty,
-                  shape, dtype)
+        self.call(
+            f"empty({shape!r}, {dtype!r})", (TypeError, ValueError), cuctx.empty, shape, dtype
+        )
 
     # -- views ----------------------------------------------------------------------------
 
@@ -191,8 +218,11 @@ class ArrayMachine(StreamMachine):
         view = self.call(f"arr[{key!r}]", combine(cond, dead), arr.dev.__getitem__, key)
         if not ok(view):
             return multiple()
-        offset = mirror.__array_interface__["data"][0] - arr.base.bytes.ctypes.data \
-            if mirror.size else view.ptr - arr.base.dev.ptr
+        offset = (
+            mirror.__array_interface__["data"][0] - arr.base.bytes.ctypes.data
+            if mirror.size
+            else view.ptr - arr.base.dev.ptr
+        )
         return self.track(Arr(arr.base, view, offset, mirror))
 
     def derived(self, arr: Arr, what: str, mirror_fn, dev_fn):
@@ -204,28 +234,44 @@ class ArrayMachine(StreamMachine):
             cond = None
         except (ValueError, TypeError) as exc:
             mirror, cond = None, fail(type(exc), ValueError)
-        view = self.call(what, combine(cond, maybe(cuctx.ContextDestroyedError)
-                                       if arr.ctx.state == "destroyed" else None), dev_fn)
+        view = self.call(
+            what,
+            combine(
+                cond, maybe(cuctx.ContextDestroyedError) if arr.ctx.state == "destroyed" else None
+            ),
+            dev_fn,
+        )
         if not ok(view):
             return multiple()
-        offset = mirror.__array_interface__["data"][0] - arr.base.bytes.ctypes.data \
-            if mirror.size else view.ptr - arr.base.dev.ptr
+        offset = (
+            mirror.__array_interface__["data"][0] - arr.base.bytes.ctypes.data
+            if mirror.size
+            else view.ptr - arr.base.dev.ptr
+        )
         return self.track(Arr(arr.base, view, offset, mirror))
 
-    @rule(target=arrays, arr=arrays, shape=st.one_of(S.shapes, st.just(-1), st.tuples(
-              st.just(-1), st.integers(1, 3))), order=st.sampled_from(["C", "F", "A"]))
+    @rule(
+        target=arrays,
+        arr=arrays,
+        shape=st.one_of(S.shapes, st.just(-1), st.tuples(st.just(-1), st.integers(1, 3))),
+        order=st.sampled_from(["C", "F", "A"]),
+    )
     def reshape(self, arr, shape, order):
         """A view only where NumPy makes one; where NumPy would copy, a ValueError."""
         self.count("reshape")
-        return self.derived(arr, f"arr.reshape({shape!r}, order={order!r})",
-                            lambda m: np.reshape(m, shape, order=order, copy=False),
-                            lambda: arr.dev.reshape(shape, order=order))
+        return self.derived(
+            arr,
+            f"arr.reshape({shape!r}, order={order!r})",
+            lambda m: np.reshape(m, shape, order=order, copy=False),
+            lambda: arr.dev.reshape(shape, order=order),
+        )
 
     @rule(target=arrays, arr=arrays, dtype=S.dtypes)
     def view_as(self, arr, dtype):
         self.count("view_as")
-        return self.derived(arr, f"arr.view({dtype})", lambda m: m.view(dtype),
-                            lambda: arr.dev.view(dtype))
+        return self.derived(
+            arr, f"arr.view({dtype})", lambda m: m.view(dtype), lambda: arr.dev.view(dtype)
+        )
 
     @rule(target=arrays, arr=arrays, axes=st.none() | st.permutations(range(3)))
     def transpose(self, arr, axes):
@@ -233,8 +279,12 @@ class ArrayMachine(StreamMachine):
         axes = None if axes is None else tuple(a for a in axes if a < arr.dev.ndim)
         if axes is None:
             return self.derived(arr, "arr.T", lambda m: m.T, lambda: arr.dev.T)
-        return self.derived(arr, f"arr.transpose{axes}", lambda m: m.transpose(axes),
-                            lambda: arr.dev.transpose(*axes))
+        return self.derived(
+            arr,
+            f"arr.transpose{axes}",
+            lambda m: m.transpose(axes),
+            lambda: arr.dev.transpose(*axes),
+        )
 
     @rule(target=arrays, arr=arrays, s=st.none() | ContextMachine.streams)
     def copy_array(self, arr, s):
@@ -275,8 +325,9 @@ class ArrayMachine(StreamMachine):
         stream = self.stream_for(rec, s) if expect is None else None
         if expect is None:
             self.order(stream, [arr])
-        result = self.call(f"arr.fill({value!r}) on {s}", expect, dev.fill, value,
-                           None if s is None else s.stream)
+        result = self.call(
+            f"arr.fill({value!r}) on {s}", expect, dev.fill, value, None if s is None else s.stream
+        )
         if ok(result) and dev.size:
             arr.mirror[...] = element
             arr.mask[...] = True
@@ -291,9 +342,13 @@ class ArrayMachine(StreamMachine):
             conds.append(fail(ValueError))
         return conds
 
-    @rule(arr=arrays, seed=S.seeds, variant=st.sampled_from(["same", "same", "F", "strided",
-                                                             "shape", "dtype"]),
-          s=st.none() | ContextMachine.streams, form=st.booleans())
+    @rule(
+        arr=arrays,
+        seed=S.seeds,
+        variant=st.sampled_from(["same", "same", "F", "strided", "shape", "dtype"]),
+        s=st.none() | ContextMachine.streams,
+        form=st.booleans(),
+    )
     def copy_to_device(self, arr, seed, variant, s, form):
         self.count("copy_to_device")
         shape, dtype = arr.dev.shape, arr.dev.dtype
@@ -310,14 +365,20 @@ class ArrayMachine(StreamMachine):
         if expect is None:
             self.order(self.stream_for(arr.ctx, s), [arr])
         stream = None if s is None else s.stream
-        fn = (lambda: cuctx.copy(arr.dev, host, stream)) if form else \
-            (lambda: arr.dev.copy_from(host, stream))
+        fn = (
+            (lambda: cuctx.copy(arr.dev, host, stream))
+            if form
+            else (lambda: arr.dev.copy_from(host, stream))
+        )
         if ok(self.call(f"copy {variant} host -> arr on {s}", expect, fn)) and arr.dev.size:
             arr.mirror[...] = host
             arr.mask[...] = True
 
-    @rule(arr=arrays, variant=st.sampled_from(["plain", "plain", "C", "F", "readonly"]),
-          s=st.none() | ContextMachine.streams)
+    @rule(
+        arr=arrays,
+        variant=st.sampled_from(["plain", "plain", "C", "F", "readonly"]),
+        s=st.none() | ContextMachine.streams,
+    )
     def copy_to_host(self, arr, variant, s):
         self.count("copy_to_host")
         dev = arr.dev
@@ -333,14 +394,20 @@ class ArrayMachine(StreamMachine):
         expect = combine(*conds)
         if expect is None:
             self.order(self.stream_for(arr.ctx, s), [arr])
-        got = self.call(f"arr.to_host({variant}) on {s}", expect, dev.to_host, out,
-                        None if s is None else s.stream)
+        got = self.call(
+            f"arr.to_host({variant}) on {s}",
+            expect,
+            dev.to_host,
+            out,
+            None if s is None else s.stream,
+        )
         if ok(got) and arr.base.trusted and not isinstance(expect, tuple):
             if out is not None:
                 assert got is out
             assert same_values(got, arr.mirror, arr.mask), (
                 f"to_host returned {got!r}; the model has {arr.mirror!r} "
-                f"(known {arr.mask.all(axis=-1)!r})")
+                f"(known {arr.mask.all(axis=-1)!r})"
+            )
 
     @rule(dst=arrays, src=arrays, s=st.none() | ContextMachine.streams)
     def copy_device(self, dst, src, s):
@@ -348,16 +415,23 @@ class ArrayMachine(StreamMachine):
         self.count("copy_device")
         self.copy_between(dst, src, s)
 
-    @rule(target=arrays, src=arrays, rec=ContextMachine.contexts,
-          s=st.none() | ContextMachine.streams)
+    @rule(
+        target=arrays, src=arrays, rec=ContextMachine.contexts, s=st.none() | ContextMachine.streams
+    )
     def clone(self, src, rec, s):
         """A new array in ``rec`` like ``src``, copied from it (between contexts: a peer copy)."""
         self.count("clone")
         stream = self.legacy(rec) if rec.alive else None
         if stream is None:
             return multiple()
-        dev = self.call(f"empty like src in {rec}", None, cuctx.empty, src.dev.shape,
-                        src.dev.dtype, stream=stream.stream)
+        dev = self.call(
+            f"empty like src in {rec}",
+            None,
+            cuctx.empty,
+            src.dev.shape,
+            src.dev.dtype,
+            stream=stream.stream,
+        )
         dst = self.new_base(dev, rec, stream)
         self.copy_between(dst, src, s)
         return dst
@@ -372,8 +446,11 @@ class ArrayMachine(StreamMachine):
             stream = s or (self.legacy(dst.ctx) if dst.ctx.alive else None)
             bad_stream = s is not None and s.ctx is not dst.ctx
         else:  # a peer copy: on a stream of either side
-            stream = s if s is not None and s.ctx in (src.ctx, dst.ctx) else \
-                (s or (self.legacy(dst.ctx) if dst.ctx.alive else None))
+            stream = (
+                s
+                if s is not None and s.ctx in (src.ctx, dst.ctx)
+                else (s or (self.legacy(dst.ctx) if dst.ctx.alive else None))
+            )
             bad_stream = s is not None and s.ctx not in (src.ctx, dst.ctx)
         if bad_stream and dst.dev.nbytes:
             conds.append(fail(ValueError))
@@ -381,8 +458,19 @@ class ArrayMachine(StreamMachine):
         if expect is None:
             self.order(stream, [dst, src])
         values, known = src.mirror.copy(), src.mask.copy()
-        if ok(self.call(f"copy arr -> arr on {s}", expect, cuctx.copy, dst.dev, src.dev,
-                        None if s is None else s.stream)) and dst.dev.size:
+        if (
+            ok(
+                self.call(
+                    f"copy arr -> arr on {s}",
+                    expect,
+                    cuctx.copy,
+                    dst.dev,
+                    src.dev,
+                    None if s is None else s.stream,
+                )
+            )
+            and dst.dev.size
+        ):
             dst.mirror[...] = values
             dst.mask[...] = known
 
@@ -396,7 +484,8 @@ class ArrayMachine(StreamMachine):
             np.from_dlpack(arr.dev)
         except Exception as exc:  # noqa: BLE001 - judged here
             assert isinstance(exc, (BufferError, RuntimeError, TypeError, ValueError)), (
-                f"np.from_dlpack(device array) raised {exc!r}")
+                f"np.from_dlpack(device array) raised {exc!r}"
+            )
             assert str(exc).strip(), repr(exc)
         else:
             raise AssertionError("NumPy imported device memory")
@@ -413,14 +502,17 @@ class ArrayMachine(StreamMachine):
             if protocol == "cai":
                 __cuda_array_interface__ = dev.__cuda_array_interface__
             else:
+
                 def __dlpack__(self, **kwargs):
                     return dev.__dlpack__(**kwargs)
 
                 def __dlpack_device__(self):
                     return dev.__dlpack_device__()
+
         # The current stream waits for the producer's: a faulted current context may refuse.
-        view = self.call(f"asarray({protocol})", combine(usable(self.top())), cuctx.asarray,
-                         Producer())
+        view = self.call(
+            f"asarray({protocol})", combine(usable(self.top())), cuctx.asarray, Producer()
+        )
         if not ok(view):
             return multiple()
         assert view.context is arr.ctx.ctx, (view.context, arr.ctx)
@@ -437,8 +529,8 @@ class ArrayMachine(StreamMachine):
 
         class Producer:
             __cuda_array_interface__ = cai
-        result = self.call(f"asarray(CAI without {key!r})", (TypeError,), cuctx.asarray,
-                           Producer())
+
+        result = self.call(f"asarray(CAI without {key!r})", (TypeError,), cuctx.asarray, Producer())
         assert key in str(result.exc), result.exc
 
     # -- frees and checks -----------------------------------------------------------------

@@ -37,6 +37,7 @@ extern "C" __global__ void count(unsigned int* counter) {
 # Twins: what the kernels do, for the sim. ``n <= 0`` touches nothing (the loop never runs),
 # so a null pointer with n <= 0 is a valid argument.
 
+
 def axpy(grid, block, y, x, a: float, n):
     if n > 0:
         yv, xv = y.view(np.float32, n), x.view(np.float32, n)

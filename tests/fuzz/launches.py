@@ -24,8 +24,10 @@ POINTER_MISUSE = st.sampled_from(["host array", "string", "list", "none"])
 
 def dims(value) -> tuple[int, int, int] | None:
     """(x, y, z) of a grid, block or cluster as `cuctx.launch` reads it; None if malformed."""
+
     def is_int(v):
         return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
     if is_int(value):
         d = (int(value),)
     elif isinstance(value, (tuple, list)) and 1 <= len(value) <= 3 and all(map(is_int, value)):
@@ -37,25 +39,28 @@ def dims(value) -> tuple[int, int, int] | None:
 
 
 class LaunchMachine(ArrayMachine):
-
     def config_ok(self, kernel: str, grid, block, shared, cluster, cooperative) -> bool:
         """Whether the device runs this configuration (issue: the checks name the limit)."""
         lim = self.env.limits
         g, b = dims(grid), dims(block)
         if g is None or b is None:
             return False
-        if any(n > m for n, m in zip(g, lim["grid"])) \
-                or any(n > m for n, m in zip(b, lim["block"])):
+        if any(n > m for n, m in zip(g, lim["grid"])) or any(
+            n > m for n, m in zip(b, lim["block"])
+        ):
             return False
         if prod(b) > min(lim["threads"], lim["kernel_threads"][kernel]):
             return False
-        if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0 \
-                or shared > lim["shared_optin"] - lim["static_shared"][kernel]:
+        if (
+            isinstance(shared, bool)
+            or not isinstance(shared, int)
+            or shared < 0
+            or shared > lim["shared_optin"] - lim["static_shared"][kernel]
+        ):
             return False
         if cluster is not None:
             c = dims(cluster)
-            if c is None or not lim["clusters"] or any(x % y for x, y in zip(g, c)) \
-                    or prod(c) > 8:
+            if c is None or not lim["clusters"] or any(x % y for x, y in zip(g, c)) or prod(c) > 8:
                 return False
         if cooperative:  # the grid must be resident at once
             per_sm = self.env.library[kernel].occupancy(prod(b), shared)
@@ -63,8 +68,21 @@ class LaunchMachine(ArrayMachine):
                 return False
         return True
 
-    def launch(self, kernel: str, args: list, arg_conds: list, pointers: list[Arr], writes,
-               grid, block, shared, cluster, cooperative, s: StreamRec | None, form: bool):
+    def launch(
+        self,
+        kernel: str,
+        args: list,
+        arg_conds: list,
+        pointers: list[Arr],
+        writes,
+        grid,
+        block,
+        shared,
+        cluster,
+        cooperative,
+        s: StreamRec | None,
+        form: bool,
+    ):
         """Launch with the model's expectation; on success apply ``writes()`` to the model."""
         if any(a.dev.ptr % a.dev.dtype.itemsize for a in pointers):
             return  # a misaligned pointer (a view as another dtype): a fault, sticky on a GPU
@@ -82,10 +100,20 @@ class LaunchMachine(ArrayMachine):
         if form and cluster is None and not cooperative:
             call = lambda: fn[grid, block, shared, stream](*args)
         else:
-            call = lambda: cuctx.launch(fn, grid, block, *args, shared_mem=shared,
-                                        stream=stream, cluster=cluster, cooperative=cooperative)
-        what = f"{kernel}[{grid!r}, {block!r}, {shared!r}, {s}](cluster={cluster!r}, " \
-               f"cooperative={cooperative}) with {args!r}"
+            call = lambda: cuctx.launch(
+                fn,
+                grid,
+                block,
+                *args,
+                shared_mem=shared,
+                stream=stream,
+                cluster=cluster,
+                cooperative=cooperative,
+            )
+        what = (
+            f"{kernel}[{grid!r}, {block!r}, {shared!r}, {s}](cluster={cluster!r}, "
+            f"cooperative={cooperative}) with {args!r}"
+        )
         if ok(self.call(what, expect, call)) and expect is None:
             writes()
 
@@ -108,16 +136,23 @@ class LaunchMachine(ArrayMachine):
         """The model's view of ``n`` elements from the array's address (what a kernel sees)."""
         offset = arr.dev.ptr - arr.base.dev.ptr
         size = np.dtype(dtype).itemsize
-        values = arr.base.bytes[offset:offset + size * n].view(dtype)
-        known = arr.base.known[offset:offset + size * n].reshape(n, size)
+        values = arr.base.bytes[offset : offset + size * n].view(dtype)
+        known = arr.base.known[offset : offset + size * n].reshape(n, size)
         return values, known
 
-    @rule(y=ArrayMachine.arrays, x=ArrayMachine.arrays, a=S.scalar_args("f32"),
-          n=st.one_of(st.sampled_from(["room", "room", "zero", "negative"]),
-                      S.scalar_args("i32")),
-          misuse=st.none() | POINTER_MISUSE, grid=S.configs_dims, block=S.configs_dims,
-          shared=S.shared_mems, s=st.none() | ContextMachine.streams, form=st.booleans(),
-          count_change=st.sampled_from([0, 0, 0, -1, 1]))
+    @rule(
+        y=ArrayMachine.arrays,
+        x=ArrayMachine.arrays,
+        a=S.scalar_args("f32"),
+        n=st.one_of(st.sampled_from(["room", "room", "zero", "negative"]), S.scalar_args("i32")),
+        misuse=st.none() | POINTER_MISUSE,
+        grid=S.configs_dims,
+        block=S.configs_dims,
+        shared=S.shared_mems,
+        s=st.none() | ContextMachine.streams,
+        form=st.booleans(),
+        count_change=st.sampled_from([0, 0, 0, -1, 1]),
+    )
     def launch_axpy(self, y, x, a, n, misuse, grid, block, shared, s, form, count_change):
         self.count("launch_axpy")
         if y.dev.dtype != np.float32 or x.dev.dtype != np.float32:
@@ -149,16 +184,37 @@ class LaunchMachine(ArrayMachine):
             xv, xk = self.flat(x, np.float32, nval)
             yv[:] = yv + np.float32(aval) * xv.copy()
             yk[:] &= xk.copy()
-        pointers = [p for p in (yarr, x) if p is not None]
-        self.launch("axpy", args, [ycond, ncond, acond, ccond], pointers, writes,
-                    grid, block, shared, None, False, s, form)
 
-    @rule(out=ArrayMachine.arrays, start=st.one_of(S.scalar_args("i64"), st.sampled_from(
-              [(2**63 - 1, 2**63 - 1), (-2**63, -2**63)])),
-          n=st.sampled_from(["room", "room", "zero", "negative"]),
-          misuse=st.none() | POINTER_MISUSE, grid=S.configs_dims, block=S.configs_dims,
-          shared=S.shared_mems, s=st.none() | ContextMachine.streams, form=st.booleans(),
-          count_change=st.sampled_from([0, 0, 0, -1, 1]))
+        pointers = [p for p in (yarr, x) if p is not None]
+        self.launch(
+            "axpy",
+            args,
+            [ycond, ncond, acond, ccond],
+            pointers,
+            writes,
+            grid,
+            block,
+            shared,
+            None,
+            False,
+            s,
+            form,
+        )
+
+    @rule(
+        out=ArrayMachine.arrays,
+        start=st.one_of(
+            S.scalar_args("i64"), st.sampled_from([(2**63 - 1, 2**63 - 1), (-(2**63), -(2**63))])
+        ),
+        n=st.sampled_from(["room", "room", "zero", "negative"]),
+        misuse=st.none() | POINTER_MISUSE,
+        grid=S.configs_dims,
+        block=S.configs_dims,
+        shared=S.shared_mems,
+        s=st.none() | ContextMachine.streams,
+        form=st.booleans(),
+        count_change=st.sampled_from([0, 0, 0, -1, 1]),
+    )
     def launch_iota(self, out, start, n, misuse, grid, block, shared, s, form, count_change):
         self.count("launch_iota")
         if out.dev.dtype != np.int64:
@@ -174,16 +230,36 @@ class LaunchMachine(ArrayMachine):
                 v, k = self.flat(oarr, np.int64, nval)
                 v[:] = np.int64(sval) + np.arange(nval, dtype=np.int64)
                 k[:] = True
-        self.launch("iota", args, [ocond, scond, ccond],
-                    [oarr] if oarr is not None else [], writes, grid, block, shared, None,
-                    False, s, form)
 
-    @rule(counter=ArrayMachine.arrays, grid=S.configs_dims, block=S.configs_dims,
-          shared=S.shared_mems, cluster=S.clusters, cooperative=st.booleans(),
-          s=st.none() | ContextMachine.streams, form=st.booleans(),
-          count_change=st.sampled_from([0, 0, 0, -1, 1]))
-    def launch_count(self, counter, grid, block, shared, cluster, cooperative, s, form,
-                     count_change):
+        self.launch(
+            "iota",
+            args,
+            [ocond, scond, ccond],
+            [oarr] if oarr is not None else [],
+            writes,
+            grid,
+            block,
+            shared,
+            None,
+            False,
+            s,
+            form,
+        )
+
+    @rule(
+        counter=ArrayMachine.arrays,
+        grid=S.configs_dims,
+        block=S.configs_dims,
+        shared=S.shared_mems,
+        cluster=S.clusters,
+        cooperative=st.booleans(),
+        s=st.none() | ContextMachine.streams,
+        form=st.booleans(),
+        count_change=st.sampled_from([0, 0, 0, -1, 1]),
+    )
+    def launch_count(
+        self, counter, grid, block, shared, cluster, cooperative, s, form, count_change
+    ):
         """Every thread of the configuration adds one: checks the grid and block launched."""
         self.count("launch_count")
         if counter.dev.dtype != np.uint32 or self.pointer_room(counter, 4) < 1:
@@ -196,8 +272,21 @@ class LaunchMachine(ArrayMachine):
         def writes():
             v, _ = self.flat(counter, np.uint32, 1)
             v[0] = np.uint32((int(v[0]) + prod(g) * prod(b)) & 0xFFFFFFFF)
-        self.launch("count", args, [ccond], [counter], writes, grid, block, shared, cluster,
-                    cooperative, s, form)
+
+        self.launch(
+            "count",
+            args,
+            [ccond],
+            [counter],
+            writes,
+            grid,
+            block,
+            shared,
+            cluster,
+            cooperative,
+            s,
+            form,
+        )
 
     @staticmethod
     def change_count(args: list, change: int):

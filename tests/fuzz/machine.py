@@ -47,6 +47,7 @@ def ok(result) -> bool:
     """Whether an `attempt` succeeded."""
     return not isinstance(result, Failed)
 
+
 EXAMPLE_TIMEOUT_S = 120  # one example hung (a deadlock): dump every thread's stack and exit
 MAX_CREATED = 3  # live created contexts (each costs a GPU hundreds of MB)
 MAX_STACK = 6
@@ -55,6 +56,7 @@ MAX_STACK = 6
 @dataclass
 class Env:
     """What one test's examples share: the backend, the loaded library, device limits."""
+
     backend: object
     library: cuctx.Library
     limits: dict
@@ -64,10 +66,16 @@ class Env:
     warmed: cuctx.Context | None = None  # the primary context `warm` last ran in
 
 
-CONTEXT_FLAGS = st.sampled_from([0, 0, cuctx.ContextFlags.SCHED_SPIN,
-                                 cuctx.ContextFlags.SCHED_YIELD,
-                                 cuctx.ContextFlags.SCHED_BLOCKING_SYNC,
-                                 cuctx.ContextFlags.MAP_HOST])
+CONTEXT_FLAGS = st.sampled_from(
+    [
+        0,
+        0,
+        cuctx.ContextFlags.SCHED_SPIN,
+        cuctx.ContextFlags.SCHED_YIELD,
+        cuctx.ContextFlags.SCHED_BLOCKING_SYNC,
+        cuctx.ContextFlags.MAP_HOST,
+    ]
+)
 BAD_CONTEXT_FLAGS = st.sampled_from([1 << 20, "0", True, 1.0, None])
 
 
@@ -113,7 +121,7 @@ class ContextMachine(RuleBasedStateMachine):
         with self.device:
             err, pool = backend.driver.cuDeviceGetDefaultMemPool(self.device._handle)
             assert not err, err
-            err, = backend.driver.cuMemPoolTrimTo(pool, 0)
+            (err,) = backend.driver.cuMemPoolTrimTo(pool, 0)
             assert not err, err
         free = self.device.mem_info().free
         if empty:
@@ -157,16 +165,18 @@ class ContextMachine(RuleBasedStateMachine):
             self.stack.append(self.primary())
         current = cuctx.current_context()
         assert current is self.top().ctx, (
-            f"after lazy initialisation the current context is {current!r}, not "
-            f"{self.top().ctx!r}")
+            f"after lazy initialisation the current context is {current!r}, not {self.top().ctx!r}"
+        )
 
     def legacy(self, rec: CtxRec) -> StreamRec | None:
         """The legacy default stream of a context, as a record (made once per context);
         None when the context cannot be entered any more."""
         if rec.legacy is None:
+
             def get():
                 with rec.ctx:
                     return cuctx.legacy_stream()
+
             stream = self.call(f"legacy_stream() in {rec}", combine(usable(rec)), get)
             if isinstance(stream, Failed):
                 return None
@@ -191,7 +201,8 @@ class ContextMachine(RuleBasedStateMachine):
         if s.host_expected is not None:
             assert self.host_calls[id(s)] == s.host_expected, (
                 f"{s}: {self.host_calls[id(s)]} host functions ran by its synchronize, "
-                f"{s.host_expected} were queued")
+                f"{s.host_expected} were queued"
+            )
 
     @staticmethod
     def host_errors(streams):
@@ -205,8 +216,11 @@ class ContextMachine(RuleBasedStateMachine):
 
     def synchronize_context(self, rec: CtxRec) -> None:
         streams = [s for s in self.all_streams if s.ctx is rec]
-        expect = combine(usable(rec), self.host_errors(streams),
-                         fail(*FAULTS) if rec.state == "faulted" else None)
+        expect = combine(
+            usable(rec),
+            self.host_errors(streams),
+            fail(*FAULTS) if rec.state == "faulted" else None,
+        )
         result = self.call(f"{rec}.synchronize()", expect, rec.ctx.synchronize)
         if isinstance(result, Failed) and not isinstance(result.exc, cuctx.HostFunctionError):
             return
@@ -246,7 +260,8 @@ class ContextMachine(RuleBasedStateMachine):
         want = base.bytes.view(base.dev.dtype).reshape(base.dev.shape)
         assert same_values(host, want, mask), (
             f"device memory differs from the model:\n device {host!r}\n model  {want!r}\n "
-            f"known  {mask.all(axis=-1)!r}")
+            f"known  {mask.all(axis=-1)!r}"
+        )
 
     # -- contexts -------------------------------------------------------------------------
 
@@ -255,8 +270,11 @@ class ContextMachine(RuleBasedStateMachine):
         self.count("primary_context")
         return self.primary()
 
-    @precondition(lambda self: sum(r.alive for r in self.created) < MAX_CREATED
-                  and len(self.stack) < MAX_STACK)
+    @precondition(
+        lambda self: (
+            sum(r.alive for r in self.created) < MAX_CREATED and len(self.stack) < MAX_STACK
+        )
+    )
     @rule(target=contexts, flags=CONTEXT_FLAGS)
     def create_context(self, flags):
         self.count("create_context")
@@ -270,8 +288,13 @@ class ContextMachine(RuleBasedStateMachine):
     @rule(flags=BAD_CONTEXT_FLAGS)
     def create_context_bad_flags(self, flags):
         self.count("create_context_bad_flags")
-        self.call(f"Context.create(0, {flags!r})", (TypeError, ValueError, cuctx.CudaError),
-                  cuctx.Context.create, 0, flags)
+        self.call(
+            f"Context.create(0, {flags!r})",
+            (TypeError, ValueError, cuctx.CudaError),
+            cuctx.Context.create,
+            0,
+            flags,
+        )
 
     @rule(rec=contexts)
     def destroy(self, rec):
@@ -302,8 +325,9 @@ class ContextMachine(RuleBasedStateMachine):
     def pop(self):
         self.count("pop" if self.stack else "pop_empty")
         want = self.top()
-        got = self.call("Context.pop()", None if want else (InvalidContextError,),
-                        cuctx.Context.pop)
+        got = self.call(
+            "Context.pop()", None if want else (InvalidContextError,), cuctx.Context.pop
+        )
         if want is None:
             return
         self.stack.pop()
@@ -334,6 +358,7 @@ class ContextMachine(RuleBasedStateMachine):
                 assert cuctx.current_context() is self.resolve(rec).ctx
                 if inner is not None:
                     inner.ctx.push()  # left pushed: the block's exit pops it too
+
         self.call(f"with {rec}:", combine(usable(rec)), block)
         assert self.stack == before
 
@@ -353,6 +378,7 @@ class ContextMachine(RuleBasedStateMachine):
         touch is no longer compared; it stays faulted until destroyed or reset."""
         self.count("inject_fault")
         from cuctx.sim import inject_fault
+
         if not ok(self.call(f"inject_fault({rec})", combine(usable(rec)), inject_fault, rec.ctx)):
             return
         rec.state = "faulted"
@@ -377,8 +403,10 @@ class ContextMachine(RuleBasedStateMachine):
         faulted = [r for r in recs if r.state == "faulted"]
         failures = self.host_errors(streams)
         # A faulted context may be skipped (known poisoned) or raise its fault first.
-        expect = combine(maybe(*failures[1]) if faulted and failures else failures,
-                         maybe(*FAULTS) if faulted else None)
+        expect = combine(
+            maybe(*failures[1]) if faulted and failures else failures,
+            maybe(*FAULTS) if faulted else None,
+        )
         fn = self.device.synchronize if how == "device" else cuctx.synchronize
         result = self.call(f"{how} synchronize", expect, fn)
         if how == "cuctx":
@@ -400,7 +428,8 @@ class ContextMachine(RuleBasedStateMachine):
             self.stack.append(self.primary())  # lazily initialised by a call that may
             want = self.top()
         assert current is (want.ctx if want else None), (
-            f"current_context() is {current!r}; the model's stack is {self.stack}")
+            f"current_context() is {current!r}; the model's stack is {self.stack}"
+        )
         assert current is None or current.state != "destroyed", current
         self.finished = self.started
 
@@ -461,12 +490,16 @@ class ContextMachine(RuleBasedStateMachine):
         # as up over 110 multi-thread examples, never accumulating), so a GPU gets 8 MiB.
         slack = 0 if self.env.backend.sim is not None else 8 << 20
         if os.environ.get("CUCTX_FUZZ_MEMORY") == "report":  # a diagnosis: growth per example
-            print(f"cuctx fuzz memory: example grew by {self.baseline - free} bytes; "
-                  f"{_still_held()}", file=sys.__stdout__, flush=True)
+            print(
+                f"cuctx fuzz memory: example grew by {self.baseline - free} bytes; {_still_held()}",
+                file=sys.__stdout__,
+                flush=True,
+            )
             return
         assert free >= self.baseline - slack, (
             f"device memory in use grew by {self.baseline - free} bytes over the example "
-            f"(free {free}, was {self.baseline}): something leaked; {_still_held()}")
+            f"(free {free}, was {self.baseline}): something leaked; {_still_held()}"
+        )
 
     def settled(self, streams) -> None:
         """The streams' work is done: nothing pending, host functions counted as expected."""
@@ -497,15 +530,18 @@ def _still_held() -> str:
     """What cuctx itself still holds, for a leak report: allocations not freed (and the
     contexts they belong to), pointers waiting for a usable context, live contexts."""
     from cuctx import _lifetimes
+
     every = [c for c in gc.get_objects() if isinstance(c, cuctx.Context)]
     held = [(ctx, free[:]) for ctx in every for free in list((ctx._allocations or {}).values())]
     sizes = [free[2] for _, free in held if free]
     contexts = sorted({repr(ctx) for ctx, free in held if free})
     orphans = sum(len(p) for p in _lifetimes.orphans.values())
     live = [c for c in every if c.state != "destroyed"]
-    return (f"cuctx still holds {len(held)} allocation(s), {sum(sizes)} bytes, in {contexts}; "
-            f"{orphans} orphaned pointer(s); {len(live)} live Context object(s): "
-            f"{sorted(repr(c) for c in live)[:6]}")
+    return (
+        f"cuctx still holds {len(held)} allocation(s), {sum(sizes)} bytes, in {contexts}; "
+        f"{orphans} orphaned pointer(s); {len(live)} live Context object(s): "
+        f"{sorted(repr(c) for c in live)[:6]}"
+    )
 
 
 __all__ = ["ContextMachine", "Env", "ok"]

@@ -37,6 +37,7 @@ ANY = Maybe(ALLOWED)
 @dataclass
 class Stats:
     """What the fuzzer did, for the counts the run prints (shared by threads)."""
+
     examples: int = 0
     steps: int = 0
     rules: Counter = field(default_factory=Counter)
@@ -76,7 +77,8 @@ def check_allowed(what: str, exc: BaseException) -> None:
     if not isinstance(exc, ALLOWED):  # the verdict is an AssertionError, as pytest's
         raise AssertionError(  # noqa: TRY004
             f"{what} raised {type(exc).__name__}, which is not a cuctx error nor a "
-            f"TypeError/ValueError/IndexError: {exc!r}") from exc
+            f"TypeError/ValueError/IndexError: {exc!r}"
+        ) from exc
     if not str(exc).strip():
         raise AssertionError(f"{what} raised {type(exc).__name__} without a message") from exc
 
@@ -94,15 +96,18 @@ def attempt(what: str, expect, fn: Callable, *args, **kwargs) -> Any:
             raise AssertionError(f"{what} should succeed but raised {exc!r}") from exc
         if not isinstance(exc, expect):
             raise AssertionError(  # noqa: TRY004
-                f"{what} raised {exc!r}; expected one of {[t.__name__ for t in expect]}") from exc
+                f"{what} raised {exc!r}; expected one of {[t.__name__ for t in expect]}"
+            ) from exc
         return Failed(exc)
     if expect is not None and not isinstance(expect, Maybe):
-        raise AssertionError(f"{what} should raise one of {[t.__name__ for t in expect]} "
-                             f"but returned {result!r}")
+        raise AssertionError(
+            f"{what} should raise one of {[t.__name__ for t in expect]} but returned {result!r}"
+        )
     return result
 
 
 # -- the records --------------------------------------------------------------------------
+
 
 class CtxRec:
     """A context the fuzzer knows: ``state`` is "active", "destroyed" or "faulted" (a sticky
@@ -164,8 +169,13 @@ class Base:
     def typed(self, dtype: np.dtype, offset: int, shape, strides) -> tuple[np.ndarray, np.ndarray]:
         """The mirror view and its per-element byte mask for a device view."""
         mirror = np.ndarray(shape, dtype, buffer=self.bytes, offset=offset, strides=strides)
-        mask = np.ndarray(tuple(shape) + (dtype.itemsize,), bool, buffer=self.known,
-                          offset=offset, strides=tuple(strides) + (1,))
+        mask = np.ndarray(
+            tuple(shape) + (dtype.itemsize,),
+            bool,
+            buffer=self.known,
+            offset=offset,
+            strides=tuple(strides) + (1,),
+        )
         return mirror, mask
 
 
@@ -173,16 +183,22 @@ class Arr:
     """A device array (a base or a view) and its mirror. An empty view has no bytes to
     mirror: its mirror is NumPy's own (empty) view."""
 
-    def __init__(self, base: Base, dev: cuctx.DeviceArray, offset: int,
-                 empty_mirror: np.ndarray | None = None):
+    def __init__(
+        self,
+        base: Base,
+        dev: cuctx.DeviceArray,
+        offset: int,
+        empty_mirror: np.ndarray | None = None,
+    ):
         self.base = base
         self.dev = dev
         self.offset = offset  # bytes from the base's start to the view's first element
         if dev.size:
             self.mirror, self.mask = base.typed(dev.dtype, offset, dev.shape, dev.strides)
         else:
-            self.mirror = empty_mirror if empty_mirror is not None else \
-                np.empty(dev.shape, dev.dtype)
+            self.mirror = (
+                empty_mirror if empty_mirror is not None else np.empty(dev.shape, dev.dtype)
+            )
             self.mask = np.zeros(dev.shape + (dev.dtype.itemsize,), bool)
         base.refs += 1
 

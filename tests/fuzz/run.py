@@ -23,17 +23,31 @@ from . import kernels
 from .machine import Env
 from .model import STATS
 
-_COMMON = {"deadline": None, "database": None, "print_blob": True,
-           "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                     HealthCheck.data_too_large]}
-settings.register_profile("cuctx-fuzz-ci", max_examples=200, stateful_step_count=30,
-                          derandomize=True, **_COMMON)
+_COMMON = {
+    "deadline": None,
+    "database": None,
+    "print_blob": True,
+    "suppress_health_check": [
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.data_too_large,
+    ],
+}
+settings.register_profile(
+    "cuctx-fuzz-ci", max_examples=200, stateful_step_count=30, derandomize=True, **_COMMON
+)
 # One batch of the long run; batches repeat (with fresh seeds) until the budget is spent.
 # CUCTX_FUZZ_SHRINK=0 reports a failing example as found, unshrunk (shrinking a GPU example
 # can take longer than a device run may).
 _PHASES = [p for p in Phase if p is not Phase.shrink or os.environ.get("CUCTX_FUZZ_SHRINK") != "0"]
-settings.register_profile("cuctx-fuzz-long", max_examples=50, stateful_step_count=60,
-                          derandomize=False, phases=_PHASES, **_COMMON)
+settings.register_profile(
+    "cuctx-fuzz-long",
+    max_examples=50,
+    stateful_step_count=60,
+    derandomize=False,
+    phases=_PHASES,
+    **_COMMON,
+)
 
 PROFILE = os.environ.get("CUCTX_FUZZ", "ci") or "ci"
 if PROFILE not in ("ci", "long"):
@@ -87,8 +101,15 @@ def make_env(backend, cache_dir: str) -> Env:
         "clusters": bool(p.cluster_launch),
         "sms": p.multiprocessor_count,
     }
-    return Env(backend, library, limits, (int(least), int(greatest)),
-               anchor=device.primary_context, warm=warm, warmed=device.primary_context)
+    return Env(
+        backend,
+        library,
+        limits,
+        (int(least), int(greatest)),
+        anchor=device.primary_context,
+        warm=warm,
+        warmed=device.primary_context,
+    )
 
 
 def run(machine_cls, env: Env, weight: float, examples: int | None = None) -> None:
@@ -149,11 +170,22 @@ def summary(name: str) -> str:
     s = STATS
     top = ", ".join(f"{k} {v}" for k, v in s.rules.most_common())
     errors = ", ".join(f"{k} {v}" for k, v in s.errors.most_common())
-    line = (f"cuctx fuzz {name} ({PROFILE}): {s.examples} examples, {s.steps} steps; "
-            f"rules: {top}; errors raised as the model expected: {errors or 'none'}")
+    line = (
+        f"cuctx fuzz {name} ({PROFILE}): {s.examples} examples, {s.steps} steps; "
+        f"rules: {top}; errors raised as the model expected: {errors or 'none'}"
+    )
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, f"fuzz-counts-{name}.json"), "w") as f:
-            json.dump({"profile": PROFILE, "examples": s.examples, "steps": s.steps,
-                       "rules": dict(s.rules), "errors": dict(s.errors)}, f, indent=1)
+            json.dump(
+                {
+                    "profile": PROFILE,
+                    "examples": s.examples,
+                    "steps": s.steps,
+                    "rules": dict(s.rules),
+                    "errors": dict(s.errors),
+                },
+                f,
+                indent=1,
+            )
     return line

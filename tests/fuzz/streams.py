@@ -19,9 +19,12 @@ class StreamMachine(ContextMachine):
 
     # -- streams and events ---------------------------------------------------------------
 
-    @rule(target=streams, rec=contexts,
-          priority=st.sampled_from([None, 0, -1, -5, 1, -6, 2.0, True]),
-          non_blocking=st.booleans())
+    @rule(
+        target=streams,
+        rec=contexts,
+        priority=st.sampled_from([None, 0, -1, -5, 1, -6, 2.0, True]),
+        non_blocking=st.booleans(),
+    )
     def new_stream(self, rec, priority, non_blocking):
         self.count("new_stream")
         least, greatest = self.env.priorities
@@ -31,8 +34,12 @@ class StreamMachine(ContextMachine):
         def make():
             with rec.ctx:
                 return cuctx.Stream(priority=priority, non_blocking=non_blocking)
-        expect = combine(usable(rec), fail(TypeError) if bad else None,
-                         fail(ValueError) if out_of_range else None)
+
+        expect = combine(
+            usable(rec),
+            fail(TypeError) if bad else None,
+            fail(ValueError) if out_of_range else None,
+        )
         stream = self.call(f"Stream(priority={priority!r}) in {rec}", expect, make)
         if not ok(stream):
             return multiple()
@@ -51,6 +58,7 @@ class StreamMachine(ContextMachine):
         def make():
             with rec.ctx:
                 return cuctx.Event(timing=timing)
+
         event = self.call(f"Event(timing={timing}) in {rec}", combine(usable(rec)), make)
         if not ok(event):
             return multiple()
@@ -71,8 +79,7 @@ class StreamMachine(ContextMachine):
     @rule(s=streams, event=events)
     def wait_event(self, s, event):
         self.count("wait_event")
-        expect = combine(usable(s.ctx, event.ctx),
-                         None if event.recorded else fail(ValueError))
+        expect = combine(usable(s.ctx, event.ctx), None if event.recorded else fail(ValueError))
         self.call(f"{s}.wait({event})", expect, s.stream.wait, event.event)
 
     @rule(s=streams, other=streams)
@@ -132,8 +139,9 @@ class StreamMachine(ContextMachine):
 
         fn = {"ok": ran, "raises": raises, "calls_cuda": calls_cuda, "not_callable": 3}[kind]
         expect = combine(usable(s.ctx), fail(TypeError) if kind == "not_callable" else None)
-        if not ok(self.call(f"{s}.launch_host_func({kind})", expect, s.stream.launch_host_func,
-                            fn)):
+        if not ok(
+            self.call(f"{s}.launch_host_func({kind})", expect, s.stream.launch_host_func, fn)
+        ):
             return
         if s.host_expected is not None:
             s.host_expected += 1

@@ -32,8 +32,14 @@ MAX_WORKER_CONTEXTS = 2
 
 slot = st.integers(0, 15)
 worker_ops = st.one_of(
-    st.tuples(st.just("alloc"), S.shapes, S.array_dtypes, S.seeds,
-              st.sampled_from(["legacy", "stream", "per_thread"]), slot),
+    st.tuples(
+        st.just("alloc"),
+        S.shapes,
+        S.array_dtypes,
+        S.seeds,
+        st.sampled_from(["legacy", "stream", "per_thread"]),
+        slot,
+    ),
     st.tuples(st.just("fill"), slot, S.fill_values),
     st.tuples(st.just("read"), slot),
     st.tuples(st.just("copy_in"), slot),
@@ -46,8 +52,9 @@ worker_ops = st.one_of(
     st.tuples(st.just("events"), slot),
     st.tuples(st.just("bad_index"), slot, S.bad_keys),
 )
-programs = st.lists(st.tuples(st.lists(worker_ops, max_size=8), st.booleans()),
-                    min_size=1, max_size=3)
+programs = st.lists(
+    st.tuples(st.lists(worker_ops, max_size=8), st.booleans()), min_size=1, max_size=3
+)
 
 
 class Own:
@@ -77,8 +84,7 @@ class Worker:
     # -- helpers --------------------------------------------------------------------------
 
     def contexts(self):
-        return [c for _, c in self.shared_ctxs] + [c for c in self.own_ctxs
-                                                    if c.state == "active"]
+        return [c for _, c in self.shared_ctxs] + [c for c in self.own_ctxs if c.state == "active"]
 
     def pick(self, items, i):
         return items[i % len(items)] if items else None
@@ -93,8 +99,9 @@ class Worker:
     def check_current(self) -> None:
         current = cuctx.current_context()
         want = self.stack[-1] if self.stack else None
-        assert current is want or (want is None and current is not None
-                                   and current.kind == "primary"), (current, self.stack)
+        assert current is want or (
+            want is None and current is not None and current.kind == "primary"
+        ), (current, self.stack)
         if want is None and current is not None:
             self.stack.append(current)  # lazily initialised
 
@@ -135,8 +142,11 @@ class Worker:
             return
         host = S.host_data(shape, dtype, seed)
         with ctx:
-            stream = {"legacy": cuctx.legacy_stream, "stream": lambda: self.stream_in(ctx),
-                      "per_thread": cuctx.per_thread_stream}[where]()
+            stream = {
+                "legacy": cuctx.legacy_stream,
+                "stream": lambda: self.stream_in(ctx),
+                "per_thread": cuctx.per_thread_stream,
+            }[where]()
             dev = attempt("worker to_device", None, cuctx.to_device, host, stream)
         shared = next((rec for rec, c in self.shared_ctxs if c is ctx), None)
         self.arrays.append(Own(dev, host.copy(), ctx, stream, shared))
@@ -207,8 +217,9 @@ class Worker:
 
     def pop(self):
         want = self.stack[-1] if self.stack else None
-        got = attempt("worker pop", None if want else (cuctx.InvalidContextError,),
-                      cuctx.Context.pop)
+        got = attempt(
+            "worker pop", None if want else (cuctx.InvalidContextError,), cuctx.Context.pop
+        )
         if want is not None:
             assert got is self.stack.pop()
 
@@ -231,10 +242,12 @@ class Worker:
             self.host_runs += 1
             if raises:
                 raise ValueError("raised by a worker's host function")
+
         before = self.host_runs
         attempt("worker launch_host_func", None, stream.launch_host_func, fn)
-        attempt("worker synchronize", (cuctx.HostFunctionError,) if raises else None,
-                stream.synchronize)
+        attempt(
+            "worker synchronize", (cuctx.HostFunctionError,) if raises else None, stream.synchronize
+        )
         assert self.host_runs == before + 1
 
     def events(self, i):
@@ -259,7 +272,6 @@ class Worker:
 
 
 class ThreadMachine(LaunchMachine):
-
     @rule(target=LaunchMachine.arrays, programs=programs)
     def run_workers(self, programs):
         self.count("run_workers")
@@ -267,12 +279,18 @@ class ThreadMachine(LaunchMachine):
         shared_arrs = []
         for base in self.bases:
             pending = [p.stream for p in base.pending]
-            if base.trusted and base.ctx.alive and all(p.ctx.alive for p in base.pending) \
-                    and base.dev.size:
+            if (
+                base.trusted
+                and base.ctx.alive
+                and all(p.ctx.alive for p in base.pending)
+                and base.dev.size
+            ):
                 mirror, mask = base.typed(base.dev.dtype, 0, base.dev.shape, base.dev.strides)
                 shared_arrs.append((base.dev, mirror.copy(), mask.copy(), pending))
-        workers = [Worker(shared_ctxs, shared_arrs, self.env.library, program, leave)
-                   for program, leave in programs]
+        workers = [
+            Worker(shared_ctxs, shared_arrs, self.env.library, program, leave)
+            for program, leave in programs
+        ]
         threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
         for t in threads:
             t.start()
@@ -281,8 +299,9 @@ class ThreadMachine(LaunchMachine):
         for w, t in zip(workers, threads):
             assert not t.is_alive(), f"a worker hung running {w.program!r}"
             if w.error is not None:
-                raise AssertionError(f"a worker running {w.program!r} failed: "
-                                     f"{w.error!r}") from w.error
+                raise AssertionError(
+                    f"a worker running {w.program!r} failed: {w.error!r}"
+                ) from w.error
         handed = []
         for w in workers:
             for own in w.handed:

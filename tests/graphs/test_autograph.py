@@ -16,8 +16,7 @@ from cuctx.graphs import _autograph, _autograph_policy
 
 from scenarios import ADD_SOURCE, add, library_fixture
 
-pytestmark = [pytest.mark.usefixtures("nvrtc_cache", "graphs_pay"),
-              pytest.mark.paths()]
+pytestmark = [pytest.mark.usefixtures("nvrtc_cache", "graphs_pay"), pytest.mark.paths()]
 
 lib = library_fixture(ADD_SOURCE, add=add)
 N = 8
@@ -141,8 +140,10 @@ def test_what_a_graph_cannot_hold_runs_the_call_eagerly(lib, breaker):
         np.testing.assert_array_equal(out.to_host(), np.arange(N) + 11.0)
     assert counts(step) == dict(calls=3, replays=0, updates=0, builds=0, eager=3)
     reason = step.stats()["reasons"][-1]
-    expected = {"to_host": "host = out.to_host()  # control flow on a device value: a host read",
-                "synchronize": "cuctx.current_stream().synchronize()"}[breaker]
+    expected = {
+        "to_host": "host = out.to_host()  # control flow on a device value: a host read",
+        "synchronize": "cuctx.current_stream().synchronize()",
+    }[breaker]
     assert line(reason["site"]) == expected
     assert ("pageable" if breaker == "to_host" else "Stream.synchronize") in reason["reason"]
 
@@ -195,8 +196,7 @@ def test_recorded_events_copies_fills_and_host_functions(lib):
         out = cuctx.zeros(N, np.float32, stream=stream)
         step(out, x)
         done.synchronize()
-        np.testing.assert_array_equal(out.to_host(stream=stream),
-                                      [100, 101] + [6] * (N - 2))
+        np.testing.assert_array_equal(out.to_host(stream=stream), [100, 101] + [6] * (N - 2))
     assert seen == ["ran"] * 4
     assert counts(step)["builds"] == 1
 
@@ -343,6 +343,7 @@ def test_handing_an_array_to_another_library_runs_the_call_eagerly(lib):
 
 # -- temporaries: the memory a call allocates and drops keeps its address ------------------
 
+
 def test_a_temporary_keeps_its_address_on_every_call(lib):
     k = lib["add"]
     addresses = []
@@ -366,6 +367,7 @@ def test_a_temporary_keeps_its_address_on_every_call(lib):
 def fifty_kernel_step(k: cuctx.Kernel) -> cuctx.AutoGraph:
     """The issue's step: 50 kernels, a new input and output array each call, one temporary
     inside (out = x + 50)."""
+
     @cuctx.autograph
     def step(out, x):
         tmp = cuctx.empty(N, np.float32)
@@ -373,6 +375,7 @@ def fifty_kernel_step(k: cuctx.Kernel) -> cuctx.AutoGraph:
         for _ in range(48):
             k[1, 32](tmp, tmp, np.float32(1), N)
         k[1, 32](out, tmp, np.float32(1), N)
+
     return step
 
 
@@ -486,6 +489,7 @@ def test_a_temporary_used_on_a_second_stream_is_right_under_the_race_checker(lib
 
 # -- the policy: modelled costs on the sim decide as an H100's measured ones ----------------
 
+
 def decoding_like(k):
     """The issue's decoding-like loop: 5-8 small kernels, a temporary inside, a scalar and
     the output array new every call, a new structure every 16 calls."""
@@ -509,8 +513,11 @@ def decoding_like(k):
 
 
 def decisions(stats: dict) -> tuple:
-    return (counts_of(stats), stats["patched_nodes"],
-            [(r["call"], r["action"], r["reason"]) for r in stats["reasons"]])
+    return (
+        counts_of(stats),
+        stats["patched_nodes"],
+        [(r["call"], r["action"], r["reason"]) for r in stats["reasons"]],
+    )
 
 
 def mostly_graphed(stats: dict, backend) -> None:
@@ -523,16 +530,20 @@ def mostly_graphed(stats: dict, backend) -> None:
     if stats["replays"] + stats["updates"] + stats["builds"] > stats["eager"]:
         return
     if backend.sim is None:
-        pytest.xfail("the builds this process measured do not pay for this loop (issue 22, "
-                     f"item 2: builds at most 1.5x the C program's)\n{said(stats)}")
+        pytest.xfail(
+            "the builds this process measured do not pay for this loop (issue 22, "
+            f"item 2: builds at most 1.5x the C program's)\n{said(stats)}"
+        )
     raise AssertionError(said(stats))
 
 
 def said(stats: dict) -> str:
     """The counts and each decision's reason, for a failure's message (on a GPU they come
     from the costs measured there)."""
-    return "\n".join([str(counts_of(stats))] + [f"call {r['call']}: {r['action']}: {r['reason']}"
-                                                 for r in stats["reasons"]])
+    return "\n".join(
+        [str(counts_of(stats))]
+        + [f"call {r['call']}: {r['action']}: {r['reason']}" for r in stats["reasons"]]
+    )
 
 
 def counts_of(stats: dict) -> dict:
@@ -573,8 +584,7 @@ def test_the_50_kernel_step_runs_mostly_as_graph_calls(lib, backend, costs_decid
     np.testing.assert_array_equal(kept[-1][0].to_host(), np.arange(19, 19 + N) + 50.0)
 
 
-def test_the_decoding_example_prints_the_same_short_output_on_every_run(sim, capsys,
-                                                                      costs_decide):
+def test_the_decoding_example_prints_the_same_short_output_on_every_run(sim, capsys, costs_decide):
     from cuctx.examples import decoding_loop
 
     decoding_loop.main(tokens=70)
@@ -586,11 +596,11 @@ def test_the_decoding_example_prints_the_same_short_output_on_every_run(sim, cap
     # The first structure is built at its 3rd call (a graph of 32 small kernels saves ~116 us
     # a call and its build takes ~340 us, an H100's costs), the second at its 2nd call, for
     # the first lasted 64.
-    assert "AutoGraph: 70 calls: 65 patched (8 nodes each), 0 replayed, 2 builds, 3 eager" \
-        in first
+    assert "AutoGraph: 70 calls: 65 patched (8 nodes each), 0 replayed, 2 builds, 3 eager" in first
 
 
 # -- the per-call path: compiled where the backend has it, the Python path its reference -----
+
 
 def test_graph_calls_patch_and_launch_through_the_compiled_path_where_there_is_one(lib, backend):
     k = lib["add"]
@@ -633,6 +643,7 @@ def test_a_refused_patch_rebuilds_the_graph_on_both_paths(lib, backend, monkeypa
             refusals.append(args)
             return (INVALID_VALUE,)
         return set_work(self, *args)
+
     monkeypatch.setattr(GraphExecModel, "_set_exec_work", refuse_once)
     step(outs[2], arange(2))  # the patch is refused: a new graph
     step(outs[3], arange(3))  # and the next call patches that one
@@ -643,6 +654,7 @@ def test_a_refused_patch_rebuilds_the_graph_on_both_paths(lib, backend, monkeypa
 
 
 # -- inside a stream capture ------------------------------------------------------------------
+
 
 def test_a_call_inside_a_capture_puts_its_work_into_the_capture(lib):
     k = lib["add"]
@@ -720,6 +732,7 @@ def test_a_function_that_enqueues_nothing_runs_as_itself(lib):
 
 def test_generator_and_async_functions_are_refused_at_decoration():
     """Their bodies run after the call returns, outside what AutoGraph records."""
+
     def steps():
         yield
 
@@ -729,8 +742,11 @@ def test_generator_and_async_functions_are_refused_at_decoration():
     async def stream_of_steps():
         yield
 
-    for fn, what in ((steps, "a generator function"), (step, "an async function"),
-                     (stream_of_steps, "an async generator function")):
+    for fn, what in (
+        (steps, "a generator function"),
+        (step, "an async function"),
+        (stream_of_steps, "an async generator function"),
+    ):
         refused = f"autograph: '{fn.__qualname__}' is {what}: calling it returns"
         with pytest.raises(TypeError, match=refused.replace(".", r"\.")):
             cuctx.autograph(fn)

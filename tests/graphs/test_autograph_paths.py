@@ -20,8 +20,10 @@ from cuctx.memory import _alloc
 
 from scenarios import ADD_SOURCE, add, library_fixture, python_paths
 
-pytestmark = [pytest.mark.usefixtures("nvrtc_cache", "graphs_pay"),
-              pytest.mark.paths("python", "native")]
+pytestmark = [
+    pytest.mark.usefixtures("nvrtc_cache", "graphs_pay"),
+    pytest.mark.paths("python", "native"),
+]
 
 lib = library_fixture(ADD_SOURCE, add=add)
 N = 8
@@ -34,23 +36,29 @@ def arange(start: float = 0) -> cuctx.DeviceArray:
 def token(k: cuctx.Kernel, middle: int = 3) -> Callable:
     """The docs' form: kernel[grid, block](...) inside the function, a temporary, a new
     output and scalar every call; ``middle`` kernels between the first and the last."""
+
     def step(out, x, a):
         tmp = cuctx.empty(N, np.float32)
         k[1, 32](tmp, x, np.float32(a), N)
         for _ in range(middle):
             k[1, 32](tmp, tmp, np.float32(1), N)
         k[1, 32](out, tmp, np.float32(a), N)
+
     return step
 
 
 def decisions(fn: cuctx.AutoGraph) -> tuple:
     s = fn.stats()
-    return ({k: s[k] for k in ("calls", "replays", "updates", "builds", "eager")},
-            s["patched_nodes"], [(r["call"], r["action"], r["reason"]) for r in s["reasons"]])
+    return (
+        {k: s[k] for k in ("calls", "replays", "updates", "builds", "eager")},
+        s["patched_nodes"],
+        [(r["call"], r["action"], r["reason"]) for r in s["reasons"]],
+    )
 
 
 def test_graph_calls_and_temporaries_are_served_by_the_compiled_path_where_built(
-        lib, backend, monkeypatch):
+    lib, backend, monkeypatch
+):
     """After the first calls, a graph call of a structure of kernels goes through neither
     AutoGraph._run nor Arena.lend nor Recording.launch (its first launch included) on the
     compiled path; on the Python path it goes through all three. Results are the function's
@@ -62,17 +70,21 @@ def test_graph_calls_and_temporaries_are_served_by_the_compiled_path_where_built
     runs, lends, launches = [], [], []
     run, lend = _autograph.AutoGraph._run, _autograph_arena.Arena.lend
     launch = _autograph_record.Recording.launch
-    monkeypatch.setattr(_autograph.AutoGraph, "_run",
-                        lambda self, rec: runs.append(1) or run(self, rec))
-    monkeypatch.setattr(_autograph_arena.Arena, "lend",
-                        lambda self, *a: lends.append(1) or lend(self, *a))
-    monkeypatch.setattr(_autograph_record.Recording, "launch",
-                        lambda self, *a: launches.append(1) or launch(self, *a))
+    monkeypatch.setattr(
+        _autograph.AutoGraph, "_run", lambda self, rec: runs.append(1) or run(self, rec)
+    )
+    monkeypatch.setattr(
+        _autograph_arena.Arena, "lend", lambda self, *a: lends.append(1) or lend(self, *a)
+    )
+    monkeypatch.setattr(
+        _autograph_record.Recording,
+        "launch",
+        lambda self, *a: launches.append(1) or launch(self, *a),
+    )
     for i in range(3, 8):
         step(outs[i], arange(i), float(i))
     compiled = backend.native is not None
-    assert (runs, lends, launches) == (([], [], []) if compiled
-                                       else ([1] * 5, [1] * 5, [1] * 25))
+    assert (runs, lends, launches) == (([], [], []) if compiled else ([1] * 5, [1] * 5, [1] * 25))
     assert step._last.compiled == compiled
     for i, out in enumerate(outs):
         np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 2 * i + 3)
@@ -81,7 +93,8 @@ def test_graph_calls_and_temporaries_are_served_by_the_compiled_path_where_built
 
 
 def test_an_output_the_caller_keeps_is_not_lent_again_and_the_next_comes_from_the_pool(
-        lib, backend, monkeypatch):
+    lib, backend, monkeypatch
+):
     """A function returning a new array each call: while the caller holds an output, the
     memory of its arena slot is not lent to the next call, whose output comes from the
     device's pool instead; on the compiled path without Arena.lend or from_pool running in
@@ -105,6 +118,7 @@ def test_an_output_the_caller_keeps_is_not_lent_again_and_the_next_comes_from_th
         lent = lend(self, *args)
         lends.append(lent is not None)
         return lent
+
     monkeypatch.setattr(_autograph_arena.Arena, "lend", lending)
     monkeypatch.setattr(_alloc, "from_pool", lambda *a: pools.append(1) or from_pool(*a))
     kept = []
@@ -189,8 +203,9 @@ def test_an_error_of_the_function_propagates_and_its_work_runs(lib):
     assert (s["replays"] + s["updates"], s["builds"], s["eager"]) == (2, 1, 2)
 
 
-def test_the_launches_of_a_call_run_eagerly_are_enqueued_by_the_compiled_path(lib, backend,
-                                                                              monkeypatch):
+def test_the_launches_of_a_call_run_eagerly_are_enqueued_by_the_compiled_path(
+    lib, backend, monkeypatch
+):
     """A call that runs eagerly enqueues what it recorded, in order: its launches from their
     packed bytes in C where the backend has it (Launcher._enqueue is the Python path's),
     around what only Python enqueues (a host function here)."""
@@ -207,8 +222,9 @@ def test_the_launches_of_a_call_run_eagerly_are_enqueued_by_the_compiled_path(li
 
     enqueued = []
     python = Launcher._enqueue
-    monkeypatch.setattr(Launcher, "_enqueue",
-                        lambda self, *a: enqueued.append(1) or python(self, *a))
+    monkeypatch.setattr(
+        Launcher, "_enqueue", lambda self, *a: enqueued.append(1) or python(self, *a)
+    )
     out = cuctx.zeros(N, np.float32)
     step(out, arange())  # a structure seen for the first time: run eagerly
     np.testing.assert_array_equal(out.to_host(), np.arange(N) + 2.0)
@@ -239,10 +255,17 @@ def test_a_gpu_build_adds_its_kernel_nodes_from_c(lib, backend):
 
 class _KernelNodeParams(ctypes.Structure):
     """csrc/native.h's kernel_node_params (CUDA_KERNEL_NODE_PARAMS_v2)."""
-    _fields_ = [("func", ctypes.c_void_p), ("grid", ctypes.c_uint * 3),
-                ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
-                ("params", ctypes.POINTER(ctypes.c_void_p)), ("extra", ctypes.c_void_p),
-                ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+    _fields_ = [
+        ("func", ctypes.c_void_p),
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared", ctypes.c_uint),
+        ("params", ctypes.POINTER(ctypes.c_void_p)),
+        ("extra", ctypes.c_void_p),
+        ("kern", ctypes.c_void_p),
+        ("ctx", ctypes.c_void_p),
+    ]
 
 
 def test_a_build_of_kernels_on_one_stream_is_made_in_c_as_python_makes_it(lib, backend):
@@ -259,17 +282,30 @@ def test_a_build_of_kernels_on_one_stream_is_made_in_c_as_python_makes_it(lib, b
     added = []  # (graph, deps, grid, block, the first parameter's 8 bytes)
     refuse_at = []
 
-    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
-                      ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
-                      ctypes.POINTER(_KernelNodeParams))
+    @ctypes.CFUNCTYPE(
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_size_t,
+        ctypes.POINTER(_KernelNodeParams),
+    )
     def add_kernel_node(node, graph, deps, count, params):
         if refuse_at and len(added) == refuse_at[0]:
             return 1  # CUDA_ERROR_INVALID_VALUE
         p = params.contents
-        added.append((graph, [deps[i] for i in range(count)], tuple(p.grid), tuple(p.block),
-                      ctypes.string_at(p.params[0], 8)))
+        added.append(
+            (
+                graph,
+                [deps[i] for i in range(count)],
+                tuple(p.grid),
+                tuple(p.block),
+                ctypes.string_at(p.params[0], 8),
+            )
+        )
         node[0] = 0x1000 + len(added)
         return 0
+
     address = ctypes.cast(add_kernel_node, ctypes.c_void_p).value
     builder = module.Driver({name: address for name in native.FUNCTIONS})  # (only one runs)
     builder.builds = True
@@ -297,8 +333,10 @@ def test_a_build_of_kernels_on_one_stream_is_made_in_c_as_python_makes_it(lib, b
         assert node._kernel is launcher.kernel and node._config is launcher.config
         assert node._keep[0] is launcher.kernel._owner and len(node._keep) == 1 + len(args)
         for kept, arg in zip(node._keep[1:], args):
-            if isinstance(arg, cuctx.DeviceArray) and arg._alloc.__class__ is \
-                    _autograph_arena.Lease:  # the temporary: its block, not its lease
+            if (
+                isinstance(arg, cuctx.DeviceArray)
+                and arg._alloc.__class__ is _autograph_arena.Lease
+            ):  # the temporary: its block, not its lease
                 assert kept is not arg and kept.ptr == arg.ptr
                 assert kept._alloc is arg._alloc.block
             else:

@@ -86,8 +86,14 @@ def test_small_builds_are_estimated_by_small_builds_not_by_large_ones():
     build costs) must not make a structure of five kernels look too costly to build."""
     costs = BuildCosts()
     costs.add(5, 1.0)  # (the first, not counted)
-    for nodes, seconds in ((5, 100e-6), (1000, 11e-3), (8, 120e-6), (1000, 13e-3),
-                           (6, 107e-6), (50, 600e-6)):
+    for nodes, seconds in (
+        (5, 100e-6),
+        (1000, 11e-3),
+        (8, 120e-6),
+        (1000, 13e-3),
+        (6, 107e-6),
+        (50, 600e-6),
+    ):
         costs.add(nodes, seconds)
     assert costs.estimate(5) == pytest.approx(100e-6, rel=0.25)
     assert costs.estimate(1000) == pytest.approx(12e-3, rel=0.25)
@@ -163,6 +169,6 @@ def test_structures_that_last_20_calls_are_built_at_their_second(lib, backend, m
     assert len(later) == 2, said
     assert 22 <= later[0] <= 22 + late and 42 <= later[1] <= 42 + late, said
     if backend.sim is not None:  # the model (an H100's costs): a graph of 8 saves ~32 us a
-        assert builds[0] == 7     # call, its build takes ~205: it pays over the 7 calls seen
+        assert builds[0] == 7  # call, its build takes ~205: it pays over the 7 calls seen
         s = step.stats()
         assert (s["builds"], s["eager"], s["updates"]) == (3, 8, 49)

@@ -53,6 +53,7 @@ def usable(lib, s: cuctx.Stream) -> None:
 
 # -- what a capture holds ------------------------------------------------------------------
 
+
 def test_capture_holds_launches_copies_fills_host_functions_and_a_joined_stream(lib):
     s, side = cuctx.Stream(), cuctx.Stream()
     x, mid, out = arange(s), zeros(s), zeros(s)
@@ -68,8 +69,7 @@ def test_capture_holds_launches_copies_fills_host_functions_and_a_joined_stream(
         s.wait(side)
         cuctx.copy(host, out, s)
     assert isinstance(graph, cuctx.Graph)
-    assert sorted(node.kind for node in graph.nodes) == ["copy", "fill", "host", "kernel",
-                                                         "kernel"]
+    assert sorted(node.kind for node in graph.nodes) == ["copy", "fill", "host", "kernel", "kernel"]
     assert out.to_host(stream=s).tolist() == [0.0] * N and seen == []  # nothing ran yet
     for node in graph.nodes:  # each node names the line that queued it
         text = {"fill": "scratch.fill(", "host": "launch_host_func(", "copy": "cuctx.copy("}
@@ -250,8 +250,7 @@ BREAKING = {  # the call the message names -> the call (s, an event recorded in 
 
 @pytest.mark.parametrize("mode", ["thread_local", "global"])
 @pytest.mark.parametrize("call", list(BREAKING))
-def test_a_breaking_call_raises_ends_the_capture_and_leaves_the_stream_usable(lib, call,
-                                                                              mode):
+def test_a_breaking_call_raises_ends_the_capture_and_leaves_the_stream_usable(lib, call, mode):
     s = cuctx.Stream()
     arr = cuctx.zeros(N, np.float32, stream=s)
     breaking = BREAKING[call]
@@ -391,12 +390,12 @@ def test_the_graph_used_inside_its_block_is_a_capture_error(lib):
     x, out = arange(s), zeros(s)
     with s.capture() as graph:
         lib["add"][1, N, 0, s](out, x, 1.0, N)
-        for call, use in (("Graph.instantiate", lambda: graph.instantiate()),
-                          ("Graph.nodes", lambda: graph.nodes),
-                          ("Graph.launch", lambda: graph.launch(lib["add"], 1, N, out, x, 1.0,
-                                                                N))):
-            with pytest.raises(GraphCaptureError, match="made when its `with` block ends") \
-                    as info:
+        for call, use in (
+            ("Graph.instantiate", lambda: graph.instantiate()),
+            ("Graph.nodes", lambda: graph.nodes),
+            ("Graph.launch", lambda: graph.launch(lib["add"], 1, N, out, x, 1.0, N)),
+        ):
+            with pytest.raises(GraphCaptureError, match="made when its `with` block ends") as info:
                 use()
             assert str(info.value).startswith(f"{call} failed")
             assert f"{__file__}:{use.__code__.co_firstlineno}" in str(info.value)
@@ -436,8 +435,8 @@ def test_a_graph_launched_into_a_capture_is_refused_and_ends_it(lib, call):
 
 # -- instantiating while a capture is active ------------------------------------------------
 
-def graph_adding(lib, out: cuctx.DeviceArray, x: cuctx.DeviceArray,
-                 value: float) -> cuctx.Graph:
+
+def graph_adding(lib, out: cuctx.DeviceArray, x: cuctx.DeviceArray, value: float) -> cuctx.Graph:
     """A graph of one launch, out = x + value, made before any capture."""
     g = cuctx.Graph()
     g.launch(lib["add"], 1, N, out, x, value, N)
@@ -517,8 +516,9 @@ def test_another_threads_capture_forbids_instantiating_only_in_global_mode(lib, 
     graph.instantiate().launch(s)  # the capture made its graph
     s.synchronize()
     assert out.to_host().tolist() == [i + 1.0 for i in range(N)]
-    assert made.to_host().tolist() == ([0.0] * N if mode == "global"
-                                       else [i + 10.0 for i in range(N)])
+    assert made.to_host().tolist() == (
+        [0.0] * N if mode == "global" else [i + 10.0 for i in range(N)]
+    )
 
 
 def test_a_capture_is_entered_once(lib):

@@ -36,8 +36,10 @@ def has_conditionals(backend, version: int = 12040) -> None:
     """Skip on a driver older than ``version``: conditional nodes came with CUDA 12.4,
     "if_else" and "switch" nodes with 12.8."""
     if backend.driver.cuDriverGetVersion()[1] < version:
-        pytest.skip(f"the driver lacks these conditional nodes (CUDA {version // 1000}."
-                    f"{version % 1000 // 10}+)")
+        pytest.skip(
+            f"the driver lacks these conditional nodes (CUDA {version // 1000}."
+            f"{version % 1000 // 10}+)"
+        )
 
 
 def test_an_if_node_runs_its_body_by_its_default_condition(lib, backend):
@@ -91,8 +93,14 @@ def put_twin(grid, block, out, value):
 def setters(backend) -> cuctx.Library:
     """SETTER_SOURCE compiled by NVRTC alone, on both backends (no nvcc, no cudadevrt)."""
     has_conditionals(backend)
-    return cuctx.Library.from_source(SETTER_SOURCE, sim_kernels={
-        "set_condition": set_condition_twin, "countdown": countdown_twin, "put": put_twin})
+    return cuctx.Library.from_source(
+        SETTER_SOURCE,
+        sim_kernels={
+            "set_condition": set_condition_twin,
+            "countdown": countdown_twin,
+            "put": put_twin,
+        },
+    )
 
 
 def test_a_while_node_runs_its_body_until_a_kernel_clears_the_condition(setters):
@@ -135,7 +143,7 @@ def test_a_switch_runs_the_body_its_condition_names(setters, backend):
     switch = g.conditional("switch", condition=condition, cases=3, after=setter)
     assert len(switch.bodies) == 3 and "cases=3" in switch.description
     for i, body in enumerate(switch.bodies):
-        body.launch(setters["put"], 1, 1, out[i:i + 1], 10.0 + i)
+        body.launch(setters["put"], 1, 1, out[i : i + 1], 10.0 + i)
     exe = g.instantiate()
     for value, expect in ((0, [10.0, 0, 0]), (2, [0, 0, 12.0]), (3, [0, 0, 0])):  # 3: none
         out.fill(0.0)
@@ -145,7 +153,7 @@ def test_a_switch_runs_the_body_its_condition_names(setters, backend):
     by_default = cuctx.Graph()  # a default picks the body at every launch
     node = by_default.conditional("switch", default=np.uint32(1), cases=2)
     for i, body in enumerate(node.bodies):
-        body.launch(setters["put"], 1, 1, out[i:i + 1], 20.0 + i)
+        body.launch(setters["put"], 1, 1, out[i : i + 1], 20.0 + i)
     out.fill(0.0)
     run(by_default)
     assert out.to_host().tolist() == [0.0, 21.0, 0.0]
@@ -155,19 +163,23 @@ def test_conditional_arguments_are_checked(backend):
     has_conditionals(backend, 12080)
     g, other = cuctx.Graph(), cuctx.Graph()
     for kwargs, error, words in [
-            (dict(kind="else"), ValueError, "'if', 'if_else', 'while', 'switch'"),
-            (dict(kind="switch"), ValueError, "needs cases=n"),
-            (dict(kind="switch", cases=0), ValueError, "needs cases=n"),
-            (dict(kind="switch", cases=True), ValueError, "needs cases=n"),
-            (dict(kind="if", cases=2), ValueError, "cases= is for 'switch'"),
-            (dict(kind="if", default="yes"), TypeError, "a bool or an int"),
-            (dict(kind="if", default=1.0), TypeError, "a bool or an int"),
-            (dict(kind="while", default=-1), ValueError, "unsigned 32-bit"),
-            (dict(kind="switch", cases=2, default=2**32), ValueError, "unsigned 32-bit"),
-            (dict(kind="if", condition=7), TypeError, "what Graph.condition() returns"),
-            (dict(kind="if", condition=other.condition(), default=1), ValueError,
-             "the default is the condition's"),
-            (dict(kind="if", condition=other.condition()), ValueError, "of another graph")]:
+        (dict(kind="else"), ValueError, "'if', 'if_else', 'while', 'switch'"),
+        (dict(kind="switch"), ValueError, "needs cases=n"),
+        (dict(kind="switch", cases=0), ValueError, "needs cases=n"),
+        (dict(kind="switch", cases=True), ValueError, "needs cases=n"),
+        (dict(kind="if", cases=2), ValueError, "cases= is for 'switch'"),
+        (dict(kind="if", default="yes"), TypeError, "a bool or an int"),
+        (dict(kind="if", default=1.0), TypeError, "a bool or an int"),
+        (dict(kind="while", default=-1), ValueError, "unsigned 32-bit"),
+        (dict(kind="switch", cases=2, default=2**32), ValueError, "unsigned 32-bit"),
+        (dict(kind="if", condition=7), TypeError, "what Graph.condition() returns"),
+        (
+            dict(kind="if", condition=other.condition(), default=1),
+            ValueError,
+            "the default is the condition's",
+        ),
+        (dict(kind="if", condition=other.condition()), ValueError, "of another graph"),
+    ]:
         with pytest.raises(error, match=re.escape(words)):
             g.conditional(**kwargs)
     with pytest.raises(TypeError, match="a bool or an int"):
@@ -221,19 +233,24 @@ def test_a_condition_no_node_uses_is_named_at_instantiate(backend):
 def test_a_setter_compiles_with_nvrtc_alone_and_errors_keep_the_users_lines(backend):
     """cuctx declares cudaGraphSetConditional for NVRTC only where the source calls it and
     does not declare it itself; NVRTC's messages still name the user's own lines."""
-    declared = ('extern "C" __device__ __cudart_builtin__ void CUDARTAPI '
-                "cudaGraphSetConditional(cudaGraphConditionalHandle, unsigned int);\n")
-    source = declared + SETTER_SOURCE.split("extern \"C\" __global__ void countdown")[0]
+    declared = (
+        'extern "C" __device__ __cudart_builtin__ void CUDARTAPI '
+        "cudaGraphSetConditional(cudaGraphConditionalHandle, unsigned int);\n"
+    )
+    source = declared + SETTER_SOURCE.split('extern "C" __global__ void countdown')[0]
     lib = cuctx.Library.from_source(source, sim_kernels={"set_condition": set_condition_twin})
     assert lib["set_condition"].name == "set_condition"
     with pytest.raises(cuctx.CompileError, match=r"\(3\): error") as info:
-        cuctx.Library.from_source("extern \"C\" __global__ void f(cudaGraphConditionalHandle h) {\n"
-                                  "    cudaGraphSetConditional(h, 1);\n"
-                                  "    oops;\n}\n")
+        cuctx.Library.from_source(
+            'extern "C" __global__ void f(cudaGraphConditionalHandle h) {\n'
+            "    cudaGraphSetConditional(h, 1);\n"
+            "    oops;\n}\n"
+        )
     assert "oops" in str(info.value)
 
 
 # -- what CUDA refuses around conditional nodes, refused where it is added --------------------
+
 
 def raw_host_params() -> tuple[d.CUDA_HOST_NODE_PARAMS, object]:
     """A host node's parameters for the raw driver (and the callback, to keep alive)."""
@@ -253,13 +270,18 @@ def test_a_node_a_body_cannot_run_is_refused_when_added_naming_the_body(lib, bac
     holder = cuctx.Graph()
     holder.host(print, "never")
     where = re.escape(f"bodies[0] of {node!r}")
-    for adding, words in [(lambda: body.host(print, "x"), "this adds a host node"),
-                          (lambda: body.record(event), "this adds an event record node"),
-                          (lambda: body.wait(event), "this adds an event wait node"),
-                          (lambda: body.child(holder), re.escape(f"{holder!r} holds"))]:
-        with pytest.raises(ValueError, match=f"{words}.*this graph is {where}: CUDA runs "
-                           "only kernel, copy, fill, empty, child graph and conditional "
-                           r"nodes.*before or after it \(after=node\)"):
+    for adding, words in [
+        (lambda: body.host(print, "x"), "this adds a host node"),
+        (lambda: body.record(event), "this adds an event record node"),
+        (lambda: body.wait(event), "this adds an event wait node"),
+        (lambda: body.child(holder), re.escape(f"{holder!r} holds")),
+    ]:
+        with pytest.raises(
+            ValueError,
+            match=f"{words}.*this graph is {where}: CUDA runs "
+            "only kernel, copy, fill, empty, child graph and conditional "
+            r"nodes.*before or after it \(after=node\)",
+        ):
             adding()
     with pytest.raises(ValueError, match=re.escape(f"bodies[0] of {inner!r}")):
         inner.body.host(print, "x")
@@ -287,8 +309,12 @@ def test_a_graph_with_a_conditional_node_is_refused_as_a_child(backend):
     has_conditionals(backend)
     inner, outer = cuctx.Graph(), cuctx.Graph()
     node = inner.conditional("if", default=True)
-    with pytest.raises(ValueError, match=re.escape(f"{inner!r} holds {node!r}, and CUDA "
-                                                   "forbids conditional nodes in child graphs")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            f"{inner!r} holds {node!r}, and CUDA forbids conditional nodes in child graphs"
+        ),
+    ):
         outer.child(inner)
     assert outer.nodes == ()
     # The raw driver refuses it too (an H100, driver 580), with the code the sim gives as well.
@@ -300,8 +326,11 @@ def test_a_made_up_number_where_a_kernel_takes_a_condition_is_refused(setters, b
     g, other = cuctx.Graph(), cuctx.Graph()
     refused = r"parameter 0 \(cudaGraphConditionalHandle handle\) is a condition handle"
     for made_up in (12345, np.uint64(12345)):
-        with pytest.raises(TypeError, match=f"{refused}, and .*12345\\)? is not a condition: "
-                           r"pass one made by g.condition\(\)"):
+        with pytest.raises(
+            TypeError,
+            match=f"{refused}, and .*12345\\)? is not a condition: "
+            r"pass one made by g.condition\(\)",
+        ):
             g.launch(setters["set_condition"], 1, 1, made_up, 1)
     with pytest.raises(ValueError, match=f"{refused}, and <Condition .* is of another graph"):
         g.launch(setters["set_condition"], 1, 1, other.condition(), 1)
@@ -321,11 +350,15 @@ def test_a_made_up_number_where_a_kernel_takes_a_condition_is_refused(setters, b
 
 def test_a_typedef_of_the_condition_handle_is_known_too(backend):
     has_conditionals(backend)
-    source = ("typedef cudaGraphConditionalHandle Cond;\n"
-              'extern "C" __global__ void set(unsigned int v, Cond h) {\n'
-              "    cudaGraphSetConditional(h, v);\n}\n")
-    setter = cuctx.Library.from_source(source, sim_kernels={
-        "set": lambda grid, block, v, h: cuctx.backend().sim.set_conditional(h, v)})["set"]
+    source = (
+        "typedef cudaGraphConditionalHandle Cond;\n"
+        'extern "C" __global__ void set(unsigned int v, Cond h) {\n'
+        "    cudaGraphSetConditional(h, v);\n}\n"
+    )
+    setter = cuctx.Library.from_source(
+        source,
+        sim_kernels={"set": lambda grid, block, v, h: cuctx.backend().sim.set_conditional(h, v)},
+    )["set"]
     g = cuctx.Graph()
     with pytest.raises(TypeError, match=r"parameter 1 \(Cond h\) is a condition handle"):
         g.launch(setter, 1, 1, 1, 99)
@@ -380,6 +413,7 @@ def test_update_node_changes_nodes_inside_bodies(lib, backend):
 def test_a_while_node_that_never_ends_stops_at_the_sims_cap_naming_the_node(sim):
     """A GPU would loop for ever; the sim stops after the rounds docs/graphs.md states."""
     from cuctx._driver.sim._graph_conditional import MAX_ROUNDS
+
     assert f"{MAX_ROUNDS:,}" in (SRC.parent / "docs" / "graphs.md").read_text()
     ctx = Context.create(0)  # its own context: the fault poisons it
     try:
@@ -387,9 +421,13 @@ def test_a_while_node_that_never_ends_stops_at_the_sims_cap_naming_the_node(sim)
         loop = g.conditional("while", default=True)
         loop.body.empty()
         g.instantiate().launch()
-        with pytest.raises(StickyFaultError, match=re.escape(
+        with pytest.raises(
+            StickyFaultError,
+            match=re.escape(
                 f"the sim stopped {loop!r} after {MAX_ROUNDS} rounds with its condition "
-                "still non-zero")) as info:
+                "still non-zero"
+            ),
+        ) as info:
             cuctx.synchronize()
         assert info.value.name == "CUDA_ERROR_LAUNCH_TIMEOUT"
         assert "cudaGraphSetConditional(handle, 0)" in str(info.value)

@@ -125,9 +125,16 @@ def test_after_its_context_is_destroyed_everything_raises_context_destroyed(lib)
     finally:
         cuctx.Context.pop()
     ctx.destroy()
-    for use in (exe.launch, lambda: exe.update_node(node, x, x, 1.0, N), exe.upload,
-                lambda: exe.update(g), lambda: exe.enable(node, False), g.empty,
-                lambda: g.edges, g.instantiate):
+    for use in (
+        exe.launch,
+        lambda: exe.update_node(node, x, x, 1.0, N),
+        exe.upload,
+        lambda: exe.update(g),
+        lambda: exe.enable(node, False),
+        g.empty,
+        lambda: g.edges,
+        g.instantiate,
+    ):
         with pytest.raises(ContextDestroyedError):
             use()
     exe.destroy()  # no driver call for a destroyed context: nothing raises
@@ -164,6 +171,7 @@ def test_a_launch_waits_for_the_executables_earlier_launch_on_another_stream(sim
     """cuGraphLaunch: each launch is ordered behind the executable's earlier launches, on
     any stream, so synchronizing the second stream waits for the first launch too."""
     from cuctx.sim import stream_busy
+
     ran = []
     with cuctx.Device(0):
         a, b = cuctx.Stream(), cuctx.Stream()

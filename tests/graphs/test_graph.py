@@ -33,6 +33,7 @@ def line_of(node: cuctx.GraphNode) -> str:
 
 # -- kernels --------------------------------------------------------------------------------
 
+
 def test_kernel_nodes_run_in_the_order_after_gives(lib):
     x, y, out = arange(), cuctx.zeros(N, np.float32), cuctx.zeros(N, np.float32)
     g = cuctx.Graph()
@@ -52,7 +53,7 @@ def test_nodes_edges_and_repr_describe_the_graph(lib):
     assert set(g.edges) == {(a, b), (a, c), (b, c)}
     assert [n.kind for n in g.nodes] == ["kernel", "kernel", "fill"]
     assert all(n.graph is g for n in g.nodes)
-    assert "g.launch(lib[\"add\"], 1, N, out, x, 1.0, N)" in line_of(a)
+    assert 'g.launch(lib["add"], 1, N, out, x, 1.0, N)' in line_of(a)
     assert "'add'" in a.description and "block=(8, 1, 1)" in a.description
     text = repr(g)
     assert "3 nodes" in text and "2 kernel ('add' x2)" in text and "1 fill" in text
@@ -63,10 +64,12 @@ def test_nodes_edges_and_repr_describe_the_graph(lib):
 def test_kernel_nodes_are_checked_exactly_as_launches(lib):
     x, out = arange(), cuctx.zeros(N, np.float32)
     g = cuctx.Graph()
-    for args, error in [((out, x, 1.0), KernelArgumentError),          # a missing argument
-                        ((out, x, "1.0", N), KernelArgumentError),     # a wrong type
-                        ((out, x.to_host(), 1.0, N), KernelArgumentError),  # host memory
-                        ((out, x, 1.0, 2**40), KernelArgumentError)]:  # out of range
+    for args, error in [
+        ((out, x, 1.0), KernelArgumentError),  # a missing argument
+        ((out, x, "1.0", N), KernelArgumentError),  # a wrong type
+        ((out, x.to_host(), 1.0, N), KernelArgumentError),  # host memory
+        ((out, x, 1.0, 2**40), KernelArgumentError),
+    ]:  # out of range
         with pytest.raises(error) as eager:
             cuctx.launch(lib["add"], 1, N, *args)
         with pytest.raises(error) as graphed:
@@ -94,18 +97,28 @@ def test_after_says_what_it_takes_and_what_it_got(lib):
     g, child, event = cuctx.Graph(), cuctx.Graph(), cuctx.Event()
     first = g.empty()
     expected = r"after= takes a GraphNode or an iterable of GraphNodes \(what this graph's"
-    for bad, got in ((0, "not int 0"), (1.5, "not float 1.5"), ("a", "not str 'a'"),
-                     (None, "not NoneType None; leave after= out"), (g, "not Graph <Graph"),
-                     ([first, 2], "; it holds int 2")):
+    for bad, got in (
+        (0, "not int 0"),
+        (1.5, "not float 1.5"),
+        ("a", "not str 'a'"),
+        (None, "not NoneType None; leave after= out"),
+        (g, "not Graph <Graph"),
+        ([first, 2], "; it holds int 2"),
+    ):
         with pytest.raises(TypeError, match=f"Graph.fill: {expected}.*{got}"):
             g.fill(out, 0.0, after=bad)
     # Every method that adds a node checks after= the same way, before it changes anything:
     # the graph holds only `first` and still instantiates (no conditional handle left unused).
-    adders = [lambda a: g.launch(lib["add"], 1, N, out, x, 1.0, N, after=a),
-              lambda a: g.copy(out, x, after=a), lambda a: g.host(print, after=a),
-              lambda a: g.record(event, after=a), lambda a: g.wait(event, after=a),
-              lambda a: g.child(child, after=a), lambda a: g.empty(after=a),
-              lambda a: g.conditional("if", default=0, after=a)]
+    adders = [
+        lambda a: g.launch(lib["add"], 1, N, out, x, 1.0, N, after=a),
+        lambda a: g.copy(out, x, after=a),
+        lambda a: g.host(print, after=a),
+        lambda a: g.record(event, after=a),
+        lambda a: g.wait(event, after=a),
+        lambda a: g.child(child, after=a),
+        lambda a: g.empty(after=a),
+        lambda a: g.conditional("if", default=0, after=a),
+    ]
     for adder in adders:
         with pytest.raises(TypeError, match=expected):
             adder(0)
@@ -116,6 +129,7 @@ def test_after_says_what_it_takes_and_what_it_got(lib):
 
 
 # -- copies and fills ---------------------------------------------------------------------
+
 
 def test_copy_nodes_move_data_between_page_locked_host_and_device(lib):
     host_in = cuctx.pinned_empty(N, np.float32)
@@ -128,8 +142,10 @@ def test_copy_nodes_move_data_between_page_locked_host_and_device(lib):
     across = g.copy(dev, dev2, after=kernel)
     g.copy(host_out, dev, after=across)
     assert [n.description.split()[:4] for n in g.nodes if n.kind == "copy"] == [
-        ["copy", "host", "to", "device"], ["copy", "device", "to", "device"],
-        ["copy", "device", "to", "host"]]
+        ["copy", "host", "to", "device"],
+        ["copy", "device", "to", "device"],
+        ["copy", "device", "to", "host"],
+    ]
     run(g)
     assert host_out.tolist() == [i + 1.0 for i in range(N)]
 
@@ -189,6 +205,7 @@ def test_fill_refuses_what_one_memset_cannot_do(lib):
 
 # -- host functions, events, children ---------------------------------------------------------
 
+
 def test_a_host_node_runs_at_every_launch(lib):
     calls = []
     g = cuctx.Graph()
@@ -203,6 +220,7 @@ def test_a_host_node_runs_at_every_launch(lib):
 def test_a_host_node_failure_is_raised_by_the_launch_streams_synchronize(lib):
     def broken():
         raise KeyError("graph host")
+
     g = cuctx.Graph()
     g.host(broken)
     stream = cuctx.Stream()

@@ -46,6 +46,7 @@ def adding(lib, out, x, a: float, extra: bool = False) -> cuctx.Graph:
 
 # -- whole graphs ---------------------------------------------------------------------------
 
+
 def test_update_takes_the_new_graphs_parameters(lib, whole):
     x, out, out2 = arange(), cuctx.zeros(N, np.float32), cuctx.zeros(N, np.float32)
     exe = adding(lib, out, x, 1.0).instantiate()
@@ -115,6 +116,7 @@ def test_update_accepts_only_graphs_of_its_context(lib, whole):
 
 
 # -- one node -------------------------------------------------------------------------------
+
 
 def test_update_node_changes_a_kernels_arguments(lib):
     x, out, other = arange(), cuctx.zeros(N, np.float32), cuctx.zeros(N, np.float32)

@@ -170,4 +170,5 @@ def write_then_fault(array: cuctx.DeviceArray, value: float) -> None:
 def imported_pools() -> list[str]:
     """The keys of the caller's ipc pools this worker has imported."""
     from cuctx.isolated import _worker
+
     return sorted(_worker._pools)

@@ -13,10 +13,16 @@ def test_the_isolation_benchmark_prints_each_goal():
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stdout.splitlines() if "[goal <=" in line]
     assert "first use (a pool made after the worker)" in proc.stdout
-    for what in ("worker processes", "first use (a pool made before the worker)",
-                 "fault -> exception", "fault -> next call served, cold",
-                 "fault -> next call served, warm standby", "file descriptors leaked",
-                 "zombie processes", "device memory not given back"):
+    for what in (
+        "worker processes",
+        "first use (a pool made before the worker)",
+        "fault -> exception",
+        "fault -> next call served, cold",
+        "fault -> next call served, warm standby",
+        "file descriptors leaked",
+        "zombie processes",
+        "device memory not given back",
+    ):
         assert any(line.strip().startswith(what) for line in lines), what
     for leak in ("file descriptors leaked", "zombie processes"):  # none, on any machine
         assert next(line for line in lines if leak in line).endswith("met")

@@ -24,8 +24,11 @@ def test_calls_and_answers_go_over_the_channel_in_order():
     with _channel.connect(address, KEY, timeout=5) as conn:
         for k in range(3):
             conn.send_bytes(b"call %d" % k)
-        assert [conn.recv_bytes() for _ in range(3)] == [b"echo call 0", b"echo call 1",
-                                                         b"echo call 2"]
+        assert [conn.recv_bytes() for _ in range(3)] == [
+            b"echo call 0",
+            b"echo call 1",
+            b"echo call 2",
+        ]
         big = bytes(range(256)) * 4096  # 1 MiB: past one socket buffer
         conn.send_bytes(big)
         assert conn.recv_bytes() == b"echo " + big

@@ -41,4 +41,3 @@ def test_an_ipc_array_is_the_same_memory_in_the_worker(gpu):
             ex.submit(calls.store_to, 0).result()
         assert ex.submit(calls.add_one, array[1:3]).result() == (2,)
     assert array.to_host().tolist() == [1.0, 3.0, 4.0, 4.0, 5.0, 6.0]
-

@@ -35,8 +35,9 @@ def ex(backend, monkeypatch):
 
 def test_a_worker_and_the_caller_order_their_work_by_ipc_events(ex, backend):
     if backend.sim is None and not Device(0).properties.ipc_event_supported:
-        pytest.skip("this device does not support ipc events (CU_DEVICE_ATTRIBUTE_"
-                    "IPC_EVENT_SUPPORTED is 0)")
+        pytest.skip(
+            "this device does not support ipc events (CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED is 0)"
+        )
     pool = MemoryPool(0, ipc=True)
     stream = Stream()
     array = cuctx.empty(4, np.float32, pool=pool, stream=stream)
@@ -80,8 +81,7 @@ def warnings_seen() -> list[str]:
     return list(warnings._cuctx_test_seen)
 
 
-def test_a_calls_shared_arrays_outlive_the_work_it_queued_on_its_own_streams(backend,
-                                                                            monkeypatch):
+def test_a_calls_shared_arrays_outlive_the_work_it_queued_on_its_own_streams(backend, monkeypatch):
     """The worker frees (unmaps) a call's shared arrays on the stream they were imported on,
     which is not ordered after a stream the call made: only once the call's work is done.
     Freed before, a fill still queued read unmapped memory (CUDA_ERROR_LAUNCH_FAILED on an

@@ -99,8 +99,11 @@ def test_a_worker_that_cannot_start_breaks_the_executor(monkeypatch):
     monkeypatch.setattr(_spawn, "_BOOT", "import sys; sys.exit(5)")
     ex = cuctx.IsolatedExecutor(devices=[0])
     future = ex.submit(calls.square, 2)
-    with pytest.raises(cuctx.WorkerDiedError, match=r"could not start \(it exited before "
-                                                     r"saying why \(exit status 5"):
+    with pytest.raises(
+        cuctx.WorkerDiedError,
+        match=r"could not start \(it exited before "
+        r"saying why \(exit status 5",
+    ):
         future.result(timeout=60)
     with pytest.raises(concurrent.futures.BrokenExecutor, match="exit status 5"):
         ex.submit(calls.square, 2)
@@ -119,13 +122,17 @@ def test_the_error_of_a_worker_that_cannot_start_is_the_workers_own(monkeypatch,
         ex.submit(calls.square, 2).result(timeout=60)
     error = info.value
     assert not error.started and error.how == "ImportError: a broken numpy"
-    assert str(error).startswith(f"square did not run: the worker process {error.worker} on "
-                                 "device 0 could not start (ImportError: a broken numpy), so "
-                                 "the executor is broken")
+    assert str(error).startswith(
+        f"square did not run: the worker process {error.worker} on "
+        "device 0 could not start (ImportError: a broken numpy), so "
+        "the executor is broken"
+    )
     assert str(tmp_path / "numpy" / "__init__.py") in str(error.__cause__)  # its traceback
-    with pytest.raises(concurrent.futures.BrokenExecutor,
-                       match="no worker could start on device 0: ImportError: a broken "
-                             "numpy; make a new IsolatedExecutor") as broken:
+    with pytest.raises(
+        concurrent.futures.BrokenExecutor,
+        match="no worker could start on device 0: ImportError: a broken "
+        "numpy; make a new IsolatedExecutor",
+    ) as broken:
         ex.submit(calls.square, 2)
     assert "raise ImportError('a broken numpy')" in str(broken.value.__cause__)
     ex.shutdown()
@@ -157,9 +164,13 @@ else:
 @pytest.mark.parametrize("in_with", [True, False], ids=["with-block", "no-with-block"])
 def test_ctrl_c_while_a_call_hangs_ends_the_program_and_its_workers(in_with):
     code = CTRL_C.format(calls_dir=os.path.dirname(calls.__file__), in_with=in_with)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env=child_env(CUCTX_BACKEND="sim"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(CUCTX_BACKEND="sim"),
+    )
     worker = int(proc.stdout.readline())  # the call runs in it: the caller waits
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)  # not the 600 s of the call
@@ -177,8 +188,7 @@ def test_ctrl_c_in_a_with_block_ends_the_running_calls_as_cancelled():
     worker = ex.workers[0].pid
     ex.__exit__(KeyboardInterrupt, KeyboardInterrupt(), None)  # as `with` does at Ctrl-C
     assert waiting.cancelled()
-    with pytest.raises(concurrent.futures.CancelledError, match="sleep was running when "
-                                                                "Ctrl-C"):
+    with pytest.raises(concurrent.futures.CancelledError, match="sleep was running when Ctrl-C"):
         running.result(timeout=0)
     assert not alive(worker) and zombies() == []
     assert ex.workers[0].pid is None

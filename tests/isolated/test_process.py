@@ -56,7 +56,7 @@ def test_an_exception_of_the_call_propagates_and_costs_no_worker(ex):
     with pytest.raises(ValueError, match="bad input") as info:
         ex.options(device=0).submit(calls.raise_value_error, "bad input").result()
     remote = str(info.value.__cause__)  # the worker's traceback, as text
-    assert "raise_value_error" in remote and 'raise ValueError(text)' in remote
+    assert "raise_value_error" in remote and "raise ValueError(text)" in remote
     assert pids(ex) == before and [w.replaced for w in ex.workers] == [0, 0]
 
 
@@ -78,8 +78,9 @@ def test_a_fault_costs_its_worker_only(ex):
     assert mine.to_host().tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
-@pytest.mark.parametrize("fn", [calls.inject_fault, calls.fault_and_catch,
-                                calls.fault_in_own_context])
+@pytest.mark.parametrize(
+    "fn", [calls.inject_fault, calls.fault_and_catch, calls.fault_in_own_context]
+)
 def test_a_fault_ends_the_worker_however_the_call_met_it(ex, fn):
     # at the worker's synchronize after the call; caught by the call; in a context it made
     before = settled(ex)
@@ -174,20 +175,24 @@ def test_a_call_past_its_timeout_kills_its_worker(ex):
     assert pids(ex)[0] != before[0]
 
 
-@pytest.mark.parametrize("fn, how", [((calls.exit_with, 3), "exit status 3"),
-                                     ((calls.kill_self,), "signal SIGKILL"),
-                                     # as they would end a Python program:
-                                     ((calls.sys_exit, 4), "exit status 4"),
-                                     ((calls.sys_exit, "a message"), "exit status 1"),
-                                     ((calls.sys_exit, None), "exit status 0"),
-                                     ((calls.interrupt,), "signal SIGINT")])
+@pytest.mark.parametrize(
+    "fn, how",
+    [
+        ((calls.exit_with, 3), "exit status 3"),
+        ((calls.kill_self,), "signal SIGKILL"),
+        # as they would end a Python program:
+        ((calls.sys_exit, 4), "exit status 4"),
+        ((calls.sys_exit, "a message"), "exit status 1"),
+        ((calls.sys_exit, None), "exit status 0"),
+        ((calls.interrupt,), "signal SIGINT"),
+    ],
+)
 def test_any_other_death_is_worker_died_error(ex, fn, how):
     before = settled(ex)
     with pytest.raises(cuctx.WorkerDiedError) as info:
         ex.options(device=1).submit(*fn).result()
     assert info.value.how == how and info.value.worker == before[1]
-    assert info.value.started and f"died ({how}): a new worker takes its place" \
-        in str(info.value)
+    assert info.value.started and f"died ({how}): a new worker takes its place" in str(info.value)
     assert (before[1], "Z") not in calls.children(os.getpid())  # reaped
     assert ex.options(device=1).submit(calls.square, 3).result() == 9
 
@@ -202,6 +207,7 @@ def test_a_base_exception_that_ends_no_program_is_the_calls_exception(ex):
 def test_a_worker_traceback_names_the_callers_file_and_line(ex):
     def fails():  # a local function: it goes by value (cloudpickle)
         raise ValueError("where?")
+
     with pytest.raises(ValueError, match="where") as info:
         ex.submit(fails).result()
     line = fails.__code__.co_firstlineno + 1
@@ -219,6 +225,7 @@ def test_a_race_warning_in_a_worker_names_the_callers_file_and_line(ex):
                 x.fill(2.0, stream=s)  # no wait: a race
                 cuctx.synchronize()
         return [(w.category.__name__, w.filename, w.lineno) for w in seen]
+
     line = racy.__code__.co_firstlineno + 6
     assert ex.submit(racy).result() == [("RaceWarning", __file__, line)]
 
@@ -237,8 +244,7 @@ def test_nothing_is_retried_and_waiting_calls_go_to_the_new_worker(ex, tmp_path)
 def test_other_workers_serve_while_one_hangs(ex):
     settled(ex)
     hung = ex.options(device=0, timeout=3).submit(calls.sleep, 60)
-    assert [ex.options(device=1).submit(calls.square, i).result() for i in range(3)] \
-        == [0, 1, 4]
+    assert [ex.options(device=1).submit(calls.square, i).result() for i in range(3)] == [0, 1, 4]
     assert not hung.done()
     with pytest.raises(cuctx.WorkerTimeoutError):
         hung.result()
@@ -252,11 +258,17 @@ def test_results_that_cannot_go_back_are_the_calls_error(ex):
 
 
 def test_arguments_that_cannot_go_are_refused_by_submit(ex, sim):
-    with pytest.raises(TypeError, match="cannot send argument 0 of square to a worker process: "
-                                        "cannot pickle '_thread.lock' object"):
+    with pytest.raises(
+        TypeError,
+        match="cannot send argument 0 of square to a worker process: "
+        "cannot pickle '_thread.lock' object",
+    ):
         ex.submit(calls.square, threading.Lock())
-    with pytest.raises(TypeError, match=r"argument 0 of square .*MemoryPool\(device, "
-                                        r"ipc=True\).*to_host\(\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"argument 0 of square .*MemoryPool\(device, "
+        r"ipc=True\).*to_host\(\)",
+    ):
         ex.submit(calls.square, cuctx.zeros(4))
     with pytest.raises(TypeError, match="needs a callable"):
         ex.submit(42)
@@ -267,11 +279,12 @@ def test_cuctx_objects_that_cannot_go_are_named_with_the_way(ex, sim):
     kernel, stream = library["store"], cuctx.Stream()
     way = "Make such objects in the worker instead (load the Library"
     for (args, kwargs), where, what in [
-            (((kernel,), {}), "argument 0 of square", "Kernel"),
-            (((1, library), {}), "argument 1 of square", "Library"),
-            (((), {"x": stream}), "the keyword argument x= of square", "Stream"),
-            ((([1, {"a": cuctx.Event()}],), {}), "argument 0 of square", "Event"),
-            (((cuctx.current_context(),), {}), "argument 0 of square", "Context")]:
+        (((kernel,), {}), "argument 0 of square", "Kernel"),
+        (((1, library), {}), "argument 1 of square", "Library"),
+        (((), {"x": stream}), "the keyword argument x= of square", "Stream"),
+        ((([1, {"a": cuctx.Event()}],), {}), "argument 0 of square", "Event"),
+        (((cuctx.current_context(),), {}), "argument 0 of square", "Context"),
+    ]:
         with pytest.raises(TypeError) as info:
             ex.submit(calls.square, *args, **kwargs)
         text = str(info.value)  # cuctx's words, or the object's own refusal that names it
@@ -281,40 +294,54 @@ def test_cuctx_objects_that_cannot_go_are_named_with_the_way(ex, sim):
 
     def launch():  # by value, with what it uses
         kernel[1, 1](0)
+
     with pytest.raises(TypeError, match=r"cannot send \S*launch \(it uses kernel\) .*Kernel"):
         ex.submit(launch)
 
 
 def test_settings_are_checked():
     cuctx.set_backend("sim")
-    for kwargs, match in [({"engine": "threads"}, "engine must be one of"),
-                          ({"workers_per_device": 0}, "workers_per_device"),
-                          ({"timeout": -1}, "timeout must be"),
-                          ({"timeout": float("nan")}, "timeout must be"),
-                          ({"devices": [7]}, "there is no device 7"),
-                          ({"devices": [-1]}, "there is no device -1"),
-                          ({"devices": [0, 0]}, "twice"),
-                          ({"devices": []}, "none was given"),
-                          ({"address": "auto"}, "needs engine='ray'")]:
+    for kwargs, match in [
+        ({"engine": "threads"}, "engine must be one of"),
+        ({"workers_per_device": 0}, "workers_per_device"),
+        ({"timeout": -1}, "timeout must be"),
+        ({"timeout": float("nan")}, "timeout must be"),
+        ({"devices": [7]}, "there is no device 7"),
+        ({"devices": [-1]}, "there is no device -1"),
+        ({"devices": [0, 0]}, "twice"),
+        ({"devices": []}, "none was given"),
+        ({"address": "auto"}, "needs engine='ray'"),
+    ]:
         with pytest.raises(ValueError, match=match):
             cuctx.IsolatedExecutor(**kwargs)
     # the wrong kind of value: what was given, and what is accepted
     for kwargs, match in [
-            ({"devices": 0}, r"devices is a list of ordinals or cuctx.Device objects "
-                             r"\(devices=\[0\] for device 0 alone\), or None for every "
-                             r"device; not the int 0"),
-            ({"devices": cuctx.Device(1)}, r"devices is a list .* not the Device <Device 1"),
-            ({"devices": "01"}, r"devices is a list .* not the str '01'"),
-            ({"devices": ["0"]}, r"a device is a cuctx.Device or an ordinal \(int\), not the "
-                                 r"str '0'"),
-            ({"devices": [True]}, "a device is .* not the bool True"),
-            ({"engine": None}, "engine is 'process' or 'ray', not the NoneType None"),
-            ({"workers_per_device": 1.5}, "workers_per_device is a whole number >= 1, not the "
-                                          "float 1.5"),
-            ({"standby": 1}, "standby is True or False, not the int 1"),
-            ({"timeout": "5"}, "timeout is a number of seconds > 0, or None; not the str '5'"),
-            ({"engine": "ray", "address": 6379}, "address is a Ray cluster's address, a str "
-                                                 ".* not the int 6379")]:
+        (
+            {"devices": 0},
+            r"devices is a list of ordinals or cuctx.Device objects "
+            r"\(devices=\[0\] for device 0 alone\), or None for every "
+            r"device; not the int 0",
+        ),
+        ({"devices": cuctx.Device(1)}, r"devices is a list .* not the Device <Device 1"),
+        ({"devices": "01"}, r"devices is a list .* not the str '01'"),
+        (
+            {"devices": ["0"]},
+            r"a device is a cuctx.Device or an ordinal \(int\), not the "
+            r"str '0'",
+        ),
+        ({"devices": [True]}, "a device is .* not the bool True"),
+        ({"engine": None}, "engine is 'process' or 'ray', not the NoneType None"),
+        (
+            {"workers_per_device": 1.5},
+            "workers_per_device is a whole number >= 1, not the float 1.5",
+        ),
+        ({"standby": 1}, "standby is True or False, not the int 1"),
+        ({"timeout": "5"}, "timeout is a number of seconds > 0, or None; not the str '5'"),
+        (
+            {"engine": "ray", "address": 6379},
+            "address is a Ray cluster's address, a str .* not the int 6379",
+        ),
+    ]:
         with pytest.raises(TypeError, match=match):
             cuctx.IsolatedExecutor(**kwargs)
 

@@ -28,9 +28,16 @@ ray = pytest.importorskip("ray", reason="needs Ray: pip install -e '.[test]' (or
 # that start one, and the tests of each module, share it.
 pytestmark = [pytest.mark.usefixtures("sim"), pytest.mark.xdist_group("ray")]
 
-HEAD_PORTS = ("port", "node-manager-port", "object-manager-port", "dashboard-port",
-              "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-              "metrics-export-port", "runtime-env-agent-port")
+HEAD_PORTS = (
+    "port",
+    "node-manager-port",
+    "object-manager-port",
+    "dashboard-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "metrics-export-port",
+    "runtime-env-agent-port",
+)
 
 
 def free_port() -> int:
@@ -44,11 +51,25 @@ def start_head(temp_dir: str) -> tuple[subprocess.Popen, str]:
     head answers. SIGTERM to the process stops the whole cluster (and nothing else)."""
     ports = {name: free_port() for name in HEAD_PORTS}
     head = subprocess.Popen(
-        [sys.executable, "-c", "from ray.scripts.scripts import main; main()", "start",
-         "--head", "--block", "--num-cpus=2", "--num-gpus=0", "--include-dashboard=false",
-         "--disable-usage-stats", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}",
-         *(f"--{name}={port}" for name, port in ports.items())],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-c",
+            "from ray.scripts.scripts import main; main()",
+            "start",
+            "--head",
+            "--block",
+            "--num-cpus=2",
+            "--num-gpus=0",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            "--node-ip-address=127.0.0.1",
+            f"--temp-dir={temp_dir}",
+            *(f"--{name}={port}" for name, port in ports.items()),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     give_up = time.monotonic() + 120
     while True:
         try:
@@ -162,11 +183,13 @@ def test_calls_go_as_ray_actor_calls_where_the_actors_node_cannot_be_reached(ex,
     """Ray Client from outside the cluster's network, say: no connection to an actor's
     channel, so each call is a Ray actor call, with the same results, errors and timeouts."""
     from cuctx.isolated import _channel, _ray
+
     engine = ex._engine
     slot = next(s for s in engine.core.slots if s.device == 0)
 
     def unreachable(address, authkey, timeout):
         raise ConnectionRefusedError(f"{address} cannot be reached")
+
     monkeypatch.setattr(_channel, "connect", unreachable)
     with pytest.raises(cuctx.WorkerDiedError):  # its next incarnation cannot be reached
         ex.options(device=0).submit(calls.kill_self).result()
@@ -191,8 +214,10 @@ def test_device_arrays_travel_by_value(ex):
     assert array.to_host().tolist() == [0.0, 1.0, 2.0, 3.0]  # the actor wrote its own copy
 
 
-
 def test_an_executor_cannot_join_another_cluster_than_the_one_this_process_is_on(ex):
-    with pytest.raises(ValueError, match=r"connected to the Ray cluster at \S+ already, and "
-                                         r"address='127\.0\.0\.1:1' names another"):
+    with pytest.raises(
+        ValueError,
+        match=r"connected to the Ray cluster at \S+ already, and "
+        r"address='127\.0\.0\.1:1' names another",
+    ):
         cuctx.IsolatedExecutor(engine="ray", address="127.0.0.1:1")

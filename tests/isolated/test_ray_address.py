@@ -29,6 +29,7 @@ def refused(address: str) -> BaseException:
             cuctx.IsolatedExecutor(engine="ray", address=address).shutdown()
         except BaseException as exc:  # noqa: BLE001 - what the test looks at
             raised.append(exc)
+
     thread = threading.Thread(target=make, daemon=True)
     thread.start()
     thread.join(_ray.CONNECT_TIMEOUT_S + 30)
@@ -41,8 +42,9 @@ def refused(address: str) -> BaseException:
 def test_an_address_where_nothing_answers_fails_naming_it():
     error = refused("127.0.0.1:1")
     assert isinstance(error, ConnectionError)
-    assert str(error).startswith("cannot join the Ray cluster at '127.0.0.1:1': no Ray head "
-                                 "answered at 127.0.0.1:1 (")
+    assert str(error).startswith(
+        "cannot join the Ray cluster at '127.0.0.1:1': no Ray head answered at 127.0.0.1:1 ("
+    )
     assert "it has 10 s); start its head there (ray start --head --port=1)" in str(error)
 
 
@@ -57,6 +59,7 @@ def test_an_address_where_something_else_answers_is_refused():
             with conn:
                 conn.recv(64)
                 conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
         threading.Thread(target=answer, daemon=True).start()
         error = refused(f"127.0.0.1:{port}")
     assert isinstance(error, ConnectionError)

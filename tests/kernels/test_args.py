@@ -20,10 +20,10 @@ from cuctx.kernels._compiler import compile_source
 
 from scenarios import ADD_SOURCE, add, add_arrays, library_fixture
 
-pytestmark = [requires_nvrtc, pytest.mark.usefixtures("nvrtc_cache"),
-              pytest.mark.paths()]
+pytestmark = [requires_nvrtc, pytest.mark.usefixtures("nvrtc_cache"), pytest.mark.paths()]
 
-SOURCE = r"""
+SOURCE = (
+    r"""
 struct C8 { float re, im; };
 struct __align__(16) C16 { double re, im; };
 struct Pair { int a; float b; };
@@ -34,15 +34,27 @@ extern "C" __global__ void echo(double* out, float a, double d, int n, unsigned 
     out[6] = c.re; out[7] = c.im; out[8] = z.re; out[9] = z.im; out[10] = flag;
     out[11] = p.a; out[12] = p.b;
 }
-""" + ADD_SOURCE
+"""
+    + ADD_SOURCE
+)
 
 
 def echo(grid, block, out, a, d, n, u, s, q: int, c, z, flag, p):
     """No annotations where the PTX says the type: a and d arrive as floats."""
     assert type(a) is float and type(d) is float and type(n) is int, (a, d, n)
     pair = struct.unpack("<if", p)
-    out.view(np.float64, 13)[:] = [a, d, n, u & 0xFFFFFFFF, s, q, *struct.unpack("<2f", c),
-                                   *struct.unpack("<2d", z), flag, *pair]
+    out.view(np.float64, 13)[:] = [
+        a,
+        d,
+        n,
+        u & 0xFFFFFFFF,
+        s,
+        q,
+        *struct.unpack("<2f", c),
+        *struct.unpack("<2d", z),
+        flag,
+        *pair,
+    ]
 
 
 class Pair(ctypes.Structure):
@@ -82,24 +94,35 @@ def test_an_int_converts_to_a_float_parameter(lib):
 
 
 def test_int_and_float_subclasses_and_numpy_scalars_are_accepted(lib):
-    result = run_echo(lib, a=Ratio(0.5), d=np.float32(0.25), n=Level.HIGH, u=np.uint32(2**32 - 1),
-                      s=np.int16(-2), q=np.int64(-(1 << 40)), flag=np.True_)
+    result = run_echo(
+        lib,
+        a=Ratio(0.5),
+        d=np.float32(0.25),
+        n=Level.HIGH,
+        u=np.uint32(2**32 - 1),
+        s=np.int16(-2),
+        q=np.int64(-(1 << 40)),
+        flag=np.True_,
+    )
     assert result[:7] == [0.5, 0.25, 7, 2**32 - 1, -2, -(1 << 40), 7]
     assert result[10] == 1
     assert run_echo(lib, a=np.float64(0.75))[0] == 0.75  # a float's value, as C converts it
 
 
-@pytest.mark.parametrize("name, value, message", [
-    ("n", 4.0, r"parameter 3 of kernel 'echo' \(\.u32: an integer.*cannot take float 4\.0"),
-    ("n", np.float32(4), r"parameter 3 .*cannot take float32"),
-    ("u", 1 + 0j, r"parameter 4 .*cannot take complex"),
-    ("a", True, r"parameter 1 .*a bool is not converted to a floating-point parameter"),
-    ("d", np.False_, r"parameter 2 .*a bool is not converted"),
-    ("d", 1j, r"parameter 2 .*cannot take complex"),
-    ("p", 3, r"parameter 10 .*struct of 8 bytes; pass a ctypes structure or a NumPy scalar"),
-    ("c", 1.0, r"parameter 7 .*struct of 8 bytes"),
-    ("flag", 0.0, r"parameter 9 .*\.u8: an integer.*cannot take float"),
-])
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("n", 4.0, r"parameter 3 of kernel 'echo' \(\.u32: an integer.*cannot take float 4\.0"),
+        ("n", np.float32(4), r"parameter 3 .*cannot take float32"),
+        ("u", 1 + 0j, r"parameter 4 .*cannot take complex"),
+        ("a", True, r"parameter 1 .*a bool is not converted to a floating-point parameter"),
+        ("d", np.False_, r"parameter 2 .*a bool is not converted"),
+        ("d", 1j, r"parameter 2 .*cannot take complex"),
+        ("p", 3, r"parameter 10 .*struct of 8 bytes; pass a ctypes structure or a NumPy scalar"),
+        ("c", 1.0, r"parameter 7 .*struct of 8 bytes"),
+        ("flag", 0.0, r"parameter 9 .*\.u8: an integer.*cannot take float"),
+    ],
+)
 def test_a_value_of_the_wrong_kind_names_the_parameter(lib, name, value, message):
     with pytest.raises(KernelArgumentError, match=message):
         run_echo(lib, **{name: value})
@@ -149,6 +172,7 @@ def test_ptx_images_carry_types_and_a_cubin_alone_is_checked_by_size(backend):
     def put(grid, block, out, a: float):
         seen.append(a)
         out.view(np.float32, 1)[0] = a
+
     for arch in ("compute_90", "sm_90"):
         image = compile_source(src, arch=arch, cache_dir=False).image
         lib = cuctx.Library.from_bytes(image, sim_kernels={"put": put})
@@ -165,6 +189,7 @@ def test_ptx_images_carry_types_and_a_cubin_alone_is_checked_by_size(backend):
 
 
 # -- device arrays ------------------------------------------------------------------------
+
 
 def test_an_array_of_another_context_on_the_same_device_is_accepted(lib):
     """The driver maps every context's memory of a device into one address space: a kernel
@@ -192,10 +217,12 @@ def test_an_array_of_another_device_needs_peer_access(lib):
     launcher = lib["add"][1, 8]
     launcher(out, cuctx.to_device(np.arange(8, dtype=np.float32)), 1.0, 8)  # the fast path
     for _ in range(2):
-        with pytest.raises(KernelArgumentError,
-                           match=r"DeviceArray on device 1 passed to a launch on device 0 needs "
-                                 r"peer access: call cuctx\.Device\(0\)\.enable_peer_access\("
-                                 r"cuctx\.Device\(1\)\)"):
+        with pytest.raises(
+            KernelArgumentError,
+            match=r"DeviceArray on device 1 passed to a launch on device 0 needs "
+            r"peer access: call cuctx\.Device\(0\)\.enable_peer_access\("
+            r"cuctx\.Device\(1\)\)",
+        ):
             launcher(out, x, 1.0, 8)
     if not hasattr(cuctx.Device, "enable_peer_access"):
         pytest.skip("Device.enable_peer_access is not there yet")
@@ -223,10 +250,12 @@ def test_a_strided_view_is_refused_on_every_path(lib):
 
 # -- array dtypes -------------------------------------------------------------------------
 
-MISMATCH = (r"parameter 1 \(const float\* x\) of kernel 'add' takes float32 arrays, not a "
-            r"DeviceArray of int32: the kernel would read its bytes as float\. Pass float32 "
-            r"data, or let it through knowingly: arr\.view\(np\.float32\) for this launch, or "
-            r"kernel\.set_dtypes\(x=np\.int32\) for every launch$")
+MISMATCH = (
+    r"parameter 1 \(const float\* x\) of kernel 'add' takes float32 arrays, not a "
+    r"DeviceArray of int32: the kernel would read its bytes as float\. Pass float32 "
+    r"data, or let it through knowingly: arr\.view\(np\.float32\) for this launch, or "
+    r"kernel\.set_dtypes\(x=np\.int32\) for every launch$"
+)
 
 
 def ints(n: int = 8) -> cuctx.DeviceArray:
@@ -242,8 +271,10 @@ def test_an_array_of_another_dtype_is_refused_on_every_path(lib):
     for _ in range(2):
         with pytest.raises(KernelArgumentError, match=MISMATCH):
             launcher(out, ints(), 5.0, 8)
-        with pytest.raises(KernelArgumentError,
-                           match=r"parameter 0 \(float\* out\) .* not a DeviceArray of float64"):
+        with pytest.raises(
+            KernelArgumentError,
+            match=r"parameter 0 \(float\* out\) .* not a DeviceArray of float64",
+        ):
             launcher(cuctx.zeros(8, np.float64), x, 5.0, 8)
     assert out.to_host().tolist() == [k + 1.0 for k in range(8)]  # nothing more ran
 
@@ -271,9 +302,11 @@ def test_other_libraries_arrays_are_checked_by_their_dtype(lib):
     launcher = lib["add"][1, 8]
     for _ in range(2):  # the checked path, then the fast path (which converts them alike)
         launcher(out, ForeignArray(x), 2.0, 8)
-        with pytest.raises(KernelArgumentError,
-                           match=r"parameter 1 \(const float\* x\) .* not a ForeignArray of "
-                                 r"int32"):
+        with pytest.raises(
+            KernelArgumentError,
+            match=r"parameter 1 \(const float\* x\) .* not a ForeignArray of "
+            r"int32",
+        ):
             launcher(out, ForeignArray(ints()), 2.0, 8)
     assert out.to_host().tolist() == [k + 2.0 for k in range(8)]
 
@@ -339,10 +372,12 @@ def test_set_dtypes_says_what_a_kernel_takes_for_every_launch(lib):
     kernel.set_dtypes(x=np.int32)
     assert kernel.dtypes == (("float32",), ("int32",), None, None)
     for _ in range(2):  # the fast path made before lets float32 through no more
-        with pytest.raises(KernelArgumentError,
-                           match=r"parameter 1 \(const float\* x\) of kernel 'add' takes int32 "
-                                 r"arrays \(kernel\.set_dtypes\), not a DeviceArray of float32\. "
-                                 r"Pass int32 data, .* kernel\.set_dtypes\(x=np\.float32\)"):
+        with pytest.raises(
+            KernelArgumentError,
+            match=r"parameter 1 \(const float\* x\) of kernel 'add' takes int32 "
+            r"arrays \(kernel\.set_dtypes\), not a DeviceArray of float32\. "
+            r"Pass int32 data, .* kernel\.set_dtypes\(x=np\.float32\)",
+        ):
             launcher(out, x, 0.0, 8)
         launcher(out, ints(), 0.0, 8)
     assert out.to_host().view(np.int32).tolist() == list(range(8))
@@ -354,19 +389,33 @@ def test_set_dtypes_says_what_a_kernel_takes_for_every_launch(lib):
     assert kernel.dtypes == (("float32",), None, None, None)
 
 
-@pytest.mark.parametrize("given, error, message", [
-    ({"n": np.int32}, ValueError,
-     r"parameter 3 of kernel 'add' \(int n\) is not a pointer: set_dtypes is for the arrays"),
-    ({"y": np.int32}, ValueError,
-     r"kernel 'add' has no parameter called 'y' \(its parameters: out, x, a, n\)"),
-    ({7: None}, ValueError, r"kernel 'add' has parameters 0 to 3, not 7"),
-    ({"x": "no such type"}, TypeError,
-     r"set_dtypes: 'no such type' for parameter 1 is not a dtype"),
-])
+@pytest.mark.parametrize(
+    "given, error, message",
+    [
+        (
+            {"n": np.int32},
+            ValueError,
+            r"parameter 3 of kernel 'add' \(int n\) is not a pointer: set_dtypes is for the arrays",
+        ),
+        (
+            {"y": np.int32},
+            ValueError,
+            r"kernel 'add' has no parameter called 'y' \(its parameters: out, x, a, n\)",
+        ),
+        ({7: None}, ValueError, r"kernel 'add' has parameters 0 to 3, not 7"),
+        (
+            {"x": "no such type"},
+            TypeError,
+            r"set_dtypes: 'no such type' for parameter 1 is not a dtype",
+        ),
+    ],
+)
 def test_set_dtypes_refuses_what_it_cannot_mean(lib, given, error, message):
     with pytest.raises(error, match=message):
-        lib["add"].set_dtypes({k: v for k, v in given.items() if isinstance(k, int)},
-                              **{k: v for k, v in given.items() if isinstance(k, str)})
+        lib["add"].set_dtypes(
+            {k: v for k, v in given.items() if isinstance(k, int)},
+            **{k: v for k, v in given.items() if isinstance(k, str)},
+        )
     assert lib["add"].dtypes == (("float32",), ("float32",), None, None)  # unchanged
 
 
@@ -380,10 +429,12 @@ def test_without_source_arrays_are_unchecked_unless_set_dtypes_says(backend):
         out = cuctx.zeros(8, np.float32)
         kernel[1, 8](out, ints(), 0.0, 8)  # unchecked: its bits
         kernel.set_dtypes({1: np.float32})
-        with pytest.raises(KernelArgumentError,
-                           match=r"parameter 1 of kernel 'add' takes float32 arrays "
-                                 r"\(kernel\.set_dtypes\), not a DeviceArray of int32\. .*"
-                                 r"kernel\.set_dtypes\(\{1: np\.int32\}\) for every launch"):
+        with pytest.raises(
+            KernelArgumentError,
+            match=r"parameter 1 of kernel 'add' takes float32 arrays "
+            r"\(kernel\.set_dtypes\), not a DeviceArray of int32\. .*"
+            r"kernel\.set_dtypes\(\{1: np\.int32\}\) for every launch",
+        ):
             kernel[1, 8](out, ints(), 0.0, 8)
         with pytest.raises(ValueError, match=r"parameter 2 of kernel 'add' \(4 bytes\) is not"):
             kernel.set_dtypes({2: np.float32})
@@ -404,6 +455,7 @@ def test_graph_kernel_nodes_and_autograph_calls_check_dtypes(lib):
     @cuctx.autograph
     def step(out, x):
         kernel[1, 8](out, x, 1.0, 8)
+
     for _ in range(3):  # eager, then from a graph where that pays
         step(out, x)
     with pytest.raises(KernelArgumentError, match=MISMATCH):
@@ -437,36 +489,74 @@ extern "C" __global__ void spellings(%s) {}
 template <typename T, int N>
 __global__ void __launch_bounds__(256) scale(T* out, const T* in, T a) {}
 """
-F32, I64, U64, C64, C128 = ("float32",), ("int64",), ("uint64",), ("float32", "complex64"), \
-    ("float64", "complex128")
+F32, I64, U64, C64, C128 = (
+    ("float32",),
+    ("int64",),
+    ("uint64",),
+    ("float32", "complex64"),
+    ("float64", "complex128"),
+)
 # Each C spelling docs/kernels.md lists, with what it takes (None: any array; an alias with
 # two meanings, one per #if branch, is unknown).
 SPELLINGS = [
-    ("float* {}", F32), ("const float* {}", F32), ("float* __restrict__ {}", F32),
-    ("const float* __restrict__ {}", F32), ("float const* {}", F32), ("float* const {}", F32),
-    ("float {}[]", F32), ("volatile float* {}", F32), ("real* {}", F32),
-    ("double* {}", ("float64",)), ("__half* {}", ("float16",)), ("bool* {}", ("bool",)),
-    ("int* {}", ("int32",)), ("const int* {}", ("int32",)), ("signed* {}", ("int32",)),
-    ("unsigned* {}", ("uint32",)), ("unsigned int* {}", ("uint32",)),
-    ("uint32_t* {}", ("uint32",)), ("short* {}", ("int16",)),
-    ("unsigned short* {}", ("uint16",)), ("long long* {}", I64), ("int64_t* {}", I64),
-    ("unsigned long long* {}", U64), ("size_t* {}", U64), ("const index_t* {}", U64),
-    ("long* {}", (np.dtype("long").name,)), ("__nv_bfloat16* {}", ("uint16", "bfloat16")),
-    ("float2* {}", C64), ("float4* {}", C64), ("cuFloatComplex* {}", C64),
-    ("cuda::std::complex<float>* {}", C64), ("double2* {}", C128),
-    ("cuDoubleComplex* {}", C128), ("float3* {}", F32), ("int4* {}", ("int32",)),
-    ("uint2* {}", ("uint32",)), ("longlong2* {}", I64), ("float** {}", ("uint64", "int64")),
-    ("void* {}", None), ("char* {}", None), ("unsigned char* {}", None),
-    ("signed char* {}", None), ("uint8_t* {}", None), ("int8_t* {}", None),
-    ("std::byte* {}", None), ("uchar4* {}", None), ("Particle* {}", None),
-    ("maybe_real* {}", None), ("float {}", None), ("int {}", None),
+    ("float* {}", F32),
+    ("const float* {}", F32),
+    ("float* __restrict__ {}", F32),
+    ("const float* __restrict__ {}", F32),
+    ("float const* {}", F32),
+    ("float* const {}", F32),
+    ("float {}[]", F32),
+    ("volatile float* {}", F32),
+    ("real* {}", F32),
+    ("double* {}", ("float64",)),
+    ("__half* {}", ("float16",)),
+    ("bool* {}", ("bool",)),
+    ("int* {}", ("int32",)),
+    ("const int* {}", ("int32",)),
+    ("signed* {}", ("int32",)),
+    ("unsigned* {}", ("uint32",)),
+    ("unsigned int* {}", ("uint32",)),
+    ("uint32_t* {}", ("uint32",)),
+    ("short* {}", ("int16",)),
+    ("unsigned short* {}", ("uint16",)),
+    ("long long* {}", I64),
+    ("int64_t* {}", I64),
+    ("unsigned long long* {}", U64),
+    ("size_t* {}", U64),
+    ("const index_t* {}", U64),
+    ("long* {}", (np.dtype("long").name,)),
+    ("__nv_bfloat16* {}", ("uint16", "bfloat16")),
+    ("float2* {}", C64),
+    ("float4* {}", C64),
+    ("cuFloatComplex* {}", C64),
+    ("cuda::std::complex<float>* {}", C64),
+    ("double2* {}", C128),
+    ("cuDoubleComplex* {}", C128),
+    ("float3* {}", F32),
+    ("int4* {}", ("int32",)),
+    ("uint2* {}", ("uint32",)),
+    ("longlong2* {}", I64),
+    ("float** {}", ("uint64", "int64")),
+    ("void* {}", None),
+    ("char* {}", None),
+    ("unsigned char* {}", None),
+    ("signed char* {}", None),
+    ("uint8_t* {}", None),
+    ("int8_t* {}", None),
+    ("std::byte* {}", None),
+    ("uchar4* {}", None),
+    ("Particle* {}", None),
+    ("maybe_real* {}", None),
+    ("float {}", None),
+    ("int {}", None),
 ]
 
 
 def test_each_c_spelling_takes_its_dtypes(backend):
     params = ", ".join(spelling.format(f"p{i}") for i, (spelling, _) in enumerate(SPELLINGS))
-    lib = cuctx.Library.from_source(SPELLINGS_SOURCE % params,
-                                    name_expressions=["scale<float, 4>", "scale<double, 2>"])
+    lib = cuctx.Library.from_source(
+        SPELLINGS_SOURCE % params, name_expressions=["scale<float, 4>", "scale<double, 2>"]
+    )
     got = dict(zip((s for s, _ in SPELLINGS), lib["spellings"].dtypes))
     assert got == dict(SPELLINGS)
     # A template's parameters take its name expression's arguments (__launch_bounds__ aside).
@@ -481,15 +571,20 @@ template <typename T> __global__ void fill(T* out, T value) { out[threadIdx.x] =
 
     def fill(grid, block, out, value):
         out.view(np.float64 if isinstance(value, float) else np.int64, block[0])[:] = value
+
     lib = cuctx.Library.from_source(
-        source, name_expressions=["fill<double>", "fill<long long>"],
-        sim_kernels={"fill<double>": fill, "fill<long long>": fill})
+        source,
+        name_expressions=["fill<double>", "fill<long long>"],
+        sim_kernels={"fill<double>": fill, "fill<long long>": fill},
+    )
     with cuctx.Device(0):
         out = cuctx.zeros(4, np.float64)
         lib["fill<double>"][1, 4](out, 2.5)
-        with pytest.raises(KernelArgumentError,
-                           match=r"parameter 0 \(double\* out\) of kernel '_Z4fillIdEvPT_S0_' "
-                                 r"takes float64 arrays, not a DeviceArray of float32"):
+        with pytest.raises(
+            KernelArgumentError,
+            match=r"parameter 0 \(double\* out\) of kernel '_Z4fillIdEvPT_S0_' "
+            r"takes float64 arrays, not a DeviceArray of float32",
+        ):
             lib["fill<double>"][1, 4](cuctx.zeros(4, np.float32), 2.5)
         assert out.to_host().tolist() == [2.5] * 4
         # int64 is two NumPy dtype objects ('l' and 'q'): each passes, on every path.
@@ -517,24 +612,31 @@ def test_a_gpu_kernel_refuses_an_array_of_another_dtype(gpu):
 def test_torch_tensors_are_checked_by_their_dtype(gpu):
     """torch's dtypes by name, bfloat16 included (NumPy has none)."""
     torch = pytest.importorskip("torch")
-    source = ADD_SOURCE + r"""
+    source = (
+        ADD_SOURCE
+        + r"""
 struct __nv_bfloat16 { unsigned short bits; };
 extern "C" __global__ void halve(__nv_bfloat16* p) {}
 """
+    )
     lib = cuctx.Library.from_source(source)
     with cuctx.Device(0):
         out = torch.zeros(8, device="cuda")
         x = torch.arange(8, dtype=torch.int32, device="cuda")
         torch.cuda.synchronize()
-        with pytest.raises(KernelArgumentError,
-                           match=r"parameter 1 \(const float\* x\) .* not a Tensor of int32: .*"
-                                 r"tensor\.view\(torch\.float32\) for this launch"):
+        with pytest.raises(
+            KernelArgumentError,
+            match=r"parameter 1 \(const float\* x\) .* not a Tensor of int32: .*"
+            r"tensor\.view\(torch\.float32\) for this launch",
+        ):
             lib["add"][1, 8](out, x, 0.0, 8)
         lib["add"][1, 8](out, x.view(torch.float32), 0.0, 8)
         cuctx.synchronize()
         assert out.view(torch.int32).tolist() == list(range(8))
         lib["halve"][1, 1](torch.zeros(4, dtype=torch.bfloat16, device="cuda"))
-        with pytest.raises(KernelArgumentError,
-                           match=r"takes uint16 or bfloat16 arrays, not a Tensor of float16: .* "
-                                 r"Pass bfloat16 data, .* tensor\.view\(torch\.bfloat16\)"):
+        with pytest.raises(
+            KernelArgumentError,
+            match=r"takes uint16 or bfloat16 arrays, not a Tensor of float16: .* "
+            r"Pass bfloat16 data, .* tensor\.view\(torch\.bfloat16\)",
+        ):
             lib["halve"][1, 1](torch.zeros(4, dtype=torch.float16, device="cuda"))

@@ -44,8 +44,11 @@ def test_the_source_is_kept_named_and_readable(lib):
     name = launcher._fast.__code__.co_filename
     # Numbered ("... #2>") when another test of this process generated other source under
     # the same name (another kernel called add, on another backend or path).
-    assert re.fullmatch(r"<cuctx fast launch add \(DeviceArray, DeviceArray, float, int\)"
-                        r"( #\d+)?>", name)
+    assert re.fullmatch(
+        r"<cuctx fast launch add \(DeviceArray, DeviceArray, float, int\)"
+        r"( #\d+)?>",
+        name,
+    )
     assert "".join(linecache.getlines(name)) == source
     assert inspect.getsource(launcher._fast) == source
 
@@ -58,6 +61,7 @@ def test_a_traceback_from_inside_the_fast_path_shows_its_line(lib):
 
     def driver_call():
         raise RuntimeError("the driver call failed")
+
     buffer, _ = launcher._local.state
     launcher._local.state = (buffer, driver_call)
     with pytest.raises(RuntimeError) as info:
@@ -103,6 +107,7 @@ def test_one_launcher_serves_every_thread_on_its_fast_path(lib, packs):
             # The thread's first launch makes its parameter buffer on the checked path;
             # the others run the fast path with it.
             results[k] = (len(packs) - before, mine)
+
     threads = [threading.Thread(target=work, args=(k,)) for k in range(1, 4)]
     for t in threads:
         t.start()

@@ -33,7 +33,6 @@ from cuctx.kernels._compiler import (
 )
 
 
-
 SRC = r"""
 extern "C" __global__ void scale(float* x, float a, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -380,8 +379,15 @@ def test_entry_for_another_key_is_rejected():
 
 _ENTRY = cache_format._encode_entry(
     "k" * 64,
-    CompileResult(b"\x7fELF" + bytes(range(256)), "cubin", "sm_90", {"a": "b"}, "log", False,
-                  b".version 9.0\n.target sm_90\n.visible .entry a()\n{\n}\n\0"),
+    CompileResult(
+        b"\x7fELF" + bytes(range(256)),
+        "cubin",
+        "sm_90",
+        {"a": "b"},
+        "log",
+        False,
+        b".version 9.0\n.target sm_90\n.visible .entry a()\n{\n}\n\0",
+    ),
 )
 
 
@@ -404,8 +410,16 @@ def _blob(data: bytes) -> bytes:
 
 
 def _meta(**fields) -> bytes:
-    meta = {"key": "k" * 64, "kind": "cubin", "arch": "sm_90", "lowered_names": {}, "log": "",
-            "ptx": "none", "name": "k.cu", **fields}
+    meta = {
+        "key": "k" * 64,
+        "kind": "cubin",
+        "arch": "sm_90",
+        "lowered_names": {},
+        "log": "",
+        "ptx": "none",
+        "name": "k.cu",
+        **fields,
+    }
     return json.dumps(meta).encode()
 
 

@@ -12,8 +12,7 @@ from cuctx import LaunchConfigError
 
 from scenarios import library_fixture
 
-pytestmark = [requires_nvrtc, pytest.mark.usefixtures("nvrtc_cache"),
-              pytest.mark.paths()]
+pytestmark = [requires_nvrtc, pytest.mark.usefixtures("nvrtc_cache"), pytest.mark.paths()]
 
 SOURCE = r"""
 __device__ int counter[4];
@@ -30,15 +29,21 @@ lib = library_fixture(SOURCE, fill=fill)
 
 
 def test_calling_a_kernel_without_a_configuration_says_how(lib):
-    with pytest.raises(TypeError, match=r"lib\['fill'\]\[grid, block\]\(\*args\).*"
-                                        r"cuctx\.launch\(kernel, grid, block, \*args\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"lib\['fill'\]\[grid, block\]\(\*args\).*"
+        r"cuctx\.launch\(kernel, grid, block, \*args\)",
+    ):
         lib["fill"](cuctx.zeros(4, np.int32), 1)
 
 
 @pytest.mark.parametrize("kernel", [None, "fill", 3])
 def test_launch_names_its_kernel_argument(lib, kernel):
-    with pytest.raises(TypeError, match=r"the kernel argument of cuctx\.launch must be a "
-                                        r"cuctx\.Kernel"):
+    with pytest.raises(
+        TypeError,
+        match=r"the kernel argument of cuctx\.launch must be a "
+        r"cuctx\.Kernel",
+    ):
         cuctx.launch(kernel, 1, 4, cuctx.zeros(4, np.int32), 1)
 
 
@@ -47,13 +52,16 @@ def test_launch_of_a_launcher_is_refused_too(lib):
         cuctx.launch(lib["fill"][1, 4], 1, 4)
 
 
-@pytest.mark.parametrize("block, error, message", [
-    (0, LaunchConfigError, "block size must be positive"),
-    (-32, LaunchConfigError, "block must be >= 0"),
-    (2048, LaunchConfigError, "can run at most 1024 threads per block"),
-    (256.0, TypeError, "block must be an int"),
-    (True, TypeError, "block must be an int"),
-])
+@pytest.mark.parametrize(
+    "block, error, message",
+    [
+        (0, LaunchConfigError, "block size must be positive"),
+        (-32, LaunchConfigError, "block must be >= 0"),
+        (2048, LaunchConfigError, "can run at most 1024 threads per block"),
+        (256.0, TypeError, "block must be an int"),
+        (True, TypeError, "block must be an int"),
+    ],
+)
 def test_occupancy_of_a_block_size_that_never_runs_is_an_error(lib, block, error, message):
     with pytest.raises(error, match=message):
         lib["fill"].occupancy(block)
@@ -91,12 +99,15 @@ def test_a_module_kernel_is_asked_about_its_own_device_only(backend):
         module.unload()
 
 
-@pytest.mark.parametrize("dtype, shape, error, message", [
-    (object, None, TypeError, "bool, integer, float or complex"),
-    (np.dtype(">i4"), None, TypeError, "native byte order"),
-    (np.int32, (-1,), ValueError, "negative dimension"),
-    (np.int32, 2.0, TypeError, "a shape is an int or a tuple of ints"),
-])
+@pytest.mark.parametrize(
+    "dtype, shape, error, message",
+    [
+        (object, None, TypeError, "bool, integer, float or complex"),
+        (np.dtype(">i4"), None, TypeError, "native byte order"),
+        (np.int32, (-1,), ValueError, "negative dimension"),
+        (np.int32, 2.0, TypeError, "a shape is an int or a tuple of ints"),
+    ],
+)
 def test_variable_views_hold_plain_numbers(lib, dtype, shape, error, message):
     with pytest.raises(error, match=message):
         lib.get_global("counter", dtype, shape)
@@ -110,11 +121,11 @@ def test_a_cubin_whose_variable_lies_outside_its_section_is_an_invalid_image(sim
 
     from cuctx.devcode import _elf
     from cuctx.kernels._compiler import compile_source
+
     image = bytearray(compile_source(SOURCE, arch="sm_90", cache_dir=False).image)
     ehdr = _elf._EHDR.unpack_from(image, 0)
     shoff, shnum = ehdr[6], ehdr[12]
-    sections = [_elf._SHDR.unpack_from(image, shoff + i * _elf._SHDR.size)
-                for i in range(shnum)]
+    sections = [_elf._SHDR.unpack_from(image, shoff + i * _elf._SHDR.size) for i in range(shnum)]
     symtab = next(sh for sh in sections if sh[1] == _elf._SHT_SYMTAB)
     names = _elf._section_data(bytes(image), sections[symtab[6]], "names")
     for offset in range(symtab[4], symtab[4] + symtab[5], _elf._SYM.size):

@@ -14,7 +14,9 @@ from cuctx import KernelArgumentError, LaunchConfigError
 
 from scenarios import ADD_SOURCE, add, add_arrays, library_fixture
 
-SOURCE = ADD_SOURCE + r"""
+SOURCE = (
+    ADD_SOURCE
+    + r"""
 struct Pair { int a; float b; };
 
 extern "C" __global__ void store(unsigned int* out, unsigned int u, long long q, Pair p) {
@@ -31,6 +33,7 @@ extern "C" __global__ void dynamic(float* out, int n) {
     if (i < n) { scratch[i] = i; out[i] = scratch[i]; }
 }
 """
+)
 
 
 class Pair(ctypes.Structure):
@@ -56,6 +59,7 @@ lib = library_fixture(SOURCE, add=add, store=store, bounded=bounded, dynamic=dyn
 
 
 # -- the forms of a launch ----------------------------------------------------------------
+
 
 def test_launch_forms_agree(lib):
     out, x = add_arrays()
@@ -86,15 +90,19 @@ def test_bad_subscript_says_how(lib):
 
 # -- configuration violations -------------------------------------------------------------
 
-@pytest.mark.parametrize("grid, block, message", [
-    (1, 2048, r"block.x = 2048 exceeds the device's limit of 1024"),
-    (1, (1, 1, 65), r"block.z = 65 exceeds the device's limit of 64"),
-    (1, (32, 32, 2), r"is 2048 threads; the device runs at most 1024 threads per block"),
-    ((1, 65536), 32, r"grid.y = 65536 exceeds the device's limit of 65535"),
-    (0, 32, r"grid.x is 0; every dimension must be at least 1"),
-    ((1, 2, 3, 4), 32, r"grid must be an int or a tuple of 1 to 3 ints"),
-    (1, 32.0, r"block must be an int or a tuple"),
-])
+
+@pytest.mark.parametrize(
+    "grid, block, message",
+    [
+        (1, 2048, r"block.x = 2048 exceeds the device's limit of 1024"),
+        (1, (1, 1, 65), r"block.z = 65 exceeds the device's limit of 64"),
+        (1, (32, 32, 2), r"is 2048 threads; the device runs at most 1024 threads per block"),
+        ((1, 65536), 32, r"grid.y = 65536 exceeds the device's limit of 65535"),
+        (0, 32, r"grid.x is 0; every dimension must be at least 1"),
+        ((1, 2, 3, 4), 32, r"grid must be an int or a tuple of 1 to 3 ints"),
+        (1, 32.0, r"block must be an int or a tuple"),
+    ],
+)
 def test_config_violations_name_limit_and_value(lib, grid, block, message):
     out, x = add_arrays()
     with pytest.raises(LaunchConfigError, match=message):
@@ -103,8 +111,11 @@ def test_config_violations_name_limit_and_value(lib, grid, block, message):
 
 def test_kernel_thread_limit_from_launch_bounds(lib):
     out, _ = add_arrays(512)
-    with pytest.raises(LaunchConfigError, match=r"'bounded' can run at most 256 threads per "
-                                                r"block.*has 512"):
+    with pytest.raises(
+        LaunchConfigError,
+        match=r"'bounded' can run at most 256 threads per "
+        r"block.*has 512",
+    ):
         lib["bounded"][1, 512](out)
     lib["bounded"][1, 256](out)
 
@@ -151,19 +162,26 @@ def test_cooperative_grid_must_fit_at_once(lib):
 
 # -- arguments ----------------------------------------------------------------------------
 
+
 def test_wrong_argument_count_names_the_kernel_and_sizes(lib):
     out, x = add_arrays()
-    with pytest.raises(KernelArgumentError, match=r"'add' takes 4 argument\(s\) \(parameter "
-                                                  r"sizes \[8, 8, 4, 4\] bytes\), got 3"):
+    with pytest.raises(
+        KernelArgumentError,
+        match=r"'add' takes 4 argument\(s\) \(parameter "
+        r"sizes \[8, 8, 4, 4\] bytes\), got 3",
+    ):
         lib["add"][1, 8](out, x, 1.0)
 
 
-@pytest.mark.parametrize("value, message", [
-    (1 + 2j, r"parameter 2 .*\.f32: a floating-point number.*cannot take complex"),
-    (True, r"parameter 2 .*a bool is not converted to a floating-point parameter"),
-    ("1.0", r"parameter 2 .*cannot take str"),
-    (np.zeros(2, np.float32), r"parameter 2 .*NumPy array, which is host memory"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (1 + 2j, r"parameter 2 .*\.f32: a floating-point number.*cannot take complex"),
+        (True, r"parameter 2 .*a bool is not converted to a floating-point parameter"),
+        ("1.0", r"parameter 2 .*cannot take str"),
+        (np.zeros(2, np.float32), r"parameter 2 .*NumPy array, which is host memory"),
+    ],
+)
 def test_wrong_argument_type_or_size_names_the_parameter(lib, value, message):
     out, x = add_arrays()
     with pytest.raises(KernelArgumentError, match=message):
@@ -199,6 +217,7 @@ def test_raw_int_pointers_and_foreign_arrays(lib):
 
     class Foreign:  # another library's array, through the CUDA Array Interface
         __cuda_array_interface__ = x.__cuda_array_interface__
+
     lib["add"][1, 8](out, Foreign(), 5.0, 8)
     assert out.to_host().tolist() == list(range(5, 13))
 
@@ -236,6 +255,7 @@ def test_launches_from_many_threads_keep_their_arguments(lib):
                 launcher(out, x, float(k), n)
             stream_of[k].synchronize()
             results[k] = out.to_host()
+
     threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
     for t in threads:
         t.start()
@@ -299,13 +319,20 @@ def test_a_foreign_array_argument_orders_the_launch_stream_after_its_producer(li
     producer, stream = cuctx.Stream(), cuctx.Stream()
     out, x = add_arrays()
     from conftest import busy
+
     busy(producer, 20)
     x.fill(5, stream=producer)
 
     class Foreign:  # another library's array, last written on `producer`
-        __cuda_array_interface__ = {"version": 3, "shape": (8,), "typestr": "<f4",
-                                    "data": (x.ptr, False), "strides": None,
-                                    "stream": producer.handle}
+        __cuda_array_interface__ = {
+            "version": 3,
+            "shape": (8,),
+            "typestr": "<f4",
+            "data": (x.ptr, False),
+            "strides": None,
+            "stream": producer.handle,
+        }
+
     lib["add"][1, 8, 0, stream](out, Foreign(), 1.0, 8)
     stream.synchronize()
     assert out.to_host(stream=stream).tolist() == [6.0] * 8

@@ -30,8 +30,10 @@ def test_launches_are_announced_with_their_arrays_also_once_a_fast_path_exists(l
     seen = []
     with _trace.sink(seen.append):
         launcher(out, x, 2.0, 8)
-        line = test_launches_are_announced_with_their_arrays_also_once_a_fast_path_exists \
-            .__code__.co_firstlineno + 10
+        line = (
+            test_launches_are_announced_with_their_arrays_also_once_a_fast_path_exists.__code__.co_firstlineno
+            + 10
+        )
         launcher(out, x.ptr, 3.0, 8)  # an int is an address of unknown extent: no access
     launcher(out, x, 4.0, 8)  # no sink: not announced
     stream.synchronize()
@@ -39,11 +41,16 @@ def test_launches_are_announced_with_their_arrays_also_once_a_fast_path_exists(l
     first, second = seen
     assert first.kernel is lib["add"] and first.stream is stream
     assert first.context is stream.context
-    assert (first.config.grid, first.config.block, first.config.shared_mem) == \
-        ((2, 1, 1), (4, 1, 1), 0)
+    assert (first.config.grid, first.config.block, first.config.shared_mem) == (
+        (2, 1, 1),
+        (4, 1, 1),
+        0,
+    )
     # (out is `float*`: read and written; x is `const float*`: read)
-    assert first.accesses == (_trace.Access(out.ptr, 32, _trace.READ_WRITE, out),
-                              _trace.Access(x.ptr, 32, _trace.READ, x))
+    assert first.accesses == (
+        _trace.Access(out.ptr, 32, _trace.READ_WRITE, out),
+        _trace.Access(x.ptr, 32, _trace.READ, x),
+    )
     assert first.site[:2] == (__file__, line)
     assert second.accesses == (_trace.Access(out.ptr, 32, _trace.READ_WRITE, out),)
 
@@ -53,9 +60,15 @@ def test_foreign_arrays_are_announced_with_their_extent(lib):
     x = cuctx.to_device(np.arange(8, dtype=np.float32))
 
     class Foreign:  # another library's array, seen through __cuda_array_interface__
-        __cuda_array_interface__ = {"version": 3, "shape": (4,), "typestr": "<f4",
-                                    "data": (x.ptr + 16, False), "strides": None,
-                                    "stream": None}
+        __cuda_array_interface__ = {
+            "version": 3,
+            "shape": (4,),
+            "typestr": "<f4",
+            "data": (x.ptr + 16, False),
+            "strides": None,
+            "stream": None,
+        }
+
     seen = []
     with _trace.sink(seen.append):
         lib["add"][1, 4](out, Foreign(), 1.0, 4)
@@ -96,7 +109,9 @@ def test_the_fast_path_announces_itself(lib, monkeypatch):
     [op] = seen
     assert (op.kind, op.kernel, op.stream) == ("launch", launcher.kernel, launcher.stream)
     assert [(a.ptr, a.nbytes, a.mode) for a in op.accesses] == [
-        (out.ptr, 32, _trace.READ_WRITE), (x.ptr, 32, _trace.READ)]
+        (out.ptr, 32, _trace.READ_WRITE),
+        (x.ptr, 32, _trace.READ),
+    ]
     assert op.site[0] == __file__
 
 
@@ -106,6 +121,7 @@ def test_every_path_announces_a_launch_as_the_reference_does(lib, path):
     `_trace.emit_launch`, the reference: the same fields, and the user's line."""
     import sys
     import threading
+
     out = cuctx.zeros(8, np.float32)
     x = cuctx.to_device(np.arange(8, dtype=np.float32))
     stream = cuctx.Stream()
@@ -116,6 +132,7 @@ def test_every_path_announces_a_launch_as_the_reference_does(lib, path):
     def sink(op):
         seen.append(op)
         callers.append(sys._getframe(1).f_code.co_name)
+
     with _trace.sink(sink, kinds=["launch"]):
         before = _trace.perf_counter_ns()
         launcher(out, x, 2.0, 8)
@@ -128,10 +145,20 @@ def test_every_path_announces_a_launch_as_the_reference_does(lib, path):
     # who announced it: compiled code calls the sink straight from the user's frame (with
     # the fast paths on: CUCTX_FASTPATH=0 sends every launch to the checked path)
     compiled = path == "native" and _codegen.ENABLED
-    assert callers == [sys._getframe().f_code.co_name if compiled else "emit_launch",
-                       "emit_launch"]
-    for field in ("kind", "context", "stream", "kernel", "config", "event", "other", "fields",
-                  "launch", "accesses", "thread"):
+    assert callers == [sys._getframe().f_code.co_name if compiled else "emit_launch", "emit_launch"]
+    for field in (
+        "kind",
+        "context",
+        "stream",
+        "kernel",
+        "config",
+        "event",
+        "other",
+        "fields",
+        "launch",
+        "accesses",
+        "thread",
+    ):
         assert getattr(made, field) == getattr(reference, field), field
     assert made.site[:2] == (__file__, line) and reference.site[0] == __file__
     assert before <= made.time_ns <= after and made.thread == threading.get_ident()

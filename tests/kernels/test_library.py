@@ -51,13 +51,15 @@ pytestmark = pytest.mark.usefixtures("nvrtc_cache")
 
 def load() -> tuple[cuctx.Library, dict]:
     box: dict = {}
-    lib = cuctx.Library.from_source(SOURCE, name_expressions=["axpy<float>"],
-                                    sim_kernels=twins(box))
+    lib = cuctx.Library.from_source(
+        SOURCE, name_expressions=["axpy<float>"], sim_kernels=twins(box)
+    )
     box["managed"] = lib.get_managed("launches", np.int32)
     return lib, box
 
 
 # -- seed 002: one library, one kernel handle, many contexts ------------------------------
+
 
 def test_one_kernel_handle_runs_in_every_context_including_ones_created_later(backend):
     lib, box = load()
@@ -94,6 +96,7 @@ def test_two_devices_share_one_library(backend):
 
 # -- variables ----------------------------------------------------------------------------
 
+
 def test_device_variable_is_a_device_array_per_context(backend):
     lib, _ = load()
     with cuctx.Device(0):
@@ -104,8 +107,9 @@ def test_device_variable_is_a_device_array_per_context(backend):
         assert lib.get_global("gain", np.float32).to_host()[0] == 4.0
     other = cuctx.Context.create(0)
     try:
-        assert lib.get_global("gain", np.float32).to_host()[0] == np.float32(2.5), \
+        assert lib.get_global("gain", np.float32).to_host()[0] == np.float32(2.5), (
             "each context has its own copy of a __device__ variable"
+        )
         assert lib.get_global("hits", np.int32).shape == (4,)
     finally:
         other.destroy()
@@ -141,6 +145,7 @@ def test_managed_variable_is_one_host_visible_copy_for_all_contexts(backend):
 
 # -- templates, names ---------------------------------------------------------------------
 
+
 def test_template_kernel_by_name_expression(backend):
     lib, _ = load()
     axpy = lib["axpy<float>"]
@@ -169,19 +174,29 @@ template <typename T> __global__ void fill(T* x) { x[0] = T(3); }
 @pytest.mark.parametrize("kind", ["Library", "Module"])
 def test_a_cpp_kernels_plain_name_suggests_extern_c_or_name_expressions(backend, kind):
     code = getattr(cuctx, kind).from_source(CPP_SOURCE, name_expressions=["fill<float>"])
-    with pytest.raises(KeyError, match=r'no kernel "cpp_name" .*: it has the C\+\+ kernel '
-                       r'_Z8cpp_namePf; declare it extern "C" to keep the name "cpp_name", or '
-                       rf'list it in name_expressions=\["cpp_name"\] when calling {kind}\.'
-                       'from_source and ask for that name'):
+    with pytest.raises(
+        KeyError,
+        match=r'no kernel "cpp_name" .*: it has the C\+\+ kernel '
+        r'_Z8cpp_namePf; declare it extern "C" to keep the name "cpp_name", or '
+        rf'list it in name_expressions=\["cpp_name"\] when calling {kind}\.'
+        "from_source and ask for that name",
+    ):
         code["cpp_name"]
-    with pytest.raises(KeyError, match=r'_ZN2ns6nestedEPf; declare it extern "C" to keep the '
-                       r'name "nested", or list it in name_expressions=\["ns::nested"\]'):
+    with pytest.raises(
+        KeyError,
+        match=r'_ZN2ns6nestedEPf; declare it extern "C" to keep the '
+        r'name "nested", or list it in name_expressions=\["ns::nested"\]',
+    ):
         code["nested"]
-    with pytest.raises(KeyError, match="ask for it by the name expression it was compiled "
-                       "with: fill<float>"):
+    with pytest.raises(
+        KeyError, match="ask for it by the name expression it was compiled with: fill<float>"
+    ):
         code["fill"]
-    with pytest.raises(KeyError, match=r'list each instance in name_expressions='
-                       r'\["fill<int>"\] .*\(it was compiled with fill<float>\)'):
+    with pytest.raises(
+        KeyError,
+        match=r"list each instance in name_expressions="
+        r'\["fill<int>"\] .*\(it was compiled with fill<float>\)',
+    ):
         code["fill<int>"]
     assert code["_Z8cpp_namePf"].name == "_Z8cpp_namePf"  # the mangled name works as it did
     with pytest.raises(KeyError, match=r"no kernel 'nothing'.*_Z8cpp_namePf"):
@@ -195,6 +210,7 @@ def test_compile_error_carries_nvrtc_log(backend):
 
 
 # -- the cache ----------------------------------------------------------------------------
+
 
 def test_cache_hit_invalidation_and_corrupt_entry(backend, tmp_path, monkeypatch):
     runs = []
@@ -215,18 +231,22 @@ def test_cache_hit_invalidation_and_corrupt_entry(backend, tmp_path, monkeypatch
 
 # -- loading images -----------------------------------------------------------------------
 
+
 def test_from_file_and_from_bytes_take_cubin_and_ptx(backend, tmp_path):
     src = 'extern "C" __global__ void fill(int* p, int v) { p[threadIdx.x] = v; }'
 
     def fill(grid, block, p, v):
         p.view(np.int32, block[0])[:] = v
+
     for arch in ("sm_90", "compute_90"):
         image = compile_source(src, arch=arch, cache_dir=False).image
         unterminated = image.rstrip(b"\0") if arch.startswith("compute") else image
         path = tmp_path / f"fill.{arch}"
         path.write_bytes(image)
-        for lib in (cuctx.Library.from_file(path, sim_kernels={"fill": fill}),
-                    cuctx.Library.from_bytes(unterminated, sim_kernels={"fill": fill})):
+        for lib in (
+            cuctx.Library.from_file(path, sim_kernels={"fill": fill}),
+            cuctx.Library.from_bytes(unterminated, sim_kernels={"fill": fill}),
+        ):
             assert lib["fill"].param_layout == ((0, 8), (8, 4))
             with cuctx.Device(0):
                 out = cuctx.zeros(4, np.int32)
@@ -249,6 +269,7 @@ def test_fatbin_is_refused_clearly_on_the_sim(sim):
 
 # -- unloading ----------------------------------------------------------------------------
 
+
 def test_unload_waits_for_queued_work_and_blocks_later_use(backend):
     lib, _ = load()
     scale = lib["scale"]
@@ -260,7 +281,7 @@ def test_unload_waits_for_queued_work_and_blocks_later_use(backend):
             launcher(data, 1.0, 1 << 12)
         lib.unload()  # must not pull the code from under the queued launches
         stream.synchronize()
-        assert data.to_host()[0] == 2.5 ** 8  # exact in float32
+        assert data.to_host()[0] == 2.5**8  # exact in float32
         with pytest.raises(RuntimeError, match="unloaded"):
             launcher(data, 1.0, 4)
         with pytest.raises(RuntimeError, match="unloaded"):
@@ -271,9 +292,11 @@ def test_unload_waits_for_queued_work_and_blocks_later_use(backend):
 def test_garbage_collection_unloads(backend):
     def fill(grid, block, p, v):
         p.view(np.int32, 4)[:] = v
+
     lib = cuctx.Library.from_source(
         'extern "C" __global__ void fill(int* p, int v) { p[threadIdx.x] = v; }',
-        sim_kernels={"fill": fill})
+        sim_kernels={"fill": fill},
+    )
     with cuctx.Device(0):
         data = cuctx.zeros(4, np.int32)
         lib["fill"][1, 4](data, 3)
@@ -286,12 +309,14 @@ def test_garbage_collection_unloads(backend):
 
 # -- Module: the context-bound way --------------------------------------------------------
 
+
 def test_module_kernels_run_only_in_their_context(backend):
     other = None
     with cuctx.Device(0) as primary:
         box = {"managed": np.zeros(1, np.int32)}
-        module = cuctx.Module.from_source(SOURCE, name_expressions=["axpy<float>"],
-                                          sim_kernels=twins(box))
+        module = cuctx.Module.from_source(
+            SOURCE, name_expressions=["axpy<float>"], sim_kernels=twins(box)
+        )
         assert module.context is primary
         data = cuctx.to_device(np.ones(4, np.float32))
         module["scale"][1, 4](data, 2.0, 4)
@@ -309,6 +334,7 @@ def test_module_kernels_run_only_in_their_context(backend):
 
 
 # -- introspection ------------------------------------------------------------------------
+
 
 def test_attributes_occupancy_and_block_size(backend):
     lib, _ = load()
@@ -342,6 +368,7 @@ def test_launch_bounds_and_static_shared_show_in_attributes(backend):
 
 # -- the sim's twins ----------------------------------------------------------------------
 
+
 def test_kernel_without_twin_fails_clearly_on_the_sim(sim):
     lib = cuctx.Library.from_source('extern "C" __global__ void lonely(int* p) {}')
     with cuctx.Device(0):
@@ -354,6 +381,7 @@ def test_twin_out_of_bounds_access_is_a_sticky_illegal_address(sim):
 
     def over(grid, block, p, n):
         p.view(np.float32, n + 1)[n] = 1.0
+
     lib = cuctx.Library.from_source(src, sim_kernels={"over": over})
     ctx = cuctx.Context.create(0)
     try:
@@ -373,8 +401,10 @@ def test_twin_that_raises_fails_the_launch_with_its_traceback(sim):
 
     def broken(grid, block, p):
         raise ZeroDivisionError("twin bug")
-    lib = cuctx.Library.from_source('extern "C" __global__ void b(int* p) {}',
-                                    sim_kernels={"b": broken})
+
+    lib = cuctx.Library.from_source(
+        'extern "C" __global__ void b(int* p) {}', sim_kernels={"b": broken}
+    )
     ctx = cuctx.Context.create(0)
     try:
         lib["b"][1, 1](None)
@@ -394,11 +424,13 @@ def test_twin_sees_arguments_decoded_by_size_and_annotation(sim):
 
     def mix(grid, block, d: float, f: float, i, s, q: int, p: bytes, out):
         seen.update(grid=grid, block=block, d=d, f=f, i=i, s=s, q=q, p=p, out=out)
+
     lib = cuctx.Library.from_source(src, sim_kernels={"mix": mix})
     import ctypes
 
     class Pair(ctypes.Structure):
         _fields_ = [("a", ctypes.c_int), ("b", ctypes.c_float)]
+
     with cuctx.Device(0) as ctx:
         out = cuctx.zeros(2, np.float32)
         lib["mix"][(2, 3), 4](1.5, 0.25, -7, np.int16(-2), -(1 << 40), Pair(3, 0.5), out)

@@ -45,6 +45,7 @@ def test_triton_cubin(gpu):
 def test_numba_ptx(gpu, monkeypatch):
     numba_cuda = pytest.importorskip("numba.cuda", reason="needs numba-cuda")
     from numba import types
+
     if not hasattr(np, "row_stack"):
         # numba-cuda 0.30 registers np.row_stack, which NumPy 2.5 removed; it is vstack.
         monkeypatch.setattr(np, "row_stack", np.vstack, raising=False)

@@ -16,17 +16,19 @@ pytestmark = requires_nvrtc
 
 _NVJITLINK_MISSING = None if _jitlink.nvjitlink_version() else _jitlink._nvjitlink()[1]
 requires_nvjitlink = pytest.mark.skipif(
-    _NVJITLINK_MISSING is not None, reason=f"nvJitLink cannot be loaded: {_NVJITLINK_MISSING}")
+    _NVJITLINK_MISSING is not None, reason=f"nvJitLink cannot be loaded: {_NVJITLINK_MISSING}"
+)
 _NVVM_MISSING = _nvvm._nvvm()[1]
-requires_nvvm = pytest.mark.skipif(_NVVM_MISSING is not None,
-                                   reason=f"libNVVM cannot be loaded: {_NVVM_MISSING}")
+requires_nvvm = pytest.mark.skipif(
+    _NVVM_MISSING is not None, reason=f"libNVVM cannot be loaded: {_NVVM_MISSING}"
+)
 
-KERNEL = r'''
+KERNEL = r"""
 extern __device__ float scale(float x, float by);
 extern "C" __global__ void scale_all(float* y, float by, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = scale(y[i], by);
-}'''
+}"""
 DEVICE_FUNCTION = "__device__ float scale(float x, float by) { return x * by; }"
 
 
@@ -47,11 +49,13 @@ def run_scale_all(library: cuctx.Library) -> np.ndarray:
 
 # -- compile targets ----------------------------------------------------------------------
 
+
 def test_the_three_targets_of_a_cpp_source(tmp_path):
     src = 'extern "C" __global__ void k(int* p) { *p = 1; }'
-    results = {target: cuctx.compile_source(src, arch="sm_90", target=target,
-                                            cache_dir=tmp_path)
-               for target in ("cubin", "ptx", "ltoir")}
+    results = {
+        target: cuctx.compile_source(src, arch="sm_90", target=target, cache_dir=tmp_path)
+        for target in ("cubin", "ptx", "ltoir")
+    }
     assert is_cubin(results["cubin"].image) and is_ptx(results["ptx"].image)
     assert is_ltoir(results["ltoir"].image) and results["ltoir"].ptx is None
     assert {r.kind for r in results.values()} == {"cubin", "ptx", "ltoir"}
@@ -61,16 +65,20 @@ def test_the_three_targets_of_a_cpp_source(tmp_path):
 
 def test_relocatable_code_keeps_device_functions_no_kernel_calls():
     plain = cuctx.compile_source(DEVICE_FUNCTION, arch="sm_90", target="ptx", cache_dir=False)
-    kept = cuctx.compile_source(DEVICE_FUNCTION, arch="sm_90", target="ptx", relocatable=True,
-                                cache_dir=False)
+    kept = cuctx.compile_source(
+        DEVICE_FUNCTION, arch="sm_90", target="ptx", relocatable=True, cache_dir=False
+    )
     assert b"_Z5scaleff" not in plain.image and b"_Z5scaleff" in kept.image
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(arch="compute_90", target="cubin"), "a cubin is code for a real architecture"),
-    (dict(arch="sm_90", target="fatbin"), "target must be 'cubin', 'ptx' or 'ltoir'"),
-    (dict(arch="sm_90", language="fortran"), "language must be one of"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(arch="compute_90", target="cubin"), "a cubin is code for a real architecture"),
+        (dict(arch="sm_90", target="fatbin"), "target must be 'cubin', 'ptx' or 'ltoir'"),
+        (dict(arch="sm_90", language="fortran"), "language must be one of"),
+    ],
+)
 def test_targets_no_compiler_makes_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         cuctx.compile_source(DEVICE_FUNCTION, cache_dir=False, **kwargs)
@@ -84,12 +92,14 @@ def test_ltoir_is_linked_not_loaded(backend):
 
 # -- PTX to a cubin -----------------------------------------------------------------------
 
+
 @requires_nvjitlink
 def test_ptx_compiles_to_a_cubin_that_loads_and_runs(backend, tmp_path):
     src = 'extern "C" __global__ void fill(int* p, int v) { p[threadIdx.x] = v; }'
     ptx = cuctx.compile_source(src, arch=arch(), target="ptx", cache_dir=False).image
-    cubin = cuctx.compile_source(ptx, arch=arch(), language="ptx", options=["-O3"],
-                                 cache_dir=tmp_path)
+    cubin = cuctx.compile_source(
+        ptx, arch=arch(), language="ptx", options=["-O3"], cache_dir=tmp_path
+    )
     assert cubin.kind == "cubin" and is_cubin(cubin.image) and cubin.ptx == ptx
     with pytest.raises(ValueError, match="PTX compiles to a cubin only"):
         cuctx.compile_source(ptx, arch=arch(), language="ptx", target="ptx")
@@ -105,7 +115,7 @@ def test_ptx_compiles_to_a_cubin_that_loads_and_runs(backend, tmp_path):
 
 # -- NVVM IR ------------------------------------------------------------------------------
 
-NVVM_IR = '''target triple = "nvptx64-unknown-cuda"
+NVVM_IR = """target triple = "nvptx64-unknown-cuda"
 target datalayout = "e-p:64:64:64-i1:8:8-i8:8:8-i16:16:16-i32:32:32-i64:64:64-i128:128:128-\
 f32:32:32-f64:64:64-v16:16:16-v32:32:32-v64:64:64-v128:128:128-n16:32:64"
 define void @simple(i32* %data) {
@@ -119,23 +129,29 @@ declare i32 @llvm.nvvm.read.ptx.sreg.tid.x() nounwind readnone
 !0 = !{void (i32*)* @simple, !"kernel", i32 1}
 !nvvmir.version = !{!1}
 !1 = !{i32 2, i32 0, i32 3, i32 2}
-'''
+"""
 
 
 @requires_nvvm
 def test_nvvm_ir_compiles_through_libnvvm_to_each_target(backend):
     assert kind_of(NVVM_IR) == "nvvm"
-    ptx = cuctx.compile_source(NVVM_IR, arch=arch(), language="nvvm", target="ptx",
-                               name="simple.ll", cache_dir=False)
+    ptx = cuctx.compile_source(
+        NVVM_IR, arch=arch(), language="nvvm", target="ptx", name="simple.ll", cache_dir=False
+    )
     assert b".visible .entry simple(" in ptx.image and ptx.name == "simple.ll"
-    assert is_ltoir(cuctx.compile_source(NVVM_IR, arch=arch(), language="nvvm",
-                                         target="ltoir", cache_dir=False).image)
-    library = cuctx.Library.from_source(NVVM_IR, language="nvvm",
-                                        sim_kernels={"simple": lambda grid, block, data: None})
+    assert is_ltoir(
+        cuctx.compile_source(
+            NVVM_IR, arch=arch(), language="nvvm", target="ltoir", cache_dir=False
+        ).image
+    )
+    library = cuctx.Library.from_source(
+        NVVM_IR, language="nvvm", sim_kernels={"simple": lambda grid, block, data: None}
+    )
     assert library["simple"].param_layout == ((0, 8),)
     with pytest.raises(cuctx.CompileError, match=r"libNVVM failed to compile 'bad.ll'") as e:
-        cuctx.compile_source("define void @k( {", arch=arch(), language="nvvm",
-                             name="bad.ll", cache_dir=False)
+        cuctx.compile_source(
+            "define void @k( {", arch=arch(), language="nvvm", name="bad.ll", cache_dir=False
+        )
     assert e.value.log
 
 
@@ -147,12 +163,18 @@ def test_without_libnvvm_the_error_names_the_package(monkeypatch):
 
 # -- linking ------------------------------------------------------------------------------
 
+
 @requires_nvjitlink
 def test_an_lto_link_of_a_kernel_and_a_separately_compiled_device_function(backend):
-    device_function = cuctx.compile_source(DEVICE_FUNCTION, arch=arch(), target="ltoir",
-                                           name="scale.cu", cache_dir=False)
-    library = cuctx.Library.link([KERNEL, device_function], lto=True, cache_dir=False,
-                                 sim_kernels={"scale_all": scale_all_on_the_sim})
+    device_function = cuctx.compile_source(
+        DEVICE_FUNCTION, arch=arch(), target="ltoir", name="scale.cu", cache_dir=False
+    )
+    library = cuctx.Library.link(
+        [KERNEL, device_function],
+        lto=True,
+        cache_dir=False,
+        sim_kernels={"scale_all": scale_all_on_the_sim},
+    )
     assert isinstance(library, cuctx.Library) and library.kernel_names == ["scale_all"]
     assert run_scale_all(library).tolist() == [0, 3, 6, 9, 12, 15, 18, 21]
     assert library["scale_all"].dtypes == (("float32",), None, None)  # from the C++ source
@@ -160,15 +182,18 @@ def test_an_lto_link_of_a_kernel_and_a_separately_compiled_device_function(backe
 
 @requires_nvjitlink
 def test_a_link_of_ptx_cubin_and_source_pieces(backend, tmp_path):
-    kernel_ptx = cuctx.compile_source(KERNEL, arch=arch(), target="ptx", relocatable=True,
-                                      name="kernel.cu", cache_dir=False)
-    device_cubin = cuctx.compile_source(DEVICE_FUNCTION, arch=arch(), relocatable=True,
-                                        cache_dir=False)
+    kernel_ptx = cuctx.compile_source(
+        KERNEL, arch=arch(), target="ptx", relocatable=True, name="kernel.cu", cache_dir=False
+    )
+    device_cubin = cuctx.compile_source(
+        DEVICE_FUNCTION, arch=arch(), relocatable=True, cache_dir=False
+    )
     path = tmp_path / "scale.cubin"
     path.write_bytes(device_cubin.image)
     for pieces in ([kernel_ptx, path], [("kernel.ptx", kernel_ptx.image), DEVICE_FUNCTION]):
-        library = cuctx.Library.link(pieces, cache_dir=False,
-                                     sim_kernels={"scale_all": scale_all_on_the_sim})
+        library = cuctx.Library.link(
+            pieces, cache_dir=False, sim_kernels={"scale_all": scale_all_on_the_sim}
+        )
         assert run_scale_all(library).tolist() == [0, 3, 6, 9, 12, 15, 18, 21]
 
 
@@ -200,8 +225,12 @@ def test_links_are_cached_by_every_input_and_option(backend, tmp_path, monkeypat
     monkeypatch.setattr(_jitlink, "link", lambda *a, **k: runs.append(1) or real(*a, **k))
 
     def link(device=DEVICE_FUNCTION, **options):
-        return cuctx.Library.link([KERNEL, device], cache_dir=tmp_path,
-                                  sim_kernels={"scale_all": scale_all_on_the_sim}, **options)
+        return cuctx.Library.link(
+            [KERNEL, device],
+            cache_dir=tmp_path,
+            sim_kernels={"scale_all": scale_all_on_the_sim},
+            **options,
+        )
 
     link()
     assert run_scale_all(link()).tolist()[1] == 3 and len(runs) == 1, "the same link: a hit"
@@ -237,22 +266,25 @@ def test_without_nvjitlink_the_drivers_linker_links(backend, monkeypatch):
 
 # -- occupancy ----------------------------------------------------------------------------
 
-OCCUPANCY_SRC = r'''extern "C" __global__ void k(float* y) {
+OCCUPANCY_SRC = r"""extern "C" __global__ void k(float* y) {
     extern __shared__ float s[];
     s[threadIdx.x] = y[threadIdx.x];
     __syncthreads();
     y[threadIdx.x] = s[blockDim.x - 1 - threadIdx.x];
-}'''
+}"""
 
 
 def test_suggest_block_size_asks_a_shared_memory_callback_per_block_size(backend):
     kernel = cuctx.Library.from_source(OCCUPANCY_SRC)["k"]
     asked = []
-    min_grid, block = kernel.suggest_block_size(lambda size: asked.append(size) or 64 * size,
-                                                limit=277)
+    min_grid, block = kernel.suggest_block_size(
+        lambda size: asked.append(size) or 64 * size, limit=277
+    )
     assert asked and max(asked) <= 277 and block in asked and block <= 277
-    assert min_grid == kernel.occupancy(block, 64 * block) * \
-        cuctx.Device(0).properties.multiprocessor_count
+    assert (
+        min_grid
+        == kernel.occupancy(block, 64 * block) * cuctx.Device(0).properties.multiprocessor_count
+    )
     with pytest.raises(ZeroDivisionError):
         kernel.suggest_block_size(lambda size: size // 0)
     with pytest.raises(TypeError, match=r"shared_mem\(\d+\) must be an int"):
@@ -260,8 +292,9 @@ def test_suggest_block_size_asks_a_shared_memory_callback_per_block_size(backend
 
 
 @pytest.mark.parametrize("blocks_per_sm, block", [(4, 32), (2, 64), (3, 120), (1, 256)])
-def test_available_dynamic_shared_memory_keeps_that_many_blocks_resident(backend,
-                                                                         blocks_per_sm, block):
+def test_available_dynamic_shared_memory_keeps_that_many_blocks_resident(
+    backend, blocks_per_sm, block
+):
     kernel = cuctx.Library.from_source(OCCUPANCY_SRC)["k"]
     nbytes = kernel.available_dynamic_shared_memory(blocks_per_sm, block)
     assert 0 < nbytes <= kernel.attributes().max_dynamic_shared_size_bytes
@@ -289,7 +322,10 @@ def test_cluster_occupancy_of_the_sim_is_an_h100s(sim):
     kernel = cuctx.Library.from_source(OCCUPANCY_SRC)["k"]
     assert (kernel.occupancy(128), kernel.occupancy(1024, 49152)) == (16, 2)
     assert kernel.max_cluster_size(128) == 8
-    assert [kernel.max_active_clusters(size, 128) for size in (1, 2, 4, 8)] == \
-        [1056, 528, 248, 124]
-    assert [kernel.max_active_clusters(size, 1024, 49152) for size in (1, 2, 4, 8)] == \
-        [264, 132, 62, 30]
+    assert [kernel.max_active_clusters(size, 128) for size in (1, 2, 4, 8)] == [1056, 528, 248, 124]
+    assert [kernel.max_active_clusters(size, 1024, 49152) for size in (1, 2, 4, 8)] == [
+        264,
+        132,
+        62,
+        30,
+    ]

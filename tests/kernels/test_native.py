@@ -70,6 +70,7 @@ def test_a_recording_thread_gets_the_launch_with_the_bytes_the_python_path_packs
     on either path find the same executable), and launches nothing."""
     from cuctx import _record
     from cuctx.graphs._autograph_record import Recording
+
     out, x = add_arrays()
     backend = cuctx.backend()
 
@@ -95,7 +96,7 @@ def test_a_recording_thread_gets_the_launch_with_the_bytes_the_python_path_packs
         backend.native = native
     assert compiled.keys == [compiled_launcher] and python.keys == [python_launcher]
     assert compiled.values == python.values and isinstance(compiled.values[0], bytes)
-    (args, plan), = compiled.items
+    ((args, plan),) = compiled.items
     assert args == (out, x, 3.5, 8) and plan is python.items[0][1]
     cuctx.synchronize()
     assert out.to_host().tolist() == [k + 0.0 for k in range(8)]  # nothing more ran
@@ -109,15 +110,18 @@ def test_launch_errors_are_the_same_on_both_paths(lib, native):
     def calls():
         launcher = lib["add"][1, 8, 0, cuctx.Stream()]
         launcher(out, x, 1.0, 8)  # its fast path: compiled, or generated with native off
-        return [lambda: launcher(out, x, 1.0),  # one argument short
-                lambda: launcher(out, x, "a", 8),  # a str for a float
-                lambda: launcher(out, x, 1.0, 2**40),  # beyond an int
-                lambda: launcher(out, x, 1e300, 8),  # beyond a float32
-                lambda: launcher(out, x[::2], 1.0, 4),  # not contiguous
-                lambda: launcher(out, ints, 1.0, 8),  # an int32 array for a const float*
-                lambda: launcher(ints, x, 1.0, 8),  # and for a float*
-                lambda: launcher(out, ints.view(np.float32), 1.0, 8),  # meant: launches
-                lambda: launcher(out, x, 1.0, 2**32 - 1)]  # fits as unsigned: launches
+        return [
+            lambda: launcher(out, x, 1.0),  # one argument short
+            lambda: launcher(out, x, "a", 8),  # a str for a float
+            lambda: launcher(out, x, 1.0, 2**40),  # beyond an int
+            lambda: launcher(out, x, 1e300, 8),  # beyond a float32
+            lambda: launcher(out, x[::2], 1.0, 4),  # not contiguous
+            lambda: launcher(out, ints, 1.0, 8),  # an int32 array for a const float*
+            lambda: launcher(ints, x, 1.0, 8),  # and for a float*
+            lambda: launcher(out, ints.view(np.float32), 1.0, 8),  # meant: launches
+            lambda: launcher(out, x, 1.0, 2**32 - 1),
+        ]  # fits as unsigned: launches
+
     python, compiled = on_each_path(cuctx.backend(), calls)
     assert compiled == python
     assert [o is None for o in python] == [False] * 7 + [True] * 2
@@ -135,15 +139,18 @@ def test_record_wait_and_context_errors_are_the_same_on_both_paths(native):
         stream, event, never = cuctx.Stream(), cuctx.Event(), cuctx.Event()
 
     def calls():
-        return [lambda: stream.record(theirs),  # an event of another context
-                lambda: stream.wait(never),  # never recorded
-                lambda: stream.wait(5),  # not an event or a stream
-                lambda: dead_stream.record(),  # a destroyed context
-                lambda: event.record(dead_stream),
-                lambda: dead.push(),
-                lambda: dead.__enter__(),
-                lambda: cuctx.Context.pop(),  # the stack is empty
-                lambda: stream.record(event).record(stream)]  # fine
+        return [
+            lambda: stream.record(theirs),  # an event of another context
+            lambda: stream.wait(never),  # never recorded
+            lambda: stream.wait(5),  # not an event or a stream
+            lambda: dead_stream.record(),  # a destroyed context
+            lambda: event.record(dead_stream),
+            lambda: dead.push(),
+            lambda: dead.__enter__(),
+            lambda: cuctx.Context.pop(),  # the stack is empty
+            lambda: stream.record(event).record(stream),
+        ]  # fine
+
     python, compiled = on_each_path(cuctx.backend(), calls)
     assert compiled == python
     assert python[-1] is None and all(python[:-1])
@@ -151,7 +158,8 @@ def test_record_wait_and_context_errors_are_the_same_on_both_paths(native):
 
 
 def test_call_in_makes_a_call_with_the_context_current_and_leaves_the_stack_as_it_was(
-        backend, native):
+    backend, native
+):
     """Stream._call's way (every copy, memset, allocation): push the stream's context
     around the call unless it is current, pop it after, also after an exception."""
     drv = backend.driver
@@ -162,6 +170,7 @@ def test_call_in_makes_a_call_with_the_context_current_and_leaves_the_stack_as_i
     def current(*args):
         seen.append((int(drv.cuCtxGetCurrent()[1]), args))
         return "done"
+
     try:
         assert native.call_in(first, current, 1, 2) == "done"
         assert native.call_in(other, current) == "done"
@@ -198,7 +207,8 @@ def test_a_default_stream_runs_with_its_context_current(lib, native):
 
 
 def test_a_launch_without_a_stream_finds_the_current_streams_launcher_on_both_paths(
-        lib, native, monkeypatch):
+    lib, native, monkeypatch
+):
     """kernel[grid, block] and cuctx.launch without stream= take the launcher of the current
     stream (the innermost `with stream:` of the current context, else its legacy stream),
     looked up in C on the compiled path: the same launcher as the Python path finds, however
@@ -223,15 +233,23 @@ def test_a_launch_without_a_stream_finds_the_current_streams_launcher_on_both_pa
 
     compiled = found()  # (made by the Python path the first time)
     made = []
-    monkeypatch.setattr(_kernel, "make_launcher",
-                        lambda *args: made.append(args) or _launcher.make_launcher(*args))
+    monkeypatch.setattr(
+        _kernel, "make_launcher", lambda *args: made.append(args) or _launcher.make_launcher(*args)
+    )
     assert found() == compiled and made == []  # found in C
     with python_paths(backend):
         python = found()
     assert compiled == python
     legacy = cuctx.legacy_stream()
-    assert [launcher.stream for launcher in compiled] == [legacy, legacy, side, side,
-                                                          other_legacy, side, legacy]
+    assert [launcher.stream for launcher in compiled] == [
+        legacy,
+        legacy,
+        side,
+        side,
+        other_legacy,
+        side,
+        legacy,
+    ]
     out, x = add_arrays()
     with side:
         cuctx.launch(k, 1, 8, out, x, 5.0, 8)  # on side
@@ -247,8 +265,9 @@ def test_cluster_and_cooperative_launches_take_the_compiled_path(lib, native, ki
     stream = cuctx.Stream()
     for k in range(3):
         cuctx.launch(lib["add"], 2, 8, out, x, float(k), 16, stream=stream, **kind)
-    launcher = _launcher.make_launcher(lib["add"], 2, 8, 0, stream, kind.get("cluster"),
-                                       kind.get("cooperative", False))
+    launcher = _launcher.make_launcher(
+        lib["add"], 2, 8, 0, stream, kind.get("cluster"), kind.get("cooperative", False)
+    )
     assert type(launcher._fast).__name__ == "Launch"
     stream.synchronize()
     assert out.to_host().tolist() == [k + 2.0 for k in range(16)]
@@ -269,6 +288,7 @@ def test_one_compiled_launcher_serves_every_thread(lib, native):
                 launcher(outs[k], x, float(k), 8)
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
+
     threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
     for t in threads:
         t.start()
@@ -290,10 +310,19 @@ def test_the_compiled_methods_show_the_python_ones(native):
 
 
 def test_cuctx_native_0_turns_the_compiled_path_off():
-    code = ("import cuctx, cuctx.kernels._launcher as l; b = cuctx.backend(); "
-            "print(b.native, b.native_reason, cuctx.launch is l.launch, "
-            "type(cuctx.Stream.__dict__['record']).__name__)")
+    code = (
+        "import cuctx, cuctx.kernels._launcher as l; b = cuctx.backend(); "
+        "print(b.native, b.native_reason, cuctx.launch is l.launch, "
+        "type(cuctx.Stream.__dict__['record']).__name__)"
+    )
     proc = run_python("-c", code, CUCTX_NATIVE="0", CUCTX_BACKEND="sim")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["None", "turned", "off", "by", "CUCTX_NATIVE=0", "True",
-                                   "function"]
+    assert proc.stdout.split() == [
+        "None",
+        "turned",
+        "off",
+        "by",
+        "CUCTX_NATIVE=0",
+        "True",
+        "function",
+    ]

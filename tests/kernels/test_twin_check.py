@@ -32,11 +32,14 @@ def test_a_twin_of_the_wrong_arity_is_refused_at_load(backend):
     assert "the 6 argument(s) of kernel 'mix'" in message
 
 
-@pytest.mark.parametrize("twin", [
-    lambda grid, block, *args: None,
-    lambda grid, block, out, a, d, n, p, q=0: None,
-    lambda grid, block, out, a, d, n, p, q, extra=None: None,
-])
+@pytest.mark.parametrize(
+    "twin",
+    [
+        lambda grid, block, *args: None,
+        lambda grid, block, out, a, d, n, p, q=0: None,
+        lambda grid, block, out, a, d, n, p, q, extra=None: None,
+    ],
+)
 def test_twins_that_can_take_the_arguments_load(backend, twin):
     cuctx.Library.from_source(SOURCE, sim_kernels={"mix": twin})
 
@@ -44,12 +47,17 @@ def test_twins_that_can_take_the_arguments_load(backend, twin):
 def test_an_annotation_against_the_parameter_type_is_refused_at_load(backend):
     def mix(grid, block, out, a: int, d, n, p, q):
         pass
-    with pytest.raises(TypeError, match=r"annotates 'a' as int, but parameter 1 of kernel "
-                                        r"'mix' is \.f32: a floating-point number"):
+
+    with pytest.raises(
+        TypeError,
+        match=r"annotates 'a' as int, but parameter 1 of kernel "
+        r"'mix' is \.f32: a floating-point number",
+    ):
         cuctx.Library.from_source(SOURCE, sim_kernels={"mix": mix})
 
     def mix2(grid, block, out, a, d, n: float, p, q):
         pass
+
     with pytest.raises(TypeError, match=r"annotates 'n' as float.*\.u32: an integer"):
         cuctx.Library.from_source(SOURCE, sim_kernels={"mix": mix2})
 
@@ -68,11 +76,13 @@ def test_a_twin_without_annotations_gets_the_parameter_types(sim):
 
     def mix(grid, block, out, a, d, n, p, q):
         seen.update(out=out, a=a, d=d, n=n, p=p, q=q)
+
     lib = cuctx.Library.from_source(SOURCE, sim_kernels={"mix": mix})
     import ctypes
 
     class Pair(ctypes.Structure):
         _fields_ = [("a", ctypes.c_int), ("b", ctypes.c_float)]
+
     with cuctx.Device(0) as ctx:
         out = cuctx.zeros(1, np.float32)
         lib["mix"][1, 1](out, 2, 0.5, -3, Pair(1, 2.0), 9)
@@ -89,11 +99,13 @@ def test_a_complex_annotation_decodes_a_complex_struct(sim):
     extern "C" __global__ void z(Z value) {}"""
     seen = []
     lib = cuctx.Library.from_source(
-        src, sim_kernels={"z": lambda grid, block, value: seen.append(value)})
+        src, sim_kernels={"z": lambda grid, block, value: seen.append(value)}
+    )
     annotated = []
 
     def z(grid, block, value: complex):
         annotated.append(value)
+
     lib2 = cuctx.Library.from_source(src, sim_kernels={"z": z})
     with cuctx.Device(0) as ctx:
         lib["z"][1, 1](1.5 - 2j)
@@ -109,7 +121,8 @@ def _raising_twin(grid, block, out, n):
 
 def test_a_twin_that_raises_is_the_cause_of_the_sticky_fault(sim):
     lib = cuctx.Library.from_source(
-        'extern "C" __global__ void k(float* out, int n) {}', sim_kernels={"k": _raising_twin})
+        'extern "C" __global__ void k(float* out, int n) {}', sim_kernels={"k": _raising_twin}
+    )
     ctx = cuctx.Context.create(0)
     try:
         out = cuctx.zeros(4, np.float32)
@@ -128,7 +141,8 @@ def test_a_twin_that_raises_is_the_cause_of_the_sticky_fault(sim):
 
 def test_the_sticky_fault_error_chains_the_twins_exception(sim):
     lib = cuctx.Library.from_source(
-        'extern "C" __global__ void k(float* out, int n) {}', sim_kernels={"k": _raising_twin})
+        'extern "C" __global__ void k(float* out, int n) {}', sim_kernels={"k": _raising_twin}
+    )
     ctx = cuctx.Context.create(0)
     try:
         lib["k"][1, 1](cuctx.zeros(4, np.float32), 4)
@@ -144,8 +158,10 @@ def test_the_sticky_fault_error_chains_the_twins_exception(sim):
 def test_an_out_of_bounds_twin_access_names_its_line(sim):
     def over(grid, block, out, n):
         out.view(np.float32, n + 1)[n] = 1.0
+
     lib = cuctx.Library.from_source(
-        'extern "C" __global__ void over(float* out, int n) {}', sim_kernels={"over": over})
+        'extern "C" __global__ void over(float* out, int n) {}', sim_kernels={"over": over}
+    )
     ctx = cuctx.Context.create(0)
     try:
         lib["over"][1, 1](cuctx.zeros(4, np.float32), 4)

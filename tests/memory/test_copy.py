@@ -16,11 +16,11 @@ HOST = np.arange(4 * 5 * 6, dtype=np.float32).reshape(4, 5, 6)
 
 LAYOUTS = {  # views of a (4, 5, 6) array; each is also a host layout of the same shape
     "whole": lambda a: a,
-    "rows": lambda a: a[1:3],                      # contiguous
-    "pitched2d": lambda a: a[0, :, 1:5],           # a 2D pitched layout
-    "pitched3d": lambda a: a[:, 1:4, 2:5],         # a 3D pitched layout
-    "every_other": lambda a: a[:, ::2, ::2],       # element rows
-    "column": lambda a: a[:, 2, 3],                # one element per row
+    "rows": lambda a: a[1:3],  # contiguous
+    "pitched2d": lambda a: a[0, :, 1:5],  # a 2D pitched layout
+    "pitched3d": lambda a: a[:, 1:4, 2:5],  # a 3D pitched layout
+    "every_other": lambda a: a[:, ::2, ::2],  # element rows
+    "column": lambda a: a[:, 2, 3],  # one element per row
     "transposed": lambda a: a.transpose(2, 0, 1),
     "T": lambda a: a.T,
     "reversed": lambda a: a[::-1, :, ::-1],
@@ -78,10 +78,13 @@ def test_fill_of_a_misaligned_view(backend):
 
 def test_fill_refuses_values_it_would_change(backend):
     arr = cuctx.zeros(3, np.int8)
-    for value, error, match in ((300, ValueError, "out of range"),
-                                (np.int64(300), ValueError, "out of range"),
-                                (1.5, TypeError, "truncated"),
-                                ([1, 2], TypeError, "one number"), ("3", TypeError, "one number")):
+    for value, error, match in (
+        (300, ValueError, "out of range"),
+        (np.int64(300), ValueError, "out of range"),
+        (1.5, TypeError, "truncated"),
+        ([1, 2], TypeError, "one number"),
+        ("3", TypeError, "one number"),
+    ):
         with pytest.raises(error, match=match):
             arr.fill(value)
     with pytest.raises(TypeError, match="imaginary"):
@@ -102,14 +105,31 @@ def test_overlapping_copies_read_before_they_write(backend):
     np.testing.assert_array_equal(square.to_host(), host.reshape(10, 10).T)
 
 
-
-@pytest.mark.parametrize("make", [
-    lambda: np.arange(10.0), lambda: np.arange(10.0)[3:], lambda: np.arange(24.0)[::-2],
-    lambda: np.arange(24).reshape(4, 6).T[1:, 2:], lambda: np.empty(0),
-    lambda: np.arange(4, dtype=">i4"), lambda: np.broadcast_to(np.arange(3), (4, 3)),
-    lambda: np.ma.masked_array(np.arange(5)), lambda: cuctx.pinned_empty(8)[2:],
-], ids=["whole", "offset", "reversed", "transposed view", "empty", "big-endian",
-        "read-only broadcast", "subclass", "page-locked"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: np.arange(10.0),
+        lambda: np.arange(10.0)[3:],
+        lambda: np.arange(24.0)[::-2],
+        lambda: np.arange(24).reshape(4, 6).T[1:, 2:],
+        lambda: np.empty(0),
+        lambda: np.arange(4, dtype=">i4"),
+        lambda: np.broadcast_to(np.arange(3), (4, 3)),
+        lambda: np.ma.masked_array(np.arange(5)),
+        lambda: cuctx.pinned_empty(8)[2:],
+    ],
+    ids=[
+        "whole",
+        "offset",
+        "reversed",
+        "transposed view",
+        "empty",
+        "big-endian",
+        "read-only broadcast",
+        "subclass",
+        "page-locked",
+    ],
+)
 def test_a_host_arrays_address_is_its_first_elements(backend, make):
     """Copies read it without building __array_interface__ (in C where the extension is
     built): the same address either way."""
@@ -121,6 +141,7 @@ def test_a_host_arrays_address_is_its_first_elements(backend, make):
 def test_host_address_refuses_what_is_not_numpys_array_interface():
     class Impostor:
         __array_struct__ = 5
+
     with pytest.raises((TypeError, AttributeError)):
         _copy.host_address(Impostor())
 
@@ -135,6 +156,7 @@ def test_copy_plans_are_kept_for_a_bounded_number_of_layouts(backend, monkeypatc
         arr.T.copy_from(host.T)
         np.testing.assert_array_equal(arr.to_host(), host)
         assert len(_copy._planned) <= 4
+
 
 def test_pinned_strided_copies_are_asynchronous_and_complete_after_sync(backend):
     stream = Stream(Device(0))

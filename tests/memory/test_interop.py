@@ -45,6 +45,7 @@ class DLPackOnly:
 
 # -- the producer side --------------------------------------------------------------------
 
+
 def test_cuda_array_interface_describes_the_array(backend):
     arr = cuctx.zeros((4, 6), np.float32)
     cai = arr.__cuda_array_interface__
@@ -87,12 +88,14 @@ def test_dlpack_capsules_are_valid_dlpack(backend, max_version):
 
         def __dlpack_device__(self):
             return (1, 0)
+
     view = np.from_dlpack(HostProducer())
     assert np.shares_memory(view, host) and view.strides == host.strides
     np.testing.assert_array_equal(view, host)
 
 
 # -- asarray: the consumer side -------------------------------------------------------------
+
 
 def test_asarray_wraps_a_cai_producer_without_copying(backend):
     arr = cuctx.to_device(np.arange(10, dtype=np.float64))
@@ -144,9 +147,15 @@ def test_asarray_refuses_host_and_unknown_objects(backend):
     with pytest.raises(TypeError, match="neither"):
         cuctx.asarray([1, 2, 3])
     with pytest.raises(TypeError, match="bool, integer, float or complex"):
+
         class Odd:
-            __cuda_array_interface__ = {"version": 3, "shape": (2,), "typestr": "|O",
-                                        "data": (0, False)}
+            __cuda_array_interface__ = {
+                "version": 3,
+                "shape": (2,),
+                "typestr": "|O",
+                "data": (0, False),
+            }
+
         cuctx.asarray(Odd())
 
 
@@ -158,6 +167,7 @@ def test_raw_elements_are_viewed_as_the_unsigned_integers_of_their_size(backend)
     class Producer:
         def __init__(self, typestr):
             self.__cuda_array_interface__ = {**good_cai(arr), "typestr": typestr}
+
     view = cuctx.asarray(Producer("<V2"))
     assert (view.dtype, view.shape, view.ptr) == (np.uint16, (3, 4), arr.ptr)
     assert view.to_host().tolist() == arr.to_host().tolist()
@@ -167,6 +177,7 @@ def test_raw_elements_are_viewed_as_the_unsigned_integers_of_their_size(backend)
 
 
 # -- real libraries on a GPU ----------------------------------------------------------------
+
 
 @pytest.mark.gpu
 def test_torch_round_trip(gpu):
@@ -205,8 +216,9 @@ print("round trip ok")
 """
     run = run_python("-c", script, CUCTX_BACKEND="cuda")
     assert run.returncode == 0 and "round trip ok" in run.stdout, run.stderr[-3000:]
-    assert "Error in sys.excepthook" not in run.stderr and "Traceback" not in run.stderr, \
+    assert "Error in sys.excepthook" not in run.stderr and "Traceback" not in run.stderr, (
         run.stderr[-3000:]
+    )
 
 
 @pytest.mark.gpu
@@ -232,6 +244,7 @@ def test_cuda_core_buffer(gpu):
 
 # -- DLPack: versions, rejection by the consumer, read-only tensors ---------------------------
 
+
 def capsule_name(capsule) -> str:
     return repr(capsule).split('"')[1]
 
@@ -241,8 +254,10 @@ def test_dlpack_capsule_version_follows_max_version(backend):
     assert capsule_name(arr.__dlpack__()) == "dltensor"
     assert capsule_name(arr.__dlpack__(max_version=(0, 8))) == "dltensor"
     assert capsule_name(arr.__dlpack__(max_version=(1, 0))) == "dltensor_versioned"
-    assert capsule_name(arr.__dlpack__(max_version=(1, 5), dl_device=(2, 0),
-                                       copy=False)) == "dltensor_versioned"
+    assert (
+        capsule_name(arr.__dlpack__(max_version=(1, 5), dl_device=(2, 0), copy=False))
+        == "dltensor_versioned"
+    )
     with pytest.raises(TypeError, match="max_version"):
         arr.__dlpack__(max_version=1)
 
@@ -287,6 +302,7 @@ def test_asarray_reads_legacy_and_versioned_capsules(backend, max_version):
 
         def __dlpack_device__(self):
             return arr.__dlpack_device__()
+
     chosen = max_version
     wrapped = cuctx.asarray(Producer())
     assert wrapped.ptr == arr.ptr and wrapped.shape == (2, 3)
@@ -309,6 +325,7 @@ def test_asarray_refuses_a_read_only_versioned_tensor(backend):
 
         def __dlpack_device__(self):
             return arr.__dlpack_device__()
+
     with pytest.raises(BufferError, match="read-only"):
         cuctx.asarray(ReadOnly())
     arr = None  # (the class above reads `arr`: rebind rather than del)
@@ -318,19 +335,39 @@ def test_asarray_refuses_a_read_only_versioned_tensor(backend):
 
 # -- a malformed CUDA Array Interface is a TypeError naming the field --------------------------
 
+
 def good_cai(arr):
-    return {"version": 3, "shape": arr.shape, "typestr": arr.dtype.str, "data": (arr.ptr, False),
-            "strides": None}
+    return {
+        "version": 3,
+        "shape": arr.shape,
+        "typestr": arr.dtype.str,
+        "data": (arr.ptr, False),
+        "strides": None,
+    }
 
 
-@pytest.mark.parametrize("key, value, match", [
-    ("shape", None, "'shape'"), ("shape", (2, "a"), "'shape'"), ("shape", 4, "'shape'"),
-    ("typestr", None, "'typestr'"), ("typestr", "<q9", "'typestr'"), ("typestr", 4, "'typestr'"),
-    ("data", None, "'data'"), ("data", (1,), "'data'"), ("data", ("0x10", False), "'data'"),
-    ("version", None, "'version'"), ("version", "3", "'version'"), ("version", 7, "'version'"),
-    ("strides", (8, 8), "'strides'"), ("strides", ("8",), "'strides'"),
-    ("stream", "s", "'stream'"), ("stream", 0, "'stream'"),
-], ids=repr)
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        ("shape", None, "'shape'"),
+        ("shape", (2, "a"), "'shape'"),
+        ("shape", 4, "'shape'"),
+        ("typestr", None, "'typestr'"),
+        ("typestr", "<q9", "'typestr'"),
+        ("typestr", 4, "'typestr'"),
+        ("data", None, "'data'"),
+        ("data", (1,), "'data'"),
+        ("data", ("0x10", False), "'data'"),
+        ("version", None, "'version'"),
+        ("version", "3", "'version'"),
+        ("version", 7, "'version'"),
+        ("strides", (8, 8), "'strides'"),
+        ("strides", ("8",), "'strides'"),
+        ("stream", "s", "'stream'"),
+        ("stream", 0, "'stream'"),
+    ],
+    ids=repr,
+)
 def test_malformed_cuda_array_interface_names_the_key(backend, key, value, match):
     arr = cuctx.zeros(4)
     cai = good_cai(arr)
@@ -341,6 +378,7 @@ def test_malformed_cuda_array_interface_names_the_key(backend, key, value, match
 
     class Producer:
         __cuda_array_interface__ = cai
+
     with pytest.raises(TypeError, match=match):
         cuctx.asarray(Producer())
 
@@ -351,6 +389,7 @@ def test_cuda_array_interface_refusals(backend):
     class Producer:
         def __init__(self, **changes):
             self.__cuda_array_interface__ = {**good_cai(arr), **changes}
+
     with pytest.raises(TypeError, match="must be a dict"):
         cuctx.asarray(type("P", (), {"__cuda_array_interface__": [1]})())
     with pytest.raises(ValueError, match="read-only"):

@@ -61,10 +61,12 @@ def _worker(conn, backend: str) -> None:
 def _refusals(pool: MemoryPool, view: cuctx.DeviceArray) -> dict[str, str]:
     """What an imported pool and array refuse, in words."""
     found = {}
-    for name, call in [("allocate", lambda: cuctx.empty(4, pool=pool)),
-                       ("used", lambda: pool.used),
-                       ("share", pool._share),
-                       ("describe", view._ipc_descriptor)]:
+    for name, call in [
+        ("allocate", lambda: cuctx.empty(4, pool=pool)),
+        ("used", lambda: pool.used),
+        ("share", pool._share),
+        ("describe", view._ipc_descriptor),
+    ]:
         try:
             call()
         except (TypeError, ValueError) as exc:
@@ -75,9 +77,11 @@ def _refusals(pool: MemoryPool, view: cuctx.DeviceArray) -> dict[str, str]:
 def _forgeries(pool: MemoryPool, desc, whole) -> dict[str, str]:
     """Descriptors altered to reach past the 64-byte allocation they name, refused."""
     found = {}
-    for name, forged in [("claims more", whole._replace(nbytes=6400, shape=(1600,))),
-                         ("past the end", desc._replace(shape=(100,))),
-                         ("before the start", desc._replace(strides=(-4,)))]:
+    for name, forged in [
+        ("claims more", whole._replace(nbytes=6400, shape=(1600,))),
+        ("past the end", desc._replace(shape=(100,))),
+        ("before the start", desc._replace(strides=(-4,))),
+    ]:
         try:
             pool._import_array(forged)
         except ValueError as exc:
@@ -105,8 +109,14 @@ def test_another_process_writes_what_this_one_reads(device, backend):
     try:
         with pool._share() as shared:
             send_handle(ours, shared.fd, worker.pid)  # SCM_RIGHTS over the Unix socket
-        ours.send((shared.key, arr[4:12]._ipc_descriptor(), arr._ipc_descriptor(),
-                   cuctx.empty((0, 2), np.int32, pool=pool)._ipc_descriptor()))
+        ours.send(
+            (
+                shared.key,
+                arr[4:12]._ipc_descriptor(),
+                arr._ipc_descriptor(),
+                cuctx.empty((0, 2), np.int32, pool=pool)._ipc_descriptor(),
+            )
+        )
         assert ours.poll(120), "the worker did not answer"
         report = ours.recv()
     finally:
@@ -119,8 +129,7 @@ def test_another_process_writes_what_this_one_reads(device, backend):
     assert report["read"] == list(range(4, 12))
     assert report["after dropping one"] == list(range(100, 108))
     assert arr.to_host().tolist() == [0, 1, 2, 3, *range(100, 108), 12, 13, 14, 15]
-    assert report["allocate"].startswith("ValueError") and "cannot allocate" in \
-        report["allocate"]
+    assert report["allocate"].startswith("ValueError") and "cannot allocate" in report["allocate"]
     assert report["used"].startswith("ValueError")
     assert report["share"].startswith("TypeError")
     assert report["describe"].startswith("TypeError")
@@ -163,11 +172,17 @@ def test_memory_of_any_other_kind_refuses_to_be_shared(device):
 
     class Foreign:
         __cuda_array_interface__ = default.__cuda_array_interface__
+
     foreign = cuctx.asarray(Foreign())
-    for arr, what in [(plain, "memory of <MemoryPool 0x"), (default, "default pool"),
-                      (managed, "managed memory"), (foreign, "another library")]:
-        with pytest.raises(TypeError, match=r"allocate it from a MemoryPool\(device, ipc=True\)"
-                           ) as info:
+    for arr, what in [
+        (plain, "memory of <MemoryPool 0x"),
+        (default, "default pool"),
+        (managed, "managed memory"),
+        (foreign, "another library"),
+    ]:
+        with pytest.raises(
+            TypeError, match=r"allocate it from a MemoryPool\(device, ipc=True\)"
+        ) as info:
             arr._ipc_descriptor()
         assert what in str(info.value)
     with pytest.raises(TypeError, match=r"MemoryPool\(device, ipc=True\)"):

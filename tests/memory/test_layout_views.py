@@ -23,12 +23,22 @@ def check(view, expected):
     np.testing.assert_array_equal(view.to_host(), expected)
 
 
-@pytest.mark.parametrize("make, shape, order", [
-    (lambda a: a, (6, 4), "C"), (lambda a: a, (-1,), "C"), (lambda a: a, (4, -1, 2), "C"),
-    (lambda a: a, (2, 1, 12, 1), "C"), (lambda a: a.T, (4, 6), "F"), (lambda a: a.T, (-1,), "A"),
-    (lambda a: a[:, :, ::2], (6, 2), "C"), (lambda a: a[1], (12,), "C"),
-    (lambda a: a[:, 1:2], (2, 4), "C"), (lambda a: a[::-1], (2, 12), "C"),
-], ids=view_id)
+@pytest.mark.parametrize(
+    "make, shape, order",
+    [
+        (lambda a: a, (6, 4), "C"),
+        (lambda a: a, (-1,), "C"),
+        (lambda a: a, (4, -1, 2), "C"),
+        (lambda a: a, (2, 1, 12, 1), "C"),
+        (lambda a: a.T, (4, 6), "F"),
+        (lambda a: a.T, (-1,), "A"),
+        (lambda a: a[:, :, ::2], (6, 2), "C"),
+        (lambda a: a[1], (12,), "C"),
+        (lambda a: a[:, 1:2], (2, 4), "C"),
+        (lambda a: a[::-1], (2, 12), "C"),
+    ],
+    ids=view_id,
+)
 def test_reshape_views_where_numpy_views(backend, make, shape, order):
     arr = make(cuctx.to_device(HOST))
     expected = make(HOST).reshape(shape, order=order)
@@ -39,10 +49,16 @@ def test_reshape_views_where_numpy_views(backend, make, shape, order):
     assert arr.reshape(*shape, order=order).shape == expected.shape
 
 
-@pytest.mark.parametrize("make, shape, order", [
-    (lambda a: a.T, (24,), "C"), (lambda a: a, (4, 6), "F"), (lambda a: a[:, :, 1:3], (12,), "C"),
-    (lambda a: a[:, 1:], (16,), "C"),
-], ids=view_id)
+@pytest.mark.parametrize(
+    "make, shape, order",
+    [
+        (lambda a: a.T, (24,), "C"),
+        (lambda a: a, (4, 6), "F"),
+        (lambda a: a[:, :, 1:3], (12,), "C"),
+        (lambda a: a[:, 1:], (16,), "C"),
+    ],
+    ids=view_id,
+)
 def test_reshape_that_needs_a_copy_says_to_copy(backend, make, shape, order):
     arr = make(cuctx.to_device(HOST))
     with pytest.raises(ValueError, match="without copying; copy it first") as info:
@@ -68,8 +84,9 @@ def test_reshape_refuses_bad_shapes(backend):
         arr.reshape(24, order="K")
 
 
-@pytest.mark.parametrize("dtype", [np.int32, np.uint8, np.int16, np.float64, np.complex128,
-                                   np.float32])
+@pytest.mark.parametrize(
+    "dtype", [np.int32, np.uint8, np.int16, np.float64, np.complex128, np.float32]
+)
 def test_view_dtype_follows_numpy(backend, dtype):
     arr = cuctx.to_device(HOST)
     check(arr.view(dtype), HOST.view(dtype))
@@ -131,8 +148,9 @@ def test_repr_shows_a_destroyed_context_without_the_driver(backend):
         Context.pop()
     assert repr(arr) == f"<DeviceArray shape=(3,) float32 device 0 ptr={arr.ptr:#x}>"
     ctx.destroy()
-    assert repr(arr) == (f"<DeviceArray shape=(3,) float32 device 0 ptr={arr.ptr:#x} "
-                         "context destroyed>")
+    assert repr(arr) == (
+        f"<DeviceArray shape=(3,) float32 device 0 ptr={arr.ptr:#x} context destroyed>"
+    )
     assert "context destroyed" in repr(arr[1:])
 
 

@@ -15,8 +15,16 @@ from conftest import busy
 import cuctx
 from cuctx import _lifetimes, _trace
 from cuctx.memory import _alloc, _array
-from cuctx import (Context, ContextDestroyedError, ContextPoisonedError, Device, DeviceArray,
-                   OutOfMemoryError, Stream, StickyFaultError)
+from cuctx import (
+    Context,
+    ContextDestroyedError,
+    ContextPoisonedError,
+    Device,
+    DeviceArray,
+    OutOfMemoryError,
+    Stream,
+    StickyFaultError,
+)
 
 
 def two_devices():
@@ -26,6 +34,7 @@ def two_devices():
 
 
 # -- making arrays ------------------------------------------------------------------------
+
 
 def test_to_device_and_back_keeps_values_and_metadata(backend):
     host = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
@@ -38,10 +47,20 @@ def test_to_device_and_back_keeps_values_and_metadata(backend):
     np.testing.assert_array_equal(arr.to_host(), host)
 
 
-@pytest.mark.parametrize("dtype, value", [
-    (np.int8, -3), (np.uint16, 65535), (np.float32, 1.5), (np.int32, 7), (np.float64, 0.1),
-    (np.int64, -(2**40) - 5), (np.complex128, 1 - 2j), (np.bool_, True), (np.complex64, 3j),
-])
+@pytest.mark.parametrize(
+    "dtype, value",
+    [
+        (np.int8, -3),
+        (np.uint16, 65535),
+        (np.float32, 1.5),
+        (np.int32, 7),
+        (np.float64, 0.1),
+        (np.int64, -(2**40) - 5),
+        (np.complex128, 1 - 2j),
+        (np.bool_, True),
+        (np.complex64, 3j),
+    ],
+)
 def test_full_zeros_and_fill_set_every_element(backend, dtype, value):
     arr = cuctx.full((5, 3), value, dtype)
     np.testing.assert_array_equal(arr.to_host(), np.full((5, 3), value, dtype))
@@ -71,15 +90,21 @@ def test_empty_makes_the_same_array_on_every_path(backend, path, monkeypatch):
     monkeypatch.setattr(_array, "allocate", lambda *a: allocated.append(a) or real(*a))
     arr = cuctx.empty((3, 4), np.float32, stream=s)
     assert (arr.shape, arr.strides, arr.dtype, arr._c, arr._f) == (
-        (3, 4), (16, 4), np.float32, True, False)
+        (3, 4),
+        (16, 4),
+        np.float32,
+        True,
+        False,
+    )
     assert arr.context is s.context and arr._alloc.stream is s and arr._alloc.nbytes == 48
     assert arr.ptr == arr._alloc.ptr != 0 and arr._owner is None
     column = cuctx.empty(5, "f8", stream=s)  # a 1-D array is Fortran-contiguous too
     assert (column.shape, column.strides, column._c, column._f) == ((5,), (8,), True, True)
     assert len(allocated) == (0 if backend.native is not None else 2)
     arr.copy_from(np.arange(12, dtype=np.float32).reshape(3, 4), stream=s)
-    np.testing.assert_array_equal(arr.to_host(stream=s),
-                                  np.arange(12, dtype=np.float32).reshape(3, 4))
+    np.testing.assert_array_equal(
+        arr.to_host(stream=s), np.arange(12, dtype=np.float32).reshape(3, 4)
+    )
     with pytest.raises(ValueError, match="negative dimension"):
         cuctx.empty((2, -1), np.float32)
     with pytest.raises(TypeError, match="a shape is an int or a tuple of ints"):
@@ -94,6 +119,7 @@ def test_full_takes_its_dtype_from_the_value(backend):
 
 
 # -- views --------------------------------------------------------------------------------
+
 
 def test_slices_are_views_sharing_memory(backend):
     host = np.arange(20, dtype=np.int32).reshape(4, 5)
@@ -121,6 +147,7 @@ def test_a_view_keeps_the_memory_alive(backend):
 
 
 # -- copies -------------------------------------------------------------------------------
+
 
 def test_copy_in_every_direction_on_one_device(backend):
     host = np.arange(12, dtype=np.float64).reshape(3, 4)
@@ -164,6 +191,7 @@ def test_copy_follows_the_with_stream_block(backend):
 
 
 # -- pinned and pageable host memory ------------------------------------------------------
+
 
 def test_pinned_empty_is_a_numpy_array_freed_with_it(backend):
     pinned = cuctx.pinned_empty((4, 8), np.float32)
@@ -235,6 +263,7 @@ def test_registering_page_locked_memory_twice_is_refused(backend):
 
 # -- the missing-wait race, with arrays -----------------------------------------------------
 
+
 def normalise_then_sum(wait: bool) -> float:
     """The seeds' bug: a sum on one stream reads an array that another stream is still
     normalising. 'Normalise' is an async copy of the normalised values into the array on
@@ -265,6 +294,7 @@ def test_sum_without_the_wait_reads_stale_data_on_the_sim(sim):
 
 
 # -- stream-ordered frees -------------------------------------------------------------------
+
 
 def use_on_another_stream_then_free(keep) -> tuple[np.ndarray, int, int]:
     """Allocate on s_alloc, read on s_use (queued), drop the array, allocate again on
@@ -312,10 +342,15 @@ def test_defer_cleanup_holds_frees_until_the_block_ends(backend):
 
 def test_without_record_stream_a_reused_block_is_overwritten_on_the_sim(sim):
     import contextlib
-    with pytest.warns(cuctx.RaceWarning, match="free while in use .*\n.*\n.*\n.*\n"
-                      r"  fix: call array.record_stream\(s_use\)"):
+
+    with pytest.warns(
+        cuctx.RaceWarning,
+        match="free while in use .*\n.*\n.*\n.*\n"
+        r"  fix: call array.record_stream\(s_use\)",
+    ):
         out, first, second = use_on_another_stream_then_free(
-            lambda arr, s: contextlib.nullcontext())
+            lambda arr, s: contextlib.nullcontext()
+        )
     assert first == second  # the same stream reused the block at once
     assert (out == -1).all()  # and the late reader saw the new owner's data
 
@@ -339,6 +374,7 @@ def python_run(fn) -> set[str]:
     def profile(frame, event, arg):
         if event == "call" and frame.f_code.co_filename in files:
             ran.add(frame.f_code.co_name)
+
     sys.setprofile(profile)
     try:
         fn()
@@ -410,8 +446,9 @@ def test_an_arrays_memory_is_freed_alike_on_every_path(backend, path, monkeypatc
 
 
 @pytest.mark.paths("python", "native")
-def test_a_devices_orphaned_frees_are_freed_by_its_next_allocation_alone(backend, path,
-                                                                        monkeypatch):
+def test_a_devices_orphaned_frees_are_freed_by_its_next_allocation_alone(
+    backend, path, monkeypatch
+):
     """Memory a torn-down context could not free (`_lifetimes.orphans`) is freed by the next
     allocation on its device, on every path. Another device's orphans change nothing: the
     compiled path still allocates in C, without `from_pool`."""
@@ -458,11 +495,13 @@ def test_record_stream_refuses_memory_cuctx_does_not_own(backend):
 
     class Producer:
         __cuda_array_interface__ = arr.__cuda_array_interface__
+
     with pytest.raises(ValueError, match="another library"):
         cuctx.asarray(Producer()).record_stream(Stream(Device(0)))
 
 
 # -- contexts, faults, out of memory --------------------------------------------------------
+
 
 def test_an_array_keeps_its_context_alive_and_fails_after_destroy(backend):
     ctx = Context.create(Device(0))
@@ -476,8 +515,12 @@ def test_an_array_keeps_its_context_alive_and_fails_after_destroy(backend):
     assert arr.context.state == "active"  # still alive: the array holds it
     np.testing.assert_array_equal(arr.to_host(), np.ones(16))
     arr.context.destroy()
-    for use in (arr.to_host, lambda: arr.fill(1), lambda: cuctx.copy(arr, np.ones(16)),
-                lambda: arr.__cuda_array_interface__):
+    for use in (
+        arr.to_host,
+        lambda: arr.fill(1),
+        lambda: cuctx.copy(arr, np.ones(16)),
+        lambda: arr.__cuda_array_interface__,
+    ):
         with pytest.raises(ContextDestroyedError):
             use()
     arr = None  # (the lambdas above read `arr`: rebind rather than del)
@@ -487,8 +530,11 @@ def test_an_array_keeps_its_context_alive_and_fails_after_destroy(backend):
 @pytest.mark.device_memory  # on a GPU the failed allocation takes all free memory for a while
 def test_out_of_memory_names_the_sizes(backend):
     total = Device(0).total_memory
-    with pytest.raises(OutOfMemoryError, match=r"asked for \d+ bytes on device 0 \(free \d+ of "
-                       f"{total}\\)") as info:
+    with pytest.raises(
+        OutOfMemoryError,
+        match=r"asked for \d+ bytes on device 0 \(free \d+ of "
+        f"{total}\\)",
+    ) as info:
         cuctx.empty(total // 4 * 5, np.uint8)
     assert isinstance(info.value, MemoryError)
     cuctx.zeros(16).to_host()  # and the device still works
@@ -499,11 +545,17 @@ def test_out_of_memory_names_the_sizes(backend):
 
 def test_a_shape_beyond_any_address_space_is_a_value_error_naming_the_bytes(backend):
     huge = (2**40, 2**40)  # 2**82 bytes of float32: no size_t holds it
-    for make in (lambda: cuctx.empty(huge, np.float32), lambda: cuctx.zeros(huge, np.float32),
-                 lambda: cuctx.full(huge, 1.0, np.float32),
-                 lambda: cuctx.pinned_empty(huge, np.float32)):
-        with pytest.raises(ValueError, match=rf"shape \(1099511627776, 1099511627776\) and "
-                           rf"dtype float32 would take {2**82} bytes, more than any array"):
+    for make in (
+        lambda: cuctx.empty(huge, np.float32),
+        lambda: cuctx.zeros(huge, np.float32),
+        lambda: cuctx.full(huge, 1.0, np.float32),
+        lambda: cuctx.pinned_empty(huge, np.float32),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=rf"shape \(1099511627776, 1099511627776\) and "
+            rf"dtype float32 would take {2**82} bytes, more than any array",
+        ):
             make()
     cuctx.zeros(16).to_host()  # and the device still works
 
@@ -534,6 +586,7 @@ def test_a_use_after_free_is_an_illegal_address_on_the_sim(sim):
 
 
 # -- bad input ----------------------------------------------------------------------------
+
 
 def test_bad_shapes_and_dtypes_are_refused(backend):
     with pytest.raises(ValueError, match="negative dimension"):
@@ -603,12 +656,14 @@ def test_streams_of_another_device_or_context_are_refused(backend):
 
 # -- the sim's address space --------------------------------------------------------------
 
+
 def test_sim_pointers_are_global_and_tell_their_device(sim):
     drv = sim.driver
     a = cuctx.zeros(100, np.float32, device=0)
     b = cuctx.zeros(100, np.float32, device=1)
     assert a.ptr != b.ptr
     from cuda.bindings.driver import CUpointer_attribute
+
     attr = CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
     assert drv.cuPointerGetAttribute(attr, a.ptr + 396) == (CUresult.CUDA_SUCCESS, 0)
     assert drv.cuPointerGetAttribute(attr, b.ptr) == (CUresult.CUDA_SUCCESS, 1)
@@ -737,9 +792,15 @@ def test_foreign_array_makes_the_given_stream_wait_for_its_producer(backend):
         x.fill(5, stream=producer)  # the producer's last write, still queued
 
         class Foreign:  # another library's array, produced on `producer`
-            __cuda_array_interface__ = {"version": 3, "shape": (4,), "typestr": "<f4",
-                                        "data": (x.ptr, False), "strides": None,
-                                        "stream": producer.handle}
+            __cuda_array_interface__ = {
+                "version": 3,
+                "shape": (4,),
+                "typestr": "<f4",
+                "data": (x.ptr, False),
+                "strides": None,
+                "stream": producer.handle,
+            }
+
         view = cuctx.asarray(Foreign(), stream=consumer)
         out = cuctx.pinned_empty(4, np.float32)
         view.to_host(out=out, stream=consumer)
@@ -768,7 +829,7 @@ def _device_memory_in_use(backend, device) -> int:
         primary.synchronize()
         err, pool = drv.cuDeviceGetDefaultMemPool(device._handle)
         assert not err, err
-        err, = drv.cuMemPoolTrimTo(pool, 0)
+        (err,) = drv.cuMemPoolTrimTo(pool, 0)
         assert not err, err
         free, total = device.mem_info()
     return total - free

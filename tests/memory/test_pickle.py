@@ -88,8 +88,9 @@ def test_ipc_arrays_pools_and_events_pickle_into_a_spawned_child(device):
     ready, done = cuctx.Event(ipc=True), cuctx.Event(ipc=True)
     ready.record(stream)
     inbox, outbox = SPAWN.Queue(), SPAWN.Queue()
-    child = SPAWN.Process(target=_child, args=([arr[4:12], arr[6:8]], pool, ready, done,
-                                               inbox, outbox))
+    child = SPAWN.Process(
+        target=_child, args=([arr[4:12], arr[6:8]], pool, ready, done, inbox, outbox)
+    )
     child.start()
     try:
         # From pageable memory: complete on return (no synchronize of `stream`, which only
@@ -178,8 +179,11 @@ def test_everything_else_refuses_to_be_pickled_and_says_why(device):
         __cuda_array_interface__ = backing.__cuda_array_interface__
 
     for obj, why in [
-        (cuctx.zeros(4), r"memory of the device's default pool; only arrays of a MemoryPool"
-                         r"\(device, ipc=True\) pickle .* or pickle arr\.to_host\(\)"),
+        (
+            cuctx.zeros(4),
+            r"memory of the device's default pool; only arrays of a MemoryPool"
+            r"\(device, ipc=True\) pickle .* or pickle arr\.to_host\(\)",
+        ),
         (cuctx.zeros(4, pool=MemoryPool(device)), r"memory of <MemoryPool .*arr\.to_host"),
         (cuctx.managed_empty(4), r"it is managed memory; .*arr\.to_host"),
         (cuctx.asarray(Foreign()), r"another library .*arr\.to_host"),
@@ -210,8 +214,11 @@ def test_another_backend_or_machine_is_a_clear_error(device, backend):
     pool = MemoryPool(device, ipc=True)
     function, (ref,) = pool.__reduce__()
     other = "cuda" if backend.name == "sim" else "sim"
-    with pytest.raises(ValueError, match=rf"of the {other} backend cannot be unpickled in a "
-                       rf"process running the {backend.name} backend: .*CUCTX_BACKEND"):
+    with pytest.raises(
+        ValueError,
+        match=rf"of the {other} backend cannot be unpickled in a "
+        rf"process running the {backend.name} backend: .*CUCTX_BACKEND",
+    ):
         function(ref._replace(backend=other))
     away = ref._replace(key="not-here", origin=ref.origin._replace(machine="elsewhere"))
     with pytest.raises(ValueError, match="another machine or an earlier boot"):

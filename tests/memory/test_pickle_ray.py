@@ -40,10 +40,16 @@ def cluster(backend, ray_cluster):
         pytest.skip("the Ray cluster of this run has no GPU")
     # This cuctx first, then this process's own PYTHONPATH (where the packages of a machine
     # without an index live, Ray's included: replaced, the task's worker never started).
-    path = [str(Path(cuctx.__file__).resolve().parents[1]),
-            *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    yield {"num_gpus": gpus, "runtime_env": {"env_vars": {
-        "CUCTX_BACKEND": backend.name, "PYTHONPATH": os.pathsep.join(path)}}}
+    path = [
+        str(Path(cuctx.__file__).resolve().parents[1]),
+        *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)),
+    ]
+    yield {
+        "num_gpus": gpus,
+        "runtime_env": {
+            "env_vars": {"CUCTX_BACKEND": backend.name, "PYTHONPATH": os.pathsep.join(path)}
+        },
+    }
     gc.collect()
     cuctx.synchronize()
 

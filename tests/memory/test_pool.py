@@ -18,8 +18,7 @@ from cuctx.sim import stream_busy
 
 from scenarios import ADD_SOURCE, add, driver_calls, library_fixture
 
-pytestmark = [pytest.mark.usefixtures("nvrtc_cache"),
-              pytest.mark.paths("python", "native")]
+pytestmark = [pytest.mark.usefixtures("nvrtc_cache"), pytest.mark.paths("python", "native")]
 
 lib = library_fixture(ADD_SOURCE, add=add)
 MiB = 1 << 20
@@ -39,6 +38,7 @@ def pool(backend):
 
 
 # -- counting and giving back ---------------------------------------------------------------
+
 
 def test_a_pool_counts_the_bytes_asked_for_and_gives_them_back(pool):
     a = cuctx.zeros(1000, np.float32, pool=pool)
@@ -107,14 +107,17 @@ def test_the_default_pool_is_where_plain_allocations_go(backend):
 
 def test_the_repr_says_what_the_pool_holds(pool):
     a = cuctx.empty(100, np.uint8, pool=pool)
-    assert repr(pool).startswith(f"<MemoryPool {int(pool._handle):#x} of device 0: used 100 B, "
-                                 "reserved ")
-    assert "ipc" in repr(MemoryPool(0, ipc=True)) and "max_size 5" in repr(MemoryPool(0,
-                                                                                     max_size=5))
+    assert repr(pool).startswith(
+        f"<MemoryPool {int(pool._handle):#x} of device 0: used 100 B, reserved "
+    )
+    assert "ipc" in repr(MemoryPool(0, ipc=True)) and "max_size 5" in repr(
+        MemoryPool(0, max_size=5)
+    )
     del a
 
 
 # -- lifetime -----------------------------------------------------------------------------
+
 
 @pytest.mark.device_memory
 def test_arrays_hold_their_pool_which_goes_with_the_last_one(backend):
@@ -135,7 +138,8 @@ def test_arrays_hold_their_pool_which_goes_with_the_last_one(backend):
 
 
 def test_a_pool_dying_in_one_collection_with_its_arrays_is_destroyed_after_their_frees(
-        backend, monkeypatch):
+    backend, monkeypatch
+):
     """A traceback's frames (a `pytest.raises`, an exception kept) can hold a pool and its
     arrays, which then die in one garbage collection, their finalizers in any order. The
     pool must be destroyed after its arrays' frees were queued: the other order crashed
@@ -143,12 +147,16 @@ def test_a_pool_dying_in_one_collection_with_its_arrays_is_destroyed_after_their
     drv = backend.driver
     calls = []
     real_destroy = drv.cuMemPoolDestroy
-    monkeypatch.setattr(drv, "cuMemPoolDestroy",
-                        lambda handle: calls.append(("destroy", int(handle)))
-                        or real_destroy(handle), raising=False)
+    monkeypatch.setattr(
+        drv,
+        "cuMemPoolDestroy",
+        lambda handle: calls.append(("destroy", int(handle))) or real_destroy(handle),
+        raising=False,
+    )
 
     def freed(op):  # announced once the driver took the free (the compiled path's too)
         calls.extend(("free", access.ptr) for access in op.accesses)
+
     _trace.add_sink(freed, kinds=["free"])
     try:
         with Device(0):
@@ -172,8 +180,7 @@ def test_a_pool_dying_in_one_collection_with_its_arrays_is_destroyed_after_their
 
 
 @pytest.mark.parametrize("location", ["device", "host"])
-def test_a_pool_is_destroyed_once_the_frees_of_its_memory_have_run(backend, location,
-                                                                    monkeypatch):
+def test_a_pool_is_destroyed_once_the_frees_of_its_memory_have_run(backend, location, monkeypatch):
     """A pool destroyed while the frees of its memory were still queued behind other work
     crashed the process at the next pool's first allocation (an H200, driver 580, while
     another process used the GPU), though the driver promises to wait for them: the destroy
@@ -227,6 +234,7 @@ def test_a_pool_outlives_a_context_its_arrays_used(pool):
 
 
 # -- streams and frees ---------------------------------------------------------------------
+
 
 def test_record_stream_and_defer_cleanup_hold_a_pool_array_like_any(pool):
     s = cuctx.Stream()
@@ -296,15 +304,19 @@ def test_autograph_calls_allocating_from_a_pool_give_eager_results(pool, lib):
 
 # -- bad arguments ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, error, words", [
-    (dict(max_size=0), ValueError, "max_size must be at least 1"),
-    (dict(max_size=-5), ValueError, "max_size must be at least 1"),
-    (dict(max_size=1.5), TypeError, "max_size must be a whole number"),
-    (dict(max_size=True), TypeError, "max_size must be a whole number"),
-    (dict(release_threshold=-1), ValueError, "release_threshold must be 0 or more"),
-    (dict(release_threshold=1 << 64), ValueError, "below 2\\*\\*64"),
-    (dict(ipc="yes"), TypeError, "ipc must be True or False"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        (dict(max_size=0), ValueError, "max_size must be at least 1"),
+        (dict(max_size=-5), ValueError, "max_size must be at least 1"),
+        (dict(max_size=1.5), TypeError, "max_size must be a whole number"),
+        (dict(max_size=True), TypeError, "max_size must be a whole number"),
+        (dict(release_threshold=-1), ValueError, "release_threshold must be 0 or more"),
+        (dict(release_threshold=1 << 64), ValueError, "below 2\\*\\*64"),
+        (dict(ipc="yes"), TypeError, "ipc must be True or False"),
+    ],
+)
 def test_bad_pool_settings_are_refused(backend, kwargs, error, words):
     with pytest.raises(error, match=words):
         MemoryPool(0, **kwargs)
@@ -327,8 +339,9 @@ def test_a_pool_allocates_only_on_its_device(backend):
         pytest.skip("needs two devices")
     with Device(0):
         pool = MemoryPool(0)
-        with pytest.raises(ValueError,
-                           match="device=<Device 1 .* but <MemoryPool 0x[0-9a-f]+ of device 0"):
+        with pytest.raises(
+            ValueError, match="device=<Device 1 .* but <MemoryPool 0x[0-9a-f]+ of device 0"
+        ):
             cuctx.empty(4, device=1, pool=pool)
         other = Device(1).create_stream()
         with pytest.raises(ValueError, match="allocate on a stream of the pool's device"):

@@ -21,8 +21,7 @@ from cuctx.kernels import KernelArgumentError
 
 from scenarios import ADD_SOURCE, add, driver_calls, library_fixture
 
-pytestmark = [pytest.mark.usefixtures("nvrtc_cache"),
-              pytest.mark.paths("python", "native")]
+pytestmark = [pytest.mark.usefixtures("nvrtc_cache"), pytest.mark.paths("python", "native")]
 
 lib = library_fixture(ADD_SOURCE, add=add)
 N = 8
@@ -56,8 +55,11 @@ def test_a_kernel_on_another_device_uses_a_pools_array_once_granted(two, lib):
     assert pool.access(d0) == "rw" and pool.access(d1) is None
     with d1:
         out = cuctx.zeros(N, np.float32)
-        with pytest.raises(KernelArgumentError, match=r"no access to that pool's memory: call "
-                           r"pool\.set_access\(cuctx\.Device\(1\), 'rw'\)"):
+        with pytest.raises(
+            KernelArgumentError,
+            match=r"no access to that pool's memory: call "
+            r"pool\.set_access\(cuctx\.Device\(1\), 'rw'\)",
+        ):
             lib["add"][1, N](out, x, 1.0, N)
         pool.set_access(d1, "rw")
         assert pool.access(d1) == "rw" and pool.access(1) == "rw"
@@ -75,8 +77,11 @@ def test_a_kernel_on_another_device_uses_a_pools_array_once_granted(two, lib):
 def test_read_only_access_is_refused_saying_so(two):
     d0, d1 = two
     pool, _ = pool_array(d0)
-    with pytest.raises(cuctx.NotSupportedError, match=r"cuMemPoolSetAccess.*no read-only "
-                       r"access to a pool's memory .*grant 'rw'"):
+    with pytest.raises(
+        cuctx.NotSupportedError,
+        match=r"cuMemPoolSetAccess.*no read-only "
+        r"access to a pool's memory .*grant 'rw'",
+    ):
         pool.set_access(d1, "r")
     assert pool.access(d1) is None  # nothing changed
 
@@ -119,22 +124,30 @@ def primary_active(device: Device) -> bool:
 
 
 @pytest.mark.primary_unheld
-def test_a_grant_keeps_the_devices_primary_context_until_taken_away_or_destroyed(
-        two, monkeypatch):
+def test_a_grant_keeps_the_devices_primary_context_until_taken_away_or_destroyed(two, monkeypatch):
     """Device 1's address space maps the pool's memory while it has access: its primary
     context stays retained till the access goes, or the pool is destroyed (and then after
     cuMemPoolDestroy). Judged by cuctx's own retains and releases of it: an earlier test of
     the process may hold it too (`Device.set_current` keeps it, as cudaSetDevice does)."""
     d0, d1 = two
-    calls = driver_calls(monkeypatch, d0._backend.driver, "cuMemPoolDestroy",
-                         "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease")
+    calls = driver_calls(
+        monkeypatch,
+        d0._backend.driver,
+        "cuMemPoolDestroy",
+        "cuDevicePrimaryCtxRetain",
+        "cuDevicePrimaryCtxRelease",
+    )
 
     def of_device_1() -> list[str]:
         gc.collect()
-        names = [name for name, args in calls if name == "cuMemPoolDestroy"
-                 or int(args[0]) == int(d1._handle)]
+        names = [
+            name
+            for name, args in calls
+            if name == "cuMemPoolDestroy" or int(args[0]) == int(d1._handle)
+        ]
         calls.clear()
         return names
+
     pool, x = pool_array(d0)
     of_device_1()
     pool.set_access(d1, "rw")
@@ -199,8 +212,11 @@ def test_on_the_sim_a_kernel_faults_on_a_pools_memory_it_may_not_use(backend, li
     with d1:
         out = cuctx.zeros(N, np.float32)
         lib["add"][1, N](out, x.ptr, 1.0, N)
-        with pytest.raises(cuctx.StickyFaultError, match=r"ILLEGAL_ADDRESS.*memory of device 0 "
-                           r"from device 1 without access to its pool \(pool\.set_access"):
+        with pytest.raises(
+            cuctx.StickyFaultError,
+            match=r"ILLEGAL_ADDRESS.*memory of device 0 "
+            r"from device 1 without access to its pool \(pool\.set_access",
+        ):
             cuctx.synchronize()
 
 
@@ -211,12 +227,10 @@ def test_the_sims_raw_pool_access_follows_the_driver_rules(sim):
     grant.location.type = CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
     grant.location.id = 1
     grant.flags = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ  # H200s, driver 580:
-    assert drv.cuMemPoolSetAccess(pool._handle, [grant], 1) == (
-        CUresult.CUDA_ERROR_NOT_SUPPORTED,)
+    assert drv.cuMemPoolSetAccess(pool._handle, [grant], 1) == (CUresult.CUDA_ERROR_NOT_SUPPORTED,)
     grant.flags = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
     assert drv.cuMemPoolSetAccess(pool._handle, [grant], 1) == (CUresult.CUDA_SUCCESS,)
     assert drv.cuMemPoolGetAccess(pool._handle, grant.location)[1] == grant.flags
     grant.location.id = 0  # the owner's access cannot be lowered (an H100, driver 580)
     grant.flags = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE
-    assert drv.cuMemPoolSetAccess(pool._handle, [grant], 1) == (
-        CUresult.CUDA_ERROR_INVALID_DEVICE,)
+    assert drv.cuMemPoolSetAccess(pool._handle, [grant], 1) == (CUresult.CUDA_ERROR_INVALID_DEVICE,)

@@ -21,8 +21,7 @@ from cuctx.kernels import KernelArgumentError
 
 from scenarios import ADD_SOURCE, add, library_fixture
 
-pytestmark = [pytest.mark.usefixtures("nvrtc_cache"),
-              pytest.mark.paths("python", "native")]
+pytestmark = [pytest.mark.usefixtures("nvrtc_cache"), pytest.mark.paths("python", "native")]
 
 lib = library_fixture(ADD_SOURCE, add=add)
 N = 8
@@ -67,8 +66,9 @@ def test_device_memory_has_no_host_view(backend):
             _ = arr.host
 
 
-def on_device_0(location: str, monkeypatch: pytest.MonkeyPatch
-                ) -> tuple[MemoryPool, cuctx.DeviceArray]:
+def on_device_0(
+    location: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[MemoryPool, cuctx.DeviceArray]:
     """A pool of ``location`` made on device 0 and an array of it (0, 1, ...), written; or a
     skip where there is no second device to use it from."""
     if len(cuctx.devices()) < 2:
@@ -113,15 +113,21 @@ def test_bad_locations_are_refused(backend):
 @pytest.mark.parametrize("location", ["host", "managed"])
 def test_an_older_driver_says_what_the_pool_needs(sim, monkeypatch, location):
     monkeypatch.setattr(sim.driver, "cuDriverGetVersion", lambda: (0, 12080))
-    with pytest.raises(cuctx.NotSupportedError, match=rf"{location} memory pools need a CUDA "
-                       r"13 driver \(this one is 12\.8\)"):
+    with pytest.raises(
+        cuctx.NotSupportedError,
+        match=rf"{location} memory pools need a CUDA "
+        r"13 driver \(this one is 12\.8\)",
+    ):
         MemoryPool(0, location=location)
 
 
 def test_a_cuda_13_0_driver_makes_no_managed_pool_and_says_why(sim):
     assert sim.driver.cuDriverGetVersion() == (0, 13000)  # the sim's recorded driver
-    with pytest.raises(cuctx.NotSupportedError, match=r"managed memory pools crash CUDA 13\.0 "
-                       r"drivers at their first allocation .*use cuctx\.managed_empty"):
+    with pytest.raises(
+        cuctx.NotSupportedError,
+        match=r"managed memory pools crash CUDA 13\.0 "
+        r"drivers at their first allocation .*use cuctx\.managed_empty",
+    ):
         MemoryPool(0, location="managed")
 
 
@@ -133,10 +139,10 @@ def test_a_cuda_13_0_driver_makes_no_managed_pool_and_says_why(sim):
 
 GRID = np.arange(4 * 5 * 6, dtype=np.float32).reshape(4, 5, 6)
 LAYOUTS = {  # the copy planner's layouts: (the view, what it makes of a copy)
-    "whole": lambda a: a,                      # one linear copy
-    "pitched2d": lambda a: a[0, :, 1:5],       # one 2D copy
-    "pitched3d": lambda a: a[:, 1:4, 2:5],     # one 3D copy
-    "column": lambda a: a[:, 2, 3],            # linear copies in a loop
+    "whole": lambda a: a,  # one linear copy
+    "pitched2d": lambda a: a[0, :, 1:5],  # one 2D copy
+    "pitched3d": lambda a: a[:, 1:4, 2:5],  # one 3D copy
+    "column": lambda a: a[:, 2, 3],  # linear copies in a loop
     "transposed": lambda a: a.transpose(2, 0, 1),  # staged through a host temporary
 }
 
@@ -161,8 +167,9 @@ def read(arr) -> np.ndarray:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("kind", ["pageable", "pinned", "device", "host pool"])
-def test_a_host_pools_arrays_copy_to_and_from_every_kind_of_memory(backend, layout, kind,
-                                                                   monkeypatch):
+def test_a_host_pools_arrays_copy_to_and_from_every_kind_of_memory(
+    backend, layout, kind, monkeypatch
+):
     view = LAYOUTS[layout]
     with Device(0):
         pooled = cuctx.to_device(GRID, pool=made("host", monkeypatch))
@@ -228,8 +235,9 @@ def test_autograph_copies_host_pool_and_device_arrays_as_eagerly(backend, monkey
         pool = made("host", monkeypatch)
         results = []
         for i in range(8):  # a host pool's sources, then device arrays among them
-            src = cuctx.to_device(np.arange(i, i + N, dtype=np.float32),
-                                  pool=pool if i < 4 or i % 2 else None)
+            src = cuctx.to_device(
+                np.arange(i, i + N, dtype=np.float32), pool=pool if i < 4 or i % 2 else None
+            )
             out = cuctx.zeros(N, np.float32, pool=pool if i % 3 == 0 else None)
             step(out, src)
             results.append((i, out, src))
@@ -250,10 +258,14 @@ REFUSED = {
     "cuMemcpyDtoDAsync to": lambda d, p, dev, host, h: d.cuMemcpyDtoDAsync(p, dev, 32, h),
     "cuMemcpyDtoDAsync from": lambda d, p, dev, host, h: d.cuMemcpyDtoDAsync(dev, p, 32, h),
     "cuMemcpy2DAsync as DEVICE": lambda d, p, dev, host, h: d.cuMemcpy2DAsync(
-        pitched(p, DEVICE, host, HOST), h),
+        pitched(p, DEVICE, host, HOST), h
+    ),
 }
-HOST, DEVICE, UNIFIED = (CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE,
-                         CUmemorytype.CU_MEMORYTYPE_UNIFIED)
+HOST, DEVICE, UNIFIED = (
+    CUmemorytype.CU_MEMORYTYPE_HOST,
+    CUmemorytype.CU_MEMORYTYPE_DEVICE,
+    CUmemorytype.CU_MEMORYTYPE_UNIFIED,
+)
 
 
 def pitched(dst: int, dst_type, src: int, src_type) -> CUDA_MEMCPY2D:
@@ -278,13 +290,15 @@ def test_the_driver_refuses_a_host_pools_memory_as_device_memory(backend, call, 
         host[:] = 3.0
         s.synchronize()
         h = s._handle
-        assert REFUSED[call](drv, pooled.ptr, device.ptr, host.ctypes.data, h) \
-            == (CUresult.CUDA_ERROR_INVALID_VALUE,)
+        assert REFUSED[call](drv, pooled.ptr, device.ptr, host.ctypes.data, h) == (
+            CUresult.CUDA_ERROR_INVALID_VALUE,
+        )
         # The unified forms take it, and so does a memset.
         assert drv.cuMemcpyAsync(pooled.ptr, host.ctypes.data, 32, h) == (CUresult.CUDA_SUCCESS,)
         assert drv.cuMemsetD32Async(pooled.ptr + 16, 0, 4, h) == (CUresult.CUDA_SUCCESS,)
-        assert drv.cuMemcpy2DAsync(pitched(device.ptr, DEVICE, pooled.ptr, UNIFIED), h) \
-            == (CUresult.CUDA_SUCCESS,)
+        assert drv.cuMemcpy2DAsync(pitched(device.ptr, DEVICE, pooled.ptr, UNIFIED), h) == (
+            CUresult.CUDA_SUCCESS,
+        )
         s.synchronize()
         assert pooled.host.tolist() == [3.0] * 4 + [0.0] * 4
         assert device.to_host().tolist() == pooled.host.tolist()

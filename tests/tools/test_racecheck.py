@@ -111,10 +111,10 @@ def test_disjoint_slices_on_two_streams_are_no_race(lib):
     x = cuctx.empty(N, np.float32)
     cuctx.synchronize()
     with cuctx.racecheck() as rc:
-        x[:N // 2].fill(1.0, stream=s1)
-        x[N // 2:].fill(2.0, stream=s2)
-        lib["init"][2, 256, 0, s1](x[:N // 2], 3.0, N // 2)
-        lib["init"][2, 256, 0, s2](x[N // 2:], 4.0, N // 2)
+        x[: N // 2].fill(1.0, stream=s1)
+        x[N // 2 :].fill(2.0, stream=s2)
+        lib["init"][2, 256, 0, s1](x[: N // 2], 3.0, N // 2)
+        lib["init"][2, 256, 0, s2](x[N // 2 :], 4.0, N // 2)
         cuctx.synchronize()
         host = x.to_host()
     assert rc.findings == []
@@ -214,8 +214,15 @@ def test_a_use_after_free_through_another_librarys_array(lib, retired):
     out = cuctx.zeros(1, np.float32, stream=s)
 
     class Foreign:  # another library's view of x's memory (CUDA Array Interface)
-        __cuda_array_interface__ = {"version": 3, "shape": (N,), "typestr": "<f4",
-                                    "data": (x.ptr, False), "strides": None, "stream": None}
+        __cuda_array_interface__ = {
+            "version": 3,
+            "shape": (N,),
+            "typestr": "<f4",
+            "data": (x.ptr, False),
+            "strides": None,
+            "stream": None,
+        }
+
     view = cuctx.asarray(Foreign())  # does not keep x's memory alive
     cuctx.synchronize()
     with cuctx.racecheck("collect") as rc:

@@ -44,6 +44,7 @@ def races(caught) -> list[str]:
 
 # -- the motivating case: arrays made without stream= ---------------------------------------
 
+
 def test_arrays_made_on_the_default_stream_and_used_on_a_created_one_warn(kernel):
     s = cuctx.Stream()
     made = here() + 1
@@ -53,8 +54,10 @@ def test_arrays_made_on_the_default_stream_and_used_on_a_created_one_warn(kernel
         kernel[N // 256, 256, 0, s](out, x, 1.0, N)  # (float* out: read and written)
     assert len(caught) == 2  # out's zeros and x's upload, on the legacy default stream
     for text in (str(w.message) for w in caught):
-        assert text.startswith(f"read-after-write race on a float32 array of shape (1024,) "
-                               f"allocated at {__file__}:{made}:")
+        assert text.startswith(
+            f"read-after-write race on a float32 array of shape (1024,) "
+            f"allocated at {__file__}:{made}:"
+        )
         assert "missing: nothing orders the launch of 'add' on s after the " in text
         assert "s did not wait for cuctx.legacy_stream()" in text
         assert text.endswith(f"fix: s.wait(cuctx.legacy_stream()) before line {line}")
@@ -65,11 +68,14 @@ def test_arrays_made_on_the_default_stream_and_used_on_a_created_one_warn(kernel
 def test_a_copy_on_a_created_stream_warns_too_where_it_reads_stale_zeros(kernel):
     s = cuctx.Stream()
     x = cuctx.full(N, 1.0, np.float32)  # zeroed, then filled, on the default stream
-    with pytest.warns(cuctx.RaceWarning, match=r"copy on s after the fill on "
-                      r"cuctx\.legacy_stream\(\)(.|\n)*fix: s\.wait\(cuctx\.legacy_stream\(\)\)"):
+    with pytest.warns(
+        cuctx.RaceWarning,
+        match=r"copy on s after the fill on "
+        r"cuctx\.legacy_stream\(\)(.|\n)*fix: s\.wait\(cuctx\.legacy_stream\(\)\)",
+    ):
         host = x.to_host(stream=s)
     assert host.tolist() == [0.0] * N  # what it did before, silently (the sim runs the copy
-    cuctx.synchronize()                # first: the default stream's fill waits for no one)
+    cuctx.synchronize()  # first: the default stream's fill waits for no one)
 
 
 def test_with_the_wait_nothing_is_reported_and_the_data_is_right(kernel):
@@ -97,8 +103,10 @@ def test_the_default_streams_of_two_contexts_are_told_apart(kernel):
     finally:
         cuctx.Context.pop()
     [text] = races(caught)
-    assert "copy on cuctx.legacy_stream() of other after the fill on cuctx.legacy_stream() " \
+    assert (
+        "copy on cuctx.legacy_stream() of other after the fill on cuctx.legacy_stream() "
         "of primary" in text
+    )
     assert text.endswith(f"fix: primary.synchronize() before line {line}")
     primary.synchronize()
     other.synchronize()
@@ -119,14 +127,22 @@ print("done")
 """
 
 
-@pytest.mark.parametrize("name", ["sim", pytest.param("cuda", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="needs a GPU")])])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "sim",
+        pytest.param(
+            "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="needs a GPU")]
+        ),
+    ],
+)
 def test_the_environment_variable_and_the_backend_decide(name, tmp_path):
     script = tmp_path / "racy.py"
     script.write_text(RACY)
 
     def run(**env):
         return run_python(str(script), clean=True, CUCTX_BACKEND=name, **env)
+
     default = run()
     assert default.returncode == 0 and "done" in default.stdout
     if name == "sim":  # on by default, in "warn" mode, at the user's line
@@ -144,12 +160,14 @@ def test_the_environment_variable_and_the_backend_decide(name, tmp_path):
 
 
 def test_an_unknown_value_names_the_accepted_ones_at_the_first_use_and_each_after():
-    code = ("import cuctx\n"
-            "for attempt in range(2):\n"
-            "    try:\n"
-            "        cuctx.zeros(1)\n"
-            "    except ValueError as exc:\n"
-            "        print(exc)\n")
+    code = (
+        "import cuctx\n"
+        "for attempt in range(2):\n"
+        "    try:\n"
+        "        cuctx.zeros(1)\n"
+        "    except ValueError as exc:\n"
+        "        print(exc)\n"
+    )
     proc = run_python("-c", code, clean=True, CUCTX_RACECHECK="yes")
     assert proc.returncode == 0, proc.stderr  # the import itself succeeds
     lines = proc.stdout.splitlines()
@@ -194,6 +212,7 @@ def test_the_default_follows_set_backend(gpu):
 
 
 # -- explicit blocks while the default checker runs ------------------------------------------
+
 
 def test_a_block_mode_wins_inside_it_and_sees_work_queued_before_it(kernel):
     s = cuctx.Stream()
@@ -259,6 +278,7 @@ def test_a_bad_mode_names_the_modes():
 
 # -- what orders work, as the default checker needs it ---------------------------------------
 
+
 def test_a_free_racing_a_use_under_an_error_filter_raises_from_the_next_call(kernel):
     """A free runs from a finalizer: where a warnings filter makes the RaceWarning an error
     (as this suite's does), the thread's next cuctx call raises it."""
@@ -288,6 +308,7 @@ def test_a_synchronize_on_one_thread_orders_what_another_submits_after(kernel):
             x = cuctx.full(N, 5.0, np.float32, stream=s)
             s.synchronize()
             handed.put(x)
+
     worker = threading.Thread(target=produce)
     worker.start()
     x = handed.get(timeout=30)
@@ -313,7 +334,7 @@ def test_work_of_a_destroyed_context_is_over(kernel):
 
 # -- the suite's own configuration -----------------------------------------------------------
 
-SAMPLE = '''
+SAMPLE = """
 import numpy as np
 import cuctx
 
@@ -322,14 +343,25 @@ def test_racy():
     with cuctx.Device(0):
         x = cuctx.zeros(16, np.float32)
         x.fill(1.0, stream=cuctx.Stream())
-'''
+"""
 
 
 def test_an_unexpected_race_fails_the_test_that_made_it(tmp_path):
     from test_project import ROOT
+
     (tmp_path / "test_sample.py").write_text(textwrap.dedent(SAMPLE))
-    proc = run_python("-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "-p",
-                      "no:cacheprovider", "--rootdir", str(tmp_path), "test_sample.py",
-                      cwd=tmp_path, clean=True)
+    proc = run_python(
+        "-m",
+        "pytest",
+        "-c",
+        str(ROOT / "pyproject.toml"),
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        str(tmp_path),
+        "test_sample.py",
+        cwd=tmp_path,
+        clean=True,
+    )
     assert proc.returncode == 1, proc.stdout
     assert "FAILED test_sample.py::test_racy - cuctx.errors.RaceWarning" in proc.stdout

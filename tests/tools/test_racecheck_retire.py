@@ -65,8 +65,9 @@ def test_an_event_not_waited_for_yet_orders_after_a_retirement(lib):
         x.fill(2.0, stream=s2)
         x.fill(3.0, stream=s1)  # but this one is not ordered after s2's
         cuctx.synchronize()
-    assert [(f.kind, f.first.stream, f.second.stream) for f in rc.findings] == \
-        [("write-after-write", s2, s1)]
+    assert [(f.kind, f.first.stream, f.second.stream) for f in rc.findings] == [
+        ("write-after-write", s2, s1)
+    ]
 
 
 def test_the_legacy_streams_barrier_holds_after_its_clock_retired(lib):
@@ -106,12 +107,21 @@ def test_a_query_that_answered_done_orders_like_a_synchronize(lib):
 
 # -- bounded ---------------------------------------------------------------------------------
 
+
 def held_by_the_checker() -> int:
     """Bytes of what the checker's history holds (its tables and what they hold but the
     program's own objects: streams, events, code), object by object (sys.getsizeof)."""
     own = (dict, list, tuple, set, int, str, weakref.ref, Region, Segment, Actor, Clocks)
-    roots = [_WATCH.clocks, _WATCH._regions, _WATCH._starts, _WATCH._freed,
-             _WATCH._freed_starts, _WATCH._events, _WATCH._whats, _WATCH._graph_checked.data]
+    roots = [
+        _WATCH.clocks,
+        _WATCH._regions,
+        _WATCH._starts,
+        _WATCH._freed,
+        _WATCH._freed_starts,
+        _WATCH._events,
+        _WATCH._whats,
+        _WATCH._graph_checked.data,
+    ]
     seen: set[int] = set()
     total = 0
     while roots:
@@ -200,7 +210,6 @@ def test_a_loop_of_real_calls_keeps_a_flat_history(sim, monkeypatch):
     assert len(_WATCH._freed) <= 16
 
 
-
 def test_a_dropped_stream_is_not_kept_by_the_frees_the_checker_remembers(lib):
     """The checker remembers the latest frees (to tell a use after free), not their streams:
     a stream the program drops goes (and with it what it holds, its context), and a later
@@ -210,8 +219,15 @@ def test_a_dropped_stream_is_not_kept_by_the_frees_the_checker_remembers(lib):
     out = cuctx.zeros(N, np.float32)
 
     class Foreign:  # another library's view of x's memory: it does not keep x's memory alive
-        __cuda_array_interface__ = {"version": 3, "shape": (N,), "typestr": "<f4",
-                                    "data": (x.ptr, False), "strides": None, "stream": None}
+        __cuda_array_interface__ = {
+            "version": 3,
+            "shape": (N,),
+            "typestr": "<f4",
+            "data": (x.ptr, False),
+            "strides": None,
+            "stream": None,
+        }
+
     view = cuctx.asarray(Foreign())
     described = f"<Stream {s.kind} {s._key:#x} ctx {s._ctx._key:#x}>"
     cuctx.synchronize()

@@ -52,7 +52,10 @@ def test_records_match_operations_one_to_one(backend):
     tl, (host, out, s1, s2, a, b) = recorded(backend)
     work = [r for r in tl.records if r.kind in WORK_KINDS]
     assert [(r.kind, r.stream) for r in sorted(work, key=lambda r: r.correlation)] == [
-        ("copy", s1.handle), ("memset", s2.handle), ("copy", s2.handle)]
+        ("copy", s1.handle),
+        ("memset", s2.handle),
+        ("copy", s2.handle),
+    ]
     assert len({r.correlation for r in work}) == 3  # one execution per operation
     for r in work:
         assert r.operation is not None and r.operation.stream in (s1, s2)
@@ -74,8 +77,11 @@ def test_the_chrome_trace_has_a_track_per_stream_and_the_arrows(backend, tmp_pat
     path = tl.save(tmp_path / "trace.json")
     trace = json.loads(open(path).read())
     events = trace["traceEvents"]
-    names = {(e["name"], e["args"]["name"]) for e in events if e["ph"] == "M"
-             and e["name"] in ("process_name", "thread_name")}
+    names = {
+        (e["name"], e["args"]["name"])
+        for e in events
+        if e["ph"] == "M" and e["name"] in ("process_name", "thread_name")
+    }
     assert ("process_name", "host") in names
     ctx = s1.context
     assert ("process_name", f"ctx 1: device 0 / context {ctx.handle:#x} ({ctx.kind})") in names
@@ -123,7 +129,10 @@ def test_event_pairs_work_on_either_backend(backend):
     assert tl.approximate and "event pairs" in tl.source
     work = sorted((r for r in tl.records if r.kind in WORK_KINDS), key=lambda r: r.correlation)
     assert [(r.kind, r.stream) for r in work] == [
-        ("copy", s1.handle), ("memset", s2.handle), ("copy", s2.handle)]
+        ("copy", s1.handle),
+        ("memset", s2.handle),
+        ("copy", s2.handle),
+    ]
     assert all(r.approximate and r.start_ns <= r.end_ns for r in work)
     assert work[2].start_ns >= work[0].end_ns  # the copy out after the copy in it waited for
 
@@ -138,7 +147,6 @@ def test_other_sinks_see_only_the_users_operations(backend):
             with cuctx.timeline(source="events"):
                 run(*args)
     assert [op.kind for op in seen] == ["copy", "memset", "record", "wait_event", "copy"]
-
 
 
 @pytest.mark.parametrize("source", ["auto", "events"])
@@ -156,8 +164,9 @@ def test_allocations_and_synchronizes_between_the_work_leave_it_matched(backend,
             cuctx.copy(out, a, stream=s2)
     host_only = [r for r in tl.records if r.kind in ("alloc", "sync_stream")]
     assert sorted(r.kind for r in host_only) == ["alloc", "sync_stream"]
-    assert all(r.lane == "host-only" and r.start_ns is None and r.correlation is None
-               for r in host_only)
+    assert all(
+        r.lane == "host-only" and r.start_ns is None and r.correlation is None for r in host_only
+    )
     work = sorted((r for r in tl.records if r.kind == "copy"), key=lambda r: r.correlation)
     assert [r.stream for r in work] == [s1.handle, s1.handle, s2.handle]
     if not tl.approximate:  # the device's own records name the directions
@@ -182,6 +191,7 @@ def test_event_pairs_after_a_device_reset_use_events_of_the_new_context(backend)
         assert len(work) == 3 and all(r.start_ns is not None for r in work)
         del args
         cuctx.Device(0).reset()
+
 
 def test_a_timeline_records_one_block(backend):
     with cuctx.Device(0):
@@ -223,8 +233,10 @@ def test_lanes_are_named_as_the_users_code_names_their_streams(backend):
         by_kind = {"fills": cuctx.Stream()}
         pipeline = Pipeline()
         _hidden = cuctx.Stream()  # a private name: not a name to show
-        arrays = {s: cuctx.empty(16, np.float32, stream=s)
-                  for s in (main, *workers, by_kind["fills"], pipeline.copies, _hidden)}
+        arrays = {
+            s: cuctx.empty(16, np.float32, stream=s)
+            for s in (main, *workers, by_kind["fills"], pipeline.copies, _hidden)
+        }
         arrays[None] = cuctx.empty(16, np.float32)
         with cuctx.timeline() as tl:
             arrays[main].fill(1.0, stream=main)
@@ -290,20 +302,26 @@ def test_a_timeline_says_what_it_holds(backend):
         args = program()
         with tl:
             run(*args)
-            assert repr(tl).startswith("<Timeline recording: 5 operations so far, times from "
-                                       "event pairs")
-    assert re.fullmatch(rf"<Timeline of {len(tl.records)} records: 2 streams in 1 context over "
-                        r"[\d.]+ us, times from event pairs \(approximate; .*\)>", repr(tl))
+            assert repr(tl).startswith(
+                "<Timeline recording: 5 operations so far, times from event pairs"
+            )
+    assert re.fullmatch(
+        rf"<Timeline of {len(tl.records)} records: 2 streams in 1 context over "
+        r"[\d.]+ us, times from event pairs \(approximate; .*\)>",
+        repr(tl),
+    )
 
 
 def figures(monkeypatch) -> list:
     """The matplotlib Figures `Timeline.save` writes, from now on (it still writes them)."""
     from matplotlib.figure import Figure
+
     saved, savefig = [], Figure.savefig
 
     def spy(fig, *args, **kwargs):
         saved.append(fig)
         return savefig(fig, *args, **kwargs)
+
     monkeypatch.setattr(Figure, "savefig", spy)
     return saved
 
@@ -322,13 +340,17 @@ def test_a_path_it_cannot_write_raises_the_oserror_open_raises(backend, tmp_path
 
 
 @pytest.mark.host_timing
-@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
-                    reason="matplotlib is not installed (pip install 'cuctx[timeline]')")
-def test_the_picture_is_a_png_with_a_lane_per_stream_and_short_labels(backend, tmp_path,
-                                                                      monkeypatch):
+@pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None,
+    reason="matplotlib is not installed (pip install 'cuctx[timeline]')",
+)
+def test_the_picture_is_a_png_with_a_lane_per_stream_and_short_labels(
+    backend, tmp_path, monkeypatch
+):
     from matplotlib.colors import to_rgb
     from matplotlib.image import imread
     from cuctx.tools._timeline_export import COLOURS
+
     saved = figures(monkeypatch)
     tl, _ = recorded(backend)
     path = tl.save(tmp_path / "timeline.png")

@@ -17,8 +17,11 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def timelines(out: str) -> list[str]:
     """The timelines the example wrote, as the names of its `written:` lines."""
-    return [pathlib.Path(line.split("written: ")[1].split(", ")[0]).stem
-            for line in out.splitlines() if line.startswith("  written: ")]
+    return [
+        pathlib.Path(line.split("written: ")[1].split(", ")[0]).stem
+        for line in out.splitlines()
+        if line.startswith("  written: ")
+    ]
 
 
 @requires_nvrtc
@@ -26,21 +29,23 @@ def timelines(out: str) -> list[str]:
 @pytest.mark.parametrize("name", BACKENDS)
 def test_the_example_writes_timelines_and_prints_the_overlaps(name, tmp_path):
     if name == "cuda" and importlib.util.find_spec("cupti") is None:
-        pytest.skip("needs cupti-python on a GPU (pip install 'cuctx[timeline]'): without "
-                    "activity records the timeline's event pairs cannot show overlap")
+        pytest.skip(
+            "needs cupti-python on a GPU (pip install 'cuctx[timeline]'): without "
+            "activity records the timeline's event pairs cannot show overlap"
+        )
     proc = run_python("-m", EXAMPLE, "--out", str(tmp_path), CUCTX_BACKEND=name)
     assert proc.returncode == 0, proc.stderr
     assert "RaceWarning" not in proc.stderr, proc.stderr  # the sim checks every run
     out = proc.stdout
     assert f"timelines written to {tmp_path}" in out
-    assert "two contexts on one device: kernels of both at once 0.000 ms (they take turns)" \
-        in out
+    assert "two contexts on one device: kernels of both at once 0.000 ms (they take turns)" in out
     overlap = float(out.split("copy/compute overlap ")[-1].split(" ms")[0])
     assert overlap > 0  # one stream's copies ran while the other's kernel did
     for part in ("two_streams", "two_contexts"):
         trace = json.loads((tmp_path / f"{part}.json").read_text())
-        threads = [e for e in trace["traceEvents"] if e.get("name") == "thread_name"
-                   and e["pid"] != 0]
+        threads = [
+            e for e in trace["traceEvents"] if e.get("name") == "thread_name" and e["pid"] != 0
+        ]
         assert len(threads) >= 2  # a track per stream
     if "Device.partition is not available" not in out:
         side = float(out.split("kernels of both at once ")[-1].split(" ms")[0])
@@ -57,9 +62,11 @@ def test_the_example_writes_timelines_and_prints_the_overlaps(name, tmp_path):
 
 @requires_nvrtc
 def test_without_matplotlib_it_says_once_that_it_skips_the_pictures(tmp_path):
-    code = ("import runpy, sys\n"
-            "sys.modules['matplotlib'] = None  # as if it were not installed\n"
-            f"runpy.run_module({EXAMPLE!r}, run_name='__main__')")
+    code = (
+        "import runpy, sys\n"
+        "sys.modules['matplotlib'] = None  # as if it were not installed\n"
+        f"runpy.run_module({EXAMPLE!r}, run_name='__main__')"
+    )
     proc = run_python("-c", code, "--out", str(tmp_path), CUCTX_BACKEND="sim")
     assert proc.returncode == 0, proc.stderr
     skipped = [line for line in proc.stdout.splitlines() if "pictures skipped" in line]

@@ -73,8 +73,7 @@ class Pipeline:
             for part, s in zip(parts, streams):
                 cuctx.copy(self.dev_in[part], self.host_in[part], stream=s)
             for part, s in zip(parts, streams):
-                self.scale[-(-n // 256), 256, 0, s](self.dev_out[part], self.dev_in[part],
-                                                    2.0, n)
+                self.scale[-(-n // 256), 256, 0, s](self.dev_out[part], self.dev_in[part], 2.0, n)
             for part, s in zip(parts, streams):
                 cuctx.copy(self.host_out[part], self.dev_out[part], stream=s)
             for s in streams[1:]:

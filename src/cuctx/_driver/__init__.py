@@ -78,8 +78,11 @@ def public_entry(frame) -> str:
     """The cuctx function or method the user called, seen from a frame inside it: the
     outermost cuctx frame below the caller's code (or below the host-function trampoline)."""
     entry = None
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE) \
-            and frame.f_code.co_name != "_call_pending":  # the host-function trampoline
+    while (
+        frame is not None
+        and frame.f_code.co_filename.startswith(_PACKAGE)
+        and frame.f_code.co_name != "_call_pending"
+    ):  # the host-function trampoline
         entry = frame.f_code
         frame = frame.f_back
     if entry is None:
@@ -115,7 +118,8 @@ def _handle_of(obj: Any) -> int:
         raise TypeError(
             f"cannot adopt {type(obj).__name__} as a stream: it has no __cuda_stream__ and is "
             "not a handle (for PyTorch pass the torch.cuda.Stream, for CuPy the cupy.cuda."
-            "Stream, or pass stream.cuda_stream / stream.ptr as an int)") from None
+            "Stream, or pass stream.cuda_stream / stream.ptr as an int)"
+        ) from None
 
 
 def _stack(backend: Backend, device: Device) -> list[Stream]:
@@ -175,8 +179,10 @@ def select(name: str, source: str = "") -> Backend:
     given, name = name, name.strip().lower() or "auto"
     if name not in NAMES:
         where = f" in {source}" if source else ""
-        raise ValueError(f"unknown cuctx backend {given!r}{where}: choose one of "
-                         f"{', '.join(NAMES)} (set CUCTX_BACKEND or call cuctx.set_backend)")
+        raise ValueError(
+            f"unknown cuctx backend {given!r}{where}: choose one of "
+            f"{', '.join(NAMES)} (set CUCTX_BACKEND or call cuctx.set_backend)"
+        )
     with _lock:
         if name == "auto":
             backend = _load_cuda(required=False) or _load_sim(_cuda_missing_reason)
@@ -198,13 +204,15 @@ def _load_cuda(required: bool) -> Backend | None:
     if "cuda" in _loaded:
         return _loaded["cuda"]
     from .cuda import probe
+
     driver, reason = probe()
     if driver is None:
         _cuda_missing_reason = reason
         if required:
             raise BackendUnavailableError(
                 f"the cuda backend was asked for but cannot run here: {reason}. "
-                "Use CUCTX_BACKEND=sim (or auto) to run on the simulated GPU.")
+                "Use CUCTX_BACKEND=sim (or auto) to run on the simulated GPU."
+            )
         return None
     _loaded["cuda"] = Backend("cuda", driver, reason, None, *native.load(driver, None))
     return _loaded["cuda"]
@@ -213,6 +221,7 @@ def _load_cuda(required: bool) -> Backend | None:
 def _load_sim(reason: str) -> Backend:
     if "sim" not in _loaded:
         from .sim import SimControls, from_env
+
         driver = from_env()
         driver.cuInit(0)
         controls = SimControls(driver)

@@ -16,10 +16,20 @@ import sys
 from types import ModuleType
 
 # What the compiled paths call, by cuda.bindings' names.
-FUNCTIONS = ("cuLaunchKernel", "cuLaunchKernelEx", "cuEventRecord", "cuStreamWaitEvent",
-             "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxGetCurrent",
-             "cuGraphExecKernelNodeSetParams", "cuGraphLaunch", "cuGraphAddKernelNode",
-             "cuMemAllocAsync", "cuMemFreeAsync")
+FUNCTIONS = (
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cuEventRecord",
+    "cuStreamWaitEvent",
+    "cuCtxPushCurrent",
+    "cuCtxPopCurrent",
+    "cuCtxGetCurrent",
+    "cuGraphExecKernelNodeSetParams",
+    "cuGraphLaunch",
+    "cuGraphAddKernelNode",
+    "cuMemAllocAsync",
+    "cuMemFreeAsync",
+)
 # The ABI of the function types csrc/native.h declares: CUDA 12.0's (cuLaunchKernelEx is 12.0's,
 # and so is the CUDA_KERNEL_NODE_PARAMS with `kern` and `ctx` that cuda.bindings' struct holds,
 # which cuGraphExecKernelNodeSetParams takes at that version: its _v2).
@@ -37,8 +47,10 @@ def extension() -> tuple[ModuleType | None, str]:
     try:
         from .. import _native
     except ImportError as exc:
-        return None, (f"the extension cuctx._native is not built ({exc}); reinstall cuctx "
-                      "where a C compiler and Python's headers are present to build it")
+        return None, (
+            f"the extension cuctx._native is not built ({exc}); reinstall cuctx "
+            "where a C compiler and Python's headers are present to build it"
+        )
     return _native, ""
 
 
@@ -49,13 +61,18 @@ def load(driver, sim) -> tuple[object | None, str]:
     if module is None:
         return None, why
     if sim is not None:
-        return (module.Driver({name: getattr(driver, name) for name in FUNCTIONS}),
-                "compiled paths ending in the sim's driver functions")
+        return (
+            module.Driver({name: getattr(driver, name) for name in FUNCTIONS}),
+            "compiled paths ending in the sim's driver functions",
+        )
     # cuda.bindings' own default-stream choice, so a handle of 0 means the same stream in both
     per_thread = int(os.environ.get("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "0") or 0)
     flags = driver.CUdriverProcAddress_flags
-    flag = (flags.CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM if per_thread
-            else flags.CU_GET_PROC_ADDRESS_LEGACY_STREAM)
+    flag = (
+        flags.CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+        if per_thread
+        else flags.CU_GET_PROC_ADDRESS_LEGACY_STREAM
+    )
     addresses = {}
     for name in FUNCTIONS:
         try:
@@ -76,8 +93,16 @@ def _same_layout(module: ModuleType, driver) -> bool:
     driver's at this ABI: the same values in each, compared byte for byte. Where they differ
     (another cuda.bindings), AutoGraph builds its nodes through cuda.bindings instead."""
     import ctypes
-    values = dict(func=0x1111_0000_0101, kern=0x3333_0000_0303, ctx=0x4444_0000_0404,
-                  grid=(2, 3, 4), block=(5, 6, 7), shared=8, params=0x2222_0000_0202)
+
+    values = dict(
+        func=0x1111_0000_0101,
+        kern=0x3333_0000_0303,
+        ctx=0x4444_0000_0404,
+        grid=(2, 3, 4),
+        block=(5, 6, 7),
+        shared=8,
+        params=0x2222_0000_0202,
+    )
     try:
         params = driver.CUDA_KERNEL_NODE_PARAMS()
         params.func = driver.CUfunction(values["func"])
@@ -87,9 +112,15 @@ def _same_layout(module: ModuleType, driver) -> bool:
         params.blockDimX, params.blockDimY, params.blockDimZ = values["block"]
         params.sharedMemBytes = values["shared"]
         params.kernelParams = values["params"]
-        ours = module.kernel_node_bytes(values["func"], values["kern"], values["ctx"],
-                                        values["grid"], values["block"], values["shared"],
-                                        values["params"])
+        ours = module.kernel_node_bytes(
+            values["func"],
+            values["kern"],
+            values["ctx"],
+            values["grid"],
+            values["block"],
+            values["shared"],
+            values["params"],
+        )
         return ctypes.string_at(params.getPtr(), len(ours)) == ours
     except Exception:  # noqa: BLE001 - a binding that differs: no compiled builds
         return False

@@ -148,11 +148,14 @@ def read_cubin(image: bytes) -> Image:
     kernels = _kernels(elf)
     variables, managed = {}, {}
     for name, info, other, shndx, value, size in elf.symbols:
-        if info & 0xF == _STT_OBJECT and 0 < shndx < len(elf.sections) \
-                and elf.names[shndx] in _VARIABLE_SECTIONS:
+        if (
+            info & 0xF == _STT_OBJECT
+            and 0 < shndx < len(elf.sections)
+            and elf.names[shndx] in _VARIABLE_SECTIONS
+        ):
             if value + size > elf.sections[shndx][5]:  # sh_size: it lies inside its section
                 raise ValueError(f"malformed cubin: variable {name!r} ends past its section")
-            initial = elf.data(elf.names[shndx])[value:value + size].ljust(size, b"\0")
+            initial = elf.data(elf.names[shndx])[value : value + size].ljust(size, b"\0")
             (managed if other & _STO_CUDA_MANAGED else variables)[name] = initial
     for attr, payload in elf.records(".nv.info"):
         if attr in (_EIATTR_REGCOUNT, _EIATTR_FRAME_SIZE) and len(payload) == 8:
@@ -279,4 +282,3 @@ def _cstr(table: bytes, offset: int, what: str) -> str:
         return table[offset:end].decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"malformed cubin: {what} at string offset {offset} is not UTF-8") from exc
-

@@ -1,14 +1,14 @@
 """Which kind of device code a piece of bytes is, by its content: the one place that sniffs.
 
-    cubin    ELF with e_machine EM_CUDA (loadable; relocatable from -rdc too)
-    fatbin   the fat binary container (magic 0xBA55ED50)
-    ptx      text with .version and .target directives (NUL-terminated or not)
-    ltoir    NVVM's LTO intermediate code, as NVRTC's -dlto and libNVVM's -gen-lto write it
-             (magic 0x7F4E43ED): linked with nvJitLink, never loaded
-    nvvm     NVVM IR for libNVVM: LLVM bitcode, or its text form
-    object   a host object file (ELF for the host machine, e.g. nvcc -c -rdc), whose device
-             code nvJitLink takes out of its .nv_fatbin section
-    library  an archive of such objects (ar's "!<arch>")
+cubin    ELF with e_machine EM_CUDA (loadable; relocatable from -rdc too)
+fatbin   the fat binary container (magic 0xBA55ED50)
+ptx      text with .version and .target directives (NUL-terminated or not)
+ltoir    NVVM's LTO intermediate code, as NVRTC's -dlto and libNVVM's -gen-lto write it
+         (magic 0x7F4E43ED): linked with nvJitLink, never loaded
+nvvm     NVVM IR for libNVVM: LLVM bitcode, or its text form
+object   a host object file (ELF for the host machine, e.g. nvcc -c -rdc), whose device
+         code nvJitLink takes out of its .nv_fatbin section
+library  an archive of such objects (ar's "!<arch>")
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ def is_fatbin(data: bytes) -> bool:
 def is_ptx(data: bytes | str) -> bool:
     """PTX text (optionally NUL-terminated) with .version and .target directives."""
     text = ptx_text(data)
-    return (text is not None and bool(PTX_VERSION_RE.search(text))
-            and bool(_PTX_TARGET_RE.search(text)))
+    return (
+        text is not None and bool(PTX_VERSION_RE.search(text)) and bool(_PTX_TARGET_RE.search(text))
+    )
 
 
 def is_ltoir(data: bytes) -> bool:

@@ -18,7 +18,7 @@ def declared_name(mangled: str) -> tuple[str, bool] | None:
     parts, i = [], 3 if nested else 2
     while (length := _NAME_LENGTH.match(mangled, i)) is not None:
         i = length.end() + int(length.group())
-        parts.append(mangled[length.end():i])
+        parts.append(mangled[length.end() : i])
         if not nested:
             break
-    return ("::".join(parts), mangled[i:i + 1] == "I") if parts else None
+    return ("::".join(parts), mangled[i : i + 1] == "I") if parts else None

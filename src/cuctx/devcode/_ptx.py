@@ -118,7 +118,6 @@ def _ptx_param(kernel: str, decl: str) -> tuple[int, int]:
     return elem * count, align
 
 
-
 # -- parameter types -----------------------------------------------------------------
 
 _INT = frozenset(f"{sign}{bits}" for sign in "usb" for bits in (8, 16, 32, 64))
@@ -135,8 +134,11 @@ class ParamType(NamedTuple):
     align: int
 
     def describe(self) -> str:
-        what = {"int": "an integer", "float": "a floating-point number",
-                "struct": "a struct passed by value"}.get(self.kind, "a value")
+        what = {
+            "int": "an integer",
+            "float": "a floating-point number",
+            "struct": "a struct passed by value",
+        }.get(self.kind, "a value")
         return f".{self.ptx}: {what}"
 
 
@@ -151,8 +153,7 @@ def param_types(ptx: bytes | str) -> dict[str, tuple[ParamType, ...]]:
     for match in _PTX_ENTRY_RE.finditer(source):
         name, declarations = match.group(1), match.group(2) or ""
         try:
-            kernels[name] = _entry(name, [d.strip() for d in declarations.split(",")
-                                          if d.strip()])
+            kernels[name] = _entry(name, [d.strip() for d in declarations.split(",") if d.strip()])
         except ValueError:
             continue
     return kernels
@@ -175,8 +176,9 @@ def _entry(name: str, declarations: list[str]) -> tuple[ParamType, ...]:
     return tuple(params)
 
 
-def matching(types: tuple[ParamType, ...] | None,
-             layout: tuple[tuple[int, int], ...]) -> tuple[ParamType, ...] | None:
+def matching(
+    types: tuple[ParamType, ...] | None, layout: tuple[tuple[int, int], ...]
+) -> tuple[ParamType, ...] | None:
     """``types`` when they describe exactly the driver's ``layout`` ((offset, size), ...),
     else None: types that disagree with the driver are never used to convert arguments."""
     if types is None or len(types) != len(layout):

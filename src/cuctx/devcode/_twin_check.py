@@ -41,13 +41,16 @@ def _contradicts(note: Any, ptype: ParamType) -> bool:
     return False
 
 
-def check_twin(key: str, fn: Any, kernel: str, count: int,
-               types: tuple[ParamType, ...] | None) -> None:
+def check_twin(
+    key: str, fn: Any, kernel: str, count: int, types: tuple[ParamType, ...] | None
+) -> None:
     """Raise TypeError unless ``fn(grid, block, *args)`` takes the ``count`` arguments of
     ``kernel`` and annotates none of them against its parameter ``types``."""
     if not callable(fn):
-        raise TypeError(f"sim_kernels[{key!r}] must be a function fn(grid, block, *args), "
-                        f"not {type(fn).__name__}")
+        raise TypeError(
+            f"sim_kernels[{key!r}] must be a function fn(grid, block, *args), "
+            f"not {type(fn).__name__}"
+        )
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # some builtins have none: nothing to check
@@ -58,7 +61,8 @@ def check_twin(key: str, fn: Any, kernel: str, count: int,
         raise TypeError(
             f"{_title(key, fn, signature)} cannot be called as twin(grid, block, *args) with "
             f"the {count} argument(s) of kernel {kernel!r}: a twin takes grid, block and one "
-            f"argument per kernel parameter ({count})") from None
+            f"argument per kernel parameter ({count})"
+        ) from None
     if types is None:
         return
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -71,4 +75,5 @@ def check_twin(key: str, fn: Any, kernel: str, count: int,
             raise TypeError(
                 f"{_title(key, fn, signature)} annotates {parameter.name!r} as {note}, but "
                 f"parameter {index} of kernel {kernel!r} is {ptype.describe()}; drop the "
-                "annotation (the type is known) or correct it")
+                "annotation (the type is known) or correct it"
+            )

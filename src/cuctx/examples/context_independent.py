@@ -45,8 +45,9 @@ def main() -> None:
         with ctx:
             data = cuctx.to_device(np.arange(4, dtype=np.float32))
             scale[1, 32](data, 2.0, 4)  # the same Kernel object in every context
-            print(f"{ctx.kind:>8} context on device {ctx.device.ordinal}: "
-                  f"{data.to_host().tolist()}")
+            print(
+                f"{ctx.kind:>8} context on device {ctx.device.ordinal}: {data.to_host().tolist()}"
+            )
 
     for ctx in targets:
         ctx.synchronize()

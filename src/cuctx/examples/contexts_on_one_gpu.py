@@ -91,9 +91,11 @@ def two_streams(spin: cuctx.Kernel, out: Output) -> None:
     summary = tl.summary()
     print(summary)
     device = summary["devices"][0]
-    print(f"two streams of one context: copy/compute overlap "
-          f"{device['copy_compute_overlap_ns'] / 1e6:.3f} ms "
-          f"({device['copy_compute_overlap']:.0%} of the shorter of copies and kernels)")
+    print(
+        f"two streams of one context: copy/compute overlap "
+        f"{device['copy_compute_overlap_ns'] / 1e6:.3f} ms "
+        f"({device['copy_compute_overlap']:.0%} of the shorter of copies and kernels)"
+    )
     out.save(tl, "two_streams")
 
 
@@ -130,8 +132,10 @@ def main(directory: str | None = None) -> None:
     for _ in contexts:  # create pushed each: leave the stack as it was
         cuctx.Context.pop()
     turns = kernels_in(contexts, spin, out, "two_contexts")
-    print(f"two contexts on one device: kernels of both at once "
-          f"{turns['contexts_overlap_ns'] / 1e6:.3f} ms (they take turns)")
+    print(
+        f"two contexts on one device: kernels of both at once "
+        f"{turns['contexts_overlap_ns'] / 1e6:.3f} ms (they take turns)"
+    )
     for ctx in contexts:
         ctx.destroy()
     partition = getattr(device, "partition", None)
@@ -142,8 +146,10 @@ def main(directory: str | None = None) -> None:
         half = device.properties.multiprocessor_count // 2 // 8 * 8
         with partition([half, half]) as greens:
             side = kernels_in(list(greens), spin, out, "green_contexts")
-        print(f"two green contexts ({half} SMs each): kernels of both at once "
-              f"{side['contexts_overlap_ns'] / 1e6:.3f} ms (side by side)")
+        print(
+            f"two green contexts ({half} SMs each): kernels of both at once "
+            f"{side['contexts_overlap_ns'] / 1e6:.3f} ms (side by side)"
+        )
     print(f"timelines written to {directory} (open the .json files in https://ui.perfetto.dev)")
 
 

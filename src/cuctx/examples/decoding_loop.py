@@ -107,7 +107,7 @@ def matvec_twin(grid, block, y, w, x):
 
 
 def store_twin(grid, block, cache, x, n):
-    cache.view(F32, n * DIM)[(n - 1) * DIM:] = x.view(F32, DIM)
+    cache.view(F32, n * DIM)[(n - 1) * DIM :] = x.view(F32, DIM)
 
 
 def attend_twin(grid, block, part, cache, q, start, end):
@@ -135,18 +135,27 @@ def act_twin(grid, block, x):
 
 
 def emit_twin(grid, block, out, h, n):
-    out.view(F32, n * DIM)[(n - 1) * DIM:] = h.view(F32, DIM)
+    out.view(F32, n * DIM)[(n - 1) * DIM :] = h.view(F32, DIM)
 
 
-TWINS = {"embed": embed_twin, "rmsnorm": rmsnorm_twin, "matvec": matvec_twin, "store": store_twin,
-         "attend": attend_twin, "combine": combine_twin, "add": add_twin, "act": act_twin,
-         "emit": emit_twin}
+TWINS = {
+    "embed": embed_twin,
+    "rmsnorm": rmsnorm_twin,
+    "matvec": matvec_twin,
+    "store": store_twin,
+    "attend": attend_twin,
+    "combine": combine_twin,
+    "add": add_twin,
+    "act": act_twin,
+    "emit": emit_twin,
+}
 
 
 @dataclass
 class Model:
     """The kernels, weights and buffers of one decoding run (each run gets its own, so two
     runs can be compared)."""
+
     launch: dict[str, cuctx.Launcher]  # each kernel with one block of DIM threads on `stream`
     stream: cuctx.Stream
     weights: list[tuple[cuctx.DeviceArray, cuctx.DeviceArray]]  # per layer: attention, MLP
@@ -169,13 +178,20 @@ class Model:
 
         def zeros(*shape: int) -> cuctx.DeviceArray:
             return cuctx.zeros(shape, F32, stream=stream)
+
         chunks = -(-tokens // CHUNK)
-        return cls(launch={name: library[name][1, DIM, 0, stream] for name in TWINS},
-                   stream=stream,
-                   weights=[(weight(), weight()) for _ in range(LAYERS)],
-                   caches=[zeros(tokens, DIM) for _ in range(LAYERS)],
-                   h=zeros(DIM), a=zeros(DIM), q=zeros(DIM), o=zeros(DIM),
-                   parts=zeros(chunks, DIM + 2), out=zeros(tokens, DIM))
+        return cls(
+            launch={name: library[name][1, DIM, 0, stream] for name in TWINS},
+            stream=stream,
+            weights=[(weight(), weight()) for _ in range(LAYERS)],
+            caches=[zeros(tokens, DIM) for _ in range(LAYERS)],
+            h=zeros(DIM),
+            a=zeros(DIM),
+            q=zeros(DIM),
+            o=zeros(DIM),
+            parts=zeros(chunks, DIM + 2),
+            out=zeros(tokens, DIM),
+        )
 
 
 def decode_token(m: Model, n: int) -> None:
@@ -213,8 +229,10 @@ def summary(step: cuctx.AutoGraph) -> list[str]:
     that was not served by its graph ran eagerly or built one (from ``step.stats()``)."""
     s = step.stats()
     per_token = s["patched_nodes"] / s["updates"] if s["updates"] else 0.0
-    lines = [f"AutoGraph: {s['calls']} calls: {s['updates']} patched ({per_token:.0f} nodes "
-             f"each), {s['replays']} replayed, {s['builds']} builds, {s['eager']} eager"]
+    lines = [
+        f"AutoGraph: {s['calls']} calls: {s['updates']} patched ({per_token:.0f} nodes "
+        f"each), {s['replays']} replayed, {s['builds']} builds, {s['eager']} eager"
+    ]
     lines += [f"  call {r['call']:>4}  {r['action']:<5}  {r['reason']}" for r in s["reasons"]]
     return lines
 
@@ -228,16 +246,22 @@ def main(tokens: int = 192) -> None:
         graphed = run(graph_model, step, tokens)
         same = np.array_equal(eager_model.out.to_host(), graph_model.out.to_host())
     kernels = [2 + LAYERS * (9 + c) for c in (1, -(-tokens // CHUNK))]
-    print(f"{tokens} tokens of {kernels[0]} to {kernels[1]} kernels, the sequence length new "
-          f"every token, a new structure every {CHUNK} tokens")
+    print(
+        f"{tokens} tokens of {kernels[0]} to {kernels[1]} kernels, the sequence length new "
+        f"every token, a new structure every {CHUNK} tokens"
+    )
     print(f"outputs of eager and AutoGraph: {'equal' if same else 'DIFFERENT'}")
     print("\n".join(summary(step)))
     if cuctx.backend().sim is None:
-        print(f"time per token: eager {eager * 1e6:.1f} us, AutoGraph {graphed * 1e6:.1f} us "
-              "(measured on the GPU)")
+        print(
+            f"time per token: eager {eager * 1e6:.1f} us, AutoGraph {graphed * 1e6:.1f} us "
+            "(measured on the GPU)"
+        )
     else:  # AutoGraph saves host time; the sim's clock models the GPU's work only
-        print("time per token: measured on a GPU only (the sim models the GPU's work, not the "
-              "host's time, which AutoGraph saves)")
+        print(
+            "time per token: measured on a GPU only (the sim models the GPU's work, not the "
+            "host's time, which AutoGraph saves)"
+        )
 
 
 if __name__ == "__main__":

@@ -23,27 +23,33 @@ TIMEOUT_S = 3.0  # a candidate's budget: compile (cached), launch, synchronize
 # Each candidate computes out = 2 * x, or tries to.
 HEADER = 'extern "C" __global__ void scale(float* out, const float* x, int n) {\n'
 CANDIDATES = {
-    "scale_simple": HEADER + """
+    "scale_simple": HEADER
+    + """
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = 2.0f * x[i];
 }""",
-    "scale_overrun": HEADER + """
+    "scale_overrun": HEADER
+    + """
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i + (1ll << 38)] = 2.0f * x[i];  // an index a terabyte past the end
 }""",
-    "scale_grid_stride": HEADER + """
+    "scale_grid_stride": HEADER
+    + """
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x)
         out[i] = x[i] + x[i];
 }""",
-    "scale_squared": HEADER + """
+    "scale_squared": HEADER
+    + """
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = x[i] * x[i];  // the wrong formula
 }""",
-    "scale_spin": HEADER + """
+    "scale_spin": HEADER
+    + """
     volatile const float* v = x;
     while (v[0] >= 0.0f) {}  // waits for a value that never comes
 }""",
-    "scale_unguarded": HEADER + """
+    "scale_unguarded": HEADER
+    + """
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     out[i * 4096] = 2.0f * x[i];  // no bounds check, and a stride far too large
 }""",
@@ -73,9 +79,14 @@ def twin_unguarded(grid, block, out, x, n):
     out.view(np.float32, grid[0] * block[0] * 4096)  # past the end: an illegal address
 
 
-TWINS = {"scale_simple": twin_simple, "scale_overrun": twin_overrun,
-         "scale_grid_stride": twin_simple, "scale_squared": twin_squared,
-         "scale_spin": twin_spin, "scale_unguarded": twin_unguarded}
+TWINS = {
+    "scale_simple": twin_simple,
+    "scale_overrun": twin_overrun,
+    "scale_grid_stride": twin_simple,
+    "scale_squared": twin_squared,
+    "scale_spin": twin_spin,
+    "scale_unguarded": twin_unguarded,
+}
 
 
 def evaluate(name: str, out: cuctx.DeviceArray, x: cuctx.DeviceArray) -> float:
@@ -117,8 +128,11 @@ def main() -> None:
             else:
                 error = float(np.abs(out.to_host() - expected).max())
                 kind = "correct" if error == 0 else "wrong"
-                result = f"{kind} ({ms:.3f} ms)" if error == 0 else \
-                    f"wrong answer (max error {error:.3g})"
+                result = (
+                    f"{kind} ({ms:.3f} ms)"
+                    if error == 0
+                    else f"wrong answer (max error {error:.3g})"
+                )
             if kind in ("fault", "timeout"):  # the worker was replaced: time until it serves
                 lost = time.perf_counter()
                 ex.submit(noop).result()
@@ -129,9 +143,11 @@ def main() -> None:
     print(f"{'candidate':<20} {'result':<42} next call served after")
     for name, result, recovery in rows:
         print(f"{name:<20} {result:<42} {recovery}")
-    print(f"{len(rows)} candidates: {counts['correct']} correct, {counts['wrong']} wrong, "
-          f"{counts['fault']} faults, {counts['timeout']} timeout; the worker was replaced "
-          f"{replaced} times, and this process never faulted")
+    print(
+        f"{len(rows)} candidates: {counts['correct']} correct, {counts['wrong']} wrong, "
+        f"{counts['fault']} faults, {counts['timeout']} timeout; the worker was replaced "
+        f"{replaced} times, and this process never faulted"
+    )
     print(f"the caller's own arrays still work: x sums to {float(x.to_host().sum()):.1f}")
     if cuctx.backend().sim is not None:
         print("(kernel times are the simulated GPU's, modelled; recoveries are wall time)")

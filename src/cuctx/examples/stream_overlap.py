@@ -44,9 +44,11 @@ def overlap(scale: cuctx.Kernel) -> None:
     end.synchronize()
     # The sim's events read its virtual clock: a model of the GPU's time, not a measurement.
     clock = "simulated GPU time" if cuctx.backend().sim is not None else "GPU time"
-    print(f"{CHUNKS} chunks of {CHUNK * 4 >> 20} MiB, copy/compute/copy on {CHUNKS} streams: "
-          f"{'correct' if np.array_equal(host, expected) else 'WRONG'}, {end - start:.3f} ms "
-          f"of {clock}")
+    print(
+        f"{CHUNKS} chunks of {CHUNK * 4 >> 20} MiB, copy/compute/copy on {CHUNKS} streams: "
+        f"{'correct' if np.array_equal(host, expected) else 'WRONG'}, {end - start:.3f} ms "
+        f"of {clock}"
+    )
 
 
 def missing_wait(scale: cuctx.Kernel) -> None:
@@ -67,8 +69,10 @@ def missing_wait(scale: cuctx.Kernel) -> None:
             side.synchronize()
         total = float(out.sum(dtype=np.float64))
         verdict = "correct" if abs(total - 1.0) < 1e-3 else "stale: it ran before the scale"
-        print(f"sum on another stream, {'with' if waits else 'without'} the wait: "
-              f"{total:.4f} ({verdict})")
+        print(
+            f"sum on another stream, {'with' if waits else 'without'} the wait: "
+            f"{total:.4f} ({verdict})"
+        )
         for finding in check.findings:
             print(f"  cuctx.racecheck: {finding.kind} race; fix: {finding.fix}")
         cuctx.current_stream().synchronize()

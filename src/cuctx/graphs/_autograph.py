@@ -27,6 +27,7 @@ launches of an eager call; autograph.c, the recording, the comparisons, the patc
 launch; arrays.c, the temporaries): this module is the reference, and serves the rest.
 Everything is counted, timed and explained: `AutoGraph.stats`, `AutoGraph.explain`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -58,8 +59,20 @@ class AutoGraph:
 
     # What the compiled per-call path reads and writes are slots (cuctx/csrc/autograph_call.c);
     # __dict__ holds what functools.update_wrapper copies from the function.
-    __slots__ = ("_fn", "max_graphs", "max_bytes", "_lock", "_cache", "_last", "_tally",
-                 "_arena", "_reasons", "_policy", "__dict__", "__weakref__")
+    __slots__ = (
+        "_fn",
+        "max_graphs",
+        "max_bytes",
+        "_lock",
+        "_cache",
+        "_last",
+        "_tally",
+        "_arena",
+        "_reasons",
+        "_policy",
+        "__dict__",
+        "__weakref__",
+    )
 
     def __init__(self, fn: Callable, max_graphs: int = 16, max_bytes: int = 256 << 20) -> None:
         if not callable(fn):
@@ -70,7 +83,8 @@ class AutoGraph:
                     f"autograph: {getattr(fn, '__qualname__', fn)!r} is {what}: calling it "
                     f"returns {returns} and runs its body later, outside the call autograph "
                     "records, so nothing would be recorded; decorate a plain function that "
-                    "enqueues the GPU work and returns, and call that from it")
+                    "enqueues the GPU work and returns, and call that from it"
+                )
         for name, value in (("max_graphs", max_graphs), ("max_bytes", max_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"autograph: {name} must be an int >= 1, not {value!r}")
@@ -121,13 +135,20 @@ class AutoGraph:
         if recording.broken is None:
             _record.stop()
             recording.enqueue_all()
-        self._ran_eagerly(start, f"the function raised {type(exc).__name__}: what it "
-                                 "enqueued before ran eagerly", site_of(exc))
+        self._ran_eagerly(
+            start,
+            f"the function raised {type(exc).__name__}: what it enqueued before ran eagerly",
+            site_of(exc),
+        )
 
     def _broken(self, recording: Recording, start: float) -> None:
         operation, site = recording.broken
-        self._ran_eagerly(start, f"{operation} cannot be part of a graph: the work recorded "
-                                 "before it ran eagerly, then the rest of the call", site)
+        self._ran_eagerly(
+            start,
+            f"{operation} cannot be part of a graph: the work recorded "
+            "before it ran eagerly, then the rest of the call",
+            site,
+        )
 
     def _ran_eagerly(self, start: float, reason: str, site: tuple | None) -> None:
         with self._lock:
@@ -142,9 +163,14 @@ class AutoGraph:
         if _lifetimes.capturing:
             captured = _captured(recording)
             if captured is not None:  # its work goes into that capture, as eagerly
-                return self._eager(None, recording, (
-                    f"its {captured!r} is being captured (Stream.capture): the recorded work "
-                    "went into the capture, as eager work does"))
+                return self._eager(
+                    None,
+                    recording,
+                    (
+                        f"its {captured!r} is being captured (Stream.capture): the recorded work "
+                        "went into the capture, as eager work does"
+                    ),
+                )
         keys = recording.keys
         last = self._last
         policy = self._policy
@@ -156,8 +182,11 @@ class AutoGraph:
             if entry is None:
                 entry = self._cache[key] = Entry(key, recording)
                 self._trim()
-                what = (f"a structure not seen before ({difference(last, keys)})"
-                        if keys else "the call enqueued no work")
+                what = (
+                    f"a structure not seen before ({difference(last, keys)})"
+                    if keys
+                    else "the call enqueued no work"
+                )
                 self._last = entry
                 entry.seen = 1
                 policy.called(entry)
@@ -180,12 +209,22 @@ class AutoGraph:
             predicted, eager = policy.predict(entry, changed), policy.eager(entry)
             entry.strikes = entry.strikes + 1 if predicted < eager * (1 - MARGIN) else 0
             if entry.strikes < SWITCH_AFTER:
-                return self._eager(entry, recording, Why(
-                    "graphs did not pay for this structure; a graph call is predicted at {} "
-                    "against {} eager", predicted, eager))
+                return self._eager(
+                    entry,
+                    recording,
+                    Why(
+                        "graphs did not pay for this structure; a graph call is predicted at {} "
+                        "against {} eager",
+                        predicted,
+                        eager,
+                    ),
+                )
             entry.mode, entry.strikes = GRAPH, 0
-            self._note("graph", f"back to the graph: predicted {us(predicted)} against "
-                                f"{us(eager)} eager for {SWITCH_AFTER} calls")
+            self._note(
+                "graph",
+                f"back to the graph: predicted {us(predicted)} against "
+                f"{us(eager)} eager for {SWITCH_AFTER} calls",
+            )
         self._graph_call(entry, recording, changed)
 
     # -- eager, build, replay, update -----------------------------------------------------------
@@ -204,17 +243,23 @@ class AutoGraph:
         if _lifetimes.capturing and forbidding_instantiation():  # it would break the capture
             if entry.exe is None:
                 entry.values = recording.values
-            return self._eager(entry, recording, (
-                "a capture forbids instantiating a graph now (a \"thread_local\" or "
-                "\"global\" one of this thread, or a \"global\" one of another): ran "
-                "eagerly, and a later call builds it"))
+            return self._eager(
+                entry,
+                recording,
+                (
+                    'a capture forbids instantiating a graph now (a "thread_local" or '
+                    '"global" one of this thread, or a "global" one of another): ran '
+                    "eagerly, and a later call builds it"
+                ),
+            )
         t0 = perf_counter()
         try:
             graph, nodes, size = construct(recording)
             t1 = perf_counter()
             if size > self.max_bytes:
-                raise ValueError(f"its graph (about {size} bytes) would exceed max_bytes="
-                                 f"{self.max_bytes}")
+                raise ValueError(
+                    f"its graph (about {size} bytes) would exceed max_bytes={self.max_bytes}"
+                )
             exe = graph.instantiate()
         except (CudaError, TypeError, ValueError) as exc:
             entry.blocked = f"building its graph failed: {exc}"
@@ -227,16 +272,23 @@ class AutoGraph:
         entry.simple = patchable(nodes, range(len(nodes)))
         native = recording.ctx._backend.native
         entry.patcher = None if native is None else patcher(native, exe, nodes)
-        entry.compiled = (entry.patcher is not None and len(recording.streams) == 1
-                          and all(key.__class__ is Launcher for key in entry.key))
+        entry.compiled = (
+            entry.patcher is not None
+            and len(recording.streams) == 1
+            and all(key.__class__ is Launcher for key in entry.key)
+        )
         entry.values = recording.values
         entry.mode, entry.strikes = GRAPH, 0
         self._policy.built(entry, t1 - t0, built - t0, recording.ctx.handle)
         launch(entry, recording)
         self._tally.builds += 1
         self._tally.build_s += perf_counter() - t0
-        self._note("build", reason or f"the structure repeated ({entry.seen} calls): built "
-                                      f"a graph of {len(graph.nodes)} nodes")
+        self._note(
+            "build",
+            reason
+            or f"the structure repeated ({entry.seen} calls): built "
+            f"a graph of {len(graph.nodes)} nodes",
+        )
         self._trim()
 
     def _graph_call(self, entry: Entry, recording: Recording, changed: list[int]) -> None:
@@ -275,9 +327,12 @@ class AutoGraph:
 
     def _give_way(self, entry: Entry, cost: float, eager: float, changed: int) -> None:
         entry.mode, entry.strikes = EAGER, 0
-        self._note("eager", f"graph calls cost more than eager ones ({us(cost)} against "
-                            f"{us(eager)}, {changed} changed operations): running this "
-                            "structure eagerly until graphs pay again")
+        self._note(
+            "eager",
+            f"graph calls cost more than eager ones ({us(cost)} against "
+            f"{us(eager)}, {changed} changed operations): running this "
+            "structure eagerly until graphs pay again",
+        )
 
     def _changed(self, entry: Entry, recording: Recording) -> list[int]:
         """The indices of the values that differ from those the entry holds."""
@@ -336,8 +391,7 @@ class AutoGraph:
 
     def _note(self, action: str, reason: str | Why, site: tuple | None = None) -> None:
         # Kept as given, made words by stats(): most are an eager call's, and never read.
-        self._reasons.append((self._tally.calls, action, reason,
-                              site or _trace.user_where()))
+        self._reasons.append((self._tally.calls, action, reason, site or _trace.user_where()))
 
     def stats(self) -> dict[str, Any]:
         """Counts (``calls`` = ``replays`` + ``updates`` + ``builds`` + ``eager``), seconds
@@ -350,29 +404,41 @@ class AutoGraph:
         ``action``, the ``reason`` and the user's ``site`` ("file:line")."""
         with self._lock:
             built = [e for e in self._cache.values() if e.exe is not None]
-            return {**self._tally.as_dict(),
-                    "graphs": len(built), "bytes": sum(e.bytes for e in built),
-                    "temp_bytes": self._arena.bytes, "structures": len(self._cache),
-                    "reasons": [said(*reason) for reason in self._reasons]}
+            return {
+                **self._tally.as_dict(),
+                "graphs": len(built),
+                "bytes": sum(e.bytes for e in built),
+                "temp_bytes": self._arena.bytes,
+                "structures": len(self._cache),
+                "reasons": [said(*reason) for reason in self._reasons],
+            }
 
     def explain(self) -> str:
         """Print what the calls did and why (a table of `stats`); return the text."""
         s = self.stats()
         name = getattr(self._fn, "__qualname__", repr(self._fn))
-        lines = [f"autograph {name}: {s['calls']} calls",
-                 f"  {'replays':>8} {'updates':>8} {'builds':>8} {'eager':>8}",
-                 f"  {s['replays']:>8} {s['updates']:>8} {s['builds']:>8} {s['eager']:>8}",
-                 "  time (ms): " + ", ".join(f"{k} {s[k + '_s'] * 1e3:.3f}" for k in (
-                     "recording", "replay", "update", "build", "eager")),
-                 f"  saved (estimated): {s['saved_s'] * 1e3:.3f} ms; nodes patched: "
-                 f"{s['patched_nodes']}",
-                 f"  cache: {s['graphs']} of {self.max_graphs} graphs, ~{s['bytes']} of "
-                 f"{self.max_bytes} bytes; {s['structures']} structures known; "
-                 f"{s['temp_bytes']} bytes kept for temporaries"]
+        lines = [
+            f"autograph {name}: {s['calls']} calls",
+            f"  {'replays':>8} {'updates':>8} {'builds':>8} {'eager':>8}",
+            f"  {s['replays']:>8} {s['updates']:>8} {s['builds']:>8} {s['eager']:>8}",
+            "  time (ms): "
+            + ", ".join(
+                f"{k} {s[k + '_s'] * 1e3:.3f}"
+                for k in ("recording", "replay", "update", "build", "eager")
+            ),
+            f"  saved (estimated): {s['saved_s'] * 1e3:.3f} ms; nodes patched: "
+            f"{s['patched_nodes']}",
+            f"  cache: {s['graphs']} of {self.max_graphs} graphs, ~{s['bytes']} of "
+            f"{self.max_bytes} bytes; {s['structures']} structures known; "
+            f"{s['temp_bytes']} bytes kept for temporaries",
+        ]
         if s["reasons"]:
             lines.append("  why:")
-            lines += [f"    call {r['call']:>5}  {r['action']:<6} {r['reason']}"
-                      + (f"  (at {r['site']})" if r["site"] else "") for r in s["reasons"]]
+            lines += [
+                f"    call {r['call']:>5}  {r['action']:<6} {r['reason']}"
+                + (f"  (at {r['site']})" if r["site"] else "")
+                for r in s["reasons"]
+            ]
         text = "\n".join(lines)
         print(text)
         return text
@@ -388,12 +454,15 @@ class AutoGraph:
     def __repr__(self) -> str:
         # No lock: a repr must not wait (a debugger may print it while a call holds it).
         built = sum(1 for e in list(self._cache.values()) if e.exe is not None)
-        return (f"<autograph {getattr(self._fn, '__qualname__', self._fn)!r}: "
-                f"{self._tally.calls} calls, {built} of {self.max_graphs} graphs built>")
+        return (
+            f"<autograph {getattr(self._fn, '__qualname__', self._fn)!r}: "
+            f"{self._tally.calls} calls, {built} of {self.max_graphs} graphs built>"
+        )
 
 
-def autograph(fn: Callable | None = None, *, max_graphs: int = 16,
-              max_bytes: int = 256 << 20) -> Any:
+def autograph(
+    fn: Callable | None = None, *, max_graphs: int = 16, max_bytes: int = 256 << 20
+) -> Any:
     """Run ``fn``'s cuctx work as CUDA graphs where that pays: ``@cuctx.autograph`` or
     ``@cuctx.autograph(max_graphs=16, max_bytes=256 << 20)``. Each call records what
     ``fn`` enqueues (on the stream of its first operation and on the other streams of that

@@ -56,8 +56,12 @@ class Lease(Allocation):
     __slots__ = ("block",)
 
     def __init__(self, block: Allocation) -> None:
-        self.ptr, self.nbytes, self.stream, self.recorded = (block.ptr, block.nbytes,
-                                                             block.stream, [])
+        self.ptr, self.nbytes, self.stream, self.recorded = (
+            block.ptr,
+            block.nbytes,
+            block.stream,
+            [],
+        )
         self.pool = block.pool  # (the device's default pool's: arenas lend only its memory)
         self.shared = None
         self._free = None  # (the block's free is the block's)
@@ -108,8 +112,7 @@ class Arena:
                     self.slots[key] = slot
                     return None
                 # Used on other streams, too small, or freed with its context: a new block.
-                if (slot.lease.recorded or slot.capacity < nbytes
-                        or not slot.block.alive):
+                if slot.lease.recorded or slot.capacity < nbytes or not slot.block.alive:
                     self.drop(slot)
             self.slots[key] = slot  # (at the end: the most recently lent)
             lease = slot.lease
@@ -166,7 +169,14 @@ def anchor(obj: Any) -> Any:
     """``obj``, or for an array on lent memory the same array holding the block itself:
     what a graph node keeps alive (its lease must be free for the next call)."""
     if obj.__class__ is DeviceArray and obj._alloc.__class__ is Lease:
-        return DeviceArray._make(obj._ctx, obj.ptr, obj.shape, obj.dtype, obj.strides,
-                                 obj._alloc.block, obj._owner, (obj._c, obj._f))
+        return DeviceArray._make(
+            obj._ctx,
+            obj.ptr,
+            obj.shape,
+            obj.dtype,
+            obj.strides,
+            obj._alloc.block,
+            obj._owner,
+            (obj._c, obj._f),
+        )
     return obj
-

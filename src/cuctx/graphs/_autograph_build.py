@@ -54,9 +54,11 @@ def unbuildable(recording: Recording) -> str | None:
         if key.__class__ is Launcher:
             config = key.config
             if config.cluster is not None or config.cooperative:
-                return (f"launch of {key.kernel.name!r} with "
-                        f"{'a cluster' if config.cluster is not None else 'cooperative'} "
-                        "configuration, which graph kernel nodes made by cuctx do not take")
+                return (
+                    f"launch of {key.kernel.name!r} with "
+                    f"{'a cluster' if config.cluster is not None else 'cooperative'} "
+                    "configuration, which graph kernel nodes made by cuctx do not take"
+                )
     return None
 
 
@@ -70,10 +72,16 @@ def construct(recording: Recording) -> tuple[Graph, list[GraphNode | None], int]
     site = _trace.user_site()  # (the call's line, for every node: what errors name)
     with ctx:
         graph = Graph()
-        if builds is not None and len(recording.streams) == 1 and \
-                set(map(type, keys)) == {Launcher}:
-            return graph, kernel_chain(graph, recording, site, builds), \
-                sum(map(len, values)) + NODE_BYTES * len(keys)
+        if (
+            builds is not None
+            and len(recording.streams) == 1
+            and set(map(type, keys)) == {Launcher}
+        ):
+            return (
+                graph,
+                kernel_chain(graph, recording, site, builds),
+                sum(map(len, values)) + NODE_BYTES * len(keys),
+            )
         tails: list[tuple[GraphNode, ...]] = [()] * len(recording.streams)
         at_record: dict[int, tuple[GraphNode, ...]] = {}
         nodes: list[GraphNode | None] = [None] * len(keys)
@@ -81,8 +89,9 @@ def construct(recording: Recording) -> tuple[Graph, list[GraphNode | None], int]
         for i, key in enumerate(keys):
             if key.__class__ is Launcher:
                 role = recording.role_of(key.stream)
-                node = nodes[i] = kernel_node(graph, key, values[i], items[i][0], tails[role],
-                                              site, builds)
+                node = nodes[i] = kernel_node(
+                    graph, key, values[i], items[i][0], tails[role], site, builds
+                )
                 size += len(values[i]) + NODE_BYTES
                 tails[role] = (node,)
                 continue
@@ -102,8 +111,9 @@ class NodeSpec(NamedTuple):
 
 def node_spec(launcher: Launcher) -> NodeSpec:
     kernel, c = launcher.kernel, launcher.config
-    spec = launcher._node_spec = NodeSpec(node_call(kernel, c, launcher._ctx),
-                                          offsets(kernel), describe_kernel(kernel, c))
+    spec = launcher._node_spec = NodeSpec(
+        node_call(kernel, c, launcher._ctx), offsets(kernel), describe_kernel(kernel, c)
+    )
     return spec
 
 
@@ -120,8 +130,15 @@ def offsets(kernel: Any) -> tuple[int, ...]:
     return tuple(offset for offset, _ in kernel.param_layout)
 
 
-def kernel_node(graph: Graph, launcher: Launcher, data: bytes, args: tuple,
-                after: tuple[GraphNode, ...], site: tuple | None, builds: Any) -> GraphNode:
+def kernel_node(
+    graph: Graph,
+    launcher: Launcher,
+    data: bytes,
+    args: tuple,
+    after: tuple[GraphNode, ...],
+    site: tuple | None,
+    builds: Any,
+) -> GraphNode:
     """The kernel node of a recorded launch, of its packed parameter bytes, after ``after``
     (in the graph's context, current): added in C where the backend ``builds``, else with
     a parameter struct of cuda.bindings. It keeps the kernel's library and the arguments
@@ -130,25 +147,33 @@ def kernel_node(graph: Graph, launcher: Launcher, data: bytes, args: tuple,
     kernel = launcher.kernel
     deps = [node._handle for node in after]
     if builds is not None:
-        err, handle = builds.add_kernel_node(graph._handle, deps, *spec.call, data,
-                                             spec.offsets)
+        err, handle = builds.add_kernel_node(graph._handle, deps, *spec.call, data, spec.offsets)
         handle = None if err else CUgraphNode(handle)
     else:
         params = KernelParams(kernel, launcher.config, graph._ctx)
-        params.buffer[:len(data)] = data
-        err, handle = graph._backend.driver.cuGraphAddKernelNode(graph._handle, deps,
-                                                                 len(deps), params.struct)
+        params.buffer[: len(data)] = data
+        err, handle = graph._backend.driver.cuGraphAddKernelNode(
+            graph._handle, deps, len(deps), params.struct
+        )
     if err:
-        fail(graph._backend, CUresult(int(err)), "cuGraphAddKernelNode", graph._ctx,
-             hint=f"adding {spec.description}")
+        fail(
+            graph._backend,
+            CUresult(int(err)),
+            "cuGraphAddKernelNode",
+            graph._ctx,
+            hint=f"adding {spec.description}",
+        )
     keep = (kernel._owner, *map(anchor, args))
-    return graph._append(GraphNode(graph, "kernel", handle,
-                                   NodeInfo(site, keep, spec.description, kernel,
-                                            launcher.config)))
+    return graph._append(
+        GraphNode(
+            graph, "kernel", handle, NodeInfo(site, keep, spec.description, kernel, launcher.config)
+        )
+    )
 
 
-def kernel_chain(graph: Graph, recording: Recording, site: tuple | None,
-                 builds: Any) -> list[GraphNode]:
+def kernel_chain(
+    graph: Graph, recording: Recording, site: tuple | None, builds: Any
+) -> list[GraphNode]:
     """The kernel nodes of a recording of launches on one stream, each after the one before,
     and their GraphNodes (each what `kernel_node` makes), added in C: a build costs about
     what the driver costs, not Python per node."""
@@ -156,16 +181,23 @@ def kernel_chain(graph: Graph, recording: Recording, site: tuple | None,
     specs = [key._node_spec or node_spec(key) for key in keys]
     err, handles = builds.add_kernel_chain(graph._handle, specs, recording.values)
     if err:
-        fail(graph._backend, CUresult(int(err)), "cuGraphAddKernelNode", graph._ctx,
-             hint=f"adding {specs[handles].description}")
-    nodes = extension()[0].kernel_graph_nodes(graph, handles, specs, keys, recording.items,
-                                              site, anchor, GraphNode, CUgraphNode)
+        fail(
+            graph._backend,
+            CUresult(int(err)),
+            "cuGraphAddKernelNode",
+            graph._ctx,
+            hint=f"adding {specs[handles].description}",
+        )
+    nodes = extension()[0].kernel_graph_nodes(
+        graph, handles, specs, keys, recording.items, site, anchor, GraphNode, CUgraphNode
+    )
     graph._extend(nodes, handles)
     return nodes
 
 
-def _node(graph: Graph, recording: Recording, i: int, tails: list, at_record: dict,
-          nodes: list) -> int:
+def _node(
+    graph: Graph, recording: Recording, i: int, tails: list, at_record: dict, nodes: list
+) -> int:
     """Operation i (not a launch) as a node, or as an edge; the bytes it adds."""
     key = recording.keys[i]
     kind, role = key[0], key[1]
@@ -200,8 +232,13 @@ def patchable(nodes: list[GraphNode | None], changed: Iterable[int]) -> bool:
     return all(nodes[i] is None or nodes[i].kind in PATCHABLE for i in changed)
 
 
-def patch(exe: GraphExec, nodes: list[GraphNode | None], recording: Recording,
-          changed: list[int], patcher: Any = None) -> int:
+def patch(
+    exe: GraphExec,
+    nodes: list[GraphNode | None],
+    recording: Recording,
+    changed: list[int],
+    patcher: Any = None,
+) -> int:
     """Give each changed node of ``exe`` the recording's values: a kernel node its recorded
     parameter bytes (already checked and packed by the launch), a copy or fill node its new
     arrays; the number of nodes patched. The compiled ``patcher`` (`patcher`) patches the
@@ -217,8 +254,8 @@ def patch(exe: GraphExec, nodes: list[GraphNode | None], recording: Recording,
         if key.__class__ is Launcher:
             slot = kernel_slot(exe, node)
             value = values[i]
-            slot.params.buffer[:len(value)] = value
-            err, = slot.set()
+            slot.params.buffer[: len(value)] = value
+            (err,) = slot.set()
             if err:
                 exe._refuse_node(err, slot.name, node)
         else:
@@ -246,24 +283,37 @@ def patcher(native: Any, exe: GraphExec, nodes: list[GraphNode | None]) -> Any:
     """The compiled patches and launch of ``exe`` (`cuctx._native.Patcher`). Where the
     backend builds in C the Patcher keeps each kernel node's struct itself, made from what
     add_kernel_node takes; elsewhere it patches the executable's slot (`kernel_slot`)."""
+
     def make(i: int) -> tuple | None:  # what the Patcher asks of operation i, once
         node = nodes[i]
         if node is None or node.kind != "kernel" or node._kernel is None:
             return None
         handle = exe._handles[exe._where[node]]
         if native.builds:
-            return (int(handle), node_call(node._kernel, node._config, exe._ctx),
-                    offsets(node._kernel))
+            return (
+                int(handle),
+                node_call(node._kernel, node._config, exe._ctx),
+                offsets(node._kernel),
+            )
         slot = kernel_slot(exe, node)
         return handle, slot.params.struct, slot.params.buffer
+
     def refused(err: int, i: int) -> None:  # raise what the Python path raises
         code = CUresult(err)
         if i < 0:
             fail(exe._backend, code, "cuGraphLaunch", exe._ctx, hint=f"launching {exe!r}")
         exe._refuse_node(code, "cuGraphExecKernelNodeSetParams", nodes[i])
 
-    return native.patcher(exe._handle, exe._ctx, exe._held.streams, exe._libraries, make,
-                          refused, len(nodes), not (exe._host or exe._events))
+    return native.patcher(
+        exe._handle,
+        exe._ctx,
+        exe._held.streams,
+        exe._libraries,
+        make,
+        refused,
+        len(nodes),
+        not (exe._host or exe._events),
+    )
 
 
 def launch(entry: Entry, recording: Recording) -> None:

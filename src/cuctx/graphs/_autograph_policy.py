@@ -83,11 +83,17 @@ class Model(NamedTuple):
 
 def model() -> Model:
     from .._driver.sim import _timing as t  # (the constants live beside the sim's timing)
-    return Model(t.HOST_EAGER_CALL_NS * 1e-9, t.HOST_EAGER_OP_NS * 1e-9,
-                 t.HOST_GRAPH_LAUNCH_NS * 1e-9,
-                 t.HOST_REPLAY_NODE_NS * 1e-9, t.HOST_PATCH_NODE_NS * 1e-9,
-                 t.HOST_WHOLE_NODE_NS * 1e-9, t.HOST_BUILD_FIXED_NS * 1e-9,
-                 t.HOST_BUILD_NODE_NS * 1e-9)
+
+    return Model(
+        t.HOST_EAGER_CALL_NS * 1e-9,
+        t.HOST_EAGER_OP_NS * 1e-9,
+        t.HOST_GRAPH_LAUNCH_NS * 1e-9,
+        t.HOST_REPLAY_NODE_NS * 1e-9,
+        t.HOST_PATCH_NODE_NS * 1e-9,
+        t.HOST_WHOLE_NODE_NS * 1e-9,
+        t.HOST_BUILD_FIXED_NS * 1e-9,
+        t.HOST_BUILD_NODE_NS * 1e-9,
+    )
 
 
 class BuildCosts:
@@ -125,8 +131,10 @@ class BuildCosts:
                 seconds = OUTLIER * known
             keep = 1 - SMOOTH
             w = 1.0 / max(seconds, 1e-9) ** 2  # (least squares of the relative error)
-            self._sums = [s * keep + w * x for s, x in zip(
-                self._sums, (1.0, nodes, seconds, nodes * nodes, nodes * seconds))]
+            self._sums = [
+                s * keep + w * x
+                for s, x in zip(self._sums, (1.0, nodes, seconds, nodes * nodes, nodes * seconds))
+            ]
 
     def fit(self) -> tuple[float, float] | None:
         """(fixed seconds, seconds per node), or None before the first build."""
@@ -162,8 +170,16 @@ class Policy:
     to call (a running mean, None before its second call); ``seen`` calls; ``size``
     operations, ``count`` of them nodes."""
 
-    __slots__ = ("measured", "model", "patch_s", "whole_node_s", "replay_node_s", "runs",
-                 "run", "run_entry")
+    __slots__ = (
+        "measured",
+        "model",
+        "patch_s",
+        "whole_node_s",
+        "replay_node_s",
+        "runs",
+        "run",
+        "run_entry",
+    )
 
     def __init__(self) -> None:
         self.measured: bool | None = None  # (known at the first call that records work)
@@ -196,10 +212,15 @@ class Policy:
         typical = int(median(self.runs))
         rest = typical - self.run + 1
         if rest <= seen:
-            return seen, Why("~{} expected calls (as many as so far; this function's "
-                             "structures lasted ~{} calls)", seen, typical)
-        return rest, Why("~{} expected calls (this function's structures lasted ~{} calls)",
-                         rest, typical)
+            return seen, Why(
+                "~{} expected calls (as many as so far; this function's "
+                "structures lasted ~{} calls)",
+                seen,
+                typical,
+            )
+        return rest, Why(
+            "~{} expected calls (this function's structures lasted ~{} calls)", rest, typical
+        )
 
     # -- estimates ------------------------------------------------------------------------
 
@@ -265,8 +286,12 @@ class Policy:
         saving = self.eager(entry) - call
         calls, why = self.expected_calls(entry)
         if saving * calls < build:
-            return Why("a graph would not pay yet: building costs about {} and saves {} per "
-                       "call, over {}", build, saving, why)
+            return Why(
+                "a graph would not pay yet: building costs about {} and saves {} per call, over {}",
+                build,
+                saving,
+                why,
+            )
         return None
 
     # -- what was measured (a GPU only: the model is the sim's truth) -----------------------

@@ -40,23 +40,31 @@ from ..event import Event
 from ..stream import Stream
 from ._autograph_arena import Arena, Lease
 
-COPY, FILL, HOST, RECORD, WAIT = (_record.COPY, _record.FILL, _record.HOST, _record.RECORD,
-                                  _record.WAIT)
+COPY, FILL, HOST, RECORD, WAIT = (
+    _record.COPY,
+    _record.FILL,
+    _record.HOST,
+    _record.RECORD,
+    _record.WAIT,
+)
 
-PAGEABLE = ("cuctx.copy with pageable host memory (synchronous: to_host() without a "
-            "page-locked out=, to_device or copy of an ordinary NumPy array)")
+PAGEABLE = (
+    "cuctx.copy with pageable host memory (synchronous: to_host() without a "
+    "page-locked out=, to_device or copy of an ordinary NumPy array)"
+)
 # Functions whose call returns before their body runs, outside the call's recording (AutoGraph
 # refuses to decorate them): (test, what it is, what a call gives).
-_DEFERRED = ((inspect.isasyncgenfunction, "an async generator function", "an async generator"),
-             (inspect.iscoroutinefunction, "an async function", "a coroutine"),
-             (inspect.isgeneratorfunction, "a generator function", "a generator"))
+_DEFERRED = (
+    (inspect.isasyncgenfunction, "an async generator function", "an async generator"),
+    (inspect.iscoroutinefunction, "an async function", "a coroutine"),
+    (inspect.isgeneratorfunction, "a generator function", "a generator"),
+)
 
 
 class Recording(_record.Tape):
     """The calling thread's recorder for one call (see the module's docstring)."""
 
-    __slots__ = ("streams", "roles", "ctx", "events", "broken", "arena", "allocations",
-                 "_role")
+    __slots__ = ("streams", "roles", "ctx", "events", "broken", "arena", "allocations", "_role")
 
     def __init__(self, arena: Arena | None = None) -> None:
         self.keys: list = []
@@ -112,8 +120,7 @@ class Recording(_record.Tape):
         role = self._role
         if kind is COPY:
             plan, dst, src, dst_on_device, src_on_device = payload
-            if not (dst_on_device and src_on_device) and not _locked(
-                    src if dst_on_device else dst):
+            if not (dst_on_device and src_on_device) and not _locked(src if dst_on_device else dst):
                 self.interrupt(PAGEABLE)
                 return False
             key = (COPY, role, plan, dst_on_device, src_on_device)
@@ -129,7 +136,7 @@ class Recording(_record.Tape):
             key = (HOST, role)
             value = (fn, *map(id, args))  # the arguments by identity: they need not compare
         else:  # RECORD
-            event, = payload
+            (event,) = payload
             self.events[id(event)] = len(self.keys)
             key, value = (RECORD, role), id(event)
         self.keys.append(key)
@@ -147,8 +154,9 @@ class Recording(_record.Tape):
         inside = index is not None if isinstance(other, Event) else other._ctx is self.ctx
         if stream._ctx is not self.ctx:
             if inside:
-                self.interrupt("Stream.wait by a stream of another context for work the "
-                               "call recorded")
+                self.interrupt(
+                    "Stream.wait by a stream of another context for work the call recorded"
+                )
             return False
         self._follow(stream)
         if isinstance(other, Event):
@@ -208,8 +216,11 @@ class Recording(_record.Tape):
 
     def external_waits(self) -> list[tuple[Stream, Any]]:
         """The waits for outside work: (stream, event or stream), in order."""
-        return [self.items[i] for i, key in enumerate(self.keys)
-                if key.__class__ is tuple and key[0] is WAIT and len(key) == 2]
+        return [
+            self.items[i]
+            for i, key in enumerate(self.keys)
+            if key.__class__ is tuple and key[0] is WAIT and len(key) == 2
+        ]
 
 
 def _locked(host: Any) -> bool:

@@ -24,9 +24,29 @@ class Entry:
     built, those of its latest call), its measured costs (None until measured; see
     `_autograph_policy.Policy`)."""
 
-    __slots__ = ("key", "keys", "size", "count", "seen", "changes", "exe", "nodes", "simple",
-                 "patcher", "compiled", "values", "bytes", "mode", "strikes", "eager_s",
-                 "replay_s", "construct_s", "blocked", "outside", "__weakref__")
+    __slots__ = (
+        "key",
+        "keys",
+        "size",
+        "count",
+        "seen",
+        "changes",
+        "exe",
+        "nodes",
+        "simple",
+        "patcher",
+        "compiled",
+        "values",
+        "bytes",
+        "mode",
+        "strikes",
+        "eager_s",
+        "replay_s",
+        "construct_s",
+        "blocked",
+        "outside",
+        "__weakref__",
+    )
 
     def __init__(self, key: tuple, recording: Recording) -> None:
         self.key = key
@@ -52,16 +72,29 @@ class Entry:
         self.construct_s: float | None = None
         self.blocked = unbuildable(recording)
         # Waits for outside work, by index: made before each launch of the executable.
-        self.outside = [i for i, k in enumerate(key)
-                        if k.__class__ is tuple and k[0] is WAIT and len(k) == 2]
+        self.outside = [
+            i for i, k in enumerate(key) if k.__class__ is tuple and k[0] is WAIT and len(k) == 2
+        ]
 
 
 class Tally:
     """Counts of the calls (``calls`` = ``replays`` + ``updates`` + ``builds`` + ``eager``),
     seconds spent in each kind, the estimated time saved and the nodes patched."""
 
-    __slots__ = ("calls", "replays", "updates", "builds", "eager", "recording_s", "replay_s",
-                 "update_s", "build_s", "eager_s", "saved_s", "patched_nodes")
+    __slots__ = (
+        "calls",
+        "replays",
+        "updates",
+        "builds",
+        "eager",
+        "recording_s",
+        "replay_s",
+        "update_s",
+        "build_s",
+        "eager_s",
+        "saved_s",
+        "patched_nodes",
+    )
 
     COUNTS = ("calls", "replays", "updates", "builds", "eager")
     TIMES = ("recording_s", "replay_s", "update_s", "build_s", "eager_s")
@@ -115,5 +148,9 @@ def said(call: int, action: str, reason: str | Why, where: tuple | None) -> dict
     """A reason `AutoGraph._note` kept, as stats() lists it (``where``: a site, or a
     `_trace.user_where`)."""
     site = where if where is None or where[0].__class__ is str else _trace.site_of(where)
-    return {"call": call, "action": action, "reason": str(reason),
-            "site": f"{site[0]}:{site[1]}" if site else None}
+    return {
+        "call": call,
+        "action": action,
+        "reason": str(reason),
+        "site": f"{site[0]}:{site[1]}" if site else None,
+    }

@@ -22,8 +22,11 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from cuda.bindings.driver import (CUresult, CUstreamCaptureMode,
-                                  CUstreamUpdateCaptureDependencies_flags)
+from cuda.bindings.driver import (
+    CUresult,
+    CUstreamCaptureMode,
+    CUstreamUpdateCaptureDependencies_flags,
+)
 
 from .. import _lifetimes, _trace
 from .._lifetimes import finalize
@@ -33,8 +36,15 @@ from .._calls import fail, refuse_in_host_function
 from ..errors import CAPTURE_UNSUPPORTED, GraphCaptureError
 from ..stream import Stream
 from .._driver import LEGACY
-from ._capture_rules import (_ACTIVE, _user_call, _user_frame, _where, capture_failed,
-                             held_by_capture, refuse_in_capture)
+from ._capture_rules import (
+    _ACTIVE,
+    _user_call,
+    _user_frame,
+    _where,
+    capture_failed,
+    held_by_capture,
+    refuse_in_capture,
+)
 from ._graph import Graph, _destroy_graph
 from ._graph_node import GraphNode
 from ._nodes import HostFunctions, NodeInfo, describe_kernel, kind_of
@@ -42,27 +52,42 @@ from ._nodes import HostFunctions, NodeInfo, describe_kernel, kind_of
 if TYPE_CHECKING:
     from ..context import Context
 
-MODES = {"thread_local": CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-         "global": CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL,
-         "relaxed": CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED}
-_SET_DEPENDENCIES = int(
-    CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES)
+MODES = {
+    "thread_local": CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+    "global": CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL,
+    "relaxed": CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED,
+}
+_SET_DEPENDENCIES = int(CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES)
 CAPTURE_INVALIDATED = int(CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
 
 
 def capture(stream: Stream, mode: str = "thread_local") -> Capture:
     """`Stream.capture`: the context manager of one capture."""
     if mode not in MODES:
-        raise ValueError(f"capture mode must be one of {', '.join(map(repr, MODES))}, "
-                         f"not {mode!r}")
+        raise ValueError(f"capture mode must be one of {', '.join(map(repr, MODES))}, not {mode!r}")
     return Capture(stream, mode)
 
 
 class Capture:
     """One capture of ``stream`` in ``mode``; ``with`` it to get the `Graph`."""
 
-    __slots__ = ("stream", "mode", "thread", "ctx", "site", "graph", "host", "events",
-                 "allocations", "held", "broken", "_streams", "_info", "_count", "_lock")
+    __slots__ = (
+        "stream",
+        "mode",
+        "thread",
+        "ctx",
+        "site",
+        "graph",
+        "host",
+        "events",
+        "allocations",
+        "held",
+        "broken",
+        "_streams",
+        "_info",
+        "_count",
+        "_lock",
+    )
 
     def __init__(self, stream: Stream, mode: str) -> None:
         self.stream = stream
@@ -97,22 +122,29 @@ class Capture:
     def __enter__(self) -> Graph:
         stream, ctx = self.stream, self.ctx
         if self.graph is not None:
-            raise RuntimeError(f"this capture was entered at {_where(self.site)} already; a "
-                               "capture records one block: call stream.capture() again for "
-                               "another graph")
+            raise RuntimeError(
+                f"this capture was entered at {_where(self.site)} already; a "
+                "capture records one block: call stream.capture() again for "
+                "another graph"
+            )
         ctx._check("Stream.capture")
         refuse_in_host_function("Stream.capture")
         if stream._key in (0, LEGACY):
             raise GraphCaptureError(
-                CAPTURE_UNSUPPORTED, "Stream.capture", "",
+                CAPTURE_UNSUPPORTED,
+                "Stream.capture",
+                "",
                 "the legacy default stream cannot be captured (a CUDA rule); capture a stream "
-                "you create: s = cuctx.Stream(); with s.capture() as graph: ...")
+                "you create: s = cuctx.Stream(); with s.capture() as graph: ...",
+            )
         other = _lifetimes.capturing.get((ctx._key, stream._key))
         if other is not None:
-            raise ValueError(f"{stream!r} is already being captured (since {_where(other.site)});"
-                             " a stream takes part in one capture at a time")
+            raise ValueError(
+                f"{stream!r} is already being captured (since {_where(other.site)});"
+                " a stream takes part in one capture at a time"
+            )
         drv = ctx._backend.driver
-        err, = stream._call(drv.cuStreamBeginCapture, stream._handle, MODES[self.mode])
+        (err,) = stream._call(drv.cuStreamBeginCapture, stream._handle, MODES[self.mode])
         if err:
             fail(ctx._backend, err, "cuStreamBeginCapture", ctx)
         self.site = _trace.user_site()
@@ -132,9 +164,12 @@ class Capture:
         if self.broken is not None:  # ended already, by the call that broke it
             if exc_type is None:
                 raise GraphCaptureError(
-                    self.broken.code, "Stream.capture", self.broken.message,
+                    self.broken.code,
+                    "Stream.capture",
+                    self.broken.message,
                     f"the capture begun at {_where(self.site)} was broken earlier and holds "
-                    f"no graph: {self.broken}") from self.broken
+                    f"no graph: {self.broken}",
+                ) from self.broken
             return
         _trace.remove_sink(self._see)
         stream, ctx = self.stream, self.ctx
@@ -193,12 +228,15 @@ class Capture:
 
     def _end_hint(self, code: int) -> str:
         joined = ", ".join(repr(s) for s in self._streams[1:])
-        why = {901: "an earlier call invalidated it (an operation the capture could not hold)",
-               904: f"a stream that joined the capture ({joined}) was not joined back: make "
-                    f"the capturing stream wait for it (stream.wait(other)) before the block "
-                    "ends"}.get(code, "")
-        return (f"the capture of {self.stream!r} begun at {_where(self.site)} made no graph"
-                + (f": {why}" if why else ""))
+        why = {
+            901: "an earlier call invalidated it (an operation the capture could not hold)",
+            904: f"a stream that joined the capture ({joined}) was not joined back: make "
+            f"the capturing stream wait for it (stream.wait(other)) before the block "
+            "ends",
+        }.get(code, "")
+        return f"the capture of {self.stream!r} begun at {_where(self.site)} made no graph" + (
+            f": {why}" if why else ""
+        )
 
     # -- what the capture sees ------------------------------------------------------------
 
@@ -239,25 +277,28 @@ class Capture:
         after the first call, and a graph calls it at every launch (on an H100 the second
         launch of such a graph crashed the process)."""
         drv = self.ctx._backend.driver
-        err, status, _, graph, deps, _, n = stream._call(drv.cuStreamGetCaptureInfo,
-                                                         stream._handle)
+        err, status, _, graph, deps, _, n = stream._call(drv.cuStreamGetCaptureInfo, stream._handle)
         if err or status != _ACTIVE:
             return err or CAPTURE_INVALIDATED
         params = self.host.add(fn, args, self.ctx._backend.sim is None)
         err, node = stream._call(drv.cuGraphAddHostNode, graph, deps, n, params)
         if not err:
-            err, = stream._call(drv.cuStreamUpdateCaptureDependencies, stream._handle, [node],
-                                None, 1, _SET_DEPENDENCIES)
+            (err,) = stream._call(
+                drv.cuStreamUpdateCaptureDependencies,
+                stream._handle,
+                [node],
+                None,
+                1,
+                _SET_DEPENDENCIES,
+            )
         if err:
             _lifetimes.drop_host_function(int(params.userData))
         return err
 
-    def _map(self, stream: Stream, op: _trace.Operation,
-             site: tuple[str, int, str] | None) -> None:
+    def _map(self, stream: Stream, op: _trace.Operation, site: tuple[str, int, str] | None) -> None:
         """Give the nodes ``op`` added on ``stream`` the user's line and what they use."""
         drv = self.ctx._backend.driver
-        err, status, _, graph, deps, _, _ = stream._call(drv.cuStreamGetCaptureInfo,
-                                                         stream._handle)
+        err, status, _, graph, deps, _, _ = stream._call(drv.cuStreamGetCaptureInfo, stream._handle)
         if err or status != _ACTIVE:
             return  # invalidated: whoever broke it reports it
         err, _, count = drv.cuGraphGetNodes(graph, 0)
@@ -287,17 +328,27 @@ class _Pending(Graph):
     def __getattr__(self, name: str) -> Any:
         call, where = _user_call("Graph")
         raise GraphCaptureError(
-            CAPTURE_UNSUPPORTED, call, "the capture's graph does not exist yet",
+            CAPTURE_UNSUPPORTED,
+            call,
+            "the capture's graph does not exist yet",
             f"at {where}: the graph of a capture is made when its `with` block ends; use it "
-            "(instantiate, launch, its nodes) after the block")
+            "(instantiate, launch, its nodes) after the block",
+        )
 
     def __repr__(self) -> str:
-        return ("<Graph of a capture, not made yet: the capture makes it when its block ends "
-                "without an error>")
+        return (
+            "<Graph of a capture, not made yet: the capture makes it when its block ends "
+            "without an error>"
+        )
 
 
-def _adopt(ctx: Context, handle, info: Mapping[int, NodeInfo] | None = None,
-           host_functions: Iterable[HostFunctions] = (), into: Graph | None = None) -> Graph:
+def _adopt(
+    ctx: Context,
+    handle,
+    info: Mapping[int, NodeInfo] | None = None,
+    host_functions: Iterable[HostFunctions] = (),
+    into: Graph | None = None,
+) -> Graph:
     """A `Graph` owning a CUgraph the driver made (cuStreamEndCapture's): one
     `GraphNode` per driver node, in the driver's order, with the `NodeInfo` given for
     its handle (``int(CUgraphNode)``; without one: no site, nothing kept). The
@@ -333,15 +384,20 @@ def _driver_nodes(ctx: Context, handle) -> list:
     return list(nodes[:count])
 
 
-def _node_info(op: _trace.Operation, site: tuple[str, int, str] | None,
-               graph_memory: set[int]) -> NodeInfo:
+def _node_info(
+    op: _trace.Operation, site: tuple[str, int, str] | None, graph_memory: set[int]
+) -> NodeInfo:
     """What cuctx knows of the nodes one operation made: the user's line, what their work
     uses, words for messages. Arrays of the graph's own memory (allocated in the capture,
     ``graph_memory``) are not kept: the graph makes that memory, and keeping them would keep
     their frees out of it."""
     acc = op.accesses
-    keep = tuple(a.array for a in acc if a.array is not None
-                 and getattr(getattr(a.array, "_alloc", None), "ptr", None) not in graph_memory)
+    keep = tuple(
+        a.array
+        for a in acc
+        if a.array is not None
+        and getattr(getattr(a.array, "_alloc", None), "ptr", None) not in graph_memory
+    )
     if op.kernel is not None:
         keep += (op.kernel,)
     if op.kind == "launch":

@@ -42,9 +42,17 @@ _ACTIVE = CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
 
 # -- what the lower layers call (installed in _lifetimes by _capture.py) ---------------------
 
-def refuse_in_capture(operation: str, *, stream: Stream | None = None, event: Any = None,
-                      ctx: Any = None, legacy: Stream | None = None,
-                      captures: list[Capture] | None = None, why: str = "") -> None:
+
+def refuse_in_capture(
+    operation: str,
+    *,
+    stream: Stream | None = None,
+    event: Any = None,
+    ctx: Any = None,
+    legacy: Stream | None = None,
+    captures: list[Capture] | None = None,
+    why: str = "",
+) -> None:
     """Raise GraphCaptureError when the call would break an active capture (see
     `_lifetimes`); the calling thread's captures it breaks are ended first."""
     active = set(_lifetimes.capturing.values())
@@ -52,22 +60,30 @@ def refuse_in_capture(operation: str, *, stream: Stream | None = None, event: An
         hit = captures
     elif stream is not None:
         hit = [c for c in (_lifetimes.capturing.get((stream._ctx._key, stream._key)),) if c]
-        why = why or (f"{stream!r} is being captured: its work runs only when the graph is "
-                      "launched, so there is nothing to wait for or ask about yet (synchronize "
-                      "after the `with` block instead)")
+        why = why or (
+            f"{stream!r} is being captured: its work runs only when the graph is "
+            "launched, so there is nothing to wait for or ask about yet (synchronize "
+            "after the `with` block instead)"
+        )
     elif legacy is not None:
         hit = [c for c in active if c.mode == "global" and c.ctx is legacy._ctx]
-        why = ("the legacy default stream was used while a global-mode capture is active in "
-               "its context: its work would run now, outside the graph. Queue it on the "
-               "capturing stream, or capture in \"thread_local\" or \"relaxed\" mode")
+        why = (
+            "the legacy default stream was used while a global-mode capture is active in "
+            "its context: its work would run now, outside the graph. Queue it on the "
+            'capturing stream, or capture in "thread_local" or "relaxed" mode'
+        )
     elif event is not None:
         hit = [c for c in active if event._key in c.events]
-        why = (f"{event!r} was recorded in the capture: it marks a place in the graph, not "
-               "work that runs")
+        why = (
+            f"{event!r} was recorded in the capture: it marks a place in the graph, not "
+            "work that runs"
+        )
     else:
         hit = [c for c in active if c.ctx is ctx]
-        why = (f"{ctx!r} has a stream being captured, and CUDA refuses to synchronize a "
-               "context (or device) while one of its streams captures")
+        why = (
+            f"{ctx!r} has a stream being captured, and CUDA refuses to synchronize a "
+            "context (or device) while one of its streams captures"
+        )
     if not hit:
         return
     call, where = _user_call(operation)
@@ -76,10 +92,16 @@ def refuse_in_capture(operation: str, *, stream: Stream | None = None, event: An
         ended = "; ".join(f"the capture of {c.stream!r} begun at {_where(c.site)}" for c in mine)
         after = f"T{ended[1:]} was ended and its graph discarded; the stream is usable again"
     else:
-        after = (f"The capture (of another thread, begun at {_where(hit[0].site)}) goes on: "
-                 "cuctx refused the call before the driver saw it")
-    error = GraphCaptureError(CAPTURE_UNSUPPORTED, call, "operation not permitted when "
-                              "stream is capturing", f"at {where}: {why}. {after}")
+        after = (
+            f"The capture (of another thread, begun at {_where(hit[0].site)}) goes on: "
+            "cuctx refused the call before the driver saw it"
+        )
+    error = GraphCaptureError(
+        CAPTURE_UNSUPPORTED,
+        call,
+        "operation not permitted when stream is capturing",
+        f"at {where}: {why}. {after}",
+    )
     for c in mine:
         c._end_early(error)
     raise error
@@ -105,9 +127,11 @@ def capture_failed(operation: str, code: int) -> str:
         else:
             c.broken = error  # its own block ends it, and raises
     words = "; ".join(f"the capture of {c.stream!r} begun at {_where(c.site)}" for c in broken)
-    return (f"{where}, which invalidated {words}, "
-            + ("which was ended and its graph discarded; the stream is usable again"
-               if mine else "whose `with` block will raise when it ends"))
+    return f"{where}, which invalidated {words}, " + (
+        "which was ended and its graph discarded; the stream is usable again"
+        if mine
+        else "whose `with` block will raise when it ends"
+    )
 
 
 def held_by_capture(stream: Stream, ptr: int, free: Callable[[], None]) -> bool:
@@ -124,15 +148,18 @@ def held_by_capture(stream: Stream, ptr: int, free: Callable[[], None]) -> bool:
 
 # -- graphs in captures: launches, instantiation, AutoGraph's calls ---------------------------
 
+
 def _refuse_captured(stream: Stream, operation: str) -> None:
     """A graph launched (or uploaded) on a capturing stream: CUDA does not capture graph
     launches and invalidates the capture (an H100 answers cuGraphLaunch with
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), so cuctx refuses it first, as it refuses other
     calls that would break a capture."""
     refuse_in_capture(
-        operation, stream=stream,
+        operation,
+        stream=stream,
         why=f"{stream!r} is being captured, and CUDA cannot capture a graph launch: launch the "
-            "executable after the `with` block, or on a stream that is not captured")
+        "executable after the `with` block, or on a stream that is not captured",
+    )
 
 
 def forbidding_instantiation() -> list:
@@ -144,8 +171,12 @@ def forbidding_instantiation() -> list:
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture (an H100, in a
     thread-local capture; the rest is the CUDA programming guide's rule for such calls)."""
     me = threading.get_ident()
-    return [c for c in dict.fromkeys(_lifetimes.capturing.values()) if c.broken is None
-            and (c.mode == "global" or (c.mode == "thread_local" and c.thread == me))]
+    return [
+        c
+        for c in dict.fromkeys(_lifetimes.capturing.values())
+        if c.broken is None
+        and (c.mode == "global" or (c.mode == "thread_local" and c.thread == me))
+    ]
 
 
 def _refuse_instantiation(operation: str) -> None:
@@ -156,15 +187,20 @@ def _refuse_instantiation(operation: str) -> None:
         return
     capture = captures[0]
     if capture.thread == threading.get_ident():
-        whose, what = "this thread captures", "capture in \"relaxed\" mode"
+        whose, what = "this thread captures", 'capture in "relaxed" mode'
     else:
         whose = "another thread captures"
-        what = "have that thread capture in \"thread_local\" or \"relaxed\" mode"
-    refuse_in_capture(operation, captures=captures, why=(
-        f"{whose} {capture.stream!r} in {capture.mode!r} mode, which forbids instantiating a "
-        "graph (CUDA counts it among the unsafe calls: the driver would refuse it and "
-        "invalidate the capture). Instantiate the graph before the capture begins or after "
-        f"its block, or {what}"))
+        what = 'have that thread capture in "thread_local" or "relaxed" mode'
+    refuse_in_capture(
+        operation,
+        captures=captures,
+        why=(
+            f"{whose} {capture.stream!r} in {capture.mode!r} mode, which forbids instantiating a "
+            "graph (CUDA counts it among the unsafe calls: the driver would refuse it and "
+            "invalidate the capture). Instantiate the graph before the capture begins or after "
+            f"its block, or {what}"
+        ),
+    )
 
 
 def _captured(recording: Recording) -> Any:
@@ -179,6 +215,7 @@ def _captured(recording: Recording) -> Any:
 
 
 # -- the user's call, in words -----------------------------------------------------------------
+
 
 def _user_frame(also: tuple[str, ...] = ()):
     """(the user's frame, the code of the outermost cuctx frame below it or None): the first

@@ -21,8 +21,12 @@ import operator
 import weakref
 from typing import TYPE_CHECKING, Any, Iterator
 
-from cuda.bindings.driver import (CU_GRAPH_COND_ASSIGN_DEFAULT, CUgraphConditionalNodeType,
-                                  CUgraphNodeParams, CUgraphNodeType)
+from cuda.bindings.driver import (
+    CU_GRAPH_COND_ASSIGN_DEFAULT,
+    CUgraphConditionalNodeType,
+    CUgraphNodeParams,
+    CUgraphNodeType,
+)
 
 from .. import _trace
 from ..context import in_context
@@ -43,8 +47,9 @@ class Condition(int):
     it; ``node``: the conditional node it drives, None until there is one (CUDA refuses to
     instantiate a graph with a condition no node uses, and to add a second node with it)."""
 
-    def __new__(cls, handle: int, graph: Any, default: int | None,
-                site: tuple[str, int, str] | None) -> Condition:
+    def __new__(
+        cls, handle: int, graph: Any, default: int | None, site: tuple[str, int, str] | None
+    ) -> Condition:
         self = super().__new__(cls, handle)
         self.default = default
         self.site = site
@@ -75,35 +80,48 @@ def condition_default(default: Any, operation: str) -> int | None:
     try:
         value = operator.index(default)  # ints, bools, NumPy integers; not floats
     except TypeError:
-        raise TypeError(f"{operation}: default must be None, a bool or an int, not "
-                        f"{type(default).__name__} {default!r}") from None
+        raise TypeError(
+            f"{operation}: default must be None, a bool or an int, not "
+            f"{type(default).__name__} {default!r}"
+        ) from None
     if not 0 <= value < 1 << 32:
-        raise ValueError(f"{operation}: default={default!r} is outside what a condition holds "
-                         "(an unsigned 32-bit int: 0 to 4294967295)")
+        raise ValueError(
+            f"{operation}: default={default!r} is outside what a condition holds "
+            "(an unsigned 32-bit int: 0 to 4294967295)"
+        )
     return value
 
 
 _C = CUgraphConditionalNodeType
 # cuctx's conditional kinds: the driver's type and the number of bodies (a switch's: cases=).
-CONDITIONALS = {"if": (_C.CU_GRAPH_COND_TYPE_IF, 1), "if_else": (_C.CU_GRAPH_COND_TYPE_IF, 2),
-                "while": (_C.CU_GRAPH_COND_TYPE_WHILE, 1),
-                "switch": (_C.CU_GRAPH_COND_TYPE_SWITCH, None)}
+CONDITIONALS = {
+    "if": (_C.CU_GRAPH_COND_TYPE_IF, 1),
+    "if_else": (_C.CU_GRAPH_COND_TYPE_IF, 2),
+    "while": (_C.CU_GRAPH_COND_TYPE_WHILE, 1),
+    "switch": (_C.CU_GRAPH_COND_TYPE_SWITCH, None),
+}
 
 
 def conditional_size(kind: Any, cases: Any, operation: str) -> int:
     """The number of bodies of a conditional node of ``kind`` (checked with ``cases``)."""
     if kind not in CONDITIONALS:
-        raise ValueError(f"Graph.conditional: kind must be one of "
-                         f"{', '.join(map(repr, CONDITIONALS))}, not {kind!r}")
+        raise ValueError(
+            f"Graph.conditional: kind must be one of "
+            f"{', '.join(map(repr, CONDITIONALS))}, not {kind!r}"
+        )
     size = CONDITIONALS[kind][1]
     if kind == "switch":
         if isinstance(cases, bool) or not isinstance(cases, int) or cases < 1:
-            raise ValueError(f"{operation} needs cases=n, its number of bodies (an int >= 1; "
-                             f"body i runs when the condition is i), not {cases!r}")
+            raise ValueError(
+                f"{operation} needs cases=n, its number of bodies (an int >= 1; "
+                f"body i runs when the condition is i), not {cases!r}"
+            )
         return cases
     if cases is not None:
-        raise ValueError(f"{operation}: cases= is for 'switch' nodes; an {kind!r} node has "
-                         f"{size} {'body' if size == 1 else 'bodies'}")
+        raise ValueError(
+            f"{operation}: cases= is for 'switch' nodes; an {kind!r} node has "
+            f"{size} {'body' if size == 1 else 'bodies'}"
+        )
     return size
 
 
@@ -113,11 +131,17 @@ def make_condition(graph: Graph, value: int | None, operation: str) -> Condition
     ctx, drv = graph._ctx, graph._backend.driver
     flags = CU_GRAPH_COND_ASSIGN_DEFAULT if value is not None else 0
     with in_context(ctx, operation):
-        err, handle = drv.cuGraphConditionalHandleCreate(graph._handle, ctx._handle,
-                                                         value or 0, flags)
+        err, handle = drv.cuGraphConditionalHandleCreate(
+            graph._handle, ctx._handle, value or 0, flags
+        )
     if err:
-        fail(ctx._backend, err, "cuGraphConditionalHandleCreate", ctx,
-             hint="conditional nodes need a driver of CUDA 12.4 or newer")
+        fail(
+            ctx._backend,
+            err,
+            "cuGraphConditionalHandleCreate",
+            ctx,
+            hint="conditional nodes need a driver of CUDA 12.4 or newer",
+        )
     condition = Condition(int(handle), graph, value, _trace.user_site())
     graph._conditions.append(condition)
     return condition
@@ -134,26 +158,34 @@ def check_condition(condition: Any, default: Any, graph: Graph, operation: str) 
     """Check that ``condition`` can drive a conditional node of ``graph``: the driver takes
     a condition of the node's own graph or of a graph that graph lies in as a body."""
     if not isinstance(condition, Condition):
-        raise TypeError(f"{operation}: condition= takes what Graph.condition() returns, not "
-                        f"{type(condition).__name__} {condition!r}")
+        raise TypeError(
+            f"{operation}: condition= takes what Graph.condition() returns, not "
+            f"{type(condition).__name__} {condition!r}"
+        )
     if default is not None:
-        raise ValueError(f"{operation}: the default is the condition's, set when it was made "
-                         f"(g.condition(default=...)); {condition!r} was given too")
+        raise ValueError(
+            f"{operation}: the default is the condition's, set when it was made "
+            f"(g.condition(default=...)); {condition!r} was given too"
+        )
     if not _lies_in(graph, condition._graph()):
-        raise ValueError(f"{operation}: {condition!r} is of another graph; a conditional node "
-                         "takes a condition of its own graph, or of a graph its own lies in "
-                         "as a body")
+        raise ValueError(
+            f"{operation}: {condition!r} is of another graph; a conditional node "
+            "takes a condition of its own graph, or of a graph its own lies in "
+            "as a body"
+        )
     if condition.node is not None:
         raise ValueError(
             f"{operation}: {condition!r} drives {condition.node!r} already, and CUDA lets a "
             "condition drive one conditional node (the driver refuses a second, naming "
             "nothing): make a condition for this node (g.condition(), or leave condition= "
             "out and use node.condition) and have the kernel set both, or put this node's "
-            "work in the body of the node the condition drives")
+            "work in the body of the node the condition drives"
+        )
 
 
-def check_condition_args(handles: tuple[tuple[int, str], ...], args: tuple, graph: Graph,
-                         operation: str) -> None:
+def check_condition_args(
+    handles: tuple[tuple[int, str], ...], args: tuple, graph: Graph, operation: str
+) -> None:
     """Check the arguments of a kernel node of ``graph`` whose source declares the
     parameters ``handles`` ((index, declaration) pairs, `kernels._access.condition_params`)
     as condition handles: each takes a `Condition` the node's graph may use."""
@@ -166,15 +198,19 @@ def check_condition_args(handles: tuple[tuple[int, str], ...], args: tuple, grap
             raise TypeError(
                 f"{where}, and {type(arg).__name__} {arg!r} is not a condition: pass one made "
                 "by g.condition() (or a conditional node's node.condition); a made-up number "
-                "names no condition, so the node it should drive would never run")
+                "names no condition, so the node it should drive would never run"
+            )
         if not _lies_in(graph, arg._graph()):
-            raise ValueError(f"{where}, and {arg!r} is of another graph: a kernel sets a "
-                             "condition of its own graph, or of a graph its own lies in as a "
-                             "body")
+            raise ValueError(
+                f"{where}, and {arg!r} is of another graph: a kernel sets a "
+                "condition of its own graph, or of a graph its own lies in as a "
+                "body"
+            )
 
 
-def conditional_params(kind: str, condition: Condition, size: int,
-                       ctx: Context) -> tuple[CUgraphNodeParams, str, str]:
+def conditional_params(
+    kind: str, condition: Condition, size: int, ctx: Context
+) -> tuple[CUgraphNodeParams, str, str]:
     """cuGraphAddNode's parameters of a conditional node (the driver fills phGraph_out), its
     description, and what to say if the driver refuses it."""
     params = CUgraphNodeParams()
@@ -187,8 +223,10 @@ def conditional_params(kind: str, condition: Condition, size: int,
     hint = ""
     if kind in ("if_else", "switch"):
         version = ctx._backend.driver.cuDriverGetVersion()[1]
-        hint = (f"'if_else' and 'switch' nodes need a driver of CUDA 12.8 or newer (this one "
-                f"is {version // 1000}.{version % 1000 // 10})")
+        hint = (
+            f"'if_else' and 'switch' nodes need a driver of CUDA 12.8 or newer (this one "
+            f"is {version // 1000}.{version % 1000 // 10})"
+        )
     cases = f" cases={size}" if kind == "switch" else ""
     return params, f"conditional {kind} {condition:#x}{cases}", hint
 
@@ -197,9 +235,13 @@ def conditional_params(kind: str, condition: Condition, size: int,
 
 # The node kinds a conditional body runs (in its child graphs too).
 BODY_KINDS = ("kernel", "copy", "fill", "empty", "child", "conditional")
-_KIND_WORDS = {"host": "a host node", "record": "an event record node",
-               "wait": "an event wait node", "alloc": "a memory allocation node",
-               "free": "a memory free node"}
+_KIND_WORDS = {
+    "host": "a host node",
+    "record": "an event record node",
+    "wait": "an event wait node",
+    "alloc": "a memory allocation node",
+    "free": "a memory free node",
+}
 
 
 def _body(graph: Graph) -> str:
@@ -214,7 +256,8 @@ def _refusal(graph: Graph, operation: str, what: str) -> ValueError:
         "copy, fill, empty, child graph and conditional nodes in a conditional body and in "
         "the child graphs inside one (cuGraphInstantiate refuses any other, naming no node). "
         "Add it to the graph around the conditional node instead, before or after it "
-        "(after=node)")
+        "(after=node)"
+    )
 
 
 def check_body_kind(graph: Graph, kind: str, operation: str) -> None:
@@ -243,7 +286,8 @@ def check_child(graph: Graph, child: Graph, operation: str) -> None:
                 f"{operation}: {child!r} holds {node!r}, and CUDA forbids conditional nodes in "
                 "child graphs (cuGraphAddChildGraphNode refuses them): add the conditional "
                 "node to this graph directly (g.conditional(...)), and the child graph's "
-                "other work before or after it (after=node)")
+                "other work before or after it (after=node)"
+            )
         if graph._home is not None and node.kind not in BODY_KINDS:
             raise _refusal(graph, operation, f"{child!r} holds {node!r}")
 

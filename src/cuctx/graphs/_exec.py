@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 _F = CUgraphInstantiate_flags
 
+
 class _Held:
     """What an executable's work uses; its finalizer hands it to the queues of the streams
     it was launched on, so the objects outlive the launches still running."""
@@ -60,8 +61,19 @@ class GraphExec(Resource):
     `update_node` changes one kernel, copy or fill node; `enable` turns a node off and on.
     `destroy` (or the end of a ``with`` block, or garbage collection) frees it."""
 
-    __slots__ = ("graph", "_origin", "_held", "_host", "_libraries", "_events", "_where",
-                 "_handles", "_specs", "_finalizer", "__weakref__")
+    __slots__ = (
+        "graph",
+        "_origin",
+        "_held",
+        "_host",
+        "_libraries",
+        "_events",
+        "_where",
+        "_handles",
+        "_specs",
+        "_finalizer",
+        "__weakref__",
+    )
 
     def __init__(self, graph: Graph, upload: Any, auto_free: bool, priority: bool) -> None:
         graph._check("Graph.instantiate")
@@ -70,8 +82,9 @@ class GraphExec(Resource):
         ctx = graph._ctx
         backend = ctx._backend
         drv = backend.driver
-        flags = (int(_F.CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) if auto_free else 0) \
-            | (int(_F.CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY) if priority else 0)
+        flags = (int(_F.CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) if auto_free else 0) | (
+            int(_F.CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY) if priority else 0
+        )
         stream = None if upload is None else _stream_for(ctx, upload, "Graph.instantiate")
         with in_context(ctx, "Graph.instantiate"):
             err, handle = drv.cuGraphInstantiate(graph._handle, flags)
@@ -133,8 +146,9 @@ class GraphExec(Resource):
         if ctx._state is not ACTIVE:
             raise ctx._unusable(operation)
         if self._handle is None:
-            raise RuntimeError(f"{operation}: the executable was destroyed; instantiate the "
-                               "graph again")
+            raise RuntimeError(
+                f"{operation}: the executable was destroyed; instantiate the graph again"
+            )
         if in_host_function:
             refuse_in_host_function(operation)
 
@@ -154,7 +168,7 @@ class GraphExec(Resource):
                 raise library._gone("GraphExec.launch")
         for host in self._host:  # its host nodes' failures go to this stream's synchronize
             host.owner.key = (ctx._key, stream._key)
-        err, = stream._call(self._backend.driver.cuGraphLaunch, self._handle, stream._handle)
+        (err,) = stream._call(self._backend.driver.cuGraphLaunch, self._handle, stream._handle)
         if err:
             fail(self._backend, err, "cuGraphLaunch", ctx, hint=f"launching {self!r}")
         self._held.streams.add(stream)
@@ -170,7 +184,7 @@ class GraphExec(Resource):
         stream = _stream_for(self._ctx, stream, "GraphExec.upload")
         if _lifetimes.capturing:
             _refuse_captured(stream, "GraphExec.upload")
-        err, = stream._call(self._backend.driver.cuGraphUpload, self._handle, stream._handle)
+        (err,) = stream._call(self._backend.driver.cuGraphUpload, self._handle, stream._handle)
         if err:
             fail(self._backend, err, "cuGraphUpload", self._ctx)
 
@@ -186,8 +200,10 @@ class GraphExec(Resource):
             raise TypeError(f"GraphExec.update takes a cuctx.Graph, not {type(graph).__name__}")
         graph._check("GraphExec.update")
         if graph._ctx is not self._ctx:
-            raise ValueError(f"GraphExec.update: {graph!r} belongs to {graph._ctx!r}, the "
-                             f"executable to {self._ctx!r}")
+            raise ValueError(
+                f"GraphExec.update: {graph!r} belongs to {graph._ctx!r}, the "
+                f"executable to {self._ctx!r}"
+            )
         with in_context(self._ctx, "GraphExec.update"):
             err, info = self._backend.driver.cuGraphExecUpdate(self._handle, graph._handle)
         if err:
@@ -200,22 +216,37 @@ class GraphExec(Resource):
         if node is not None:
             what = f"{node.description}, added at {node.where}"
             if dependency is not None:
-                what += f" (its dependency on {dependency.description}, added at " \
-                        f"{dependency.where}, is new)"
+                what += (
+                    f" (its dependency on {dependency.description}, added at "
+                    f"{dependency.where}, is new)"
+                )
         elif result == TOPOLOGY:
-            what = (f"the graph as a whole ({len(graph._nodes)} nodes, the executable's "
-                    f"{len(self.graph._nodes)})")
+            what = (
+                f"the graph as a whole ({len(graph._nodes)} nodes, the executable's "
+                f"{len(self.graph._nodes)})"
+            )
         else:
             what = "the graph"
         try:
-            fail(self._backend, err, "GraphExec.update", self._ctx,
-                 hint=f"refused {what}: {reason}; the executable is unchanged")
+            fail(
+                self._backend,
+                err,
+                "GraphExec.update",
+                self._ctx,
+                hint=f"refused {what}: {reason}; the executable is unchanged",
+            )
         except GraphUpdateError as exc:
             exc.node, exc.reason = node, reason
             raise
 
-    def update_node(self, node: GraphNode, *args: Any, grid: Any = None, block: Any = None,
-                    shared_mem: Any = None) -> None:
+    def update_node(
+        self,
+        node: GraphNode,
+        *args: Any,
+        grid: Any = None,
+        block: Any = None,
+        shared_mem: Any = None,
+    ) -> None:
         """Change one node of the executable (its graph is unchanged): a kernel node's
         arguments (all of them, checked and packed as for `cuctx.launch`) and optionally its
         ``grid``, ``block``, ``shared_mem``; a copy node's ``(dst, src)``; a fill node's
@@ -223,17 +254,21 @@ class GraphExec(Resource):
         self._usable("GraphExec.update_node")
         position = self._where.get(node)
         if position is None:
-            raise ValueError(f"GraphExec.update_node: {node!r} is not a node of the graph this "
-                             "executable was made from (or updated with) or of its conditional "
-                             "bodies; nor are a child graph's nodes (its child node runs a "
-                             "copy of them): change those with exe.update(graph)")
+            raise ValueError(
+                f"GraphExec.update_node: {node!r} is not a node of the graph this "
+                "executable was made from (or updated with) or of its conditional "
+                "bodies; nor are a child graph's nodes (its child node runs a "
+                "copy of them): change those with exe.update(graph)"
+            )
         slot = self._held.slots.get(position)
         if slot is None:
             slot = self._held.slots[position] = self._slot(position)
         kind = slot.kind
         if kind != "kernel" and (grid is not None or block is not None or shared_mem is not None):
-            raise TypeError(f"GraphExec.update_node: grid, block and shared_mem are for kernel "
-                            f"nodes, and {node!r} is a {kind} node")
+            raise TypeError(
+                f"GraphExec.update_node: grid, block and shared_mem are for kernel "
+                f"nodes, and {node!r} is a {kind} node"
+            )
         err = slot.update(self, args, grid, block, shared_mem)
         if err:
             self._refuse_node(err, slot.name, self._specs[position])
@@ -243,9 +278,11 @@ class GraphExec(Resource):
         handle = self._handles[position]
         maker = _SLOTS.get(spec.kind)
         if maker is None or (spec.kind == "kernel" and spec._kernel is None):
-            raise TypeError(f"GraphExec.update_node changes kernel, copy and fill nodes made "
-                            f"by cuctx; {spec!r} is a {spec.kind} node: update the whole graph "
-                            "with exe.update(graph)")
+            raise TypeError(
+                f"GraphExec.update_node changes kernel, copy and fill nodes made "
+                f"by cuctx; {spec!r} is a {spec.kind} node: update the whole graph "
+                "with exe.update(graph)"
+            )
         return maker(self, spec, handle)
 
     def _refuse_node(self, err, operation: str, node: GraphNode) -> None:
@@ -265,14 +302,16 @@ class GraphExec(Resource):
         self._usable("GraphExec.enable")
         position = self._where.get(node)
         if position is None:
-            raise ValueError(f"GraphExec.enable: {node!r} is not a node of this executable's "
-                             "graph")
+            raise ValueError(f"GraphExec.enable: {node!r} is not a node of this executable's graph")
         spec = self._specs[position]
         if spec.kind not in ("kernel", "copy", "fill"):
-            raise TypeError(f"GraphExec.enable turns kernel, copy and fill nodes on and off "
-                            f"(the driver's rule); {spec!r} is a {spec.kind} node")
-        err, = self._backend.driver.cuGraphNodeSetEnabled(self._handle, self._handles[position],
-                                                          int(bool(enabled)))
+            raise TypeError(
+                f"GraphExec.enable turns kernel, copy and fill nodes on and off "
+                f"(the driver's rule); {spec!r} is a {spec.kind} node"
+            )
+        (err,) = self._backend.driver.cuGraphNodeSetEnabled(
+            self._handle, self._handles[position], int(bool(enabled))
+        )
         if err:
             self._refuse_node(err, "cuGraphNodeSetEnabled", spec)
 
@@ -298,6 +337,7 @@ class GraphExec(Resource):
 
 # -- per-node updates: what each kind precomputes ---------------------------------------------
 
+
 class _Slot:
     """One node's update state: the bound driver call and what the new parameters use."""
 
@@ -319,10 +359,13 @@ class _KernelSlot(_Slot):
         config = None
         if grid is not None or block is not None or shared_mem is not None:
             old = params.config
-            config = make_config(old.grid if grid is None else grid,
-                                 old.block if block is None else block,
-                                 old.shared_mem if shared_mem is None else shared_mem,
-                                 None, False)
+            config = make_config(
+                old.grid if grid is None else grid,
+                old.block if block is None else block,
+                old.shared_mem if shared_mem is None else shared_mem,
+                None,
+                False,
+            )
             kernel = params.kernel
             if (config, self.device) not in kernel._checked:
                 validate(kernel, self.device, config)
@@ -341,8 +384,9 @@ def _kernel_slot(exe: GraphExec, spec: GraphNode, handle) -> _Slot:
     slot.params = KernelParams(spec._kernel, spec._config, exe._ctx)
     slot.device = exe._ctx._device
     slot.graph = spec.graph  # the graph the node is in: which conditions it may set
-    slot.set = functools.partial(exe._backend.driver.cuGraphExecKernelNodeSetParams,
-                                 exe._handle, handle, slot.params.struct)
+    slot.set = functools.partial(
+        exe._backend.driver.cuGraphExecKernelNodeSetParams, exe._handle, handle, slot.params.struct
+    )
     return slot
 
 
@@ -355,10 +399,12 @@ class _MemorySlot(_Slot):
     def update(self, exe: GraphExec, args: tuple, grid, block, shared_mem):
         build, takes = self.BUILD[self.kind]
         if len(args) != 2:
-            raise TypeError(f"GraphExec.update_node of a {self.kind} node takes {takes}, got "
-                            f"{len(args)} argument(s)")
+            raise TypeError(
+                f"GraphExec.update_node of a {self.kind} node takes {takes}, got "
+                f"{len(args)} argument(s)"
+            )
         params, _ = build(args[0], args[1], exe._ctx, "GraphExec.update_node")
-        err, = self.set(params, exe._ctx._handle)
+        (err,) = self.set(params, exe._ctx._handle)
         if not err:
             _retire(exe._held, self.keep)
             self.keep = args
@@ -369,6 +415,7 @@ def _bound(cls, kind: str, name: str):
     def make(exe: GraphExec, spec: GraphNode, handle) -> _Slot:
         call = functools.partial(getattr(exe._backend.driver, name), exe._handle, handle)
         return cls(kind, name, call)
+
     return make
 
 
@@ -381,6 +428,7 @@ _SLOTS = {
 
 # -- streams, lifetimes, teardown ---------------------------------------------------------------
 
+
 def _stream_for(ctx: Context, stream: Any, operation: str) -> Stream:
     """The stream to run on: None is the current stream of ``ctx``; one of another context
     (or device) is refused, naming both."""
@@ -390,7 +438,8 @@ def _stream_for(ctx: Context, stream: Any, operation: str) -> Stream:
             f"{operation}: the executable belongs to {ctx!r} (device {ctx._device.ordinal}) "
             f"and {stream!r} to {stream._ctx!r} (device {stream._ctx._device.ordinal}); an "
             "executable runs on streams of its own context: make one there "
-            "(with exe.context: cuctx.Stream()) or instantiate a graph of that context")
+            "(with exe.context: cuctx.Stream()) or instantiate a graph of that context"
+        )
     return stream
 
 

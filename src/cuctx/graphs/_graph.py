@@ -25,13 +25,28 @@ from ..context import ACTIVE, DESTROYED, Context, context_for, in_context
 from .._calls import fail
 from ..event import Event
 from ..stream import resolve_stream
-from ._conditions import (Condition, check_body_kind, check_child, check_condition,
-                          check_condition_args, condition_default, conditional_params,
-                          conditional_size, make_condition)
+from ._conditions import (
+    Condition,
+    check_body_kind,
+    check_child,
+    check_condition,
+    check_condition_args,
+    condition_default,
+    conditional_params,
+    conditional_size,
+    make_condition,
+)
 from ._exec import GraphExec
 from ._graph_node import GraphNode, add_node, after_nodes
-from ._nodes import (HostFunctions, KernelParams, NodeInfo, copy_params, describe_kernel,
-                     fill_params, summarize)
+from ._nodes import (
+    HostFunctions,
+    KernelParams,
+    NodeInfo,
+    copy_params,
+    describe_kernel,
+    fill_params,
+    summarize,
+)
 
 if TYPE_CHECKING:
     from ..stream import Stream
@@ -45,8 +60,18 @@ class Graph(Resource):
     this graph; nodes without ``after`` may run in any order). Make an executable with
     `instantiate`."""
 
-    __slots__ = ("_nodes", "_by_handle", "_parts", "_host", "_own_host", "_stream", "_home",
-                 "_conditions", "_finalizer", "__weakref__")
+    __slots__ = (
+        "_nodes",
+        "_by_handle",
+        "_parts",
+        "_host",
+        "_own_host",
+        "_stream",
+        "_home",
+        "_conditions",
+        "_finalizer",
+        "__weakref__",
+    )
 
     def __init__(self) -> None:
         ctx = context_for()
@@ -89,14 +114,23 @@ class Graph(Resource):
 
     # -- adding nodes ---------------------------------------------------------------------
 
-    def launch(self, kernel: Kernel, grid: Any, block: Any, *args: Any, shared_mem: int = 0,
-               after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
+    def launch(
+        self,
+        kernel: Kernel,
+        grid: Any,
+        block: Any,
+        *args: Any,
+        shared_mem: int = 0,
+        after: GraphNode | Iterable[GraphNode] = (),
+    ) -> GraphNode:
         """A kernel node: ``kernel`` on a ``grid`` of ``block``-sized blocks with ``args``,
         checked exactly as `cuctx.launch` checks them (LaunchConfigError,
         KernelArgumentError)."""
         if not isinstance(kernel, Kernel):
-            raise TypeError(f"Graph.launch needs a cuctx.Kernel (lib['name']), not "
-                            f"{type(kernel).__name__}: {kernel!r}")
+            raise TypeError(
+                f"Graph.launch needs a cuctx.Kernel (lib['name']), not "
+                f"{type(kernel).__name__}: {kernel!r}"
+            )
         operation = f"Graph.launch of {kernel.name!r}"
         ctx = self._ctx
         self._check(operation)
@@ -110,32 +144,52 @@ class Graph(Resource):
         params.pack(args, self._stream)
         kernel._owner._used_in(ctx)
         info = NodeInfo(None, params.keep(), describe_kernel(kernel, config), kernel, config)
-        return add_node(self, operation, "kernel", self._backend.driver.cuGraphAddKernelNode,
-                        (params.struct,), after, info)
+        return add_node(
+            self,
+            operation,
+            "kernel",
+            self._backend.driver.cuGraphAddKernelNode,
+            (params.struct,),
+            after,
+            info,
+        )
 
-    def copy(self, dst: Any, src: Any,
-             after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
+    def copy(self, dst: Any, src: Any, after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
         """A copy node from ``src`` to ``dst`` (same shape and dtype): device arrays of the
         graph's device, or page-locked host arrays (`pinned_empty`, `register_host`), in
         layouts one 3D copy can do."""
         self._check("Graph.copy")
         params, description = copy_params(dst, src, self._ctx, "Graph.copy")
-        return add_node(self, "Graph.copy", "copy", self._backend.driver.cuGraphAddMemcpyNode,
-                        (params, self._ctx._handle), after,
-                        NodeInfo(keep=(dst, src), description=description))
+        return add_node(
+            self,
+            "Graph.copy",
+            "copy",
+            self._backend.driver.cuGraphAddMemcpyNode,
+            (params, self._ctx._handle),
+            after,
+            NodeInfo(keep=(dst, src), description=description),
+        )
 
-    def fill(self, array: Any, value: Any,
-             after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
+    def fill(
+        self, array: Any, value: Any, after: GraphNode | Iterable[GraphNode] = ()
+    ) -> GraphNode:
         """A memset node setting every element of the contiguous ``array`` to ``value`` (a
         number its dtype holds exactly, as for `DeviceArray.fill`)."""
         self._check("Graph.fill")
         params, description = fill_params(array, value, self._ctx, "Graph.fill")
-        return add_node(self, "Graph.fill", "fill", self._backend.driver.cuGraphAddMemsetNode,
-                        (params, self._ctx._handle), after,
-                        NodeInfo(keep=(array,), description=description))
+        return add_node(
+            self,
+            "Graph.fill",
+            "fill",
+            self._backend.driver.cuGraphAddMemsetNode,
+            (params, self._ctx._handle),
+            after,
+            NodeInfo(keep=(array,), description=description),
+        )
 
-    def host(self, fn: Callable[..., Any], *args: Any,
-             after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
+    def host(
+        self, fn: Callable[..., Any], *args: Any, after: GraphNode | Iterable[GraphNode] = ()
+    ) -> GraphNode:
         """A host node calling ``fn(*args)`` at each launch. As for
         `Stream.launch_host_func`: ``fn`` must not call CUDA, and what it raises is raised
         as `HostFunctionError` by the next synchronize of the stream the executable was
@@ -150,9 +204,15 @@ class Graph(Resource):
         params = self._own_host.add(fn, args, self._backend.sim is None)
         name = getattr(fn, "__qualname__", repr(fn))
         try:
-            return add_node(self, "Graph.host", "host", self._backend.driver.cuGraphAddHostNode,
-                            (params,), after,
-                            NodeInfo(keep=(fn, *args), description=f"host {name}"))
+            return add_node(
+                self,
+                "Graph.host",
+                "host",
+                self._backend.driver.cuGraphAddHostNode,
+                (params,),
+                after,
+                NodeInfo(keep=(fn, *args), description=f"host {name}"),
+            )
         except BaseException:
             drop_host_function(int(params.userData))
             raise
@@ -161,19 +221,35 @@ class Graph(Resource):
         """An event record node: each launch records ``event`` (of the graph's context)."""
         self._event("Graph.record", "record", event)
         if event._ctx is not self._ctx:
-            raise ValueError(f"Graph.record: {event!r} belongs to {event._ctx!r}, the graph to "
-                             f"{self._ctx!r}; record an event of the graph's context")
-        return add_node(self, "Graph.record", "record",
-                        self._backend.driver.cuGraphAddEventRecordNode, (event._handle,),
-                        after, NodeInfo(keep=(event,), description="record event"), event)
+            raise ValueError(
+                f"Graph.record: {event!r} belongs to {event._ctx!r}, the graph to "
+                f"{self._ctx!r}; record an event of the graph's context"
+            )
+        return add_node(
+            self,
+            "Graph.record",
+            "record",
+            self._backend.driver.cuGraphAddEventRecordNode,
+            (event._handle,),
+            after,
+            NodeInfo(keep=(event,), description="record event"),
+            event,
+        )
 
     def wait(self, event: Event, after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
         """An event wait node: the nodes after it wait for the event's latest record at the
         time the graph runs (of any context or device)."""
         self._event("Graph.wait", "wait", event)
-        return add_node(self, "Graph.wait", "wait",
-                        self._backend.driver.cuGraphAddEventWaitNode, (event._handle,), after,
-                        NodeInfo(keep=(event,), description="wait event"), event)
+        return add_node(
+            self,
+            "Graph.wait",
+            "wait",
+            self._backend.driver.cuGraphAddEventWaitNode,
+            (event._handle,),
+            after,
+            NodeInfo(keep=(event,), description="wait event"),
+            event,
+        )
 
     def _event(self, operation: str, kind: str, event: Any) -> None:
         self._check(operation)
@@ -191,22 +267,36 @@ class Graph(Resource):
         if not isinstance(graph, Graph):
             raise TypeError(f"Graph.child takes a cuctx.Graph, not {type(graph).__name__}")
         if graph is self or graph._backend is not self._backend:
-            raise ValueError("Graph.child: a graph cannot contain itself or a graph of "
-                             "another backend")
+            raise ValueError(
+                "Graph.child: a graph cannot contain itself or a graph of another backend"
+            )
         graph._check("Graph.child")
         check_child(self, graph, "Graph.child")
-        node = add_node(self, "Graph.child", "child",
-                        self._backend.driver.cuGraphAddChildGraphNode, (graph._handle,), after,
-                        NodeInfo(keep=(graph,), description=f"child {summarize(graph._nodes)}"),
-                        graph)
+        node = add_node(
+            self,
+            "Graph.child",
+            "child",
+            self._backend.driver.cuGraphAddChildGraphNode,
+            (graph._handle,),
+            after,
+            NodeInfo(keep=(graph,), description=f"child {summarize(graph._nodes)}"),
+            graph,
+        )
         self._parts.append(graph)
         return node
 
     def empty(self, after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
         """A node that does nothing: a join point for ``after=``."""
         self._check("Graph.empty")
-        return add_node(self, "Graph.empty", "empty", self._backend.driver.cuGraphAddEmptyNode,
-                        (), after, NodeInfo(description="empty"))
+        return add_node(
+            self,
+            "Graph.empty",
+            "empty",
+            self._backend.driver.cuGraphAddEmptyNode,
+            (),
+            after,
+            NodeInfo(description="empty"),
+        )
 
     def condition(self, default: bool | int | None = None) -> Condition:
         """A condition for conditional nodes of this graph (or of graphs inside it), made
@@ -219,9 +309,14 @@ class Graph(Resource):
         self._check("Graph.condition")
         return make_condition(self, value, "Graph.condition")
 
-    def conditional(self, kind: str = "if", condition: Condition | None = None,
-                    default: bool | int | None = None, cases: int | None = None,
-                    after: GraphNode | Iterable[GraphNode] = ()) -> GraphNode:
+    def conditional(
+        self,
+        kind: str = "if",
+        condition: Condition | None = None,
+        default: bool | int | None = None,
+        cases: int | None = None,
+        after: GraphNode | Iterable[GraphNode] = (),
+    ) -> GraphNode:
         """A conditional node, whose ``bodies`` (Graphs) you add nodes to. ``kind``: "if"
         (its body runs once when the condition is non-zero), "if_else" (``bodies[0]`` when
         non-zero, ``bodies[1]`` when zero), "while" (its body runs again and again while the
@@ -247,9 +342,18 @@ class Graph(Resource):
 
         def add(graph, deps, count, node_params):  # cuGraphAddNode takes edge data too
             return drv.cuGraphAddNode(graph, deps, None, count, node_params)
+
         add.__name__ = "cuGraphAddNode"
-        node = add_node(self, operation, "conditional", add, (params,), after,
-                        NodeInfo(description=words), hint=hint)
+        node = add_node(
+            self,
+            operation,
+            "conditional",
+            add,
+            (params,),
+            after,
+            NodeInfo(description=words),
+            hint=hint,
+        )
         bodies = []
         for index, handle in enumerate(params.conditional.phGraph_out[:size]):
             body = object.__new__(Graph)
@@ -284,11 +388,11 @@ class Graph(Resource):
         if result[0]:
             fail(self._backend, result[0], "cuGraphGetEdges", self._ctx)
         by = self._by_handle
-        return tuple((by[int(a)], by[int(b)])
-                     for a, b in zip(result[1][:count], result[2][:count]))
+        return tuple((by[int(a)], by[int(b)]) for a, b in zip(result[1][:count], result[2][:count]))
 
-    def instantiate(self, *, upload: Stream | Any | None = None, auto_free: bool = False,
-                    priority: bool = False) -> GraphExec:
+    def instantiate(
+        self, *, upload: Stream | Any | None = None, auto_free: bool = False, priority: bool = False
+    ) -> GraphExec:
         """An executable of the graph as it is now. ``upload``: a stream to upload it on
         right away (else the first launch does); ``auto_free``: memory the graph allocates
         and does not free is freed at its next launch; ``priority``: kernel nodes run with
@@ -299,7 +403,8 @@ class Graph(Resource):
                 f"Graph.instantiate: {', '.join(map(repr, unused))} drives no conditional "
                 "node, and CUDA refuses to instantiate a graph with a condition it does not "
                 "use (a condition cannot be removed): add its node, g.conditional(kind, "
-                "condition=c), or build the graph again without it")
+                "condition=c), or build the graph again without it"
+            )
         return GraphExec(self, upload, auto_free, priority)
 
     def to_dot(self, path: str | os.PathLike, verbose: bool = False) -> str:
@@ -313,7 +418,7 @@ class Graph(Resource):
         path = os.fspath(path)
         open(path, "w").close()
         flags = int(CUgraphDebugDot_flags.CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE) if verbose else 0
-        err, = self._backend.driver.cuGraphDebugDotPrint(self._handle, os.fsencode(path), flags)
+        (err,) = self._backend.driver.cuGraphDebugDotPrint(self._handle, os.fsencode(path), flags)
         if err:
             fail(self._backend, err, "cuGraphDebugDotPrint", self._ctx, hint=f"writing {path!r}")
         return path
@@ -337,8 +442,11 @@ class Graph(Resource):
         kernels = set(map(_KERNEL_OF, nodes))
         kernels.discard(None)
         libraries = set(map(_OWNER_OF, kernels))
-        events = [node._extra for node in nodes
-                  if node.kind == "record" and isinstance(node._extra, Event)]
+        events = [
+            node._extra
+            for node in nodes
+            if node.kind == "record" and isinstance(node._extra, Event)
+        ]
         for part in self._parts:
             h, lib, ev = part._closure()
             host.extend(h)
@@ -354,8 +462,10 @@ class Graph(Resource):
         edges = f", {len(self.edges)} edges" if active else ""
         body = " (conditional body)" if self._home is not None else ""
         state = "" if active else f" context {self._ctx._state}"
-        return (f"<Graph{body} {self._key:#x} {summarize(self._nodes)}{edges} ctx "
-                f"{self._ctx._key:#x}{state}>")
+        return (
+            f"<Graph{body} {self._key:#x} {summarize(self._nodes)}{edges} ctx "
+            f"{self._ctx._key:#x}{state}>"
+        )
 
 
 _KERNEL_OF = attrgetter("_kernel")

@@ -30,8 +30,18 @@ class GraphNode:
     work; a conditional node also has ``condition`` and ``bodies`` (``body`` when it has
     one)."""
 
-    __slots__ = ("graph", "kind", "site", "description", "_handle", "_keep", "_kernel",
-                 "_config", "_extra", "__weakref__")
+    __slots__ = (
+        "graph",
+        "kind",
+        "site",
+        "description",
+        "_handle",
+        "_keep",
+        "_kernel",
+        "_config",
+        "_extra",
+        "__weakref__",
+    )
 
     def __init__(self, graph: Graph, kind: str, handle, info: NodeInfo, extra: Any = None):
         self.graph = graph
@@ -67,32 +77,39 @@ class GraphNode:
         """The body of an "if" or "while" node (``bodies[0]``)."""
         bodies = self._conditional()[1]
         if len(bodies) != 1:
-            raise AttributeError(f"{self!r} has {len(bodies)} bodies: take one of "
-                                 "node.bodies (node.body is for nodes with one)")
+            raise AttributeError(
+                f"{self!r} has {len(bodies)} bodies: take one of "
+                "node.bodies (node.body is for nodes with one)"
+            )
         return bodies[0]
 
     def _conditional(self) -> tuple[Condition, tuple[Graph, ...]]:
         if self.kind != "conditional" or self._extra is None:
-            raise AttributeError(f"{self!r} is not a conditional node made by "
-                                 "Graph.conditional: it has no condition or bodies")
+            raise AttributeError(
+                f"{self!r} is not a conditional node made by "
+                "Graph.conditional: it has no condition or bodies"
+            )
         return self._extra
 
     @property
     def where(self) -> str:
-        """"file:line" of the call that added the node ("unknown line" without one)."""
+        """ "file:line" of the call that added the node ("unknown line" without one)."""
         return f"{self.site[0]}:{self.site[1]}" if self.site else "unknown line"
 
     def __repr__(self) -> str:
         return f"<GraphNode {self.description} at {self.where}>"
 
 
-def after_nodes(graph: Graph, after: GraphNode | Iterable[GraphNode],
-                operation: str) -> tuple[GraphNode, ...]:
+def after_nodes(
+    graph: Graph, after: GraphNode | Iterable[GraphNode], operation: str
+) -> tuple[GraphNode, ...]:
     """The nodes of ``after=`` (every node-adding method's), checked: a GraphNode of
     this graph or an iterable of them."""
     nodes = (after,) if isinstance(after, GraphNode) else after
-    expected = (f"{operation}: after= takes a GraphNode or an iterable of GraphNodes (what "
-                "this graph's methods return)")
+    expected = (
+        f"{operation}: after= takes a GraphNode or an iterable of GraphNodes (what "
+        "this graph's methods return)"
+    )
     if not isinstance(nodes, Iterable) or isinstance(nodes, (str, bytes)):
         none = "; leave after= out for a node that waits for none" if after is None else ""
         raise TypeError(f"{expected}, not {type(after).__name__} {after!r}{none}")
@@ -101,15 +118,26 @@ def after_nodes(graph: Graph, after: GraphNode | Iterable[GraphNode],
         if not isinstance(node, GraphNode):
             raise TypeError(f"{expected}; it holds {type(node).__name__} {node!r}")
         if node.graph is not graph:
-            raise ValueError(f"{operation}: after= names {node!r}, a node of another graph; "
-                             "a node can only follow nodes of its own graph (to run "
-                             "another graph inside this one, add it with Graph.child)")
+            raise ValueError(
+                f"{operation}: after= names {node!r}, a node of another graph; "
+                "a node can only follow nodes of its own graph (to run "
+                "another graph inside this one, add it with Graph.child)"
+            )
         checked.setdefault(id(node), node)
     return tuple(checked.values())
 
 
-def add_node(graph: Graph, operation: str, kind: str, add: Callable, args: tuple, after,
-             info: NodeInfo, extra: Any = None, hint: str = "") -> GraphNode:
+def add_node(
+    graph: Graph,
+    operation: str,
+    kind: str,
+    add: Callable,
+    args: tuple,
+    after,
+    info: NodeInfo,
+    extra: Any = None,
+    hint: str = "",
+) -> GraphNode:
     """Add one node through ``add(graph, deps, count, *args)`` with the graph's context
     current; the node records the user's line."""
     deps = [node._handle for node in after_nodes(graph, after, operation)]
@@ -117,7 +145,12 @@ def add_node(graph: Graph, operation: str, kind: str, add: Callable, args: tuple
     with in_context(ctx, operation):
         err, handle = add(graph._handle, deps, len(deps), *args)
     if err:
-        fail(graph._backend, err, add.__name__, ctx,
-             hint=f"adding {info.description}" + (f"; {hint}" if hint else ""))
+        fail(
+            graph._backend,
+            err,
+            add.__name__,
+            ctx,
+            hint=f"adding {info.description}" + (f"; {hint}" if hint else ""),
+        )
     site = _trace.user_site()
     return graph._append(GraphNode(graph, kind, handle, info._replace(site=site), extra))

@@ -24,9 +24,14 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-from cuda.bindings.driver import (CUDA_HOST_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS,
-                                  CUDA_MEMCPY3D, CUDA_MEMSET_NODE_PARAMS, CUgraphNodeType,
-                                  CUkernel)
+from cuda.bindings.driver import (
+    CUDA_HOST_NODE_PARAMS,
+    CUDA_KERNEL_NODE_PARAMS,
+    CUDA_MEMCPY3D,
+    CUDA_MEMSET_NODE_PARAMS,
+    CUgraphNodeType,
+    CUkernel,
+)
 
 from ..memory import _layout
 from ..kernels._access import condition_params
@@ -47,12 +52,16 @@ if TYPE_CHECKING:
 _T = CUgraphNodeType
 # The driver's node types by the names cuctx uses (GraphNode.kind).
 KINDS = {
-    int(_T.CU_GRAPH_NODE_TYPE_KERNEL): "kernel", int(_T.CU_GRAPH_NODE_TYPE_MEMCPY): "copy",
-    int(_T.CU_GRAPH_NODE_TYPE_MEMSET): "fill", int(_T.CU_GRAPH_NODE_TYPE_HOST): "host",
-    int(_T.CU_GRAPH_NODE_TYPE_GRAPH): "child", int(_T.CU_GRAPH_NODE_TYPE_EMPTY): "empty",
+    int(_T.CU_GRAPH_NODE_TYPE_KERNEL): "kernel",
+    int(_T.CU_GRAPH_NODE_TYPE_MEMCPY): "copy",
+    int(_T.CU_GRAPH_NODE_TYPE_MEMSET): "fill",
+    int(_T.CU_GRAPH_NODE_TYPE_HOST): "host",
+    int(_T.CU_GRAPH_NODE_TYPE_GRAPH): "child",
+    int(_T.CU_GRAPH_NODE_TYPE_EMPTY): "empty",
     int(_T.CU_GRAPH_NODE_TYPE_WAIT_EVENT): "wait",
     int(_T.CU_GRAPH_NODE_TYPE_EVENT_RECORD): "record",
-    int(_T.CU_GRAPH_NODE_TYPE_MEM_ALLOC): "alloc", int(_T.CU_GRAPH_NODE_TYPE_MEM_FREE): "free",
+    int(_T.CU_GRAPH_NODE_TYPE_MEM_ALLOC): "alloc",
+    int(_T.CU_GRAPH_NODE_TYPE_MEM_FREE): "free",
     int(_T.CU_GRAPH_NODE_TYPE_CONDITIONAL): "conditional",
 }
 
@@ -74,10 +83,14 @@ def summarize(nodes: list) -> str:
     parts = []
     for kind, n in kinds.items():
         if kind == "kernel":
-            names = Counter(node._kernel.name if node._kernel else "?"
-                            for node in nodes if node.kind == "kernel")
-            named = ", ".join(f"{name!r}" + (f" x{k}" if k > 1 else "")
-                              for name, k in names.items())
+            names = Counter(
+                node._kernel.name if node._kernel else "?"
+                for node in nodes
+                if node.kind == "kernel"
+            )
+            named = ", ".join(
+                f"{name!r}" + (f" x{k}" if k > 1 else "") for name, k in names.items()
+            )
             parts.append(f"{n} kernel ({named})")
         else:
             parts.append(f"{n} {kind}")
@@ -89,6 +102,7 @@ class NodeInfo(NamedTuple):
     objects its work uses (kept alive while a graph or executable holds the node), words for
     messages, and for kernel nodes the kernel and configuration (for `GraphExec.update_node`).
     Capture (graphs/_capture.py) passes one per captured node to `_adopt`."""
+
     site: tuple[str, int, str] | None = None
     keep: tuple = ()
     description: str = ""
@@ -118,13 +132,13 @@ class HostFunctions:
 
 # -- kernels --------------------------------------------------------------------------------
 
+
 class KernelParams:
     """A kernel node's driver struct with its own parameter buffer: `pack` writes arguments
     into the buffer the struct points at, `configure` the grid, block and shared memory.
     ``conditions``: the parameters the source declares as condition handles."""
 
-    __slots__ = ("kernel", "config", "packer", "struct", "buffer", "pointers", "args",
-                 "conditions")
+    __slots__ = ("kernel", "config", "packer", "struct", "buffer", "pointers", "args", "conditions")
 
     def __init__(self, kernel: Kernel, config: Config, ctx: Context) -> None:
         self.kernel = kernel
@@ -165,14 +179,17 @@ class KernelParams:
 
 
 def describe_kernel(kernel: Kernel, config: Config) -> str:
-    return (f"kernel {kernel.name!r} grid={config.grid} block={config.block}"
-            + (f" shared_mem={config.shared_mem}" if config.shared_mem else ""))
+    return f"kernel {kernel.name!r} grid={config.grid} block={config.block}" + (
+        f" shared_mem={config.shared_mem}" if config.shared_mem else ""
+    )
 
 
 # -- copies ---------------------------------------------------------------------------------
 
-def _side(obj: Any, ctx: Context, operation: str, role: str, written: bool,
-          copy: bool = True) -> bool:
+
+def _side(
+    obj: Any, ctx: Context, operation: str, role: str, written: bool, copy: bool = True
+) -> bool:
     """Check one side of a graph copy (or fill: not ``copy``); True for device memory."""
     if isinstance(obj, DeviceArray):
         obj._check(operation)
@@ -183,15 +200,21 @@ def _side(obj: Any, ctx: Context, operation: str, role: str, written: bool,
         if there is not here and not (copy and (there in here._peers or in_host_pool(obj))):
             raise ValueError(
                 f"{operation}: the {role} {obj!r} is on device {there.ordinal}, the graph's "
-                f"context on device {here.ordinal}; " + (
+                f"context on device {here.ordinal}; "
+                + (
                     f"a copy between devices in a graph is made by device {here.ordinal}, "
                     f"which needs peer access to device {there.ordinal}: call cuctx.Device("
-                    f"{here.ordinal}).enable_peer_access({there.ordinal}) first" if copy else
-                    "a graph fills memory of its own device"))
+                    f"{here.ordinal}).enable_peer_access({there.ordinal}) first"
+                    if copy
+                    else "a graph fills memory of its own device"
+                )
+            )
         return True
     if not isinstance(obj, np.ndarray):
-        raise TypeError(f"{operation}: the {role} must be a DeviceArray or a page-locked "
-                        f"numpy.ndarray, not {type(obj).__name__}")
+        raise TypeError(
+            f"{operation}: the {role} must be a DeviceArray or a page-locked "
+            f"numpy.ndarray, not {type(obj).__name__}"
+        )
     if written and not obj.flags.writeable:
         raise ValueError(f"{operation}: the destination host array is read-only")
     lo, hi = _layout.span(obj.shape, obj.strides, obj.dtype.itemsize)
@@ -200,7 +223,8 @@ def _side(obj: Any, ctx: Context, operation: str, role: str, written: bool,
             f"{operation}: the {role} is pageable host memory; a graph copies it at every "
             "launch, long after this call returns, which CUDA allows only for page-locked "
             "memory: allocate it with cuctx.pinned_empty(shape, dtype) or page-lock it with "
-            "cuctx.register_host(array)")
+            "cuctx.register_host(array)"
+        )
     return False
 
 
@@ -211,25 +235,32 @@ def copy_params(dst: Any, src: Any, ctx: Context, operation: str) -> tuple[CUDA_
     dst_dev = _side(dst, ctx, operation, "destination", True)
     src_dev = _side(src, ctx, operation, "source", False)
     if not (dst_dev or src_dev):
-        raise TypeError(f"{operation} needs a DeviceArray on at least one side; use "
-                        "numpy.copyto between host arrays")
+        raise TypeError(
+            f"{operation} needs a DeviceArray on at least one side; use "
+            "numpy.copyto between host arrays"
+        )
     n = _matching(dst, src)
     if n == 0:
-        raise ValueError(f"{operation}: the arrays are empty ({dst.shape}); a graph holds no "
-                         "empty copy, so leave the node out")
+        raise ValueError(
+            f"{operation}: the arrays are empty ({dst.shape}); a graph holds no "
+            "empty copy, so leave the node out"
+        )
     itemsize = dst.dtype.itemsize
     if dst_dev and src_dev:
         d_lo, d_hi = _layout.span(dst.shape, dst.strides, itemsize)
         s_lo, s_hi = _layout.span(src.shape, src.strides, itemsize)
         if dst.ptr + d_lo < src.ptr + s_hi and src.ptr + s_lo < dst.ptr + d_hi:
-            raise ValueError(f"{operation}: source and destination overlap; a copy's order of "
-                             "reads and writes is undefined, so copy through another array")
+            raise ValueError(
+                f"{operation}: source and destination overlap; a copy's order of "
+                "reads and writes is undefined, so copy through another array"
+            )
     plan = _layout.plan(dst.shape, dst.strides, src.strides, itemsize)
     if plan.calls > 1:
         raise ValueError(
             f"{operation}: these layouts (strides {dst.strides} and {src.strides}) need "
             f"{plan.calls} copies, and a graph's copy node makes one 3D copy: copy between "
-            "arrays whose layouts agree (C-contiguous ones, say)")
+            "arrays whose layouts agree (C-contiguous ones, say)"
+        )
     params = CUDA_MEMCPY3D()
     params.WidthInBytes = plan.width
     height, dst_pitch, src_pitch = plan.rows or (1, plan.width, plan.width)
@@ -249,8 +280,10 @@ def copy_params(dst: Any, src: Any, ctx: Context, operation: str) -> tuple[CUDA_
         params.srcDevice = s
     else:
         params.srcHost = s
-    return params, f"copy {_memory(src, src_dev)} to {_memory(dst, dst_dev)} {n} x " \
-        f"{dst.dtype} {dst.shape}"
+    return (
+        params,
+        f"copy {_memory(src, src_dev)} to {_memory(dst, dst_dev)} {n} x {dst.dtype} {dst.shape}",
+    )
 
 
 def _memory(obj: Any, on_device: bool) -> str:
@@ -260,8 +293,10 @@ def _memory(obj: Any, on_device: bool) -> str:
 
 # -- fills ----------------------------------------------------------------------------------
 
-def fill_params(arr: Any, value: Any, ctx: Context,
-                operation: str) -> tuple[CUDA_MEMSET_NODE_PARAMS, str]:
+
+def fill_params(
+    arr: Any, value: Any, ctx: Context, operation: str
+) -> tuple[CUDA_MEMSET_NODE_PARAMS, str]:
     """One memset node setting every element of ``arr`` to ``value`` (the values `fill`
     takes); the array must be dense and the element expressible as 1, 2 or 4-byte words."""
     if not isinstance(arr, DeviceArray):
@@ -272,9 +307,11 @@ def fill_params(arr: Any, value: Any, ctx: Context,
     if not arr.size:
         raise ValueError(f"{operation}: the array is empty; a graph holds no empty memset")
     if not arr.is_contiguous or arr.ptr % min(len(pattern), 4):
-        raise ValueError(f"{operation}: a memset node fills dense memory, and {arr!r} (strides "
-                         f"{arr.strides}) is not; fill a contiguous array (or copy into the "
-                         "view from one)")
+        raise ValueError(
+            f"{operation}: a memset node fills dense memory, and {arr!r} (strides "
+            f"{arr.strides}) is not; fill a contiguous array (or copy into the "
+            "view from one)"
+        )
     words = np.frombuffer(pattern, "<u4").tolist() if len(pattern) % 4 == 0 else []
     params = CUDA_MEMSET_NODE_PARAMS()
     if len(pattern) in (1, 2):
@@ -287,7 +324,8 @@ def fill_params(arr: Any, value: Any, ctx: Context,
         raise ValueError(
             f"{operation}: a memset node repeats one 1-, 2- or 4-byte word, and {value!r} as "
             f"{arr.dtype} is {len(pattern)} bytes that differ ({pattern.hex()}); fill with a "
-            "kernel node, or copy from an array filled eagerly (arr.fill(value))")
+            "kernel node, or copy from an array filled eagerly (arr.fill(value))"
+        )
     params.dst = arr.ptr
     params.height = 1
     params.pitch = 0

@@ -50,5 +50,12 @@ def announce(exe: Any, graph: Graph, stream: Stream) -> None:
     ``fields["nodes"]`` for checks between the nodes of one launch."""
     nodes = tuple((node, node_accesses(node, stream)) for node in graph._nodes)
     nodes = tuple(n for n in nodes if n[1])
-    _trace.emit("graph_launch", exe._ctx, stream, tuple(a for _, acc in nodes for a in acc),
-                graph=graph, exec=exe, nodes=nodes)
+    _trace.emit(
+        "graph_launch",
+        exe._ctx,
+        stream,
+        tuple(a for _, acc in nodes for a in acc),
+        graph=graph,
+        exec=exe,
+        nodes=nodes,
+    )

@@ -31,31 +31,30 @@ FUNCTION = int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE)
 
 # The driver's reasons for refusing an update (CUgraphExecUpdateResult), in words.
 UPDATE_REASONS = {
-    ERROR:
-        "the driver gave no reason cuctx can name (an invalid value, or a change it found "
-        "unsupported); instantiate the new graph instead",
-    TOPOLOGY:
-        "the structure changed: the graphs differ in their nodes or in the dependencies "
-        "between them, so the update has nothing to pair; instantiate the new graph instead",
-    NODE_TYPE:
-        "the node is of another kind than the executable's node at its place (a copy where "
-        "a kernel was, say)",
-    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED):
-        "the kernel node runs another kernel, which this driver cannot change",
-    PARAMETERS:
-        "its parameters changed in a way an update cannot make (memory of another kind, "
-        "context or device, another copy shape, ...)",
-    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED):
-        "this kind of node, or this change to it, cannot be updated (memory nodes, "
-        "conditional nodes' parameters, ...)",
-    FUNCTION:
-        "the kernel changed to one the executable cannot run in its place (one of another "
-        "context, or one using dynamic parallelism or device-side graph calls the first did "
-        "not)",
-    int(_R.CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED):
-        "the node's attributes changed in a way an update cannot make (its priority, with "
-        "instantiate(priority=True), or its cluster shape)",
+    ERROR: "the driver gave no reason cuctx can name (an invalid value, or a change it found "
+    "unsupported); instantiate the new graph instead",
+    TOPOLOGY: "the structure changed: the graphs differ in their nodes or in the dependencies "
+    "between them, so the update has nothing to pair; instantiate the new graph instead",
+    NODE_TYPE: "the node is of another kind than the executable's node at its place (a copy where "
+    "a kernel was, say)",
+    int(
+        _R.CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED
+    ): "the kernel node runs another kernel, which this driver cannot change",
+    PARAMETERS: "its parameters changed in a way an update cannot make (memory of another kind, "
+    "context or device, another copy shape, ...)",
+    int(
+        _R.CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED
+    ): "this kind of node, or this change to it, cannot be updated (memory nodes, "
+    "conditional nodes' parameters, ...)",
+    FUNCTION: "the kernel changed to one the executable cannot run in its place (one of another "
+    "context, or one using dynamic parallelism or device-side graph calls the first did "
+    "not)",
+    int(
+        _R.CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED
+    ): "the node's attributes changed in a way an update cannot make (its priority, with "
+    "instantiate(priority=True), or its cluster shape)",
 }
+
 
 def refusal(old: Graph, new: Graph, info) -> tuple[int, GraphNode | None, GraphNode | None]:
     """(CUgraphExecUpdateResult, the node of ``new`` to blame, its mismatched dependency)

@@ -25,8 +25,9 @@ def serve(host: str, authkey: bytes, run: Callable[[memoryview], bytes]) -> tupl
     """In the actor: listen on ``host`` (a free port), and serve ``run`` to the first
     connection that authenticates, in a thread, until it closes; the listener's address."""
     listener = socket.create_server((host, 0))
-    threading.Thread(target=_serve, args=(listener, authkey, run), daemon=True,
-                     name="cuctx-isolated-channel").start()
+    threading.Thread(
+        target=_serve, args=(listener, authkey, run), daemon=True, name="cuctx-isolated-channel"
+    ).start()
     return listener.getsockname()[:2]
 
 

@@ -22,6 +22,7 @@ from ._wire import RemoteTraceback
 class WorkerInfo(NamedTuple):
     """One worker of an `IsolatedExecutor` (``ex.workers``): its device's ordinal, its
     process id (None while a replacement starts), how many times it was replaced."""
+
     device: int
     pid: int | None
     replaced: int
@@ -90,11 +91,27 @@ class Call:
     """One submitted call: its future, its name for messages, its pickles, where it may run
     and for how long. ``timed_out`` is set (under the core's lock) by the watchdog."""
 
-    __slots__ = ("future", "name", "fn_bytes", "args_bytes", "arrays", "device", "timeout",
-                 "timed_out")
+    __slots__ = (
+        "future",
+        "name",
+        "fn_bytes",
+        "args_bytes",
+        "arrays",
+        "device",
+        "timeout",
+        "timed_out",
+    )
 
-    def __init__(self, future: CallFuture, name: str, fn_bytes: bytes, args_bytes: bytes,
-                 arrays: list, device: int | None, timeout: float | None) -> None:
+    def __init__(
+        self,
+        future: CallFuture,
+        name: str,
+        fn_bytes: bytes,
+        args_bytes: bytes,
+        arrays: list,
+        device: int | None,
+        timeout: float | None,
+    ) -> None:
         self.future = future
         self.name = name
         self.fn_bytes = fn_bytes
@@ -140,14 +157,23 @@ def last_line(traceback: str) -> str:
 
 def cancelled(call: Call) -> CancelledError:
     """What a call that was running when Ctrl-C killed its worker raises."""
-    return CancelledError(f"{call.name} was running when Ctrl-C (KeyboardInterrupt) ended "
-                          "the executor: its worker was killed")
+    return CancelledError(
+        f"{call.name} was running when Ctrl-C (KeyboardInterrupt) ended "
+        "the executor: its worker was killed"
+    )
 
 
 def fault_error(report: dict, call: Call, device: int, worker: int | None) -> WorkerFaultError:
     """The `WorkerFaultError` of a worker's fault report (`_worker.fault_report`)."""
-    error = WorkerFaultError(report["code"], report["operation"], report["message"],
-                             report["hint"], device=device, worker=worker, call=call.name)
+    error = WorkerFaultError(
+        report["code"],
+        report["operation"],
+        report["message"],
+        report["hint"],
+        device=device,
+        worker=worker,
+        call=call.name,
+    )
     error.__cause__ = RemoteTraceback(report["traceback"])
     return error
 
@@ -188,10 +214,10 @@ class Core:
         """Queue ``call``; the slot to send it to now (marked busy), or None: it waits."""
         with self.lock:
             if self.broken:
-                error = BrokenExecutor(f"{self.broken}; make a new IsolatedExecutor once "
-                                       "that is fixed")
-                raise error from (RemoteTraceback(self.broken_cause) if self.broken_cause
-                                  else None)
+                error = BrokenExecutor(
+                    f"{self.broken}; make a new IsolatedExecutor once that is fixed"
+                )
+                raise error from (RemoteTraceback(self.broken_cause) if self.broken_cause else None)
             if self.shutting_down:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             for slot in self.slots:
@@ -208,8 +234,7 @@ class Core:
             slot.worker, slot.pid = worker, pid
             return self._take(slot)
 
-    def finished(self, slot: Slot, expected: Call | None = None
-                 ) -> tuple[Call | None, Call | None]:
+    def finished(self, slot: Slot, expected: Call | None = None) -> tuple[Call | None, Call | None]:
         """``slot``'s call is over: (that call, or None if the watchdog timed it out first,
         or if it is not ``expected``, which another thread finished already; the next call
         for the slot, or None)."""
@@ -312,8 +337,9 @@ class Watchdog:
         """A call with this deadline started (its slot's ``deadline`` is set)."""
         with self._cond:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name="cuctx-isolated-watchdog")
+                self._thread = threading.Thread(
+                    target=self._run, daemon=True, name="cuctx-isolated-watchdog"
+                )
                 self._thread.start()
             elif self._target is None or deadline < self._target:
                 self._cond.notify()

@@ -36,18 +36,27 @@ class IsolatedExecutor(Executor):
     docs/isolation.md explains the model.
     """
 
-    def __init__(self, devices: Iterable[Device | int] | None = None, engine: str = "process",
-                 workers_per_device: int = 1, standby: bool = False,
-                 timeout: float | None = None, *, address: str | None = None) -> None:
+    def __init__(
+        self,
+        devices: Iterable[Device | int] | None = None,
+        engine: str = "process",
+        workers_per_device: int = 1,
+        standby: bool = False,
+        timeout: float | None = None,
+        *,
+        address: str | None = None,
+    ) -> None:
         self._devices = _ordinals(devices)
         _check_settings(engine, workers_per_device, standby, address)
         self._timeout = _seconds(timeout)
         core = Core(self._devices, workers_per_device)
         if engine == "ray":
             from ._ray import RayEngine  # Ray is an optional extra
+
             self._engine = RayEngine(core, standby, address)
         else:
             from ._process import ProcessEngine
+
             self._engine = ProcessEngine(core, standby)
         self._core = core
         _live.add(self._engine)
@@ -60,19 +69,18 @@ class IsolatedExecutor(Executor):
         from a ``MemoryPool(device, ipc=True)`` is the same memory in the worker."""
         return self._submit(fn, args, kwargs, None, self._timeout)
 
-    def _submit(self, fn: Callable, args: tuple, kwargs: dict, device: int | None,
-                timeout: float | None) -> Future:
+    def _submit(
+        self, fn: Callable, args: tuple, kwargs: dict, device: int | None, timeout: float | None
+    ) -> Future:
         if not callable(fn):
             raise TypeError(f"submit needs a callable, not {type(fn).__name__}")
         name = getattr(fn, "__qualname__", type(fn).__qualname__)
         arrays: list[DeviceArray] = []
         try:
             fn_bytes = _wire.function_bytes(fn)
-            args_bytes = _wire.arguments(args, kwargs,
-                                         lambda: self._engine.reductions(arrays))
+            args_bytes = _wire.arguments(args, kwargs, lambda: self._engine.reductions(arrays))
         except Exception as exc:  # noqa: BLE001 - a pickling error may be of any type
-            raise unsendable(fn, name, args, kwargs, self._engine.reductions([]), exc) \
-                from exc
+            raise unsendable(fn, name, args, kwargs, self._engine.reductions([]), exc) from exc
         if arrays:  # the worker sees shared arrays as the caller left them: queued work first
             for ctx in {id(a.context): a.context for a, _ in arrays}.values():
                 ctx.synchronize()
@@ -82,8 +90,9 @@ class IsolatedExecutor(Executor):
             self._engine.dispatch(slot, call)
         return call.future
 
-    def options(self, *, device: Device | int | None = _UNSET,
-                timeout: float | None = _UNSET) -> _Options:
+    def options(
+        self, *, device: Device | int | None = _UNSET, timeout: float | None = _UNSET
+    ) -> _Options:
         """A view of this executor whose `submit` and `map` run calls on ``device`` (one of
         the executor's; None: any) with ``timeout`` (seconds; None: none)."""
         return _Options(self, None, self._timeout).options(device=device, timeout=timeout)
@@ -116,29 +125,38 @@ class IsolatedExecutor(Executor):
 
     def __repr__(self) -> str:
         state = " shut down" if self._core.shutting_down else ""
-        return (f"<IsolatedExecutor {type(self._engine).__name__.removesuffix('Engine').lower()}"
-                f" devices={self._devices} workers={len(self._core.slots)}{state}>")
+        return (
+            f"<IsolatedExecutor {type(self._engine).__name__.removesuffix('Engine').lower()}"
+            f" devices={self._devices} workers={len(self._core.slots)}{state}>"
+        )
 
 
 class _Options:
     """`IsolatedExecutor.options`: submit and map with a device and a timeout of their own."""
 
-    def __init__(self, executor: IsolatedExecutor, device: int | None,
-                 timeout: float | None) -> None:
+    def __init__(
+        self, executor: IsolatedExecutor, device: int | None, timeout: float | None
+    ) -> None:
         self._executor = executor
         self._device = device
         self._timeout = timeout
 
-    def options(self, *, device: Device | int | None = _UNSET,
-                timeout: float | None = _UNSET) -> _Options:
+    def options(
+        self, *, device: Device | int | None = _UNSET, timeout: float | None = _UNSET
+    ) -> _Options:
         """These settings, with the ones given replaced."""
         if device is not _UNSET and device is not None:
             device = _ordinal(device)
             if device not in self._executor._devices:
-                raise ValueError(f"device {device} is not one of this executor's devices "
-                                 f"{self._executor._devices}")
-        return _Options(self._executor, self._device if device is _UNSET else device,
-                        self._timeout if timeout is _UNSET else _seconds(timeout))
+                raise ValueError(
+                    f"device {device} is not one of this executor's devices "
+                    f"{self._executor._devices}"
+                )
+        return _Options(
+            self._executor,
+            self._device if device is _UNSET else device,
+            self._timeout if timeout is _UNSET else _seconds(timeout),
+        )
 
     def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
         """`IsolatedExecutor.submit` with these settings."""
@@ -167,16 +185,20 @@ def _check_settings(engine: Any, workers_per_device: Any, standby: Any, address:
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {accepted}, not {engine!r}")
     if not _whole(workers_per_device):
-        raise TypeError(f"workers_per_device is a whole number >= 1, not the "
-                        f"{_given(workers_per_device)}")
+        raise TypeError(
+            f"workers_per_device is a whole number >= 1, not the {_given(workers_per_device)}"
+        )
     if workers_per_device < 1:
-        raise ValueError(f"workers_per_device must be a whole number >= 1, not "
-                         f"{workers_per_device}")
+        raise ValueError(
+            f"workers_per_device must be a whole number >= 1, not {workers_per_device}"
+        )
     if not isinstance(standby, bool):
         raise TypeError(f"standby is True or False, not the {_given(standby)}")
     if address is not None and not isinstance(address, str):
-        raise TypeError(f"address is a Ray cluster's address, a str such as "
-                        f"'10.0.0.5:6379', or None; not the {_given(address)}")
+        raise TypeError(
+            f"address is a Ray cluster's address, a str such as "
+            f"'10.0.0.5:6379', or None; not the {_given(address)}"
+        )
     if address is not None and engine != "ray":
         raise ValueError("address= names a Ray cluster: it needs engine='ray'")
 
@@ -185,8 +207,7 @@ def _seconds(timeout: float | None) -> float | None:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout is a number of seconds > 0, or None; not the "
-                        f"{_given(timeout)}")
+        raise TypeError(f"timeout is a number of seconds > 0, or None; not the {_given(timeout)}")
     if not timeout > 0:  # (NaN too)
         raise ValueError(f"timeout must be a number of seconds > 0, or None, not {timeout!r}")
     return float(timeout)
@@ -196,32 +217,37 @@ def _ordinal(device: Device | int) -> int:
     if isinstance(device, Device):
         return device.ordinal
     if not _whole(device):
-        raise TypeError(f"a device is a cuctx.Device or an ordinal (int), not the "
-                        f"{_given(device)}")
+        raise TypeError(f"a device is a cuctx.Device or an ordinal (int), not the {_given(device)}")
     return device
 
 
 def _ordinals(devices: Iterable[Device | int] | None) -> list[int]:
-    if devices is not None and (isinstance(devices, (str, bytes, Device))
-                                or not hasattr(devices, "__iter__")):
-        raise TypeError(f"devices is a list of ordinals or cuctx.Device objects (devices=[0] "
-                        f"for device 0 alone), or None for every device; not the "
-                        f"{_given(devices)}")
+    if devices is not None and (
+        isinstance(devices, (str, bytes, Device)) or not hasattr(devices, "__iter__")
+    ):
+        raise TypeError(
+            f"devices is a list of ordinals or cuctx.Device objects (devices=[0] "
+            f"for device 0 alone), or None for every device; not the "
+            f"{_given(devices)}"
+        )
     count = len(all_devices())
     if devices is None:
         ordinals = list(range(count))
     else:
         ordinals = [_ordinal(d) for d in devices]
     if not ordinals:
-        raise ValueError("an IsolatedExecutor needs at least one device, and "
-                         + ("none was given" if devices is not None else "there is none"))
+        raise ValueError(
+            "an IsolatedExecutor needs at least one device, and "
+            + ("none was given" if devices is not None else "there is none")
+        )
     for ordinal in ordinals:
         if not 0 <= ordinal < count:
-            raise ValueError(f"there is no device {ordinal}: valid ordinals are 0 to "
-                             f"{count - 1}")
+            raise ValueError(f"there is no device {ordinal}: valid ordinals are 0 to {count - 1}")
     if len(set(ordinals)) != len(ordinals):
-        raise ValueError(f"devices lists a device twice ({ordinals}): use "
-                         "workers_per_device for more workers on one device")
+        raise ValueError(
+            f"devices lists a device twice ({ordinals}): use "
+            "workers_per_device for more workers on one device"
+        )
     return ordinals
 
 

@@ -26,6 +26,7 @@ from . import _wire, _worker
 from ._core import Call, CallFuture, Core, Slot, Watchdog, cancelled, fault_error, resolve
 from ._spawn import EXIT_GRACE_S, ProcessWorker, StartFailed, worker_env
 
+
 class ProcessEngine:
     def __init__(self, core: Core, standby: bool) -> None:
         self.core = core
@@ -41,8 +42,12 @@ class ProcessEngine:
             for device in sorted({s.device for s in core.slots}):
                 self._standbys[device] = self._spawn(device)
         for slot in core.slots:
-            slot.thread = threading.Thread(target=self._serve, args=(slot,), daemon=True,
-                                           name=f"cuctx-isolated-device-{slot.device}")
+            slot.thread = threading.Thread(
+                target=self._serve,
+                args=(slot,),
+                daemon=True,
+                name=f"cuctx-isolated-device-{slot.device}",
+            )
             slot.thread.start()
 
     def _spawn(self, device: int) -> ProcessWorker:
@@ -53,14 +58,17 @@ class ProcessEngine:
     def reductions(self, arrays: list) -> dict:
         """How a call's arguments pickle DeviceArrays: arrays of an ``ipc=True`` pool as their
         IPC descriptors (collected in ``arrays``); any other is refused."""
+
         def share(array: DeviceArray) -> tuple:
             try:
                 desc = array._ipc_descriptor()
             except TypeError as exc:
-                raise TypeError(f"{exc}; or pass array.to_host() to send its contents by "
-                                "value") from None
+                raise TypeError(
+                    f"{exc}; or pass array.to_host() to send its contents by value"
+                ) from None
             arrays.append((array, desc.key))
             return _worker.shared_array, (desc,)
+
         return {DeviceArray: share}
 
     def dispatch(self, slot: Slot, call: Call) -> None:
@@ -83,8 +91,14 @@ class ProcessEngine:
         if deadline is not None:
             self.watchdog.watch(deadline)
 
-    def _attend(self, slot: Slot, worker: ProcessWorker, number: int, future: CallFuture,
-                timeout: float | None) -> None:
+    def _attend(
+        self,
+        slot: Slot,
+        worker: ProcessWorker,
+        number: int,
+        future: CallFuture,
+        timeout: float | None,
+    ) -> None:
         """A caller waits for ``future`` (call ``number`` of ``worker``): read the worker's
         answer in its thread (or until ``timeout`` passed), having told the worker so, so
         that the slot's thread is not woken for it. A message that is not a result, or the
@@ -128,8 +142,14 @@ class ProcessEngine:
             call.future.attend = None  # a caller about to attend it must not wait to read
         return call, following
 
-    def _deliver(self, slot: Slot, worker: ProcessWorker, call: Call | None,
-                 following: Call | None, message: memoryview) -> None:
+    def _deliver(
+        self,
+        slot: Slot,
+        worker: ProcessWorker,
+        call: Call | None,
+        following: Call | None,
+        message: memoryview,
+    ) -> None:
         """Outside the reader lock (a done-callback may wait for another call): send the
         slot's next call, resolve this one."""
         if call is None:
@@ -149,8 +169,9 @@ class ProcessEngine:
         try:
             while True:
                 worker, first = self._start(slot, standby=not first), False
-                if faulted is not None and (worker is None or faulted[1] is not None
-                                            and faulted[1].arrays):
+                if faulted is not None and (
+                    worker is None or faulted[1] is not None and faulted[1].arrays
+                ):
                     faulted[0].retire()
                     faulted = None
                 if worker is not None:
@@ -217,8 +238,9 @@ class ProcessEngine:
         elif slot.state == "closing":
             worker.send(_wire.EXIT)
 
-    def _run(self, slot: Slot, worker: ProcessWorker
-             ) -> tuple[bool, tuple[ProcessWorker, Call | None] | None]:
+    def _run(
+        self, slot: Slot, worker: ProcessWorker
+    ) -> tuple[bool, tuple[ProcessWorker, Call | None] | None]:
         """Serve calls until the worker ends: (whether the slot needs a new worker; after a
         fault, the worker and its call, for `_serve` to retire; after a death, None: the
         worker is reaped already, as how it died is in the call's error)."""
@@ -242,16 +264,22 @@ class ProcessEngine:
             call = core.lost(slot)
             if tag == _wire.FAULT:
                 if call is not None:
-                    resolve(call, error=fault_error(pickle.loads(message), call, slot.device,
-                                                     worker.pid))
+                    resolve(
+                        call,
+                        error=fault_error(pickle.loads(message), call, slot.device, worker.pid),
+                    )
                 faulted = (worker, call)
             else:
                 # Its end of the socket closes before the process has quite exited: a kill
                 # now would hide how it ended (sys.exit(4) in a call: "exit status 4").
                 how = worker.retire(grace=EXIT_GRACE_S)
                 if call is not None:
-                    resolve(call, error=cancelled(call) if core.aborted
-                            else _death_error(call, slot, worker, how))
+                    resolve(
+                        call,
+                        error=cancelled(call)
+                        if core.aborted
+                        else _death_error(call, slot, worker, how),
+                    )
                 faulted = None
             if slot.state == "closing":
                 if faulted is not None:
@@ -300,4 +328,3 @@ def _death_error(call: Call, slot: Slot, worker: ProcessWorker, how: str) -> Bas
     if call.timed_out:
         return WorkerTimeoutError(call.name, slot.device, worker.pid, call.timeout)
     return WorkerDiedError(call.name, slot.device, worker.pid, how)
-

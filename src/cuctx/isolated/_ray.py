@@ -36,8 +36,9 @@ def _ray():
     try:
         import ray
     except ImportError:
-        raise ImportError("IsolatedExecutor(engine='ray') needs Ray: pip install 'cuctx[ray]'"
-                          ) from None
+        raise ImportError(
+            "IsolatedExecutor(engine='ray') needs Ray: pip install 'cuctx[ray]'"
+        ) from None
     return ray
 
 
@@ -52,6 +53,7 @@ class RayWorker:
                 sys.path.insert(0, entry)
         _driver.select(env["CUCTX_BACKEND"])
         from ._worker import Runner
+
         self._runner = Runner(ordinal)
         self._token = uuid.uuid4().hex  # this incarnation (Ray restarts reuse the handle)
 
@@ -61,6 +63,7 @@ class RayWorker:
     def channel(self, authkey: bytes) -> tuple[str, int]:
         """Serve calls on a new TCP listener of this node (`_channel`); its address."""
         import ray
+
         return _channel.serve(ray.util.get_node_ip_address(), authkey, self._answer)
 
     def run(self, message: bytes) -> bytes:
@@ -151,7 +154,8 @@ def _host_port(address: str) -> tuple[str, int] | None:
         raise ValueError(
             f"address={address!r} is not a Ray cluster's address: use 'host:port' (the head's "
             "port, 6379 unless `ray start --head --port=...` chose another), "
-            "'ray://host:port' (Ray Client) or 'auto'")
+            "'ray://host:port' (Ray Client) or 'auto'"
+        )
     return host.strip("[]"), int(port)
 
 
@@ -173,12 +177,14 @@ def _answers(address: str) -> None:
         raise ConnectionError(
             f"cannot join the Ray cluster at {address!r}: no Ray head answered at "
             f"{where[0]}:{where[1]} ({exc}; it has {CONNECT_TIMEOUT_S:g} s); start its head "
-            f"there (ray start --head --port={where[1]}) or correct the address") from None
+            f"there (ray start --head --port={where[1]}) or correct the address"
+        ) from None
     if len(answer) < 4 or answer[3] != 4:
         raise ConnectionError(
             f"cannot join the Ray cluster at {address!r}: {where[0]}:{where[1]} answers, but "
             "not as a Ray head does (gRPC); the address is the head's port (6379 unless "
-            "`ray start --head --port=...` chose another), or ray://host:10001 for Ray Client")
+            "`ray start --head --port=...` chose another), or ray://host:10001 for Ray Client"
+        )
 
 
 def _same_cluster(ray, address: str | None) -> None:
@@ -193,7 +199,8 @@ def _same_cluster(ray, address: str | None) -> None:
         raise ValueError(
             f"this process is connected to the Ray cluster at {current} already, and "
             f"address={address!r} names another: call ray.shutdown() first, or leave address "
-            "out to use that cluster")
+            "out to use that cluster"
+        )
 
 
 class RayEngine:
@@ -217,8 +224,12 @@ class RayEngine:
             for device in sorted({s.device for s in core.slots}):
                 self._standbys[device] = self._new_actor(device)
         for slot in core.slots:
-            slot.thread = threading.Thread(target=self._serve, args=(slot,), daemon=True,
-                                           name=f"cuctx-isolated-ray-{slot.device}")
+            slot.thread = threading.Thread(
+                target=self._serve,
+                args=(slot,),
+                daemon=True,
+                name=f"cuctx-isolated-ray-{slot.device}",
+            )
             slot.thread.start()
 
     def _new_actor(self, device: int):
@@ -240,8 +251,7 @@ class RayEngine:
         thread waits for its answer."""
         error = None
         try:
-            self._calls[id(slot)].send(b"".join(_wire.call_message(call.fn_bytes,
-                                                                   call.args_bytes)))
+            self._calls[id(slot)].send(b"".join(_wire.call_message(call.fn_bytes, call.args_bytes)))
         except Exception as exc:  # noqa: BLE001 - the slot's thread says the actor is lost
             error = exc
         self._queues[id(slot)].put((call, error))
@@ -323,8 +333,7 @@ class RayEngine:
         for idle in self.core.break_(last_line(text), slot.device, None, text):
             self._queues[id(idle)].put(None)
 
-    def _run(self, slot: Slot, actor, calls: ChannelCalls | RayCalls, call: Call | None
-             ) -> bool:
+    def _run(self, slot: Slot, actor, calls: ChannelCalls | RayCalls, call: Call | None) -> bool:
         """Serve calls until the actor is lost (True) or the slot closes (False)."""
         core, pid = self.core, slot.pid
         if call is not None:
@@ -337,8 +346,9 @@ class RayEngine:
             if item is None:  # shutdown: the slot was idle
                 return False
             call, error = item
-            remaining = None if slot.deadline is None else max(0.0, slot.deadline
-                                                               - time.monotonic())
+            remaining = (
+                None if slot.deadline is None else max(0.0, slot.deadline - time.monotonic())
+            )
             try:
                 if error is not None:  # sending it failed
                     raise error
@@ -347,22 +357,28 @@ class RayEngine:
             except TimeoutError:
                 core.lost(slot, call)
                 self._kill(actor, restart=True)  # Ray brings it back
-                resolve(call, error=WorkerTimeoutError(call.name, slot.device, pid,
-                                                       call.timeout))
+                resolve(call, error=WorkerTimeoutError(call.name, slot.device, pid, call.timeout))
                 return True
             except Exception as exc:  # noqa: BLE001 - a closed connection, Ray's errors
                 core.lost(slot, call)
                 self._kill(actor, restart=True)  # (a no-op where its process is gone)
-                resolve(call, error=cancelled(call) if core.aborted else WorkerDiedError(
-                    call.name, slot.device, pid, f"Ray: {type(exc).__name__}"))
+                resolve(
+                    call,
+                    error=cancelled(call)
+                    if core.aborted
+                    else WorkerDiedError(call.name, slot.device, pid, f"Ray: {type(exc).__name__}"),
+                )
                 return True
             if tag in (_wire.FAULT, _wire.ENDING):  # the actor cannot go on: Ray restarts it
                 self._kill(actor, restart=True)
                 core.lost(slot, call)
                 report = pickle.loads(message)
-                resolve(call, error=fault_error(report, call, slot.device, pid)
-                        if tag == _wire.FAULT
-                        else WorkerDiedError(call.name, slot.device, pid, report[1]))
+                resolve(
+                    call,
+                    error=fault_error(report, call, slot.device, pid)
+                    if tag == _wire.FAULT
+                    else WorkerDiedError(call.name, slot.device, pid, report[1]),
+                )
                 return True
             done, following = core.finished(slot, call)
             if following is not None:

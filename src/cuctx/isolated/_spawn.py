@@ -62,15 +62,28 @@ class StartFailed(Exception):
         self.why, self.traceback = why, traceback
 
 
-
 class ProcessWorker:
     """One worker process: its Popen and the caller's end of its socket."""
 
-    __slots__ = ("device", "proc", "channel", "pools", "reader", "stash", "closed", "calls",
-                 "number", "_bell", "_ring", "_word", "_watching")
+    __slots__ = (
+        "device",
+        "proc",
+        "channel",
+        "pools",
+        "reader",
+        "stash",
+        "closed",
+        "calls",
+        "number",
+        "_bell",
+        "_ring",
+        "_word",
+        "_watching",
+    )
 
-    def __init__(self, device: int, lifeline: int, env: dict[str, str],
-                 backend: _driver.Backend) -> None:
+    def __init__(
+        self, device: int, lifeline: int, env: dict[str, str], backend: _driver.Backend
+    ) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         # The slot's thread sleeps on the bell (the read end); the worker rings it after an
         # answer no caller reads, and so does a caller that stops waiting (_wire.ring).
@@ -84,8 +97,10 @@ class ProcessWorker:
             fds = (theirs.fileno(), lifeline, device, ring, word)
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, *map(str, fds)],
-                pass_fds=(theirs.fileno(), lifeline, ring, word), env=env,
-                stdin=subprocess.DEVNULL)
+                pass_fds=(theirs.fileno(), lifeline, ring, word),
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
         except BaseException:
             ours.close()
             os.close(bell)
@@ -115,9 +130,16 @@ class ProcessWorker:
         # process's ipc pools, which the worker imports before it is ready: a call's first
         # array of one then costs its own import only (pools made later go at first use).
         shared = _shared_pools(backend)
-        self.channel.send(_wire.SETUP, pickle.dumps({
-            "path": sys.path, "device": device,
-            "pools": [(pool.key, pool.device) for pool in shared]}))
+        self.channel.send(
+            _wire.SETUP,
+            pickle.dumps(
+                {
+                    "path": sys.path,
+                    "device": device,
+                    "pools": [(pool.key, pool.device) for pool in shared],
+                }
+            ),
+        )
         for pool in shared:
             with pool:
                 self.channel.send_fd(pool.fd)
@@ -133,8 +155,10 @@ class ProcessWorker:
         try:
             tag, message = self.channel.recv()
         except (EOFError, OSError):
-            raise StartFailed(f"it exited before saying why ({self.retire(EXIT_GRACE_S)}; "
-                               "its stderr may say more)") from None
+            raise StartFailed(
+                f"it exited before saying why ({self.retire(EXIT_GRACE_S)}; "
+                "its stderr may say more)"
+            ) from None
         if tag != _wire.READY:
             text = bytes(message).decode(errors="replace")
             self.retire(EXIT_GRACE_S)

@@ -13,23 +13,28 @@ from typing import Any, Callable, Iterator
 
 from . import _wire
 
-_WAY = ("which lives in this process's CUDA context and cannot go to another process. Make "
-        "such objects in the worker instead (load the Library, make Streams and Events "
-        "inside the call, or in a module the call imports); for data, pass an array of a "
-        "MemoryPool(device, ipc=True) (the same memory) or its to_host() (a copy)")
+_WAY = (
+    "which lives in this process's CUDA context and cannot go to another process. Make "
+    "such objects in the worker instead (load the Library, make Streams and Events "
+    "inside the call, or in a module the call imports); for data, pass an array of a "
+    "MemoryPool(device, ipc=True) (the same memory) or its to_host() (a copy)"
+)
 
 
-def unsendable(fn: Callable, name: str, args: tuple, kwargs: dict, reductions: dict,
-               error: Exception) -> TypeError:
+def unsendable(
+    fn: Callable, name: str, args: tuple, kwargs: dict, reductions: dict, error: Exception
+) -> TypeError:
     """The TypeError `submit` raises for a call whose pickling raised ``error``."""
     if _fails(fn, reductions) is not None:  # then what it takes along by value does
-        found = _first_failure(_captured(fn, name), reductions) or \
-            _first_failure(iter([(f"the function {name}", fn)]), reductions)
+        found = _first_failure(_captured(fn, name), reductions) or _first_failure(
+            iter([(f"the function {name}", fn)]), reductions
+        )
     else:
         found = _first_failure(_argument_parts(args, kwargs, name), reductions)
     if found is None:  # only the whole fails (a pickler's limit, say): say what it said
-        return TypeError(f"cannot send {name} and its arguments to a worker process: "
-                         f"{_text(error)}")
+        return TypeError(
+            f"cannot send {name} and its arguments to a worker process: {_text(error)}"
+        )
     where, culprit, own = found
     if isinstance(own, TypeError) and type(culprit).__name__ in str(own):
         why = str(own)  # the object's own refusal names it and the way
@@ -76,8 +81,9 @@ def _argument_parts(args: tuple, kwargs: dict, name: str) -> Iterator[tuple[str,
         yield f"the keyword argument {key}= of {name}", value
 
 
-def _first_failure(parts: Iterator[tuple[str, Any]], reductions: dict
-                   ) -> tuple[str, Any, Exception] | None:
+def _first_failure(
+    parts: Iterator[tuple[str, Any]], reductions: dict
+) -> tuple[str, Any, Exception] | None:
     """(where, the innermost object that fails, its error) for the first part that fails."""
     for where, value in parts:
         error = _fails(value, reductions)
@@ -86,8 +92,9 @@ def _first_failure(parts: Iterator[tuple[str, Any]], reductions: dict
     return None
 
 
-def _innermost(value: Any, error: Exception, reductions: dict, depth: int = 3
-               ) -> tuple[Any, Exception]:
+def _innermost(
+    value: Any, error: Exception, reductions: dict, depth: int = 3
+) -> tuple[Any, Exception]:
     """The element of a list, tuple, set or dict ``value`` that fails (some levels down)."""
     if depth and isinstance(value, (list, tuple, set, frozenset, dict)):
         items = value.values() if isinstance(value, dict) else value

@@ -99,8 +99,11 @@ class Channel:
         if size >= _SMALL:
             self.send(CALL, *call_message(fn_bytes, args_bytes))
             return
-        self.sock.sendall(b"".join((_CALL_HEAD.pack(CALL, _CALL.size + size, len(fn_bytes)),
-                                    fn_bytes, args_bytes)))
+        self.sock.sendall(
+            b"".join(
+                (_CALL_HEAD.pack(CALL, _CALL.size + size, len(fn_bytes)), fn_bytes, args_bytes)
+            )
+        )
 
     def recv(self) -> tuple[bytes, memoryview]:
         """The next message; EOFError when the other end is gone."""
@@ -111,12 +114,12 @@ class Channel:
         end = HEADER.size + size
         if len(data) >= end:
             self._left = data[end:]
-            return tag, memoryview(data)[HEADER.size:end]
+            return tag, memoryview(data)[HEADER.size : end]
         # A large message: the rest straight into its buffer (and no further).
         self._left = b""
         body = bytearray(size)
         view, got = memoryview(body), len(data) - HEADER.size
-        view[:got] = memoryview(data)[HEADER.size:]
+        view[:got] = memoryview(data)[HEADER.size :]
         while got < size:
             n = self.sock.recv_into(view[got:])
             if not n:
@@ -162,6 +165,7 @@ class Channel:
 # into a word of memory both share: "I read this one". A caller that stops waiting before
 # its answer came clears the word, then rings the pipe itself, so no answer is left unread.
 
+
 def next_number(number: int) -> int:
     """The number of the call after ``number`` (1, 2, ... 2**32 - 1, 1: never 0)."""
     return number % 0xFFFFFFFF + 1
@@ -169,8 +173,7 @@ def next_number(number: int) -> int:
 
 def shared_word_fd() -> int:
     """A file of one word, to map in both processes (`map_word`)."""
-    fd = os.memfd_create("cuctx-isolated-call") if hasattr(os, "memfd_create") else \
-        _temporary_fd()
+    fd = os.memfd_create("cuctx-isolated-call") if hasattr(os, "memfd_create") else _temporary_fd()
     os.ftruncate(fd, mmap.PAGESIZE)
     return fd
 
@@ -195,6 +198,7 @@ def ring(fd: int) -> None:
 
 
 # -- pickles --------------------------------------------------------------------------------
+
 
 def dumps(obj: Any, reductions: dict | None = None) -> bytes:
     """``obj`` pickled: by the standard library where the result can be loaded in a worker,
@@ -239,8 +243,12 @@ def _by_value(obj: Any, reductions: dict | None) -> bytes:
 @functools.cache
 def _by_value_pickler() -> type:
     import cloudpickle  # only for what the standard pickle cannot send
-    return type("_ByValuePickler", (_TableFirst, cloudpickle.Pickler), {
-        "own_table": ChainMap({types.CodeType: _code}, cloudpickle.Pickler.dispatch_table)})
+
+    return type(
+        "_ByValuePickler",
+        (_TableFirst, cloudpickle.Pickler),
+        {"own_table": ChainMap({types.CodeType: _code}, cloudpickle.Pickler.dispatch_table)},
+    )
 
 
 def _code(code: types.CodeType) -> tuple:
@@ -262,8 +270,7 @@ def arguments(args: tuple, kwargs: dict, reductions: Callable[[], dict]) -> byte
     call), else by `dumps` with ``reductions()`` (DeviceArrays, values of ``__main__``)."""
     if not args and not kwargs:
         return _NO_ARGUMENTS
-    if all(type(a) in _PLAIN for a in args) and \
-            all(type(v) in _PLAIN for v in kwargs.values()):
+    if all(type(a) in _PLAIN for a in args) and all(type(v) in _PLAIN for v in kwargs.values()):
         return pickle.dumps((args, kwargs), pickle.HIGHEST_PROTOCOL)
     return dumps((args, kwargs), reductions())
 
@@ -310,10 +317,11 @@ def call_message(fn_bytes: bytes, args_bytes: bytes) -> tuple[bytes, bytes, byte
 def split_call(message: memoryview) -> tuple[bytes, memoryview]:
     (size,) = _CALL.unpack_from(message)
     start = _CALL.size
-    return bytes(message[start:start + size]), message[start + size:]
+    return bytes(message[start : start + size]), message[start + size :]
 
 
 # -- outcomes -------------------------------------------------------------------------------
+
 
 class RemoteTraceback(Exception):
     """The traceback of an exception raised in a worker process, as text: the ``__cause__``
@@ -335,8 +343,10 @@ def raised(exc: BaseException) -> bytes:
         data = dumps(("raised", exc, text))
         pickle.loads(data)  # an exception with an unusual __init__ may not load: find out here
     except Exception as err:  # noqa: BLE001 - any failure to send it is replaced below
-        stand_in = RuntimeError(f"{type(exc).__qualname__}: {exc} (the exception could not "
-                                f"be sent from the worker: {err})")
+        stand_in = RuntimeError(
+            f"{type(exc).__qualname__}: {exc} (the exception could not "
+            f"be sent from the worker: {err})"
+        )
         data = dumps(("raised", stand_in, text))
     return data
 
@@ -352,10 +362,13 @@ def returned(value: Any, fn: Callable) -> bytes:
         return dumps(("ok", value))
     except Exception as err:  # noqa: BLE001 - the caller gets it as the call's exception
         call = getattr(fn, "__qualname__", type(fn).__qualname__)
-        return raised(TypeError(
-            f"{call} returned a {type(value).__qualname__}, which cannot be sent back from "
-            f"the worker ({err}): return host values (a DeviceArray's to_host(), say), or "
-            "write device results into an array the caller passed"))
+        return raised(
+            TypeError(
+                f"{call} returned a {type(value).__qualname__}, which cannot be sent back from "
+                f"the worker ({err}): return host values (a DeviceArray's to_host(), say), or "
+                "write device results into an array the caller passed"
+            )
+        )
 
 
 def outcome(data: memoryview) -> tuple[Any, BaseException | None]:

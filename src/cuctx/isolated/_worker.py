@@ -79,8 +79,9 @@ class Runner:
         if fault is not None:
             return _wire.FAULT, fault_report(fault, error)
         try:
-            return _wire.RESULT, (_wire.returned(value, fn) if error is None
-                                  else _wire.raised(error))
+            return _wire.RESULT, (
+                _wire.returned(value, fn) if error is None else _wire.raised(error)
+            )
         finally:
             # Before the answer goes: the call's views of shared arrays die here, not at a
             # later garbage collection (an exception's traceback holds this frame).
@@ -147,8 +148,15 @@ def fault_report(fault: CudaError, error: BaseException | None) -> bytes:
     traceback where the call met it."""
     shown = error if error is not None else fault
     text = "".join(traceback.format_exception(shown))
-    return pickle.dumps({"code": fault.code, "operation": fault.operation,
-                         "message": fault.message, "hint": fault.hint, "traceback": text})
+    return pickle.dumps(
+        {
+            "code": fault.code,
+            "operation": fault.operation,
+            "message": fault.message,
+            "hint": fault.hint,
+            "traceback": text,
+        }
+    )
 
 
 # The caller's ipc pools, by key, imported once and kept for the worker's life (an import
@@ -172,8 +180,9 @@ def shared_array(desc: IpcDescriptor) -> DeviceArray:
     if pool is None:
         raise RuntimeError(f"the caller could not send its pool {desc.key} to this worker")
     if isinstance(pool, Exception):
-        raise RuntimeError(f"the worker could not import the caller's pool {desc.key}: "
-                           f"{pool}") from pool
+        raise RuntimeError(
+            f"the worker could not import the caller's pool {desc.key}: {pool}"
+        ) from pool
     return pool._import_array(desc)
 
 

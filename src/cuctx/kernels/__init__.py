@@ -13,6 +13,17 @@ from ._jitlink import LinkError
 from ._library import BlockSizeSuggestion, Kernel, KernelAttributes, Library
 from ._module import Module
 
-__all__ = ["BlockSizeSuggestion", "CompileError", "CompileResult", "Kernel",
-           "KernelArgumentError", "KernelAttributes", "LaunchConfigError", "Launcher", "Library",
-           "LinkError", "Module", "compile_source"]
+__all__ = [
+    "BlockSizeSuggestion",
+    "CompileError",
+    "CompileResult",
+    "Kernel",
+    "KernelArgumentError",
+    "KernelAttributes",
+    "LaunchConfigError",
+    "Launcher",
+    "Library",
+    "LinkError",
+    "Module",
+    "compile_source",
+]

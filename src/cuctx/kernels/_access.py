@@ -30,14 +30,19 @@ _ATTRIBUTES = frozenset({"__launch_bounds__", "__cluster_dims__", "__maxnreg__"}
 # Between ``template <...>`` and ``__global__``.
 _SPECIFIERS = re.compile(r"(?:\b(?:static|inline|__forceinline__|__noinline__)\s*)*$")
 # Words of a declaration that say nothing about what a pointer points at.
-_QUALIFIERS = re.compile(r"\b(?:const|volatile|__restrict__|__restrict|restrict|struct|class|"
-                         r"union|enum|typename)\b")
-_ALIAS = re.compile(r"\btypedef\s+([^;{}()]+?)\s*\b([A-Za-z_]\w*)\s*;"
-                    r"|\busing\s+([A-Za-z_]\w*)\s*=\s*([^;{}()]+?)\s*;")
+_QUALIFIERS = re.compile(
+    r"\b(?:const|volatile|__restrict__|__restrict|restrict|struct|class|"
+    r"union|enum|typename)\b"
+)
+_ALIAS = re.compile(
+    r"\btypedef\s+([^;{}()]+?)\s*\b([A-Za-z_]\w*)\s*;"
+    r"|\busing\s+([A-Za-z_]\w*)\s*=\s*([^;{}()]+?)\s*;"
+)
 
 
 class Param(NamedTuple):
     """One parameter as the source declares it."""
+
     name: str
     mode: str | None  # "r" for a pointer to const, None otherwise
     pointee: str | None  # what a pointer points at, qualifiers dropped: "float", "T", "int*"
@@ -47,6 +52,7 @@ class Param(NamedTuple):
 class Definition(NamedTuple):
     """One ``__global__`` definition: a template's parameter names ("" for a non-type one),
     the arguments of an explicit specialization (None for any other), the parameters."""
+
     template: tuple[str, ...]
     specialized: tuple[str, ...] | None
     params: tuple[Param, ...]
@@ -98,11 +104,11 @@ def _param(text: str) -> Param:
     star = text.rfind(names[-1]) if array and named else len(text) if array else text.rfind("*")
     if star < 0:
         name = names[-1] if named else ""
-        return Param(name, None, None, text[:text.rfind(name)].strip() if name else text)
+        return Param(name, None, None, text[: text.rfind(name)].strip() if name else text)
     # The name: the last word after the last '*' that is no qualifier (none: unnamed).
     after = _IDENT.findall(_QUALIFIERS.sub(" ", text[star:]))
     name = after[-1] if after else ""
-    ctype = re.sub(r"\s+\*", "*", text[:text.rfind(name)].strip() if name else text)
+    ctype = re.sub(r"\s+\*", "*", text[: text.rfind(name)].strip() if name else text)
     mode = "r" if re.search(r"\bconst\b", text[:star]) else None
     return Param(name, mode, _type(text[:star]), ctype + "[]" * array)
 
@@ -110,7 +116,7 @@ def _param(text: str) -> Param:
 def _template(text: str, end: int) -> tuple[str, ...]:
     """The parameter names of a ``template <...>`` just before ``end`` ("" for non-type)."""
     head = text[:end]
-    head = head[:_SPECIFIERS.search(head).start()].rstrip()
+    head = head[: _SPECIFIERS.search(head).start()].rstrip()
     if not head.endswith(">"):
         return ()
     depth = 0
@@ -121,7 +127,7 @@ def _template(text: str, end: int) -> tuple[str, ...]:
     if not head[:i].rstrip().endswith("template"):
         return ()
     names = []
-    for part in _split(head[i + 1:-1]):
+    for part in _split(head[i + 1 : -1]):
         words = _IDENT.findall(part.split("=")[0])
         names.append(words[-1] if words and words[0] in ("typename", "class") else "")
     return tuple(names)
@@ -131,8 +137,9 @@ def _arguments(expression: str | None) -> tuple[str, ...] | None:
     """The template arguments of ``axpy<float, 4>``: ("float", "4"); None without any."""
     if expression is None or "<" not in expression:
         return None
-    return tuple(_type(a) for a in _split(expression[expression.find("<") + 1:
-                                                     expression.rfind(">")]))
+    return tuple(
+        _type(a) for a in _split(expression[expression.find("<") + 1 : expression.rfind(">")])
+    )
 
 
 def parse(source: str) -> Parsed:
@@ -143,16 +150,17 @@ def parse(source: str) -> Parsed:
         start = match.end()
         while True:
             paren = text.find("(", start)
-            name = _NAME.search(text[start:paren + 1]) if paren >= 0 else None
+            name = _NAME.search(text[start : paren + 1]) if paren >= 0 else None
             if name is None or name[1] not in _ATTRIBUTES:
                 break
             start = _balanced(text, paren)  # __launch_bounds__(256): the name comes after
         if name is None:
             continue
         end = _balanced(text, paren)
-        params = tuple(_param(p) for p in _split(text[paren + 1:end - 1]))
+        params = tuple(_param(p) for p in _split(text[paren + 1 : end - 1]))
         found.setdefault(name[1], []).append(
-            Definition(_template(text, match.start()), _arguments(name[2]), params))
+            Definition(_template(text, match.start()), _arguments(name[2]), params)
+        )
     aliases: dict[str, str | None] = {}
     for m in _ALIAS.finditer(text):
         alias, of = (m[2], m[1]) if m[1] else (m[3], m[4])
@@ -166,12 +174,13 @@ def base_name(kernel_name: str, user_name: str) -> str:
     name = user_name if user_name != kernel_name else kernel_name
     mangled = _MANGLED.match(name)
     if mangled:
-        return name[mangled.end():mangled.end() + int(mangled[1])]
+        return name[mangled.end() : mangled.end() + int(mangled[1])]
     return name.split("<")[0].split("::")[-1].strip()
 
 
-def _instance(definition: Definition, arguments: tuple[str, ...] | None,
-              aliases: dict[str, str]) -> tuple[Param, ...] | None:
+def _instance(
+    definition: Definition, arguments: tuple[str, ...] | None, aliases: dict[str, str]
+) -> tuple[Param, ...] | None:
     """The definition's parameters for a kernel of these template arguments (None: the
     definition is a specialization for others)."""
     if definition.specialized is not None and definition.specialized != arguments:
@@ -181,6 +190,7 @@ def _instance(definition: Definition, arguments: tuple[str, ...] | None,
 
     def put(text: str) -> str:
         return _IDENT.sub(lambda m: bound.get(m[0], m[0]), text)
+
     params = []
     for p in definition.params:
         pointee = p.pointee
@@ -206,17 +216,22 @@ def declared(kernel: Any) -> list[Param] | None:
     count = len(kernel.param_layout)
     user_name = owner._user_name(kernel.name)
     arguments = _arguments(user_name)
-    lists = [params for d in parsed.kernels.get(base_name(kernel.name, user_name), ())
-             if (params := _instance(d, arguments, parsed.aliases)) is not None
-             and len(params) == count]
+    lists = [
+        params
+        for d in parsed.kernels.get(base_name(kernel.name, user_name), ())
+        if (params := _instance(d, arguments, parsed.aliases)) is not None and len(params) == count
+    ]
     if not lists:
         return None
     merged = []
     for params in zip(*lists):  # overloads agree on a parameter, or it is unknown
         modes, pointees = {p.mode for p in params}, {p.pointee for p in params}
-        merged.append(params[0]._replace(mode=modes.pop() if len(modes) == 1 else None,
-                                         pointee=pointees.pop() if len(pointees) == 1
-                                         else None))
+        merged.append(
+            params[0]._replace(
+                mode=modes.pop() if len(modes) == 1 else None,
+                pointee=pointees.pop() if len(pointees) == 1 else None,
+            )
+        )
     return merged
 
 
@@ -260,12 +275,15 @@ def keyed(kernel: Any, given: Mapping[str | int, Any]) -> dict[int, Any]:
             if key not in names:
                 raise ValueError(
                     f"kernel {kernel.name!r} has no parameter called {key!r}"
-                    + (f" (its parameters: {', '.join(names)})" if names else
-                       " that cuctx knows of (no source was compiled): name it by index"))
+                    + (
+                        f" (its parameters: {', '.join(names)})"
+                        if names
+                        else " that cuctx knows of (no source was compiled): name it by index"
+                    )
+                )
             key = names.index(key)
         if not isinstance(key, int) or not 0 <= key < count:
-            raise ValueError(f"kernel {kernel.name!r} has parameters 0 to {count - 1}, "
-                             f"not {key!r}")
+            raise ValueError(f"kernel {kernel.name!r} has parameters 0 to {count - 1}, not {key!r}")
         out[key] = value
     return out
 
@@ -274,8 +292,10 @@ def resolve(kernel: Any, given: Mapping[str | int, str]) -> dict[int, str]:
     """``given`` (parameter name or index -> mode) checked and keyed by index."""
     for key, mode in given.items():
         if mode not in MODES:
-            raise ValueError(f"access mode {mode!r} for parameter {key!r} of "
-                             f"{kernel.name!r}: use 'r', 'w' or 'rw'")
+            raise ValueError(
+                f"access mode {mode!r} for parameter {key!r} of "
+                f"{kernel.name!r}: use 'r', 'w' or 'rw'"
+            )
     return keyed(kernel, given)
 
 
@@ -286,7 +306,8 @@ def modes(kernel: Any, override: Mapping[int, str] | None = None) -> tuple[str, 
     if base is None:
         source = declared(kernel) or ()
         modes_ = ["rw" if p.mode is None else p.mode for p in source] or ["rw"] * len(
-            kernel.param_layout)
+            kernel.param_layout
+        )
         for index, mode in (kernel._access or {}).items():
             modes_[index] = mode
         base = kernel._access_modes = tuple(modes_)

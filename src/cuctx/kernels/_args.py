@@ -36,15 +36,18 @@ if TYPE_CHECKING:
 INT_CODES = {1: "b", 2: "h", 4: "i", 8: "q"}
 _FLOAT_CODES = {2: "e", 4: "f", 8: "d"}
 # ctypes' simple number types by their format code: converted by value like Python numbers.
-_CTYPES_NUMBERS = {**dict.fromkeys("bBhHiIlLqQ", "int"), **dict.fromkeys("fdg", "float"),
-                   "?": "bool"}
+_CTYPES_NUMBERS = {
+    **dict.fromkeys("bBhHiIlLqQ", "int"),
+    **dict.fromkeys("fdg", "float"),
+    "?": "bool",
+}
 # What packing raises for a value its code cannot hold (an int beyond the signed range,
 # a float beyond a float32's): the slow packer then says which parameter, or packs unsigned.
 PACK_ERRORS = (struct.error, OverflowError)
 
 # How an argument becomes its parameter's value (the kinds a plan records per parameter):
-VALUE = "value"      # the argument itself, as its struct code packs it
-ARRAY = "array"      # a DeviceArray: its address, after the context/device/contiguity checks
+VALUE = "value"  # the argument itself, as its struct code packs it
+ARRAY = "array"  # a DeviceArray: its address, after the context/device/contiguity checks
 POINTER = "pointer"  # another library's device array: its address, by its conversion
 CONVERT = "convert"  # anything else with a conversion (NULL, ctypes, bytes, complex, ...)
 
@@ -57,8 +60,9 @@ class KernelArgumentError(TypeError):
 
 # -- one argument in one parameter --------------------------------------------------------
 
+
 def _number(arg: Any) -> str | None:
-    """"bool", "int", "float" or "complex" for Python numbers (subclasses such as IntEnum
+    """ "bool", "int", "float" or "complex" for Python numbers (subclasses such as IntEnum
     included) and NumPy scalars; None for anything else."""
     if isinstance(arg, (bool, np.bool_)):
         return "bool"
@@ -71,15 +75,23 @@ def _number(arg: Any) -> str | None:
     return None
 
 
-def slot(packer: Packer, index: int, arg: Any) -> tuple[str, str, Convert | None,
-                                                       tuple[np.dtype, ...] | None]:
+def slot(
+    packer: Packer, index: int, arg: Any
+) -> tuple[str, str, Convert | None, tuple[np.dtype, ...] | None]:
     """(struct code, kind, conversion or None, dtypes) for an argument of this type in
     parameter ``index``; raises `KernelArgumentError` for one the parameter cannot take.
     For an array whose parameter says its element type, the conversion checks the array's
     dtype first, and ``dtypes`` (a DeviceArray's) are those the fast paths let through."""
     code, convert = _slot(packer, index, arg)
-    kind = (VALUE if convert is None else ARRAY if convert is _device_array_pointer
-            else POINTER if convert in _POINTERS else CONVERT)
+    kind = (
+        VALUE
+        if convert is None
+        else ARRAY
+        if convert is _device_array_pointer
+        else POINTER
+        if convert in _POINTERS
+        else CONVERT
+    )
     expect = packer.expects[index]
     if expect is None or kind not in (ARRAY, POINTER):
         return code, kind, convert, None
@@ -92,7 +104,8 @@ def _slot(packer: Packer, index: int, arg: Any) -> tuple[str, Convert | None]:
     if isinstance(arg, np.ndarray):
         raise KernelArgumentError(
             f"{packer.describe(index)} got a NumPy array, which is host memory; copy it to the "
-            "device with cuctx.to_device(ary) and pass that")
+            "device with cuctx.to_device(ary) and pass that"
+        )
     number = _number(arg)
     if ptype is not None and number is None and isinstance(arg, ctypes._SimpleCData):
         number = _CTYPES_NUMBERS.get(arg._type_)
@@ -114,7 +127,8 @@ def _slot(packer: Packer, index: int, arg: Any) -> tuple[str, Convert | None]:
         raise KernelArgumentError(
             f"{packer.describe(index)} cannot take {type(arg).__name__}: pass an int or float, "
             "a NumPy scalar, a ctypes structure, or device memory (DeviceArray, torch/CuPy "
-            "arrays, anything with __cuda_array_interface__ or DLPack)")
+            "arrays, anything with __cuda_array_interface__ or DLPack)"
+        )
     _need_pointer(packer, index, ptype, f"a {type(arg).__name__} (a device pointer)")
     return "Q", getter
 
@@ -131,8 +145,10 @@ def _untyped_number(packer: Packer, index: int, size: int, arg: Any, number: str
         return _FLOAT_CODES[size], None
     if number == "complex" and size in (8, 16):
         return f"{size}s", _complex_bytes(packer, index, size)
-    raise KernelArgumentError(f"{packer.describe(index)} cannot take a Python {number}; pass "
-                              "a ctypes structure or NumPy scalar of that size")
+    raise KernelArgumentError(
+        f"{packer.describe(index)} cannot take a Python {number}; pass "
+        "a ctypes structure or NumPy scalar of that size"
+    )
 
 
 def _typed_number(packer: Packer, index: int, ptype: ParamType, arg: Any, number: str):
@@ -141,25 +157,31 @@ def _typed_number(packer: Packer, index: int, ptype: ParamType, arg: Any, number
     from_ctypes = isinstance(arg, ctypes._SimpleCData)
     if ptype.kind == "int":
         if number in ("bool", "int"):
-            getter = (_ctypes_value if from_ctypes
-                      else _as_int if isinstance(arg, np.bool_) else None)
+            getter = (
+                _ctypes_value if from_ctypes else _as_int if isinstance(arg, np.bool_) else None
+            )
             return INT_CODES[ptype.size], getter
-        raise KernelArgumentError(f"{what}: the parameter is an integer; pass an int "
-                                  "(convert it yourself, e.g. round(x) or int(x))")
+        raise KernelArgumentError(
+            f"{what}: the parameter is an integer; pass an int "
+            "(convert it yourself, e.g. round(x) or int(x))"
+        )
     if ptype.kind == "float":
         if number in ("int", "float"):
             return _FLOAT_CODES[ptype.size], _ctypes_value if from_ctypes else None
-        reason = ("a bool is not converted to a floating-point parameter; pass 0.0 or 1.0"
-                  if number == "bool" else "pass a float (use a struct parameter for complex)")
+        reason = (
+            "a bool is not converted to a floating-point parameter; pass 0.0 or 1.0"
+            if number == "bool"
+            else "pass a float (use a struct parameter for complex)"
+        )
         raise KernelArgumentError(f"{what}: {reason}")
     # A struct by value: complex numbers fill one of two floats or two doubles; other
     # values only as bytes of exactly its size.
-    if number == "complex" and ((ptype.size == 8 and ptype.align >= 4)
-                                or (ptype.size == 16 and ptype.align >= 8)):
+    if number == "complex" and (
+        (ptype.size == 8 and ptype.align >= 4) or (ptype.size == 16 and ptype.align >= 8)
+    ):
         return f"{ptype.size}s", _complex_bytes(packer, index, ptype.size)
     if from_ctypes:
-        _same_size(packer, index, ptype.size, ctypes.sizeof(arg),
-                   f"a ctypes {type(arg).__name__}")
+        _same_size(packer, index, ptype.size, ctypes.sizeof(arg), f"a ctypes {type(arg).__name__}")
         return f"{ptype.size}s", _ctypes_bytes
     if isinstance(arg, np.generic):
         _same_size(packer, index, ptype.size, arg.dtype.itemsize, f"a NumPy {arg.dtype} scalar")
@@ -167,22 +189,26 @@ def _typed_number(packer: Packer, index: int, ptype: ParamType, arg: Any, number
     half = " (np.float16(x) for a __half)" if ptype.size == 2 else ""
     raise KernelArgumentError(
         f"{what}: the parameter is a struct of {ptype.size} bytes; pass a ctypes structure or "
-        f"a NumPy scalar of that size{half}")
+        f"a NumPy scalar of that size{half}"
+    )
 
 
 def _need_pointer(packer: Packer, index: int, ptype: ParamType | None, what: str) -> None:
     if packer.params[index][1] != 8:
-        raise KernelArgumentError(f"{packer.describe(index)} is not pointer-sized; it cannot "
-                                  f"take {what}")
+        raise KernelArgumentError(
+            f"{packer.describe(index)} is not pointer-sized; it cannot take {what}"
+        )
     if ptype is not None and ptype.kind != "int":
-        raise KernelArgumentError(f"{packer.describe(index)} is not a pointer; it cannot "
-                                  f"take {what}")
+        raise KernelArgumentError(
+            f"{packer.describe(index)} is not a pointer; it cannot take {what}"
+        )
 
 
 def _same_size(packer: Packer, index: int, size: int, got: int, what: str) -> None:
     if got != size:
-        raise KernelArgumentError(f"{packer.describe(index)} got {what} of {got} bytes; the "
-                                  f"parameter is {size} bytes")
+        raise KernelArgumentError(
+            f"{packer.describe(index)} got {what} of {got} bytes; the parameter is {size} bytes"
+        )
 
 
 def _null(arg, stream) -> int:
@@ -200,10 +226,12 @@ def _ctypes_value(arg, stream):
 def _sized_bytes(packer: Packer, index: int, size: int) -> Callable:
     """The bytes of a NumPy scalar, checked at every call: one type (np.void, np.bytes_)
     covers every size, so a plan made for one size must not take another."""
+
     def as_bytes(arg, stream) -> bytes:
         if arg.dtype.itemsize != size:
             _same_size(packer, index, size, arg.dtype.itemsize, f"a NumPy {arg.dtype} scalar")
         return arg.tobytes()
+
     return as_bytes
 
 
@@ -215,8 +243,10 @@ def _complex_bytes(packer: Packer, index: int, size: int) -> Callable:
         try:
             return pack(arg.real, arg.imag)
         except PACK_ERRORS as exc:
-            raise KernelArgumentError(f"{packer.describe(index)} cannot hold {arg!r}: "
-                                      f"{exc}") from None
+            raise KernelArgumentError(
+                f"{packer.describe(index)} cannot hold {arg!r}: {exc}"
+            ) from None
+
     return as_bytes
 
 
@@ -225,6 +255,7 @@ def _ctypes_bytes(arg, stream) -> bytes:
 
 
 # -- device memory ------------------------------------------------------------------------
+
 
 def _pointer_getter(arg: Any):
     """A converter from this kind of device array to its address, checking its device, or
@@ -262,8 +293,9 @@ def _torch_pointer(tensor, stream: Stream) -> int:
     device = stream._ctx._device
     where = tensor.device
     if where.type != "cuda":
-        raise KernelArgumentError(f"a torch tensor on {where} is host memory; move it to the "
-                                  "GPU (tensor.cuda()) first")
+        raise KernelArgumentError(
+            f"a torch tensor on {where} is host memory; move it to the GPU (tensor.cuda()) first"
+        )
     if where.index != device.ordinal:
         _reachable(Device._for_backend(device._backend, where.index), device, tensor)
     if not tensor.is_contiguous():
@@ -297,15 +329,18 @@ def _typed(packer: Packer, expect: _dtypes.Expect, getter: Convert) -> Convert:
             raise KernelArgumentError(_dtypes.mismatch(kernel, expect, arr, got))
 
     if getter is _foreign_pointer:  # its dtype is known once it is viewed as a DeviceArray
+
         def checked_foreign(obj, stream: Stream) -> int:
             arr = asarray(obj, stream=stream)
             check(obj, arr.dtype.name)
             return _device_array_pointer(arr, stream)
+
         return checked_foreign
 
     def checked(arr, stream: Stream) -> int:
         check(arr, _dtypes.name_of(arr))
         return getter(arr, stream)
+
     return checked
 
 
@@ -313,14 +348,19 @@ def _reachable(owner: Device, device: Device, arr) -> None:
     """Kernels on ``device`` may use ``owner``'s memory once peer access is enabled."""
     if owner in getattr(device, "_peers", ()):
         return
-    what = (f"{type(arr).__name__} on device {owner.ordinal} passed to a launch on device "
-            f"{device.ordinal}")
+    what = (
+        f"{type(arr).__name__} on device {owner.ordinal} passed to a launch on device "
+        f"{device.ordinal}"
+    )
     if not device.can_access_peer(owner):
-        raise KernelArgumentError(f"{what}, which cannot access it (no peer access between "
-                                  "them); copy it to the launch device first")
+        raise KernelArgumentError(
+            f"{what}, which cannot access it (no peer access between "
+            "them); copy it to the launch device first"
+        )
     raise KernelArgumentError(
         f"{what} needs peer access: call cuctx.Device({device.ordinal}).enable_peer_access("
-        f"cuctx.Device({owner.ordinal})) first, or copy it to device {device.ordinal}")
+        f"cuctx.Device({owner.ordinal})) first, or copy it to device {device.ordinal}"
+    )
 
 
 def _pool_reachable(pool, device: Device, arr) -> None:
@@ -332,7 +372,8 @@ def _pool_reachable(pool, device: Device, arr) -> None:
             f"{type(arr).__name__} of {pool!r} passed to a launch on device {device.ordinal}, "
             f"which has no access to that pool's memory: call pool.set_access("
             f"cuctx.Device({device.ordinal}), 'rw') first ('r' to read only), or copy it to "
-            f"device {device.ordinal}")
+            f"device {device.ordinal}"
+        )
 
 
 def _not_contiguous(arr) -> None:
@@ -342,7 +383,8 @@ def _not_contiguous(arr) -> None:
         f"a {type(arr).__name__} that is not C-contiguous (shape {tuple(arr.shape)}) passed "
         "to a kernel, which receives only its address and would read it as dense C-ordered "
         "data; pass a C-contiguous copy, or its address (an int) if the kernel takes the "
-        "strides itself")
+        "strides itself"
+    )
 
 
 def traced_array(arg: Any, stream: Stream) -> DeviceArray:

@@ -36,25 +36,49 @@ _sources: dict[str, str] = {}  # linecache names given out -> their source
 _lock = threading.Lock()
 
 
-def fast_launch(plan: Plan, *, ctx: Any, owner: Any, local: threading.local,
-                general: Callable, fail: Callable, stream: Any) -> tuple[Callable, str]:
+def fast_launch(
+    plan: Plan,
+    *,
+    ctx: Any,
+    owner: Any,
+    local: threading.local,
+    general: Callable,
+    fail: Callable,
+    stream: Any,
+) -> tuple[Callable, str]:
     """``launch(args)`` for ``plan`` and its source. ``local.state`` is the calling thread's
     ``(buffer, go)``: its parameter buffer and the bound driver call reading it; a thread
     without one, and every case the plan was not made for, goes to ``general(args)``."""
     source = launch_source(plan)
     types = ", ".join(t.__name__ for t in plan.types)
     name = _register(f"{_trace.GENERATED}fast launch {plan.kernel} ({types})>", source)
-    scope = {"__name__": __name__, "ACTIVE": ACTIVE, "trace": _trace, "hostfn": in_host_function,
-             "capturing": _lifetimes.capturing,
-             "pack_errors": PACK_ERRORS, "pack_into": plan.layout.pack_into,
-             "ctx": ctx, "device": ctx._device, "owner": owner, "local": local,
-             "general": general, "fail": fail, "stream": stream,
-             "recording": _record.threads, "get_ident": threading.get_ident,
-             "launcher": general.__self__, "plan": plan,
-             **{f"T{i}": t for i, t in enumerate(plan.types)},
-             **{f"G{i}": p.convert for i, p in enumerate(plan.params) if p.convert},
-             **{f"D{i}": p.dtypes[0] if len(p.dtypes) == 1 else p.dtypes
-                for i, p in enumerate(plan.params) if p.dtypes}}
+    scope = {
+        "__name__": __name__,
+        "ACTIVE": ACTIVE,
+        "trace": _trace,
+        "hostfn": in_host_function,
+        "capturing": _lifetimes.capturing,
+        "pack_errors": PACK_ERRORS,
+        "pack_into": plan.layout.pack_into,
+        "ctx": ctx,
+        "device": ctx._device,
+        "owner": owner,
+        "local": local,
+        "general": general,
+        "fail": fail,
+        "stream": stream,
+        "recording": _record.threads,
+        "get_ident": threading.get_ident,
+        "launcher": general.__self__,
+        "plan": plan,
+        **{f"T{i}": t for i, t in enumerate(plan.types)},
+        **{f"G{i}": p.convert for i, p in enumerate(plan.params) if p.convert},
+        **{
+            f"D{i}": p.dtypes[0] if len(p.dtypes) == 1 else p.dtypes
+            for i, p in enumerate(plan.params)
+            if p.dtypes
+        },
+    }
     exec(compile(source, name, "exec"), scope)  # noqa: S102 - our own source, from a plan
     return scope["launch"], source
 
@@ -84,26 +108,29 @@ def launch_source(plan: Plan) -> str:
             # (and of _args._typed where the parameter says its dtypes)
             test = "is not" if p.dtypes and len(p.dtypes) == 1 else "not in"
             dtype = f" or a{i}.dtype {test} D{i}" if p.dtypes else ""
-            lines += [f"    c = a{i}._ctx",
-                      f"    if c._state is not ACTIVE or c._device is not device or not a{i}._c"
-                      f"{dtype}:",
-                      "        return general(args)"]
+            lines += [
+                f"    c = a{i}._ctx",
+                f"    if c._state is not ACTIVE or c._device is not device or not a{i}._c{dtype}:",
+                "        return general(args)",
+            ]
             values.append(f"a{i}.ptr")
         else:
             values.append(f"a{i}" if p.kind == VALUE else f"G{i}(a{i}, stream)")
-    lines += ["    try:",
-              f"        pack_into(buffer, 0{''.join(', ' + v for v in values)})",
-              "    except pack_errors:  # a value its code cannot hold: unsigned, or an error",
-              "        return general(args)",
-              "    if recording:  # some thread records an autograph call: is it this one?",
-              "        r = recording.get(get_ident())",
-              "        if r is not None and r.launch(launcher, buffer, args, plan):",
-              "            return",
-              "    err, = go()",
-              "    if err:",
-              "        fail(err)",
-              "    if trace.sinks:  # announced as the checked path does, the accesses lazily",
-              "        trace.emit_launch(launcher, args, plan)"]
+    lines += [
+        "    try:",
+        f"        pack_into(buffer, 0{''.join(', ' + v for v in values)})",
+        "    except pack_errors:  # a value its code cannot hold: unsigned, or an error",
+        "        return general(args)",
+        "    if recording:  # some thread records an autograph call: is it this one?",
+        "        r = recording.get(get_ident())",
+        "        if r is not None and r.launch(launcher, buffer, args, plan):",
+        "            return",
+        "    err, = go()",
+        "    if err:",
+        "        fail(err)",
+        "    if trace.sinks:  # announced as the checked path does, the accesses lazily",
+        "        trace.emit_launch(launcher, args, plan)",
+    ]
     return "\n".join(lines) + "\n"
 
 

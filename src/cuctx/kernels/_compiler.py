@@ -18,10 +18,21 @@ from typing import Literal
 from . import _jitlink, _nvvm
 from ..devcode._kinds import is_ptx
 from ..devcode._mangled import declared_name
-from ._compile_cache import (CACHE_FORMAT_VERSION, CacheWarning, CompileResult, _load_entry,
-                             _store_entry)
-from ._nvrtc import (CompileError, Request, nvrtc_supported_archs, nvrtc_version, run_nvrtc,
-                     with_declarations)
+from ._compile_cache import (
+    CACHE_FORMAT_VERSION,
+    CacheWarning,
+    CompileResult,
+    _load_entry,
+    _store_entry,
+)
+from ._nvrtc import (
+    CompileError,
+    Request,
+    nvrtc_supported_archs,
+    nvrtc_version,
+    run_nvrtc,
+    with_declarations,
+)
 
 __all__ = [
     "CacheWarning",
@@ -88,11 +99,15 @@ def _target_of(arch: str, target: str | None, language: str) -> str:
     if target not in ("cubin", "ptx", "ltoir"):
         raise ValueError(f"target must be 'cubin', 'ptx' or 'ltoir', got {target!r}")
     if target == "cubin" and not arch.startswith("sm_"):
-        raise ValueError(f"a cubin is code for a real architecture: arch='sm_{arch[8:]}', not "
-                         f"{arch!r} (compute_XY gives PTX)")
+        raise ValueError(
+            f"a cubin is code for a real architecture: arch='sm_{arch[8:]}', not "
+            f"{arch!r} (compute_XY gives PTX)"
+        )
     if language == "ptx" and target != "cubin":
-        raise ValueError(f"PTX compiles to a cubin only (target='cubin'), not {target!r}: load "
-                         "PTX as it is (Library.from_bytes) or link it (Library.link)")
+        raise ValueError(
+            f"PTX compiles to a cubin only (target='cubin'), not {target!r}: load "
+            "PTX as it is (Library.from_bytes) or link it (Library.link)"
+        )
     return target
 
 
@@ -179,15 +194,20 @@ def compile_source(
             raise TypeError(f"C++ source must be str, got {type(src).__name__}")
         opts = _normalize_options(options)
         if relocatable or target == "ltoir":  # LTO-IR is for linking: device functions stay
-            opts = (b"--relocatable-device-code=true", *(b"-dlto",) * (target == "ltoir"),
-                    *opts)
-        request = Request(source=with_declarations(src, name).encode(), arch=arch,
-                          options=opts, name_expressions=_normalize_name_expressions(
-                              name_expressions), headers=_normalize_headers(headers),
-                          name=name)
-        return cached(cache_dir, lambda: ["nvrtc", list(nvrtc_version()), target,
-                                           *request.key_material()],
-                       lambda: run_nvrtc(request, target))
+            opts = (b"--relocatable-device-code=true", *(b"-dlto",) * (target == "ltoir"), *opts)
+        request = Request(
+            source=with_declarations(src, name).encode(),
+            arch=arch,
+            options=opts,
+            name_expressions=_normalize_name_expressions(name_expressions),
+            headers=_normalize_headers(headers),
+            name=name,
+        )
+        return cached(
+            cache_dir,
+            lambda: ["nvrtc", list(nvrtc_version()), target, *request.key_material()],
+            lambda: run_nvrtc(request, target),
+        )
     if tuple(name_expressions) or headers:
         raise ValueError(f"name_expressions and headers are for C++ sources, not {language}")
     if relocatable:
@@ -198,15 +218,27 @@ def compile_source(
         _jitlink.check_options(linker_options)
         piece = _jitlink.Piece("ptx", name, code)
         linker = _jitlink.linker_identity(False, (piece,))
-        return cached(cache_dir, lambda: ["ptx", linker, arch, name, code.decode("latin-1"),
-                                           list(linker_options)],
-                       lambda: _ptx_to_cubin(piece, arch, linker_options, linker))
+        return cached(
+            cache_dir,
+            lambda: ["ptx", linker, arch, name, code.decode("latin-1"), list(linker_options)],
+            lambda: _ptx_to_cubin(piece, arch, linker_options, linker),
+        )
     nvvm_options = _text_options(options)
     if any(_ARCH_OPTION_RE.match(o) for o in nvvm_options):
         raise ValueError("pass the target through arch=, not options")
-    return cached(cache_dir, lambda: ["nvvm", list(_nvvm.nvvm_version()), arch, target, name,
-                                       code.decode("latin-1"), list(nvvm_options)],
-                   lambda: _compile_nvvm(code, arch, target, nvvm_options, name))
+    return cached(
+        cache_dir,
+        lambda: [
+            "nvvm",
+            list(_nvvm.nvvm_version()),
+            arch,
+            target,
+            name,
+            code.decode("latin-1"),
+            list(nvvm_options),
+        ],
+        lambda: _compile_nvvm(code, arch, target, nvvm_options, name),
+    )
 
 
 def _source_bytes(src: str | bytes, language: str) -> bytes:
@@ -226,30 +258,62 @@ def _text_options(options: Iterable[str | bytes]) -> tuple[str, ...]:
     return tuple(o.decode() for o in _normalize_options(options))
 
 
-def _ptx_to_cubin(piece: _jitlink.Piece, arch: str, options: tuple[str, ...],
-                  linker: str) -> CompileResult:
+def _ptx_to_cubin(
+    piece: _jitlink.Piece, arch: str, options: tuple[str, ...], linker: str
+) -> CompileResult:
     image, log = _jitlink.link((piece,), arch=arch, lto=False, options=options, linker=linker)
-    return CompileResult(image=image, kind="cubin", arch=arch, lowered_names={}, log=log,
-                         from_cache=False, ptx=piece.data, name=piece.name)
+    return CompileResult(
+        image=image,
+        kind="cubin",
+        arch=arch,
+        lowered_names={},
+        log=log,
+        from_cache=False,
+        ptx=piece.data,
+        name=piece.name,
+    )
 
 
-def _compile_nvvm(ir: bytes, arch: str, target: str, options: tuple[str, ...],
-                  name: str) -> CompileResult:
+def _compile_nvvm(
+    ir: bytes, arch: str, target: str, options: tuple[str, ...], name: str
+) -> CompileResult:
     virtual = "compute_" + arch.split("_", 1)[1]  # libNVVM targets virtual architectures
-    out, log = _nvvm.run_nvvm(ir, arch=virtual, options=options, name=name,
-                              lto=target == "ltoir")
+    out, log = _nvvm.run_nvvm(ir, arch=virtual, options=options, name=name, lto=target == "ltoir")
     if target == "ltoir":
-        return CompileResult(image=out, kind="ltoir", arch=arch, lowered_names={}, log=log,
-                             from_cache=False, ptx=None, name=name)
+        return CompileResult(
+            image=out,
+            kind="ltoir",
+            arch=arch,
+            lowered_names={},
+            log=log,
+            from_cache=False,
+            ptx=None,
+            name=name,
+        )
     ptx = out if out.endswith(b"\0") else out + b"\0"
     if target == "ptx":
-        return CompileResult(image=ptx, kind="ptx", arch=arch, lowered_names={}, log=log,
-                             from_cache=False, ptx=ptx, name=name)
+        return CompileResult(
+            image=ptx,
+            kind="ptx",
+            arch=arch,
+            lowered_names={},
+            log=log,
+            from_cache=False,
+            ptx=ptx,
+            name=name,
+        )
     piece = _jitlink.Piece("ptx", name, ptx)
     linked = _ptx_to_cubin(piece, arch, (), _jitlink.linker_identity(False, (piece,)))
-    return CompileResult(image=linked.image, kind="cubin", arch=arch, lowered_names={},
-                         log="\n".join(filter(None, (log, linked.log))), from_cache=False,
-                         ptx=ptx, name=name)
+    return CompileResult(
+        image=linked.image,
+        kind="cubin",
+        arch=arch,
+        lowered_names={},
+        log="\n".join(filter(None, (log, linked.log))),
+        from_cache=False,
+        ptx=ptx,
+        name=name,
+    )
 
 
 def cache_key(material: list) -> str:

@@ -31,6 +31,7 @@ _F = CUfunction_attribute
 
 class KernelAttributes(NamedTuple):
     """What the driver reports about a kernel on one device (cuKernelGetAttribute)."""
+
     num_regs: int
     shared_size_bytes: int  # static shared memory per block
     const_size_bytes: int
@@ -44,6 +45,7 @@ class KernelAttributes(NamedTuple):
 class BlockSizeSuggestion(NamedTuple):
     """cuOccupancyMaxPotentialBlockSize's answer, in its order: ``min_grid, block =
     kernel.suggest_block_size()``."""
+
     min_grid_size: int  # blocks needed to fill the device at that occupancy
     block_size: int  # threads per block with the highest occupancy
 
@@ -56,6 +58,7 @@ class _Limits(NamedTuple):
 
 # -- kernels ------------------------------------------------------------------------------
 
+
 class Kernel(Resource):
     """A kernel of a `Library` (usable in every context) or of a `Module` (only in the
     module's context). Launch it with ``kernel[grid, block, shared_mem, stream](*args)`` or
@@ -63,9 +66,24 @@ class Kernel(Resource):
 
     # The Resource fields: ``_handle`` is the CUkernel (library) or CUfunction (module),
     # ``_ctx`` its owner's (None for a library's kernel: it runs in every context).
-    __slots__ = ("name", "_owner", "_function", "_params", "_pack", "_limits_cache",
-                 "_checked", "_launchers", "_launch_memo", "_lock", "_access", "_access_modes",
-                 "_dtypes", "_launched", "_conditions", "__weakref__")
+    __slots__ = (
+        "name",
+        "_owner",
+        "_function",
+        "_params",
+        "_pack",
+        "_limits_cache",
+        "_checked",
+        "_launchers",
+        "_launch_memo",
+        "_lock",
+        "_access",
+        "_access_modes",
+        "_dtypes",
+        "_launched",
+        "_conditions",
+        "__weakref__",
+    )
 
     def __init__(self, owner: Library | Module, handle, name: str):
         self.name = name
@@ -177,8 +195,10 @@ class Kernel(Resource):
         """``kernel[grid, block]``, ``kernel[grid, block, shared_mem]`` or
         ``kernel[grid, block, shared_mem, stream]``, as CUDA C's ``<<<Dg, Db, Ns, S>>>``."""
         if not isinstance(config, tuple) or not 2 <= len(config) <= 4:
-            raise TypeError("use kernel[grid, block], kernel[grid, block, shared_mem] or "
-                            f"kernel[grid, block, shared_mem, stream], got kernel[{config!r}]")
+            raise TypeError(
+                "use kernel[grid, block], kernel[grid, block, shared_mem] or "
+                f"kernel[grid, block, shared_mem, stream], got kernel[{config!r}]"
+            )
         return make_launcher(self, *config)
 
     def __call__(self, *args: Any, **kwargs: Any):
@@ -186,7 +206,8 @@ class Kernel(Resource):
         raise TypeError(
             f"a Kernel is launched with a configuration: lib[{name!r}][grid, block](*args) "
             f"(CUDA C's <<<grid, block>>>) or cuctx.launch(kernel, grid, block, *args); "
-            f"kernel {name!r} was called without one")
+            f"kernel {name!r} was called without one"
+        )
 
     def _check(self, operation: str) -> None:
         """The owner's check: it refuses an unloaded library or module (and, for a module,
@@ -201,10 +222,13 @@ class Kernel(Resource):
             err, twin = sim.kernel_twin(self._handle)
             if not err and twin is None:
                 raise NotSupportedError(
-                    NOT_SUPPORTED, f"launch of {self.name!r}", "",
+                    NOT_SUPPORTED,
+                    f"launch of {self.name!r}",
+                    "",
                     f"the sim cannot run kernel {self.name!r}: it has no Python twin. Register "
                     f"one when loading: sim_kernels={{{self._owner._user_name(self.name)!r}: "
-                    "fn}, where fn(grid, block, *args) does what the kernel does")
+                    "fn}, where fn(grid, block, *args) does what the kernel does",
+                )
 
     # -- introspection --------------------------------------------------------------------
 
@@ -213,9 +237,10 @@ class Kernel(Resource):
         (default: the current device; a Module's kernel: its context's device)."""
         device = self._device(device)
         get = self._owner._attribute
-        values = {name: get(self._handle, getattr(_F, f"CU_FUNC_ATTRIBUTE_{name.upper()}"),
-                            device)
-                  for name in KernelAttributes._fields}
+        values = {
+            name: get(self._handle, getattr(_F, f"CU_FUNC_ATTRIBUTE_{name.upper()}"), device)
+            for name in KernelAttributes._fields
+        }
         return KernelAttributes(**values)
 
     def _device(self, device) -> Device:
@@ -223,9 +248,11 @@ class Kernel(Resource):
         if home is None:
             return context_for().device if device is None else Device(device)
         if device is not None and Device(device) is not home.device:
-            raise ValueError(f"kernel {self.name!r} of {self._owner!r} exists only on "
-                             f"{home.device!r} (a module is loaded into one context), not on "
-                             f"{Device(device)!r}")
+            raise ValueError(
+                f"kernel {self.name!r} of {self._owner!r} exists only on "
+                f"{home.device!r} (a module is loaded into one context), not on "
+                f"{Device(device)!r}"
+            )
         return home.device
 
     def _limits(self, device: Device) -> _Limits:
@@ -235,16 +262,17 @@ class Kernel(Resource):
             limits = self._limits_cache[device] = _Limits(
                 get(self._handle, _F.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, device),
                 get(self._handle, _F.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, device),
-                get(self._handle, _F.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, device))
+                get(self._handle, _F.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, device),
+            )
         return limits
 
     def _raise_dynamic_shared(self, device: Device, nbytes: int) -> None:
-        self._owner._set_attribute(self._handle, _F.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                   nbytes, device)
+        self._owner._set_attribute(
+            self._handle, _F.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes, device
+        )
         self._limits_cache[device] = self._limits(device)._replace(max_dynamic_shared=nbytes)
 
-    def occupancy(self, block: int, shared_mem: int = 0,
-                  device: Device | int | None = None) -> int:
+    def occupancy(self, block: int, shared_mem: int = 0, device: Device | int | None = None) -> int:
         """Blocks of ``block`` threads (with ``shared_mem`` bytes of dynamic shared memory)
         that one multiprocessor of ``device`` holds at once. A block size the kernel cannot
         run (0, or above its limit) raises `LaunchConfigError`."""
@@ -252,22 +280,27 @@ class Kernel(Resource):
         block = _count(block, "block")
         shared_mem = _count(shared_mem, "shared_mem")
         if block < 1:
-            raise LaunchConfigError(f"block size must be positive (threads per block), got "
-                                    f"{block}")
+            raise LaunchConfigError(f"block size must be positive (threads per block), got {block}")
         most = self._limits(device).max_threads
         if block > most:
-            raise LaunchConfigError(f"kernel {self.name!r} can run at most {most} threads per "
-                                    f"block on {device!r}; a block of {block} never runs")
+            raise LaunchConfigError(
+                f"kernel {self.name!r} can run at most {most} threads per "
+                f"block on {device!r}; a block of {block} never runs"
+            )
         with self._owner._context_on(device, "Kernel.occupancy") as ctx:
             err, blocks = self._backend.driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                self._function, block, shared_mem)
+                self._function, block, shared_mem
+            )
         if err:
             fail(self._backend, err, "cuOccupancyMaxActiveBlocksPerMultiprocessor", ctx)
         return int(blocks)
 
-    def suggest_block_size(self, shared_mem: int | Callable[[int], int] = 0,
-                           device: Device | int | None = None,
-                           limit: int = 0) -> BlockSizeSuggestion:
+    def suggest_block_size(
+        self,
+        shared_mem: int | Callable[[int], int] = 0,
+        device: Device | int | None = None,
+        limit: int = 0,
+    ) -> BlockSizeSuggestion:
         """The grid size that fills ``device`` and the block size with the highest
         occupancy (at most ``limit`` threads when given; 0: no limit), in the driver's order:
         ``min_grid_size, block_size``. ``shared_mem``: the bytes of dynamic shared memory a
@@ -283,15 +316,17 @@ class Kernel(Resource):
         shared_mem = _count(shared_mem, "shared_mem")
         with self._owner._context_on(device, "Kernel.suggest_block_size") as ctx:
             err, min_grid, block = self._backend.driver.cuOccupancyMaxPotentialBlockSize(
-                self._function, callback and callback.pointer, shared_mem, limit)
+                self._function, callback and callback.pointer, shared_mem, limit
+            )
         if callback is not None:
             callback.raise_failure()
         if err:
             fail(self._backend, err, "cuOccupancyMaxPotentialBlockSize", ctx)
         return BlockSizeSuggestion(int(min_grid), int(block))
 
-    def available_dynamic_shared_memory(self, blocks_per_sm: int, block: int,
-                                        device: Device | int | None = None) -> int:
+    def available_dynamic_shared_memory(
+        self, blocks_per_sm: int, block: int, device: Device | int | None = None
+    ) -> int:
         """The most dynamic shared memory (bytes) each block of ``block`` threads may take
         while ``blocks_per_sm`` of them stay resident on one multiprocessor
         (cuOccupancyAvailableDynamicSMemPerBlock). More blocks than fit even without shared
@@ -302,48 +337,61 @@ class Kernel(Resource):
         if not 1 <= blocks_per_sm <= fit:
             raise LaunchConfigError(
                 f"{blocks_per_sm} blocks of {block} threads per multiprocessor: kernel "
-                f"{self.name!r} fits 1 to {fit} of them on {device!r}")
+                f"{self.name!r} fits 1 to {fit} of them on {device!r}"
+            )
         with self._owner._context_on(device, "Kernel.available_dynamic_shared_memory") as ctx:
             err, nbytes = self._backend.driver.cuOccupancyAvailableDynamicSMemPerBlock(
-                self._function, blocks_per_sm, block)
+                self._function, blocks_per_sm, block
+            )
         if err:
             fail(self._backend, err, "cuOccupancyAvailableDynamicSMemPerBlock", ctx)
         return int(nbytes)
 
-    def max_cluster_size(self, block: Any, shared_mem: int = 0,
-                         device: Device | int | None = None) -> int:
+    def max_cluster_size(
+        self, block: Any, shared_mem: int = 0, device: Device | int | None = None
+    ) -> int:
         """The largest thread block cluster of this kernel (blocks of ``block`` threads,
         ``shared_mem`` bytes of dynamic shared memory each) that ``device`` can run: one
         whose blocks fit its GPCs at once (cuOccupancyMaxPotentialClusterSize)."""
-        return self._cluster_query("cuOccupancyMaxPotentialClusterSize", block, shared_mem,
-                                   None, device)
+        return self._cluster_query(
+            "cuOccupancyMaxPotentialClusterSize", block, shared_mem, None, device
+        )
 
-    def max_active_clusters(self, cluster: Any, block: Any, shared_mem: int = 0,
-                            device: Device | int | None = None) -> int:
+    def max_active_clusters(
+        self, cluster: Any, block: Any, shared_mem: int = 0, device: Device | int | None = None
+    ) -> int:
         """How many clusters of ``cluster`` blocks (an int or 1-3 tuple) of ``block``
         threads are resident on ``device`` at once (cuOccupancyMaxActiveClusters)."""
-        return self._cluster_query("cuOccupancyMaxActiveClusters", block, shared_mem,
-                                   cluster, device)
+        return self._cluster_query(
+            "cuOccupancyMaxActiveClusters", block, shared_mem, cluster, device
+        )
 
-    def _cluster_query(self, call: str, block: Any, shared_mem: int, cluster: Any,
-                       device) -> int:
+    def _cluster_query(self, call: str, block: Any, shared_mem: int, cluster: Any, device) -> int:
         device = self._device(device)
         # The answer does not depend on the grid, but the driver checks that it is made of
         # whole clusters: one cluster, or (the size to be found) a grid any size up to 16
         # blocks divides.
-        config = make_config(_ANY_CLUSTER_GRID if cluster is None else cluster, block,
-                             _count(shared_mem, "shared_mem"), cluster, False)
+        config = make_config(
+            _ANY_CLUSTER_GRID if cluster is None else cluster,
+            block,
+            _count(shared_mem, "shared_mem"),
+            cluster,
+            False,
+        )
         threads = config.block[0] * config.block[1] * config.block[2]
         self.occupancy(threads, 0, device)  # a block size the kernel runs
         if cluster is not None:
             check_cluster(device, config.grid, config.cluster)
         elif not device.properties.cluster_launch:
-            raise LaunchConfigError(f"{device!r} cannot launch thread block clusters "
-                                    "(cluster_launch is 0; clusters need compute capability "
-                                    "9.0)")
+            raise LaunchConfigError(
+                f"{device!r} cannot launch thread block clusters "
+                "(cluster_launch is 0; clusters need compute capability "
+                "9.0)"
+            )
         with self._owner._context_on(device, f"Kernel.{call}") as ctx:
-            err, value = getattr(self._backend.driver, call)(self._function,
-                                                             driver_config(config, None))
+            err, value = getattr(self._backend.driver, call)(
+                self._function, driver_config(config, None)
+            )
         if err:
             fail(self._backend, err, call, ctx)
         return int(value)

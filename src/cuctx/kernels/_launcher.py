@@ -38,9 +38,26 @@ class Launcher:
     """A kernel bound to a checked launch configuration and a stream; call it with the
     kernel's arguments to launch. Made by ``kernel[grid, block, shared_mem, stream]``."""
 
-    __slots__ = ("kernel", "config", "stream", "_ctx", "_owner", "_backend", "_packer",
-                 "_go_at", "_sim_args", "_ex_config", "_local", "_fast", "_fast_source",
-                 "_fast_plan", "_made", "_misses", "_node_spec", "__weakref__")
+    __slots__ = (
+        "kernel",
+        "config",
+        "stream",
+        "_ctx",
+        "_owner",
+        "_backend",
+        "_packer",
+        "_go_at",
+        "_sim_args",
+        "_ex_config",
+        "_local",
+        "_fast",
+        "_fast_source",
+        "_fast_plan",
+        "_made",
+        "_misses",
+        "_node_spec",
+        "__weakref__",
+    )
 
     def __init__(self, kernel: Kernel, config: Config, stream: Stream):
         ctx = stream._ctx
@@ -128,7 +145,7 @@ class Launcher:
         if not (_record.threads and _record.launch(self, buffer, args, plan)):
             if _lifetimes.capturing:  # (fast paths step aside while a capture listens)
                 refuse_legacy_in_global_capture(self.stream, f"launch of {self.kernel.name!r}")
-            err, = go()
+            (err,) = go()
             if err:
                 self._fail(err)
             if _trace.sinks:
@@ -156,7 +173,7 @@ class Launcher:
         except AttributeError:
             buffer, go = self._thread_state()
         buffer[:] = data
-        err, = go()
+        (err,) = go()
         if err:
             self._fail(err)
         if _trace.sinks:
@@ -178,16 +195,33 @@ class Launcher:
         packed bytes to a recording thread's recorder (an autograph call); the compiled one
         hands what it steps aside from to the generated one (which goes on to the checked
         path)."""
-        generated = _codegen.fast_launch(plan, ctx=self._ctx, owner=self._owner,
-                                         local=self._local, general=self._general,
-                                         fail=self._fail, stream=self.stream)
+        generated = _codegen.fast_launch(
+            plan,
+            ctx=self._ctx,
+            owner=self._owner,
+            local=self._local,
+            general=self._general,
+            fail=self._fail,
+            stream=self.stream,
+        )
         native = self._backend.native
         if native is not None:
             c = self.config
-            fast = native.launcher(plan, self._ctx, self._owner, self.stream,
-                                   self.kernel._function, c.grid, c.block, c.shared_mem,
-                                   self._ex_config, generated[0], self._fail, self._sim_args,
-                                   self)
+            fast = native.launcher(
+                plan,
+                self._ctx,
+                self._owner,
+                self.stream,
+                self.kernel._function,
+                c.grid,
+                c.block,
+                c.shared_mem,
+                self._ex_config,
+                generated[0],
+                self._fail,
+                self._sim_args,
+                self,
+            )
             if fast is not None:
                 return fast, None
         return generated
@@ -201,14 +235,21 @@ class Launcher:
 
     def _fail(self, err) -> None:
         c = self.config
-        fail(self._backend, err, "cuLaunchKernel", self._ctx,
-             hint=f"kernel {self.kernel.name!r}, grid {c.grid}, block {c.block}, "
-                  f"shared_mem {c.shared_mem}")
+        fail(
+            self._backend,
+            err,
+            "cuLaunchKernel",
+            self._ctx,
+            hint=f"kernel {self.kernel.name!r}, grid {c.grid}, block {c.block}, "
+            f"shared_mem {c.shared_mem}",
+        )
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"<Launcher {self.kernel.name!r} grid={c.grid} block={c.block} "
-                f"shared_mem={c.shared_mem} on {self.stream!r}>")
+        return (
+            f"<Launcher {self.kernel.name!r} grid={c.grid} block={c.block} "
+            f"shared_mem={c.shared_mem} on {self.stream!r}>"
+        )
 
 
 _LAUNCHER_CACHE_SIZE = 64
@@ -218,19 +259,37 @@ _LAUNCHER_CACHE_SIZE = 64
 _FOLLOW_AFTER = 8
 
 
-def make_launcher(kernel: Kernel, grid: Any, block: Any, shared_mem: int = 0,
-                  stream: Any = None, cluster: Any = None, cooperative: bool = False) -> Launcher:
+def make_launcher(
+    kernel: Kernel,
+    grid: Any,
+    block: Any,
+    shared_mem: int = 0,
+    stream: Any = None,
+    cluster: Any = None,
+    cooperative: bool = False,
+) -> Launcher:
     """The launcher for this configuration; the same one each time it is asked for again, so
     ``kernel[...](...)`` and `launch` check and bind a configuration only once."""
     cache = getattr(kernel, "_launchers", None)
     if cache is None:
-        raise TypeError(f"the kernel argument of cuctx.launch must be a cuctx.Kernel "
-                        f"(lib['name']), not {type(kernel).__name__}: {kernel!r}")
+        raise TypeError(
+            f"the kernel argument of cuctx.launch must be a cuctx.Kernel "
+            f"(lib['name']), not {type(kernel).__name__}: {kernel!r}"
+        )
     if stream is None:  # (no operation name: resolving None in a context cannot fail)
         stream = resolve_stream(None, kernel._ctx or context_for())
     # Types too: 1.0 == 1 and True == 1, but only the int passes the checks.
-    key = (grid, block, shared_mem, stream, cluster, cooperative,
-           type(grid), type(block), type(shared_mem))
+    key = (
+        grid,
+        block,
+        shared_mem,
+        stream,
+        cluster,
+        cooperative,
+        type(grid),
+        type(block),
+        type(shared_mem),
+    )
     try:
         return cache[key]
     except KeyError:
@@ -255,9 +314,17 @@ class _LaunchAccess(threading.local):
 _launch_access = _LaunchAccess()
 
 
-def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, shared_mem: int = 0,
-           stream: Any = None, cluster: Any = None, cooperative: bool = False,
-           access: Mapping[str | int, str] | None = None) -> None:
+def launch(
+    kernel: Kernel,
+    grid: Any,
+    block: Any,
+    *args: Any,
+    shared_mem: int = 0,
+    stream: Any = None,
+    cluster: Any = None,
+    cooperative: bool = False,
+    access: Mapping[str | int, str] | None = None,
+) -> None:
     """Launch ``kernel`` on a ``grid`` of ``block``-sized blocks (ints or 1-3 tuples) with
     ``args``, on ``stream`` (default: the current stream of the current context), with
     ``shared_mem`` bytes of dynamic shared memory per block, optionally as thread block

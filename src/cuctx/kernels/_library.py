@@ -44,13 +44,15 @@ if TYPE_CHECKING:
 
 # -- what Library and Module share --------------------------------------------------------
 
+
 def _image_from(data: bytes | bytearray | memoryview) -> bytes:
     """The bytes to hand the driver: a cubin, a fatbin or NUL-terminated PTX."""
     if isinstance(data, str):
         data = data.encode()
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(f"device code must be bytes (a cubin, fatbin or PTX), not "
-                        f"{type(data).__name__}")
+        raise TypeError(
+            f"device code must be bytes (a cubin, fatbin or PTX), not {type(data).__name__}"
+        )
     data = bytes(data)
     kind = _kinds.kind_of(data)
     if kind in ("cubin", "fatbin"):
@@ -58,14 +60,22 @@ def _image_from(data: bytes | bytearray | memoryview) -> bytes:
     if kind == "ptx":
         return data if data.endswith(b"\0") else data + b"\0"
     if kind is not None:  # LTO-IR, NVVM IR, host objects and libraries are linked first
-        raise ValueError(f"this is {_UNLOADED[kind]}, which the driver does not load: link it "
-                         "into a Library with cuctx.Library.link([...]) (docs/kernels.md)")
-    raise ValueError("not device code: the data is neither a cubin (ELF for CUDA), a fatbin "
-                     "nor PTX text (with .version and .target)")
+        raise ValueError(
+            f"this is {_UNLOADED[kind]}, which the driver does not load: link it "
+            "into a Library with cuctx.Library.link([...]) (docs/kernels.md)"
+        )
+    raise ValueError(
+        "not device code: the data is neither a cubin (ELF for CUDA), a fatbin "
+        "nor PTX text (with .version and .target)"
+    )
 
 
-_UNLOADED = {"ltoir": "LTO-IR", "nvvm": "NVVM IR", "object": "a host object file",
-             "library": "a library of host objects"}
+_UNLOADED = {
+    "ltoir": "LTO-IR",
+    "nvvm": "NVVM IR",
+    "object": "a host object file",
+    "library": "a library of host objects",
+}
 
 
 def _arch_of_devices() -> str:
@@ -85,8 +95,15 @@ class _Code(Resource):
     __slots__ = ("_loaded", "__dict__", "__weakref__")
     _names: dict[str, str]
 
-    def _setup(self, backend, ctx: Context | None, handle, names: Mapping[str, str],
-               image: bytes, ptx: bytes | None) -> None:
+    def _setup(
+        self,
+        backend,
+        ctx: Context | None,
+        handle,
+        names: Mapping[str, str],
+        image: bytes,
+        ptx: bytes | None,
+    ) -> None:
         self._backend = backend
         self._ctx = ctx
         self._handle = handle
@@ -102,11 +119,17 @@ class _Code(Resource):
         self._loaded = True
 
     @classmethod
-    def from_source(cls, src: str | bytes, options=(), name_expressions=(),
-                    headers: Mapping[str, str | bytes] | None = None, *,
-                    language: Language = "c++",
-                    sim_kernels: Mapping[str, Callable] | None = None,
-                    cache_dir: str | os.PathLike | bool | None = None) -> Self:
+    def from_source(
+        cls,
+        src: str | bytes,
+        options=(),
+        name_expressions=(),
+        headers: Mapping[str, str | bytes] | None = None,
+        *,
+        language: Language = "c++",
+        sim_kernels: Mapping[str, Callable] | None = None,
+        cache_dir: str | os.PathLike | bool | None = None,
+    ) -> Self:
         """Compile for the devices present (cached; see docs/compiler.md) and load it: a
         `Library` for every context, a `Module` into the current one only. ``language``:
         "c++" (NVRTC), "ptx" (to a cubin, through the linker) or "nvvm" (NVVM IR, through
@@ -116,25 +139,32 @@ class _Code(Resource):
         arch = _arch_of_devices()
         if language == "ptx" and not arch.startswith("sm_"):
             arch = "sm_" + arch.split("_")[1]  # a cubin for the lowest device: PTX -> cubin
-        result = compile_source(src, arch=arch, language=language, options=options,
-                                name_expressions=name_expressions, headers=headers,
-                                cache_dir=cache_dir)
-        code = cls(result.image, names=result.lowered_names, sim_kernels=sim_kernels,
-                   _ptx=result.ptx)
+        result = compile_source(
+            src,
+            arch=arch,
+            language=language,
+            options=options,
+            name_expressions=name_expressions,
+            headers=headers,
+            cache_dir=cache_dir,
+        )
+        code = cls(
+            result.image, names=result.lowered_names, sim_kernels=sim_kernels, _ptx=result.ptx
+        )
         if language == "c++":  # `const` of pointer parameters, for the trace (`_access`)
             code._source = src
         return code
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike, *,
-                  sim_kernels: Mapping[str, Callable] | None = None) -> Self:
+    def from_file(
+        cls, path: str | os.PathLike, *, sim_kernels: Mapping[str, Callable] | None = None
+    ) -> Self:
         """Load a cubin, fatbin or PTX file (recognised by its content)."""
         with open(path, "rb") as f:
             return cls(f.read(), sim_kernels=sim_kernels)
 
     @classmethod
-    def from_bytes(cls, data: bytes, *,
-                   sim_kernels: Mapping[str, Callable] | None = None) -> Self:
+    def from_bytes(cls, data: bytes, *, sim_kernels: Mapping[str, Callable] | None = None) -> Self:
         """Load a cubin, fatbin or PTX image held in memory (recognised by its content)."""
         return cls(data, sim_kernels=sim_kernels)
 
@@ -143,8 +173,9 @@ class _Code(Resource):
             raise self._gone(operation)
 
     def _gone(self, operation: str) -> RuntimeError:
-        return RuntimeError(f"{operation}: {self!r} was unloaded; its kernels and variables "
-                            "cannot be used any more")
+        return RuntimeError(
+            f"{operation}: {self!r} was unloaded; its kernels and variables cannot be used any more"
+        )
 
     def unload(self) -> None:
         """Unload the code once the work queued in every context that used it (a Module's:
@@ -182,8 +213,11 @@ class _Code(Resource):
         without extern "C") have that name, it names them and says how to reach them."""
         names = self._listed_kernels()
         base = name.split("<")[0].strip()
-        cpp = {m: c for m in names or () if (c := declared_name(m))
-               and base in (c[0], c[0].rpartition("::")[2])}
+        cpp = {
+            m: c
+            for m in names or ()
+            if (c := declared_name(m)) and base in (c[0], c[0].rpartition("::")[2])
+        }
         if not cpp:
             listed = names if names is not None else "kernels a Module cannot list"
             return KeyError(f"no kernel {name!r} in {self!r}; it has {listed}")
@@ -193,21 +227,27 @@ class _Code(Resource):
         if compiled and "<" not in name:
             how = f"ask for it by the name expression it was compiled with: {compiled}"
         else:
-            how = (f'list each instance in name_expressions=["{qualified}'
-                   f'{name[len(base):].strip() or "<...>"}"]' if template else
-                   f'declare it extern "C" to keep the name "{qualified.rpartition("::")[2]}", '
-                   f'or list it in name_expressions=["{qualified}"]')
-            how += (f" when calling {type(self).__name__}.from_source and ask for that name"
-                    + (f" (it was compiled with {compiled})" if compiled else ""))
-        return KeyError(f'no kernel "{name}" in {self!r}: it has the C++ kernel '
-                        f'{" and ".join(cpp)}; {how}')
+            how = (
+                f'list each instance in name_expressions=["{qualified}'
+                f'{name[len(base) :].strip() or "<...>"}"]'
+                if template
+                else f'declare it extern "C" to keep the name "{qualified.rpartition("::")[2]}", '
+                f'or list it in name_expressions=["{qualified}"]'
+            )
+            how += f" when calling {type(self).__name__}.from_source and ask for that name" + (
+                f" (it was compiled with {compiled})" if compiled else ""
+            )
+        return KeyError(
+            f'no kernel "{name}" in {self!r}: it has the C++ kernel {" and ".join(cpp)}; {how}'
+        )
 
     def _listed_kernels(self) -> list[str] | None:
         """The (mangled) names of the kernels, where they can be listed."""
         return self.kernel_names
 
-    def _variable(self, operation: str, lookup: str, what: str,
-                  name: str) -> tuple[Context, int, int]:
+    def _variable(
+        self, operation: str, lookup: str, what: str, name: str
+    ) -> tuple[Context, int, int]:
         """The context, address and size of the variable ``name``, found with the driver
         call ``lookup`` in the code's context (a Library's: the current one, where each
         context has its own copy)."""
@@ -215,11 +255,15 @@ class _Code(Resource):
         _need_name(name, operation)
         ctx = self._ctx or context_for()
         with in_context(ctx, operation):
-            err, ptr, nbytes = getattr(self._backend.driver, lookup)(self._handle,
-                                                                     name.encode())
+            err, ptr, nbytes = getattr(self._backend.driver, lookup)(self._handle, name.encode())
         if err:
-            fail(self._backend, err, lookup, ctx,
-                 hint=f"no {what} {name!r} in {self!r}" if int(err) == NOT_FOUND else "")
+            fail(
+                self._backend,
+                err,
+                lookup,
+                ctx,
+                hint=f"no {what} {name!r} in {self!r}" if int(err) == NOT_FOUND else "",
+            )
         return ctx, int(ptr), int(nbytes)
 
     def _install_twins(self, twins: Mapping[str, Callable] | None) -> None:
@@ -229,8 +273,10 @@ class _Code(Resource):
         if twins is None:
             return
         if not isinstance(twins, Mapping):
-            raise TypeError("sim_kernels must be a dict of kernel name -> fn(grid, block, "
-                            f"*args), not {type(twins).__name__}")
+            raise TypeError(
+                "sim_kernels must be a dict of kernel name -> fn(grid, block, "
+                f"*args), not {type(twins).__name__}"
+            )
         for name, fn in twins.items():
             kernel = self.kernel(name)
             types = kernel._packer().types
@@ -238,12 +284,13 @@ class _Code(Resource):
             sim = self._backend.sim
             if sim is not None:
                 kinds = tuple(t.kind for t in types) if types else None
-                err, = sim.set_kernel_twin(kernel._handle, fn, kinds)
+                (err,) = sim.set_kernel_twin(kernel._handle, fn, kinds)
                 if err:
                     fail(self._backend, err, "set_kernel_twin")
 
 
 # -- libraries ----------------------------------------------------------------------------
+
 
 class Library(_Code):
     """Device code loaded for every context (cuLibraryLoadData). Make one with
@@ -254,28 +301,45 @@ class Library(_Code):
     _param_info_name = "cuKernelGetParamInfo"
     _get_kernel_name = "cuLibraryGetKernel"
 
-    def __init__(self, data: bytes, *, names: Mapping[str, str] | None = None,
-                 sim_kernels: Mapping[str, Callable] | None = None,
-                 _ptx: bytes | None = None) -> None:
+    def __init__(
+        self,
+        data: bytes,
+        *,
+        names: Mapping[str, str] | None = None,
+        sim_kernels: Mapping[str, Callable] | None = None,
+        _ptx: bytes | None = None,
+    ) -> None:
         image = _image_from(data)
         backend = _driver.active()
         drv = backend.driver
         err, handle = drv.cuLibraryLoadData(image, None, None, 0, None, None, 0)
         if err:
-            fail(backend, err, "cuLibraryLoadData",
-                 hint="the sim reads cubins and PTX, not fatbins" if backend.sim is not None
-                 and int(err) == NOT_SUPPORTED else "")
+            fail(
+                backend,
+                err,
+                "cuLibraryLoadData",
+                hint="the sim reads cubins and PTX, not fatbins"
+                if backend.sim is not None and int(err) == NOT_SUPPORTED
+                else "",
+            )
         self._setup(backend, None, handle, names or {}, image, _ptx)
         self._used: weakref.WeakSet[Context] = weakref.WeakSet()
         self._finalizer = finalize(self, _unload_library, drv, handle, self._used)
         self._install_twins(sim_kernels)
 
     @classmethod
-    def link(cls, pieces: Iterable[Any], *, lto: bool = False, options: Iterable[str] = (),
-             compile_options: Iterable[str | bytes] = (),
-             headers: Mapping[str, str | bytes] | None = None, arch: str | None = None,
-             sim_kernels: Mapping[str, Callable] | None = None,
-             cache_dir: str | os.PathLike | bool | None = None) -> Library:
+    def link(
+        cls,
+        pieces: Iterable[Any],
+        *,
+        lto: bool = False,
+        options: Iterable[str] = (),
+        compile_options: Iterable[str | bytes] = (),
+        headers: Mapping[str, str | bytes] | None = None,
+        arch: str | None = None,
+        sim_kernels: Mapping[str, Callable] | None = None,
+        cache_dir: str | os.PathLike | bool | None = None,
+    ) -> Library:
         """Link ``pieces`` into one Library: C++ sources (str; compiled with NVRTC as
         relocatable device code, to LTO-IR with ``lto``, with ``compile_options`` and
         ``headers``), PTX, cubins, LTO-IR, fatbins, host objects and libraries (bytes,
@@ -288,14 +352,21 @@ class Library(_Code):
         if arch is None:
             arch = _arch_of_devices()
             if not arch.startswith("sm_") and not lto:
-                raise ValueError(f"the devices present differ in architecture; pass arch= (the "
-                                 f"'sm_XY' the Library will run on) or lto=True (the link is "
-                                 f"then PTX for {arch}, which every device JITs)")
-        linked = link_pieces(pieces, arch=arch, lto=lto, options=options,
-                             compile_options=compile_options, headers=headers,
-                             cache_dir=cache_dir)
-        library = cls(linked.image, names=linked.names, sim_kernels=sim_kernels,
-                      _ptx=linked.ptx)
+                raise ValueError(
+                    f"the devices present differ in architecture; pass arch= (the "
+                    f"'sm_XY' the Library will run on) or lto=True (the link is "
+                    f"then PTX for {arch}, which every device JITs)"
+                )
+        linked = link_pieces(
+            pieces,
+            arch=arch,
+            lto=lto,
+            options=options,
+            compile_options=compile_options,
+            headers=headers,
+            cache_dir=cache_dir,
+        )
+        library = cls(linked.image, names=linked.names, sim_kernels=sim_kernels, _ptx=linked.ptx)
         if linked.source is not None:
             library._source = linked.source
         return library
@@ -339,8 +410,7 @@ class Library(_Code):
         return int(value)
 
     def _set_attribute(self, handle, attribute, value: int, device: Device) -> None:
-        err, = self._backend.driver.cuKernelSetAttribute(attribute, value, handle,
-                                                         device._handle)
+        (err,) = self._backend.driver.cuKernelSetAttribute(attribute, value, handle, device._handle)
         if err:
             fail(self._backend, err, "cuKernelSetAttribute")
 
@@ -356,23 +426,27 @@ class Library(_Code):
 
     # -- variables ------------------------------------------------------------------------
 
-    def get_global(self, name: str, dtype: Any = np.uint8,
-                   shape: int | tuple[int, ...] | None = None):
+    def get_global(
+        self, name: str, dtype: Any = np.uint8, shape: int | tuple[int, ...] | None = None
+    ):
         """A `DeviceArray` view of the ``__device__`` (or ``__constant__``) variable
         ``name`` in the current context (each context has its own copy). ``dtype`` and
         ``shape`` say how to see its bytes (default: all of them as uint8)."""
-        ctx, ptr, nbytes = self._variable("Library.get_global", "cuLibraryGetGlobal",
-                                          "__device__ variable", name)
+        ctx, ptr, nbytes = self._variable(
+            "Library.get_global", "cuLibraryGetGlobal", "__device__ variable", name
+        )
         self._used_in(ctx)
         return _variable_view(ctx, ptr, nbytes, dtype, shape, self, name)
 
-    def get_managed(self, name: str, dtype: Any = np.uint8,
-                    shape: int | tuple[int, ...] | None = None) -> np.ndarray:
+    def get_managed(
+        self, name: str, dtype: Any = np.uint8, shape: int | tuple[int, ...] | None = None
+    ) -> np.ndarray:
         """A NumPy view of the ``__managed__`` variable ``name``: one copy for every context
         and device (cuLibraryGetManaged). Synchronize before reading what kernels wrote."""
         # Managed variables exist once the library is loaded into a context: ask in one.
-        _, ptr, nbytes = self._variable("Library.get_managed", "cuLibraryGetManaged",
-                                        "__managed__ variable", name)
+        _, ptr, nbytes = self._variable(
+            "Library.get_managed", "cuLibraryGetManaged", "__managed__ variable", name
+        )
         dtype, shape = _view_shape(nbytes, dtype, shape, name)
         return np.asarray(_HostView(ptr, shape, dtype, self))
 

@@ -30,9 +30,16 @@ class Linked:
     source: str | None = None
 
 
-def link_pieces(pieces: Iterable[Any], *, arch: str, lto: bool, options: Iterable[str],
-                compile_options: Iterable[str | bytes], headers: Mapping | None,
-                cache_dir) -> Linked:
+def link_pieces(
+    pieces: Iterable[Any],
+    *,
+    arch: str,
+    lto: bool,
+    options: Iterable[str],
+    compile_options: Iterable[str | bytes],
+    headers: Mapping | None,
+    cache_dir,
+) -> Linked:
     """Compile what needs compiling, link, and cache the link by every input and option."""
     if isinstance(pieces, (str, bytes, bytearray, memoryview, os.PathLike, CompileResult)):
         raise TypeError("Library.link takes a list of pieces (even of one), not a single piece")
@@ -55,24 +62,45 @@ def link_pieces(pieces: Iterable[Any], *, arch: str, lto: bool, options: Iterabl
             result = data
         elif isinstance(data, str) and not is_ptx(data) and not is_nvvm_ir(data):
             sources.append(data)
-            result = compile_source(data, arch=arch, target="ltoir" if lto else "cubin",
-                                    relocatable=True, options=compile_options,
-                                    headers=headers, name=name, cache_dir=cache_dir)
+            result = compile_source(
+                data,
+                arch=arch,
+                target="ltoir" if lto else "cubin",
+                relocatable=True,
+                options=compile_options,
+                headers=headers,
+                name=name,
+                cache_dir=cache_dir,
+            )
             if lto:  # LTO-IR keeps no PTX: the parameter types come from the PTX of the same
-                result_ptx = compile_source(data, arch=arch, target="ptx", relocatable=True,
-                                            options=compile_options, headers=headers,
-                                            name=name, cache_dir=cache_dir).ptx
+                result_ptx = compile_source(
+                    data,
+                    arch=arch,
+                    target="ptx",
+                    relocatable=True,
+                    options=compile_options,
+                    headers=headers,
+                    name=name,
+                    cache_dir=cache_dir,
+                ).ptx
                 result = _with_ptx(result, result_ptx)
         else:
             raw = data.encode() if isinstance(data, str) else bytes(data)
             kind = kind_of(raw)
             if kind is None:
-                raise ValueError(f"piece {name!r} is not device code: it is neither C++ source "
-                                 f"(str) nor one of {', '.join(KINDS)}")
+                raise ValueError(
+                    f"piece {name!r} is not device code: it is neither C++ source "
+                    f"(str) nor one of {', '.join(KINDS)}"
+                )
             if kind == "nvvm":  # compiled through libNVVM first
-                result = compile_source(raw, arch=arch, language="nvvm",
-                                        target="ltoir" if lto else "ptx", name=name,
-                                        cache_dir=cache_dir)
+                result = compile_source(
+                    raw,
+                    arch=arch,
+                    language="nvvm",
+                    target="ltoir" if lto else "ptx",
+                    name=name,
+                    cache_dir=cache_dir,
+                )
             else:
                 ready.append(_jitlink.Piece(kind, name, raw))
                 if kind == "ptx":
@@ -80,15 +108,27 @@ def link_pieces(pieces: Iterable[Any], *, arch: str, lto: bool, options: Iterabl
         if result is not None:
             if result.kind not in ("cubin", "ptx", "ltoir"):
                 raise ValueError(f"piece {name!r}: a compile result of kind {result.kind!r}")
-            ready.append(_jitlink.Piece(result.kind, result.name or name, result.image,
-                                        data if isinstance(data, str) else ""))
+            ready.append(
+                _jitlink.Piece(
+                    result.kind,
+                    result.name or name,
+                    result.image,
+                    data if isinstance(data, str) else "",
+                )
+            )
             linked.names.update(result.lowered_names)
             if result.ptx is not None:
                 ptx.append(result.ptx)
     ready = tuple(ready)
     linker = _jitlink.linker_identity(lto, ready)
-    material = ["link", linker, arch, lto, list(options),
-                [[p.kind, p.name, hashlib.sha256(p.data).hexdigest()] for p in ready]]
+    material = [
+        "link",
+        linker,
+        arch,
+        lto,
+        list(options),
+        [[p.kind, p.name, hashlib.sha256(p.data).hexdigest()] for p in ready],
+    ]
     result = cached(cache_dir, lambda: material, lambda: _link(ready, arch, lto, options, linker))
     linked.image = result.image
     linked.ptx = b"\n".join(p.rstrip(b"\0") for p in ptx) or None
@@ -114,18 +154,34 @@ def _named(piece: Any, index: int) -> tuple[str, Any]:
         return f"piece{index}.cu" if not is_ptx(piece) else f"piece {index}", piece
     if isinstance(piece, (bytes, bytearray, memoryview)):
         return f"piece {index}", piece
-    raise TypeError(f"piece {index} must be C++ source (str), device code (bytes), a file "
-                    f"(pathlib.Path), a compile result or (name, data), not "
-                    f"{type(piece).__name__}")
+    raise TypeError(
+        f"piece {index} must be C++ source (str), device code (bytes), a file "
+        f"(pathlib.Path), a compile result or (name, data), not "
+        f"{type(piece).__name__}"
+    )
 
 
 def _with_ptx(result: CompileResult, ptx: bytes | None) -> CompileResult:
-    return CompileResult(result.image, result.kind, result.arch, result.lowered_names,
-                         result.log, result.from_cache, ptx, result.name)
+    return CompileResult(
+        result.image,
+        result.kind,
+        result.arch,
+        result.lowered_names,
+        result.log,
+        result.from_cache,
+        ptx,
+        result.name,
+    )
 
 
-def _link(pieces, arch: str, lto: bool, options: tuple[str, ...],
-          linker: str) -> CompileResult:
+def _link(pieces, arch: str, lto: bool, options: tuple[str, ...], linker: str) -> CompileResult:
     image, log = _jitlink.link(pieces, arch=arch, lto=lto, options=options, linker=linker)
-    return CompileResult(image=image, kind="ptx" if is_ptx(image) else "cubin", arch=arch,
-                         lowered_names={}, log=log, from_cache=False, name="link")
+    return CompileResult(
+        image=image,
+        kind="ptx" if is_ptx(image) else "cubin",
+        arch=arch,
+        lowered_names={},
+        log=log,
+        from_cache=False,
+        name="link",
+    )

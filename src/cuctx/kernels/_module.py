@@ -26,9 +26,14 @@ class Module(_Code):
     _param_info_name = "cuFuncGetParamInfo"
     _get_kernel_name = "cuModuleGetFunction"
 
-    def __init__(self, data: bytes, *, names: Mapping[str, str] | None = None,
-                 sim_kernels: Mapping[str, Callable] | None = None,
-                 _ptx: bytes | None = None) -> None:
+    def __init__(
+        self,
+        data: bytes,
+        *,
+        names: Mapping[str, str] | None = None,
+        sim_kernels: Mapping[str, Callable] | None = None,
+        _ptx: bytes | None = None,
+    ) -> None:
         image = _image_from(data)
         ctx = context_for()
         backend = ctx._backend
@@ -46,8 +51,12 @@ class Module(_Code):
 
     @property
     def kernel_names(self) -> list[str]:
-        raise NotSupportedError(NOT_SUPPORTED, "Module.kernel_names", "",
-                                "the driver lists kernels of libraries only; use a Library")
+        raise NotSupportedError(
+            NOT_SUPPORTED,
+            "Module.kernel_names",
+            "",
+            "the driver lists kernels of libraries only; use a Library",
+        )
 
     def _listed_kernels(self) -> list[str] | None:
         return sorted(self._types) or None  # the PTX's, when it came with the code
@@ -69,7 +78,7 @@ class Module(_Code):
         return int(value)
 
     def _set_attribute(self, handle, attribute, value: int, device: Device) -> None:
-        err, = self._backend.driver.cuFuncSetAttribute(handle, attribute, value)
+        (err,) = self._backend.driver.cuFuncSetAttribute(handle, attribute, value)
         if err:
             fail(self._backend, err, "cuFuncSetAttribute", self._ctx)
 
@@ -78,7 +87,8 @@ class Module(_Code):
             raise ValueError(
                 f"kernel {kernel!r} of {self!r} runs only in {self._ctx!r} (a module is "
                 f"loaded into one context), but the launch's stream is in {ctx!r}; load the "
-                "code as a cuctx.Library to launch it in every context")
+                "code as a cuctx.Library to launch it in every context"
+            )
 
     def _used_in(self, ctx: Context) -> None:
         return None  # its one context is synchronized before unloading
@@ -86,11 +96,13 @@ class Module(_Code):
     def _context_on(self, device: Device, operation: str) -> AbstractContextManager[Context]:
         return in_context(self._ctx, operation)
 
-    def get_global(self, name: str, dtype: Any = np.uint8,
-                   shape: int | tuple[int, ...] | None = None):
+    def get_global(
+        self, name: str, dtype: Any = np.uint8, shape: int | tuple[int, ...] | None = None
+    ):
         """A `DeviceArray` view of the variable ``name`` in the module's context."""
-        ctx, ptr, nbytes = self._variable("Module.get_global", "cuModuleGetGlobal",
-                                          "variable", name)
+        ctx, ptr, nbytes = self._variable(
+            "Module.get_global", "cuModuleGetGlobal", "variable", name
+        )
         return _variable_view(ctx, ptr, nbytes, dtype, shape, self, name)
 
     def __repr__(self) -> str:
@@ -104,5 +116,3 @@ def _unload_module(drv, handle, ctx: Context) -> None:
     with in_context(ctx, "Module.unload"):
         ctx._backend.driver.cuCtxSynchronize()
         drv.cuModuleUnload(handle)
-
-

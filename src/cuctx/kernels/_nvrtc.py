@@ -13,8 +13,9 @@ from ._compile_cache import CompileResult
 class CompileError(Exception):
     """A compiler (NVRTC, libNVVM) failed; ``log`` holds its full program log."""
 
-    def __init__(self, message: str, *, log: str, options: tuple[str, ...], name: str,
-                 tool: str = "NVRTC"):
+    def __init__(
+        self, message: str, *, log: str, options: tuple[str, ...], name: str, tool: str = "NVRTC"
+    ):
         self.log = log
         self.options = options
         self.name = name
@@ -31,7 +32,8 @@ _DECLARES_SET_CONDITIONAL_RE = re.compile(r"\bvoid\s+(?:CUDARTAPI\s+)?cudaGraphS
 _SET_CONDITIONAL_DECLARATION = (
     "typedef __device_builtin__ unsigned long long cudaGraphConditionalHandle;\n"
     'extern "C" __device__ __cudart_builtin__ void CUDARTAPI cudaGraphSetConditional('
-    "cudaGraphConditionalHandle, unsigned int);\n")
+    "cudaGraphConditionalHandle, unsigned int);\n"
+)
 
 
 # -- NVRTC access -------------------------------------------------------------------------
@@ -97,9 +99,14 @@ class Request:
     def key_material(self) -> list:
         """What the cache key covers of the request (latin-1 maps bytes 1:1 onto code
         points, so arbitrary bytes survive JSON)."""
-        return [self.arch, self.name, self.source.decode("latin-1"),
-                [[n, t.decode("latin-1")] for n, t in self.headers],
-                [o.decode("latin-1") for o in self.options], list(self.name_expressions)]
+        return [
+            self.arch,
+            self.name,
+            self.source.decode("latin-1"),
+            [[n, t.decode("latin-1")] for n, t in self.headers],
+            [o.decode("latin-1") for o in self.options],
+            list(self.name_expressions),
+        ]
 
 
 def with_declarations(src: str, name: str) -> str:

@@ -8,8 +8,9 @@ from functools import lru_cache
 
 from ._nvrtc import CompileError
 
-INSTALL = ('pip install "nvidia-nvvm>=13,<14" (or cuctx[link]); a CUDA toolkit\'s libnvvm '
-           "is found too")
+INSTALL = (
+    'pip install "nvidia-nvvm>=13,<14" (or cuctx[link]); a CUDA toolkit\'s libnvvm is found too'
+)
 
 
 @lru_cache(maxsize=1)
@@ -17,6 +18,7 @@ def _nvvm():
     """cuda.bindings.nvvm with libNVVM loaded, or the reason it cannot be."""
     try:
         from cuda.bindings import nvvm
+
         nvvm.version()  # loads libnvvm
     except Exception as exc:  # noqa: BLE001 - ImportError, or the library's loader's error
         return None, f"{type(exc).__name__}: {exc}"
@@ -31,8 +33,9 @@ def nvvm_version() -> tuple[int, int]:
     return tuple(nvvm.version())
 
 
-def run_nvvm(ir: bytes, *, arch: str, options: tuple[str, ...], name: str,
-             lto: bool) -> tuple[bytes, str]:
+def run_nvvm(
+    ir: bytes, *, arch: str, options: tuple[str, ...], name: str, lto: bool
+) -> tuple[bytes, str]:
     """(PTX, or LTO-IR with ``lto``; the program log) of one NVVM IR module for ``arch``
     (``compute_XY``: libNVVM targets virtual architectures)."""
     nvvm_version()
@@ -50,9 +53,13 @@ def run_nvvm(ir: bytes, *, arch: str, options: tuple[str, ...], name: str,
             nvvm.add_module_to_program(program, ir, len(ir), name)
             nvvm.compile_program(program, len(flags), flags)
         except nvvm.nvvmError as exc:
-            raise CompileError(f"libNVVM failed to compile {name!r} for {arch}: {exc}",
-                               log=log(), options=tuple(flags), name=name,
-                               tool="libNVVM") from None
+            raise CompileError(
+                f"libNVVM failed to compile {name!r} for {arch}: {exc}",
+                log=log(),
+                options=tuple(flags),
+                name=name,
+                tool="libNVVM",
+            ) from None
         out = bytearray(nvvm.get_compiled_result_size(program))
         nvvm.get_compiled_result(program, out)
         return bytes(out), log()

@@ -51,6 +51,7 @@ _new = tuple.__new__  # an Access from all its fields, without its Python-level 
 class Param(NamedTuple):
     """One parameter of a plan: where it goes, how it packs, how its argument becomes the
     value to pack (``convert(arg, stream)``; None: the argument itself)."""
+
     offset: int
     size: int
     code: str  # struct code: "i", "f", "Q", "8s", ...
@@ -63,6 +64,7 @@ class Param(NamedTuple):
 class Plan:
     """How arguments of one type signature become the kernel's parameter bytes. One per
     (kernel, signature), so a plan is its own identity (hashed and compared as an object)."""
+
     kernel: str  # the kernel's name, for names and messages
     types: tuple[type, ...]  # the guard: exactly these argument types
     params: tuple[Param, ...]
@@ -79,8 +81,9 @@ class Plan:
                 args[index] = convert(args[index], stream)
         self.layout.pack_into(buffer, 0, *args)
 
-    def accesses(self, args: tuple, stream: Stream,
-                 modes: tuple[str, ...]) -> tuple[_trace.Access, ...]:
+    def accesses(
+        self, args: tuple, stream: Stream, modes: tuple[str, ...]
+    ) -> tuple[_trace.Access, ...]:
         """The device memory the launch may touch, for the trace: every array argument in
         its parameter's mode (`cuctx.kernels._access.modes`). Plain ints are addresses the caller
         vouches for, with no known extent: none."""
@@ -88,8 +91,12 @@ class Plan:
         for i in self.pointers:
             arg = args[i]
             if type(arg) is DeviceArray and arg._c:  # (most launches: device_access inline)
-                out.append(_new(_trace.Access, (arg.ptr, prod(arg.shape) * arg.dtype.itemsize,
-                                                modes[i], arg, False)))
+                out.append(
+                    _new(
+                        _trace.Access,
+                        (arg.ptr, prod(arg.shape) * arg.dtype.itemsize, modes[i], arg, False),
+                    )
+                )
             else:
                 out.append(_trace.device_access(traced_array(arg, stream), modes[i]))
         return tuple(out)
@@ -138,7 +145,8 @@ class Packer:
         if len(args) != len(self.params):
             raise KernelArgumentError(
                 f"kernel {self.kernel.name!r} takes {len(self.params)} argument(s) "
-                f"(parameter sizes {[s for _, s in self.params]} bytes), got {len(args)}")
+                f"(parameter sizes {[s for _, s in self.params]} bytes), got {len(args)}"
+            )
         self.expected()
         fmt, pos, params = ["<"], 0, []
         for index, ((offset, size), arg) in enumerate(zip(self.params, args)):
@@ -148,8 +156,14 @@ class Packer:
             params.append(Param(offset, size, code, kind, convert, dtypes))
         conversions = tuple((i, p.convert) for i, p in enumerate(params) if p.convert)
         pointers = tuple(i for i, p in enumerate(params) if p.kind in (ARRAY, POINTER))
-        return Plan(self.kernel.name, types, tuple(params), struct.Struct("".join(fmt)),
-                    conversions, pointers)
+        return Plan(
+            self.kernel.name,
+            types,
+            tuple(params),
+            struct.Struct("".join(fmt)),
+            conversions,
+            pointers,
+        )
 
     def buffers(self) -> tuple[bytearray, ctypes.Array | None]:
         """A parameter buffer and a ``void*`` array pointing into it (None without
@@ -159,14 +173,17 @@ class Packer:
             return buffer, None
         base = ctypes.addressof((ctypes.c_char * len(buffer)).from_buffer(buffer))
         pointers = (ctypes.c_void_p * len(self.params))(
-            *[base + offset for offset, _ in self.params])
+            *[base + offset for offset, _ in self.params]
+        )
         return buffer, pointers
 
     def describe(self, index: int) -> str:
         offset, size = self.params[index]
         typed = f"{self.types[index].describe()}; " if self.types else ""
-        return (f"parameter {index} of kernel {self.kernel.name!r} ({typed}offset {offset}, "
-                f"{size} bytes)")
+        return (
+            f"parameter {index} of kernel {self.kernel.name!r} ({typed}offset {offset}, "
+            f"{size} bytes)"
+        )
 
     def type_of(self, index: int) -> ParamType | None:
         """The parameter's type where it decides the conversion; None: by size only."""
@@ -175,8 +192,7 @@ class Packer:
         return self.types[index]
 
 
-def pack_slowly(packer: Packer, plan: Plan, args: tuple, stream: Stream,
-                buffer: bytearray) -> None:
+def pack_slowly(packer: Packer, plan: Plan, args: tuple, stream: Stream, buffer: bytearray) -> None:
     """Pack ``args`` one by one into ``buffer``, with clear errors: the path for values the
     plan's codes rejected (unsigned values for a signed code, values out of range)."""
     for index, (p, arg) in enumerate(zip(plan.params, args)):
@@ -190,6 +206,7 @@ def pack_slowly(packer: Packer, plan: Plan, args: tuple, stream: Stream,
                 # C's conversion: values up to the unsigned maximum fit as well.
                 data = int(value).to_bytes(p.size, "little", signed=int(value) < 0)
         except PACK_ERRORS as exc:
-            raise KernelArgumentError(f"{packer.describe(index)} cannot hold {arg!r}: {exc}") \
-                from None
-        buffer[p.offset:p.offset + p.size] = data
+            raise KernelArgumentError(
+                f"{packer.describe(index)} cannot hold {arg!r}: {exc}"
+            ) from None
+        buffer[p.offset : p.offset + p.size] = data

@@ -23,19 +23,23 @@ def _view_shape(nbytes: int, dtype: Any, shape, name: str):
     dtype = dtype_of(dtype)  # plain numbers only: a view of raw memory never holds objects
     if shape is None:
         if nbytes % dtype.itemsize:
-            raise ValueError(f"variable {name!r} is {nbytes} bytes, not a whole number of "
-                             f"{dtype} ({dtype.itemsize} bytes); pass shape=")
+            raise ValueError(
+                f"variable {name!r} is {nbytes} bytes, not a whole number of "
+                f"{dtype} ({dtype.itemsize} bytes); pass shape="
+            )
         shape = (nbytes // dtype.itemsize,)
     shape = shape_of(shape)
     need = int(np.prod(shape)) * dtype.itemsize
     if need > nbytes:
-        raise ValueError(f"variable {name!r} is {nbytes} bytes; a {shape} view of {dtype} "
-                         f"needs {need}")
+        raise ValueError(
+            f"variable {name!r} is {nbytes} bytes; a {shape} view of {dtype} needs {need}"
+        )
     return dtype, shape
 
 
-def _variable_view(ctx: Context, ptr: int, nbytes: int, dtype, shape, owner,
-                   name: str) -> DeviceArray:
+def _variable_view(
+    ctx: Context, ptr: int, nbytes: int, dtype, shape, owner, name: str
+) -> DeviceArray:
     dtype, shape = _view_shape(nbytes, dtype, shape, name)
     return DeviceArray._make(ctx, ptr, shape, dtype, None, None, owner)
 
@@ -46,6 +50,10 @@ class _HostView:
     __slots__ = ("__array_interface__", "library")
 
     def __init__(self, ptr: int, shape, dtype: np.dtype, library: Library):
-        self.__array_interface__ = {"data": (ptr, False), "shape": shape,
-                                    "typestr": dtype.str, "version": 3}
+        self.__array_interface__ = {
+            "data": (ptr, False),
+            "shape": shape,
+            "typestr": dtype.str,
+            "version": 3,
+        }
         self.library = library

@@ -10,5 +10,17 @@ from ._construct import asarray, full, to_device, zeros
 from ._managed import managed_empty
 from ._pool import MemoryPool
 
-__all__ = ["DeviceArray", "MemoryPool", "asarray", "copy", "defer_cleanup", "empty", "full",
-           "managed_empty", "pinned_empty", "register_host", "to_device", "zeros"]
+__all__ = [
+    "DeviceArray",
+    "MemoryPool",
+    "asarray",
+    "copy",
+    "defer_cleanup",
+    "empty",
+    "full",
+    "managed_empty",
+    "pinned_empty",
+    "register_host",
+    "to_device",
+    "zeros",
+]

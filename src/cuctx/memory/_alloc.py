@@ -38,19 +38,24 @@ class Allocation:
     free of its memory was queued crashed the process at the next pool's allocation (two
     H200s, driver 580: a floating point exception, 3 runs of 3)."""
 
-    __slots__ = ("ptr", "nbytes", "stream", "recorded", "pool", "shared", "_free",
-                 "__weakref__")
+    __slots__ = ("ptr", "nbytes", "stream", "recorded", "pool", "shared", "_free", "__weakref__")
 
-    def __init__(self, ptr: int, nbytes: int, stream: Stream, pool=None,
-                 release: Callable[..., bool] | None = None, *extra):
+    def __init__(
+        self,
+        ptr: int,
+        nbytes: int,
+        stream: Stream,
+        pool=None,
+        release: Callable[..., bool] | None = None,
+        *extra,
+    ):
         self.ptr = ptr
         self.nbytes = nbytes
         self.stream = stream
         self.recorded: list[Stream] = []  # other streams that used it (record_stream)
         self.pool = pool  # the MemoryPool it came from; None: the device's default pool
         self.shared = None  # (token, export data) once exported to another process (`_pool`)
-        free = self._free = [release or _release, ptr, nbytes, stream, self.recorded, pool,
-                             *extra]
+        free = self._free = [release or _release, ptr, nbytes, stream, self.recorded, pool, *extra]
         ctx = stream._ctx
         live = ctx._allocations
         if live is None:
@@ -139,7 +144,8 @@ def _release(ptr: int, nbytes: int, stream: Stream, recorded: list[Stream], pool
             _lifetimes.orphans.setdefault(ctx._device, []).append(ptr)
         return True
     if _lifetimes.capturing and _lifetimes.held_by_capture(
-            stream, ptr, functools.partial(_release, ptr, nbytes, stream, recorded, pool)):
+        stream, ptr, functools.partial(_release, ptr, nbytes, stream, recorded, pool)
+    ):
         return True  # memory from before the capture: freed when it ends, not in the graph
     for other in recorded:
         if other._ctx._state is ACTIVE:
@@ -150,7 +156,7 @@ def _release(ptr: int, nbytes: int, stream: Stream, recorded: list[Stream], pool
     if native is not None and not in_host_function:
         err = native.mem_free(ctx, stream, ptr)
     else:
-        err, = stream._call(stream._backend.driver.cuMemFreeAsync, ptr, stream._handle)
+        (err,) = stream._call(stream._backend.driver.cuMemFreeAsync, ptr, stream._handle)
     if pool is not None:  # its destroy waits for this free (`_pool_lifetime._destroy`)
         pool._queued_free(ctx)
     if not err and _trace.sinks:
@@ -176,12 +182,15 @@ def pool_device(pool: Any, device: Any) -> Any:
     if not isinstance(pool, upper.memory_pool):
         raise TypeError(f"pool must be a cuctx.MemoryPool, not {type(pool).__name__}")
     if pool._imported:
-        raise ValueError(f"{pool!r} was imported from another process, and such a pool "
-                         "cannot allocate (the driver refuses); allocate in the process that "
-                         "made it")
+        raise ValueError(
+            f"{pool!r} was imported from another process, and such a pool "
+            "cannot allocate (the driver refuses); allocate in the process that "
+            "made it"
+        )
     if device is not None and upper.device(device) is not pool.device:
-        raise ValueError(f"device={upper.device(device)!r} but {pool!r} is on "
-                         f"{pool.device!r}; pass one of them")
+        raise ValueError(
+            f"device={upper.device(device)!r} but {pool!r} is on {pool.device!r}; pass one of them"
+        )
     return pool.device
 
 
@@ -189,8 +198,10 @@ def allocate(nbytes: int, stream: Stream, pool: Any = None) -> Allocation:
     """``nbytes`` on ``stream``, from ``pool`` (a MemoryPool; None: the device's default)."""
     ctx = stream._ctx
     if pool is not None and stream._ctx._device is not pool.device:
-        raise ValueError(f"{pool!r} is on {pool.device!r}, but {stream!r} is on "
-                         f"{stream.device!r}: allocate on a stream of the pool's device")
+        raise ValueError(
+            f"{pool!r} is on {pool.device!r}, but {stream!r} is on "
+            f"{stream.device!r}: allocate on a stream of the pool's device"
+        )
     if ctx._state is not ACTIVE:
         raise ctx._unusable("cuctx.empty")
     # An autograph call lends its temporaries the memory of earlier calls (the device's own
@@ -238,20 +249,28 @@ def from_pool(nbytes: int, stream: Stream, pool: Any = None) -> Allocation:
             # A refused request can leave the pool holding what it reserved trying (measured
             # on an H100: 1 MiB free after asking for more than the device has, and the next
             # cuCtxCreate failed): give back what no allocation uses.
-            handle = pool._handle if pool is not None else \
-                drv.cuDeviceGetDefaultMemPool(ctx.device._handle)[1]
+            handle = (
+                pool._handle
+                if pool is not None
+                else drv.cuDeviceGetDefaultMemPool(ctx.device._handle)[1]
+            )
             if handle is not None:
                 drv.cuMemPoolTrimTo(handle, 0)
             free, total = ctx.device.mem_info()
-            hint = (f"asked for {nbytes} bytes on device {ctx.device.ordinal} "
-                    f"(free {free} of {total})")
+            hint = (
+                f"asked for {nbytes} bytes on device {ctx.device.ordinal} (free {free} of {total})"
+            )
             if pool is not None and pool.max_size is not None:
-                hint += (f" from {pool!r}, whose max_size {pool.max_size} the driver rounds "
-                         "up to its reservation granularity")
+                hint += (
+                    f" from {pool!r}, whose max_size {pool.max_size} the driver rounds "
+                    "up to its reservation granularity"
+                )
         elif int(err) == NOT_SUPPORTED and pool is not None and pool.ipc:
-            hint = (f"{pool!r} cannot allocate inside a stream capture (the driver refuses "
-                    "graph memory from a pool shared between processes): allocate before "
-                    "the capture")
+            hint = (
+                f"{pool!r} cannot allocate inside a stream capture (the driver refuses "
+                "graph memory from a pool shared between processes): allocate before "
+                "the capture"
+            )
         fail(stream._backend, CUresult(int(err)), name, ctx, hint)
     if _trace.sinks:
         _trace.emit("alloc", ctx, stream, (_trace.Access(int(ptr), nbytes, _trace.WRITE),))

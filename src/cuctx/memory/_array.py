@@ -45,6 +45,7 @@ __all__ = ["DeviceArray", "copy", "defer_cleanup", "empty", "pinned_empty", "reg
 
 # -- the device array ---------------------------------------------------------------------
 
+
 class DeviceArray(Resource):
     """An n-dimensional array in device memory: ``shape``, ``dtype``, ``strides`` (bytes, as
     in NumPy), ``nbytes``, ``ptr`` (the device address), ``device`` and ``context``.
@@ -55,36 +56,48 @@ class DeviceArray(Resource):
     alive; after the context is destroyed every use raises `ContextDestroyedError`.
     """
 
-    __slots__ = ("shape", "dtype", "strides", "ptr", "_alloc", "_owner", "_c", "_f",
-                 "__weakref__")
+    __slots__ = ("shape", "dtype", "strides", "ptr", "_alloc", "_owner", "_c", "_f", "__weakref__")
 
     def __init__(self) -> None:
         raise TypeError("make device arrays with cuctx.empty/zeros/full/to_device/asarray")
 
     @classmethod
-    def _make(cls, ctx: Context, ptr: int, shape: tuple[int, ...], dtype: np.dtype,
-              strides: tuple[int, ...] | None, alloc: Allocation | None, owner: Any = None,
-              contiguity: tuple[bool, bool] | None = None):
+    def _make(
+        cls,
+        ctx: Context,
+        ptr: int,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        strides: tuple[int, ...] | None,
+        alloc: Allocation | None,
+        owner: Any = None,
+        contiguity: tuple[bool, bool] | None = None,
+    ):
         """``contiguity``: (C, Fortran) where the caller knows it, else worked out."""
         arr = object.__new__(cls)
         arr.shape = shape
         arr.dtype = dtype
-        arr.strides = _layout.c_strides(shape, dtype.itemsize) if strides is None \
-            else tuple(strides)
+        arr.strides = (
+            _layout.c_strides(shape, dtype.itemsize) if strides is None else tuple(strides)
+        )
         arr.ptr = arr._handle = arr._key = ptr  # the Resource protocol's handle: the address
         arr._ctx = ctx
         arr._backend = ctx._backend
         arr._alloc = alloc  # keeps cuctx's memory allocated while any view lives
         arr._owner = owner  # keeps another library's memory alive (asarray)
-        arr._c, arr._f = _layout.contiguity(shape, arr.strides, dtype.itemsize) \
-            if contiguity is None else contiguity
+        arr._c, arr._f = (
+            _layout.contiguity(shape, arr.strides, dtype.itemsize)
+            if contiguity is None
+            else contiguity
+        )
         return arr
 
     def _view(self, offset: int, shape, strides, dtype: np.dtype | None = None) -> DeviceArray:
         dtype = self.dtype if dtype is None else dtype
         ptr = self.ptr + offset if prod(shape) else self.ptr  # an empty view points nowhere new
-        return DeviceArray._make(self._ctx, ptr, tuple(shape), dtype, tuple(strides),
-                                 self._alloc, self._owner)
+        return DeviceArray._make(
+            self._ctx, ptr, tuple(shape), dtype, tuple(strides), self._alloc, self._owner
+        )
 
     # -- properties ---------------------------------------------------------------------
 
@@ -127,9 +140,11 @@ class DeviceArray(Resource):
             owner = HostBytes(alloc.ptr, alloc.nbytes, alloc) if alloc else HostBytes(0, 0)
         view = getattr(owner, "host_view", None)
         if view is None:
-            raise TypeError(f"{self!r} is device memory, which the host cannot address: copy "
-                            "it with arr.to_host(), or allocate it with cuctx.managed_empty for a "
-                            "host view (or from a MemoryPool(device, location='host'))")
+            raise TypeError(
+                f"{self!r} is device memory, which the host cannot address: copy "
+                "it with arr.to_host(), or allocate it with cuctx.managed_empty for a "
+                "host view (or from a MemoryPool(device, location='host'))"
+            )
         self._check("DeviceArray.host")
         return view(self)
 
@@ -146,8 +161,13 @@ class DeviceArray(Resource):
     def _sharing_pool(self, operation: str) -> MemoryPool:
         """The pool that shares this array with another process (and refuses without ipc)."""
         if self.pool is None:
-            raise sharing_refused(self, "managed memory" if hasattr(self._owner, "host_view")
-                                  else "memory of another library (cuctx.asarray)", operation)
+            raise sharing_refused(
+                self,
+                "managed memory"
+                if hasattr(self._owner, "host_view")
+                else "memory of another library (cuctx.asarray)",
+                operation,
+            )
         return self.pool
 
     @property
@@ -166,18 +186,24 @@ class DeviceArray(Resource):
         return (self[i] for i in range(self.shape[0]))
 
     def __bool__(self) -> bool:
-        raise TypeError("the truth value of a device array needs its data: test "
-                        "arr.to_host() (or use arr.size to ask whether it is empty)")
+        raise TypeError(
+            "the truth value of a device array needs its data: test "
+            "arr.to_host() (or use arr.size to ask whether it is empty)"
+        )
 
     def __repr__(self) -> str:
         # Reads only what the object holds: safe for destroyed and poisoned contexts.
         state = "" if self._ctx._state is ACTIVE else f" context {self._ctx._state}"
-        return (f"<DeviceArray shape={self.shape} {self.dtype} device "
-                f"{self._ctx._device.ordinal} ptr={self.ptr:#x}{state}>")
+        return (
+            f"<DeviceArray shape={self.shape} {self.dtype} device "
+            f"{self._ctx._device.ordinal} ptr={self.ptr:#x}{state}>"
+        )
 
     def __array__(self, *args, **kwargs):
-        raise TypeError("a DeviceArray is not converted to NumPy implicitly; call "
-                        "arr.to_host() to copy it to the host")
+        raise TypeError(
+            "a DeviceArray is not converted to NumPy implicitly; call "
+            "arr.to_host() to copy it to the host"
+        )
 
     # -- views --------------------------------------------------------------------------
 
@@ -193,9 +219,16 @@ class DeviceArray(Resource):
                 rest = self.shape[1:]
                 n = stop - start if stop > start else 0
                 ptr = self.ptr + start * self.strides[0] if n and 0 not in rest else self.ptr
-                return DeviceArray._make(self._ctx, ptr, (n, *rest), self.dtype, self.strides,
-                                         self._alloc, self._owner,
-                                         None if rest else (True, True))
+                return DeviceArray._make(
+                    self._ctx,
+                    ptr,
+                    (n, *rest),
+                    self.dtype,
+                    self.strides,
+                    self._alloc,
+                    self._owner,
+                    None if rest else (True, True),
+                )
         offset, shape, strides = _layout.index(self.shape, self.strides, key)
         return self._view(offset, shape, strides)
 
@@ -211,10 +244,15 @@ class DeviceArray(Resource):
         new = _layout.resolve_shape(self.size, shape[0] if len(shape) == 1 else shape)
         strides = _layout.reshape(self.shape, self.strides, self.dtype.itemsize, new, order)
         if strides is None:
-            advice = f"arr.copy().reshape({new})" if order == "C" \
-                else f"arr.T.copy().T.reshape({new}, order='F')"  # an F-contiguous copy
-            raise ValueError(f"cannot reshape {self!r} (strides {self.strides}) to {new} "
-                             f"without copying; copy it first: {advice}")
+            advice = (
+                f"arr.copy().reshape({new})"
+                if order == "C"
+                else f"arr.T.copy().T.reshape({new}, order='F')"
+            )  # an F-contiguous copy
+            raise ValueError(
+                f"cannot reshape {self!r} (strides {self.strides}) to {new} "
+                f"without copying; copy it first: {advice}"
+            )
         return self._view(0, new, strides)
 
     def view(self, dtype: Any) -> DeviceArray:
@@ -245,8 +283,9 @@ class DeviceArray(Resource):
         copy(out, self, stream)
         return out
 
-    def to_host(self, out: np.ndarray | None = None,
-                stream: Stream | Any | None = None) -> np.ndarray:
+    def to_host(
+        self, out: np.ndarray | None = None, stream: Stream | Any | None = None
+    ) -> np.ndarray:
         """Copy to the host and return the host array. Without ``out`` the result is a new
         (pageable) NumPy array and the copy is synchronous: the data is there on return.
         With a page-locked ``out`` (`pinned_empty`, `register_host`) the copy is
@@ -257,8 +296,9 @@ class DeviceArray(Resource):
         copy(out, self, stream)
         return out
 
-    def copy_from(self, src: DeviceArray | np.ndarray,
-                  stream: Stream | Any | None = None) -> DeviceArray:
+    def copy_from(
+        self, src: DeviceArray | np.ndarray, stream: Stream | Any | None = None
+    ) -> DeviceArray:
         """Copy ``src`` (host or device, same shape and dtype) into this array; see `copy`."""
         copy(self, src, stream)
         return self
@@ -289,8 +329,10 @@ class DeviceArray(Resource):
         if self._alloc is None and (self.ptr == 0 or hasattr(self._owner, "host_view")):
             return  # no memory to keep, or managed memory: its free waits for all work
         if self._alloc is None:
-            raise ValueError(f"{self!r} wraps memory of another library (cuctx.asarray); "
-                             "that library frees it, so tell it about the stream instead")
+            raise ValueError(
+                f"{self!r} wraps memory of another library (cuctx.asarray); "
+                "that library frees it, so tell it about the stream instead"
+            )
         if stream != self._alloc.stream and stream not in self._alloc.recorded:
             self._alloc.recorded.append(stream)
 
@@ -303,16 +345,27 @@ class DeviceArray(Resource):
         self._check("__cuda_array_interface__")
         if _record.threads:  # another library will enqueue work on it: not recorded
             _record.interrupt("__cuda_array_interface__ (another library uses the array)")
-        return {"version": 3, "shape": self.shape, "typestr": self.dtype.str,
-                "descr": [("", self.dtype.str)], "data": (self.ptr, False),
-                "strides": None if self._c else self.strides,
-                "stream": current_stream(self._ctx.device)._key}
+        return {
+            "version": 3,
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "descr": [("", self.dtype.str)],
+            "data": (self.ptr, False),
+            "strides": None if self._c else self.strides,
+            "stream": current_stream(self._ctx.device)._key,
+        }
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (_interop.DL_CUDA, self._ctx._device.ordinal)
 
-    def __dlpack__(self, *, stream: int | None = None, max_version: tuple[int, int] | None = None,
-                   dl_device: tuple[int, int] | None = None, copy: bool | None = None):
+    def __dlpack__(
+        self,
+        *,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ):
         """A DLPack capsule viewing this array (zero copy): versioned ("dltensor_versioned",
         DLPack 1.0) when the consumer's ``max_version`` is (1, x) or newer, else legacy.
         ``stream`` is the consumer's stream (None or 1: the legacy default stream, 2:
@@ -325,8 +378,10 @@ class DeviceArray(Resource):
         if copy:
             raise BufferError("cuctx exports device arrays without copying (copy=True asked)")
         if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
-            raise BufferError(f"{self!r} is on DLPack device {self.__dlpack_device__()}, not "
-                              f"{tuple(dl_device)}; copy it with arr.to_host() for the host")
+            raise BufferError(
+                f"{self!r} is on DLPack device {self.__dlpack_device__()}, not "
+                f"{tuple(dl_device)}; copy it with arr.to_host() for the host"
+            )
         if stream == 0:
             raise BufferError("stream=0 is ambiguous in DLPack: pass 1 (legacy) or 2 (per-thread)")
         if stream != -1:
@@ -334,47 +389,70 @@ class DeviceArray(Resource):
             producer = current_stream(self._ctx.device)
             if consumer != producer:
                 consumer.wait(producer)
-        return _interop.export(self, self.ptr, self.shape, self.strides, self.dtype,
-                              self.__dlpack_device__(), max_version)
+        return _interop.export(
+            self,
+            self.ptr,
+            self.shape,
+            self.strides,
+            self.dtype,
+            self.__dlpack_device__(),
+            max_version,
+        )
 
 
 def sharing_refused(arr: DeviceArray, what: str, operation: str) -> TypeError:
     """The refusal to ``operation`` ("share", "pickle") ``arr``, whose memory is ``what``."""
     if operation == "pickle":
-        return TypeError(f"cannot pickle {arr!r}: it is {what}; only arrays of a MemoryPool("
-                         "device, ipc=True) pickle (as the same memory, for another process of "
-                         "this machine): allocate it with cuctx.empty(..., pool=pool), or pickle "
-                         "arr.to_host() to send its contents")
-    return TypeError(f"cannot share {arr!r} with another process: it is {what}; allocate it "
-                     "from a MemoryPool(device, ipc=True) (cuctx.empty(..., pool=pool))")
+        return TypeError(
+            f"cannot pickle {arr!r}: it is {what}; only arrays of a MemoryPool("
+            "device, ipc=True) pickle (as the same memory, for another process of "
+            "this machine): allocate it with cuctx.empty(..., pool=pool), or pickle "
+            "arr.to_host() to send its contents"
+        )
+    return TypeError(
+        f"cannot share {arr!r} with another process: it is {what}; allocate it "
+        "from a MemoryPool(device, ipc=True) (cuctx.empty(..., pool=pool))"
+    )
 
 
 # -- making arrays ------------------------------------------------------------------------
 
-def empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
-          stream: Stream | Any | None = None, device: Device | int | None = None,
-          pool: MemoryPool | None = None) -> DeviceArray:
+
+def empty(
+    shape: int | tuple[int, ...],
+    dtype: Any = np.float64,
+    *,
+    stream: Stream | Any | None = None,
+    device: Device | int | None = None,
+    pool: MemoryPool | None = None,
+) -> DeviceArray:
     """An uninitialised C-contiguous device array, allocated stream-ordered on ``stream``
     (default: the current stream of ``device``, default the current device, or of
     ``pool``'s device) from ``pool`` (a `MemoryPool`; default: the device's own)."""
     shape, dtype = _layout.shape_of(shape), _layout.dtype_of(dtype)
     if pool is not None:
         device = pool_device(pool, device)
-    stream = resolve_stream(stream, operation="cuctx.empty",
-                            device=None if pool is not None and stream is not None else device)
+    stream = resolve_stream(
+        stream,
+        operation="cuctx.empty",
+        device=None if pool is not None and stream is not None else device,
+    )
     nbytes = _layout.nbytes_of(shape, dtype, "device array")
     if nbytes == 0:  # the driver answers a null pointer; an empty array needs no memory
         stream._ctx._check("cuctx.empty")
-        return DeviceArray._make(stream._ctx, 0, shape, dtype, None, None,
-                                 pool or stream._ctx._device.memory_pool)
+        return DeviceArray._make(
+            stream._ctx, 0, shape, dtype, None, None, pool or stream._ctx._device.memory_pool
+        )
     alloc = allocate(nbytes, stream, pool)
     return DeviceArray._make(stream._ctx, alloc.ptr, shape, dtype, None, alloc)
 
 
 # -- copies -------------------------------------------------------------------------------
 
-def copy(dst: DeviceArray | np.ndarray, src: DeviceArray | np.ndarray,
-         stream: Stream | Any | None = None) -> None:
+
+def copy(
+    dst: DeviceArray | np.ndarray, src: DeviceArray | np.ndarray, stream: Stream | Any | None = None
+) -> None:
     """Copy ``src`` into ``dst`` (same shape and dtype, any layouts), stream-ordered on
     ``stream`` (default: the current stream of the device side's context; of ``dst``'s
     between devices or contexts, where a stream of either side may be given, but of the
@@ -394,6 +472,8 @@ def copy(dst: DeviceArray | np.ndarray, src: DeviceArray | np.ndarray,
     elif src.__class__ is DeviceArray:
         copy_host(src, dst, stream, to_device=False)
     else:
-        raise TypeError(f"cuctx.copy needs a DeviceArray on at least one side, got "
-                        f"{type(dst).__name__} and {type(src).__name__}; use numpy.copyto "
-                        "between host arrays")
+        raise TypeError(
+            f"cuctx.copy needs a DeviceArray on at least one side, got "
+            f"{type(dst).__name__} and {type(src).__name__}; use numpy.copyto "
+            "between host arrays"
+        )

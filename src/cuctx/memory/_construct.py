@@ -29,16 +29,28 @@ __all__ = ["asarray", "full", "to_device", "zeros"]
 
 # -- making arrays ------------------------------------------------------------------------
 
-def zeros(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
-          stream: Stream | Any | None = None, device: Device | int | None = None,
-          pool: MemoryPool | None = None) -> DeviceArray:
+
+def zeros(
+    shape: int | tuple[int, ...],
+    dtype: Any = np.float64,
+    *,
+    stream: Stream | Any | None = None,
+    device: Device | int | None = None,
+    pool: MemoryPool | None = None,
+) -> DeviceArray:
     """A device array of zeros (stream-ordered, see `empty`)."""
     return full(shape, 0, dtype, stream=stream, device=device, pool=pool)
 
 
-def full(shape: int | tuple[int, ...], value: Any, dtype: Any = None, *,
-         stream: Stream | Any | None = None, device: Device | int | None = None,
-         pool: MemoryPool | None = None) -> DeviceArray:
+def full(
+    shape: int | tuple[int, ...],
+    value: Any,
+    dtype: Any = None,
+    *,
+    stream: Stream | Any | None = None,
+    device: Device | int | None = None,
+    pool: MemoryPool | None = None,
+) -> DeviceArray:
     """A device array with every element ``value``; ``dtype`` defaults to NumPy's choice
     for ``value``."""
     dtype = np.asarray(value).dtype if dtype is None else dtype
@@ -46,9 +58,13 @@ def full(shape: int | tuple[int, ...], value: Any, dtype: Any = None, *,
     return arr.fill(value, stream=arr._alloc.stream if arr._alloc else None)
 
 
-def to_device(ary: Any, stream: Stream | Any | None = None, *,
-              device: Device | int | None = None,
-              pool: MemoryPool | None = None) -> DeviceArray:
+def to_device(
+    ary: Any,
+    stream: Stream | Any | None = None,
+    *,
+    device: Device | int | None = None,
+    pool: MemoryPool | None = None,
+) -> DeviceArray:
     """A new C-contiguous device array holding a copy of ``ary`` (a NumPy array of any
     layout, anything ``numpy.asarray`` takes, or a DeviceArray), allocated as `empty` does
     (from ``pool`` when given). From pageable memory the copy is synchronous; from
@@ -61,6 +77,7 @@ def to_device(ary: Any, stream: Stream | Any | None = None, *,
 
 
 # -- zero-copy import ---------------------------------------------------------------------
+
 
 def asarray(obj: Any, stream: Stream | Any | None = None) -> DeviceArray:
     """A DeviceArray viewing another library's device memory without copying: anything with
@@ -76,10 +93,14 @@ def asarray(obj: Any, stream: Stream | Any | None = None) -> DeviceArray:
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         return _from_dlpack(obj, stream)
     if isinstance(obj, np.ndarray):
-        raise TypeError("cuctx.asarray wraps device memory; this is a NumPy (host) array: "
-                        "copy it with cuctx.to_device(ary)")
-    raise TypeError(f"cuctx.asarray cannot wrap {type(obj).__name__}: it has neither "
-                    "__cuda_array_interface__ nor __dlpack__")
+        raise TypeError(
+            "cuctx.asarray wraps device memory; this is a NumPy (host) array: "
+            "copy it with cuctx.to_device(ary)"
+        )
+    raise TypeError(
+        f"cuctx.asarray cannot wrap {type(obj).__name__}: it has neither "
+        "__cuda_array_interface__ nor __dlpack__"
+    )
 
 
 def _context_of(ptr: int) -> Context:
@@ -89,10 +110,15 @@ def _context_of(ptr: int) -> Context:
         return context_for(primary=True)
     backend = _driver.active()
     err, ordinal = backend.driver.cuPointerGetAttribute(
-        CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
+        CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr
+    )
     if err:
-        fail(backend, err, "cuPointerGetAttribute",
-             hint=f"{ptr:#x} is not device memory the driver knows")
+        fail(
+            backend,
+            err,
+            "cuPointerGetAttribute",
+            hint=f"{ptr:#x} is not device memory the driver knows",
+        )
     return context_for(int(ordinal), primary=True)
 
 
@@ -116,8 +142,10 @@ def _from_cai(obj: Any, cai: Any, stream: Stream | Any | None) -> DeviceArray:
 def _from_dlpack(obj: Any, stream: Stream | Any | None) -> DeviceArray:
     kind, ordinal = obj.__dlpack_device__()
     if int(kind) != _interop.DL_CUDA:
-        raise TypeError(f"cuctx.asarray: {type(obj).__name__} is on DLPack device type "
-                        f"{int(kind)}, not CUDA (2); copy host data with cuctx.to_device")
+        raise TypeError(
+            f"cuctx.asarray: {type(obj).__name__} is on DLPack device type "
+            f"{int(kind)}, not CUDA (2); copy host data with cuctx.to_device"
+        )
     ctx = context_for(int(ordinal), primary=True)
     key = resolve_stream(stream, device=ctx.device)._key
     try:
@@ -126,7 +154,9 @@ def _from_dlpack(obj: Any, stream: Stream | Any | None) -> DeviceArray:
         capsule = obj.__dlpack__(stream=key)
     ptr, shape, strides, dtype, device, owner = _interop.consume(capsule)
     if device != (_interop.DL_CUDA, ctx.device.ordinal):
-        raise BufferError(f"cuctx.asarray: the DLPack tensor is on device {device[0]}/"
-                          f"{device[1]}, not the CUDA device {ctx.device.ordinal} its "
-                          "producer named")
+        raise BufferError(
+            f"cuctx.asarray: the DLPack tensor is on device {device[0]}/"
+            f"{device[1]}, not the CUDA device {ctx.device.ordinal} its "
+            "producer named"
+        )
     return DeviceArray._make(ctx, ptr, shape, _layout.dtype_of(dtype), strides, None, owner)

@@ -44,8 +44,11 @@ from .._calls import refuse_legacy_in_global_capture
 
 _HOST, _DEVICE = CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE
 _UNIFIED = CUmemorytype.CU_MEMORYTYPE_UNIFIED
-_LINEAR = {(True, False): "cuMemcpyHtoDAsync", (False, True): "cuMemcpyDtoHAsync",
-           (True, True): "cuMemcpyDtoDAsync"}
+_LINEAR = {
+    (True, False): "cuMemcpyHtoDAsync",
+    (False, True): "cuMemcpyDtoHAsync",
+    (True, True): "cuMemcpyDtoDAsync",
+}
 _LINEAR_UNIFIED = "cuMemcpyAsync"  # a linear copy with a host pool's side
 
 
@@ -82,8 +85,7 @@ def _access(obj, on_device: bool, mode: str) -> _trace.Access:
     """The bytes one side of a copy (a DeviceArray, or a NumPy array) spans."""
     if on_device:
         return _trace.device_access(obj, mode)
-    start, nbytes = _trace.extent(_address(obj, False), obj.shape, obj.strides,
-                                  obj.dtype.itemsize)
+    start, nbytes = _trace.extent(_address(obj, False), obj.shape, obj.strides, obj.dtype.itemsize)
     return _trace.Access(start, nbytes, mode, obj, host=True)
 
 
@@ -92,45 +94,87 @@ def _copy_accesses(dst, src, dst_on_device: bool, src_on_device: bool) -> tuple:
 
 
 def announce_copy(stream: Stream, dst, src, dst_on_device: bool, src_on_device: bool) -> None:
-    _trace.emit_lazily("copy", stream._ctx, stream,
-                       (_copy_accesses, dst, src, dst_on_device, src_on_device))
+    _trace.emit_lazily(
+        "copy", stream._ctx, stream, (_copy_accesses, dst, src, dst_on_device, src_on_device)
+    )
 
 
-def issue(stream: Stream, plan: Plan, dst_obj, src_obj, dst_on_device: bool,
-          src_on_device: bool) -> None:
+def issue(
+    stream: Stream, plan: Plan, dst_obj, src_obj, dst_on_device: bool, src_on_device: bool
+) -> None:
     """Queue ``plan`` on ``stream`` from ``src_obj`` to ``dst_obj`` (device arrays or NumPy
     arrays, as the flags say). Raises the driver's error as a CudaError."""
-    _issue(stream, plan, dst_obj, src_obj, dst_on_device, src_on_device,
-           _address(dst_obj, dst_on_device), _address(src_obj, src_on_device))
+    _issue(
+        stream,
+        plan,
+        dst_obj,
+        src_obj,
+        dst_on_device,
+        src_on_device,
+        _address(dst_obj, dst_on_device),
+        _address(src_obj, src_on_device),
+    )
 
 
-def _issue(stream: Stream, plan: Plan, dst_obj, src_obj, dst_on_device: bool,
-           src_on_device: bool, dst: int, src: int) -> None:
+def _issue(
+    stream: Stream,
+    plan: Plan,
+    dst_obj,
+    src_obj,
+    dst_on_device: bool,
+    src_on_device: bool,
+    dst: int,
+    src: int,
+) -> None:
     """`issue`, the addresses of both sides' first elements given."""
-    if _record.threads and _record.enqueue(stream, _record.COPY, plan, dst_obj, src_obj,
-                                           dst_on_device, src_on_device):
+    if _record.threads and _record.enqueue(
+        stream, _record.COPY, plan, dst_obj, src_obj, dst_on_device, src_on_device
+    ):
         return  # an autograph call recorded it
     if _lifetimes.capturing:
         refuse_legacy_in_global_capture(stream, "cuctx.copy")
     drv = stream._backend.driver
     dst += plan.dst_offset
     src += plan.src_offset
-    name = _LINEAR_UNIFIED if _alloc.host_pools and _unified(
-        dst_obj, src_obj, dst_on_device, src_on_device) else _LINEAR[dst_on_device, src_on_device]
+    name = (
+        _LINEAR_UNIFIED
+        if _alloc.host_pools and _unified(dst_obj, src_obj, dst_on_device, src_on_device)
+        else _LINEAR[dst_on_device, src_on_device]
+    )
     if plan.rows is None and not plan.loops:  # one linear copy: every contiguous pair
-        err, = stream._call(getattr(drv, name), dst, src, plan.width, stream._handle)
+        (err,) = stream._call(getattr(drv, name), dst, src, plan.width, stream._handle)
         if err:
             fail(stream._backend, err, name, stream._ctx)
     else:
-        _issue_calls(stream, drv, plan, dst, src, name, memory_type(dst_obj, dst_on_device),
-                     memory_type(src_obj, src_on_device))
+        _issue_calls(
+            stream,
+            drv,
+            plan,
+            dst,
+            src,
+            name,
+            memory_type(dst_obj, dst_on_device),
+            memory_type(src_obj, src_on_device),
+        )
     if _trace.sinks:  # (announce_copy inline: the trace walks every frame to the user's)
-        _trace.emit_lazily("copy", stream._ctx, stream,
-                           (_copy_accesses, dst_obj, src_obj, dst_on_device, src_on_device))
+        _trace.emit_lazily(
+            "copy",
+            stream._ctx,
+            stream,
+            (_copy_accesses, dst_obj, src_obj, dst_on_device, src_on_device),
+        )
 
 
-def _issue_calls(stream: Stream, drv, plan: Plan, dst: int, src: int, name: str,
-                 dst_type: CUmemorytype, src_type: CUmemorytype) -> None:
+def _issue_calls(
+    stream: Stream,
+    drv,
+    plan: Plan,
+    dst: int,
+    src: int,
+    name: str,
+    dst_type: CUmemorytype,
+    src_type: CUmemorytype,
+) -> None:
     """The calls of a plan with rows or loops: 1D copies (the driver's function ``name``),
     or 2D or 3D copies naming each side as its `memory_type`, one per loop index."""
     if plan.rows is None:
@@ -149,10 +193,11 @@ def _issue_calls(stream: Stream, drv, plan: Plan, dst: int, src: int, name: str,
             setattr(params, dst_field, d)
             setattr(params, src_field, s)
             return stream._call(call, params, stream._handle)
+
     for index in itertools.product(*(range(n) for n, _, _ in plan.loops)):
         d = dst + sum(i * step for i, (_, step, _) in zip(index, plan.loops))
         s = src + sum(i * step for i, (_, _, step) in zip(index, plan.loops))
-        err, = one(d, s)
+        (err,) = one(d, s)
         if err:
             fail(stream._backend, err, name, stream._ctx)
 
@@ -174,22 +219,28 @@ def _params(plan: Plan, dst_type: CUmemorytype, src_type: CUmemorytype):
 
 # -- fills ---------------------------------------------------------------------------------
 
+
 def fill_pattern(value: Any, dtype: np.dtype) -> bytes:
     """The bytes of one element ``value`` of ``dtype``, refusing what would change it."""
     v = np.asarray(value)
     if v.ndim or v.dtype.kind not in "biufc":
         raise TypeError(f"fill takes one number (bool, int, float or complex), not {value!r}")
     if dtype.kind in "biu" and v.dtype.kind in "fc":
-        raise TypeError(f"cannot fill a {dtype} array with {value!r}: it would be "
-                        "truncated; pass a whole number")
+        raise TypeError(
+            f"cannot fill a {dtype} array with {value!r}: it would be "
+            "truncated; pass a whole number"
+        )
     if dtype.kind != "c" and v.dtype.kind == "c":
-        raise TypeError(f"cannot fill a {dtype} array with {value!r}: the imaginary part "
-                        "would be dropped")
+        raise TypeError(
+            f"cannot fill a {dtype} array with {value!r}: the imaginary part would be dropped"
+        )
     if dtype.kind in "iu" and v.dtype.kind in "iu":
         info = np.iinfo(dtype)
         if not info.min <= int(v) <= info.max:
-            raise ValueError(f"cannot fill a {dtype} array with {value!r}: it is out of range "
-                             f"for {dtype} [{info.min}, {info.max}]")
+            raise ValueError(
+                f"cannot fill a {dtype} array with {value!r}: it is out of range "
+                f"for {dtype} [{info.min}, {info.max}]"
+            )
     return np.array(value, dtype=dtype).tobytes()
 
 
@@ -210,17 +261,25 @@ def memset(arr, pattern: bytes, stream: Stream) -> None:
         if len(set(words)) == 1:
             results = [call(drv.cuMemsetD32Async, arr.ptr, words[0], n * len(words), h)]
         else:
-            results = [call(drv.cuMemsetD2D32Async, arr.ptr + 4 * i, len(pattern), w, 1, n, h)
-                       for i, w in enumerate(words)]
-    for err, in results:
+            results = [
+                call(drv.cuMemsetD2D32Async, arr.ptr + 4 * i, len(pattern), w, 1, n, h)
+                for i, w in enumerate(words)
+            ]
+    for (err,) in results:
         if err:
             fail(stream._backend, err, "cuMemset", arr._ctx)
     if _trace.sinks:
-        _trace.emit("memset", stream._ctx, stream, (_trace.device_access(arr, _trace.WRITE),),
-                    pattern=pattern)
+        _trace.emit(
+            "memset",
+            stream._ctx,
+            stream,
+            (_trace.device_access(arr, _trace.WRITE),),
+            pattern=pattern,
+        )
 
 
 # -- copies between arrays -----------------------------------------------------------------
+
 
 class Layouts(NamedTuple):
     """What a copy between two layouts of one shape and itemsize needs beyond the arrays."""
@@ -242,8 +301,7 @@ _planned: dict[tuple, Layouts] = {}
 
 def _layouts(dst, src, dst_on_device: bool, src_on_device: bool) -> Layouts:
     """The `Layouts` of a copy between arrays of one shape and dtype."""
-    key = (dst.shape, dst.strides, src.strides, dst.dtype.itemsize, dst_on_device,
-           src_on_device)
+    key = (dst.shape, dst.strides, src.strides, dst.dtype.itemsize, dst_on_device, src_on_device)
     found = _planned.get(key)
     if found is None:
         if len(_planned) >= PLANS_KEPT:  # ever new layouts: start over rather than grow
@@ -252,8 +310,9 @@ def _layouts(dst, src, dst_on_device: bool, src_on_device: bool) -> Layouts:
     return found
 
 
-def _plan_layouts(shape, dst_strides, src_strides, itemsize: int, dst_on_device: bool,
-                  src_on_device: bool) -> Layouts:
+def _plan_layouts(
+    shape, dst_strides, src_strides, itemsize: int, dst_on_device: bool, src_on_device: bool
+) -> Layouts:
     size = prod(shape)
     plan, staged = None, False
     if size:
@@ -261,25 +320,37 @@ def _plan_layouts(shape, dst_strides, src_strides, itemsize: int, dst_on_device:
         # Where the layouts disagree (a transpose, a reversal), the copy engines cannot
         # reorder elements in few calls: staging through a buffer in each device side's own
         # order lets NumPy reorder them on the host.
-        own = sum(_own_plan(shape, strides, itemsize).calls for strides, on_device in
-                  ((dst_strides, dst_on_device), (src_strides, src_on_device)) if on_device)
+        own = sum(
+            _own_plan(shape, strides, itemsize).calls
+            for strides, on_device in ((dst_strides, dst_on_device), (src_strides, src_on_device))
+            if on_device
+        )
         staged = own < plan.calls
-    return Layouts(size, _layout.self_overlapping(shape, dst_strides, itemsize), plan, staged,
-                   _layout.span(shape, dst_strides, itemsize),
-                   _layout.span(shape, src_strides, itemsize))
+    return Layouts(
+        size,
+        _layout.self_overlapping(shape, dst_strides, itemsize),
+        plan,
+        staged,
+        _layout.span(shape, dst_strides, itemsize),
+        _layout.span(shape, src_strides, itemsize),
+    )
 
 
 def _alike(dst, src) -> None:
     if dst.shape != src.shape:
         raise ValueError(f"cuctx.copy: shapes differ: dst {dst.shape}, src {src.shape}")
     if dst.dtype != src.dtype:
-        raise TypeError(f"cuctx.copy: dtypes differ: dst {dst.dtype}, src {src.dtype}; "
-                        "copies do not convert (convert on the host with astype first)")
+        raise TypeError(
+            f"cuctx.copy: dtypes differ: dst {dst.dtype}, src {src.dtype}; "
+            "copies do not convert (convert on the host with astype first)"
+        )
 
 
 def _overlapping(dst) -> ValueError:
-    return ValueError(f"cuctx.copy: the destination's elements overlap (strides "
-                      f"{dst.strides}): copy into an array without repeated elements")
+    return ValueError(
+        f"cuctx.copy: the destination's elements overlap (strides "
+        f"{dst.strides}): copy into an array without repeated elements"
+    )
 
 
 def _checked(dst, src, dst_on_device: bool, src_on_device: bool) -> Layouts:
@@ -294,8 +365,7 @@ def _checked(dst, src, dst_on_device: bool, src_on_device: bool) -> Layouts:
 def _matching(dst, src) -> int:
     """Check that dst and src (device or NumPy arrays) can be copied; return the element
     count."""
-    return _checked(dst, src, not isinstance(dst, np.ndarray),
-                    not isinstance(src, np.ndarray)).size
+    return _checked(dst, src, not isinstance(dst, np.ndarray), not isinstance(src, np.ndarray)).size
 
 
 def _own_plan(shape, strides, itemsize: int) -> Plan:
@@ -313,8 +383,10 @@ def _dense_host(like) -> np.ndarray:
 
 def copy_host(arr, host: Any, stream, to_device: bool) -> None:
     if not isinstance(host, np.ndarray):
-        raise TypeError(f"cuctx.copy: the host side must be a numpy.ndarray, not "
-                        f"{type(host).__name__} (use numpy.asarray(x, dtype=...) first)")
+        raise TypeError(
+            f"cuctx.copy: the host side must be a numpy.ndarray, not "
+            f"{type(host).__name__} (use numpy.asarray(x, dtype=...) first)"
+        )
     arr._check("cuctx.copy")
     if to_device:
         layouts = _checked(arr, host, True, False)
@@ -330,8 +402,9 @@ def copy_host(arr, host: Any, stream, to_device: bool) -> None:
             _transfer(arr, host, stream, to_device, layouts)
 
 
-def _host_copy(arr, host: np.ndarray, stream: Stream, to_device: bool,
-               layouts: Layouts | None = None) -> None:
+def _host_copy(
+    arr, host: np.ndarray, stream: Stream, to_device: bool, layouts: Layouts | None = None
+) -> None:
     """Copy checked arrays on ``stream`` (of the array's context, or of another context of
     its device)."""
     if layouts is None:
@@ -354,8 +427,7 @@ def _host_layouts(arr, host: np.ndarray, to_device: bool) -> Layouts:
     return _layouts(arr, host, True, False) if to_device else _layouts(host, arr, False, True)
 
 
-def _transfer(arr, host: np.ndarray, stream: Stream, to_device: bool,
-              layouts: Layouts) -> None:
+def _transfer(arr, host: np.ndarray, stream: Stream, to_device: bool, layouts: Layouts) -> None:
     """The direct copy between ``arr`` and ``host`` (as many driver calls as its plan has)."""
     lo, hi = layouts.src_span if to_device else layouts.dst_span
     address = host_address(host)
@@ -374,4 +446,5 @@ _PAGEABLE_IN_CAPTURE = (
     "the host side is pageable memory (an ordinary NumPy array; to_host() without out= makes "
     "one), which cuctx copies synchronously, so a graph cannot hold the copy: use page-locked "
     "memory (cuctx.pinned_empty, cuctx.register_host; to_host(out=pinned)) and read it after "
-    "the graph ran, or copy outside the capture")
+    "the graph ran, or copy outside the capture"
+)

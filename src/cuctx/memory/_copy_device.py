@@ -18,8 +18,8 @@ from .._calls import fail
 from ..stream import Stream, resolve_stream
 from . import _alloc
 from ._alloc import allocate, in_host_pool
-from ._copy import (_checked, _dense_host, _host_copy, _issue, _layouts, _unified,
-                    announce_copy)
+from ._copy import _checked, _dense_host, _host_copy, _issue, _layouts, _unified, announce_copy
+
 
 def _either_stream(stream, dst, src, operation: str) -> Stream:
     """The stream of a copy between contexts: ``stream`` if it is of src's context, else
@@ -39,8 +39,11 @@ def copy_device(dst, src, stream) -> None:
     layouts = _checked(dst, src, True, True)
     if not layouts.size:
         return
-    if _alloc.host_pools and dst._ctx._device is not src._ctx._device \
-            and _unified(dst, src, True, True):
+    if (
+        _alloc.host_pools
+        and dst._ctx._device is not src._ctx._device
+        and _unified(dst, src, True, True)
+    ):
         stream = _host_pool_stream(stream, dst, src)
     elif dst._ctx._device is not src._ctx._device:
         if _record.threads:  # an autograph call enqueues what it recorded, and stops
@@ -78,8 +81,11 @@ def _host_pool_stream(stream, dst, src) -> Stream:
     if in_host_pool(dst) and in_host_pool(src):
         return _either_stream(stream, dst, src, "cuctx.copy")
     device_side = src if in_host_pool(dst) else dst
-    return resolve_stream(stream, device_side._ctx, "cuctx.copy (of host memory of a "
-                          "host pool, made by the other side's device)")
+    return resolve_stream(
+        stream,
+        device_side._ctx,
+        "cuctx.copy (of host memory of a host pool, made by the other side's device)",
+    )
 
 
 def _check_graph_peer_access(run: Stream, dst, src) -> None:
@@ -93,7 +99,8 @@ def _check_graph_peer_access(run: Stream, dst, src) -> None:
             f"captured on {run!r}: CUDA cannot capture cuMemcpyPeerAsync, and the copy a graph "
             f"holds is made by device {here.ordinal}, which needs peer access to device "
             f"{other.ordinal}: call cuctx.Device({here.ordinal}).enable_peer_access("
-            f"{other.ordinal}) before the capture, or copy outside it")
+            f"{other.ordinal}) before the capture, or copy outside it"
+        )
 
 
 def _copy_peer(dst, src, run: Stream) -> None:
@@ -113,8 +120,15 @@ def _copy_peer(dst, src, run: Stream) -> None:
             target = _dense_device(dst, near)
             if near is not run:
                 target.record_stream(run)
-    err, = run._call(run._backend.driver.cuMemcpyPeerAsync, target.ptr, target._ctx._handle,
-                     source.ptr, source._ctx._handle, target.nbytes, run._handle)
+    (err,) = run._call(
+        run._backend.driver.cuMemcpyPeerAsync,
+        target.ptr,
+        target._ctx._handle,
+        source.ptr,
+        source._ctx._handle,
+        target.nbytes,
+        run._handle,
+    )
     if err:
         fail(run._backend, err, "cuMemcpyPeerAsync", run._ctx)
     if _trace.sinks:

@@ -48,8 +48,9 @@ class _Server:
         address = f"\0cuctx-ipc-{os.getpid()}-{secrets.token_hex(8)}".encode()
         self.sock.bind(address)
         self.sock.listen(16)
-        self.origin = Origin(machine_id(), socket.gethostname(), os.getpid(), address,
-                             secrets.token_bytes(_SECRET))
+        self.origin = Origin(
+            machine_id(), socket.gethostname(), os.getpid(), address, secrets.token_bytes(_SECRET)
+        )
         threading.Thread(target=self._serve, daemon=True, name="cuctx-ipc-handoff").start()
 
     def _serve(self) -> None:
@@ -64,7 +65,8 @@ class _Server:
     def _answer(self, conn: socket.socket) -> None:
         conn.settimeout(_TIMEOUT_S)
         _, uid, _ = _CREDENTIALS.unpack(
-            conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size))
+            conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size)
+        )
         if uid != os.geteuid():
             return
         request = conn.recv(512)
@@ -104,7 +106,8 @@ def fetch(origin: Origin, key: str, what: str) -> int:
         raise ValueError(
             f"{what} was pickled on {origin.host} (process {origin.pid}), another machine or "
             "an earlier boot of this one: ipc pools and their arrays pickle only to processes "
-            "of the machine that made them; send arr.to_host() to another machine")
+            "of the machine that made them; send arr.to_host() to another machine"
+        )
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(_TIMEOUT_S)
         try:
@@ -115,7 +118,8 @@ def fetch(origin: Origin, key: str, what: str) -> int:
             raise RuntimeError(
                 f"cannot get {what} from process {origin.pid}, which made it ({exc}): that "
                 "process must still run when another one unpickles its pool or arrays (in the "
-                "same network namespace: the pool is handed over on a Unix socket)") from None
+                "same network namespace: the pool is handed over on a Unix socket)"
+            ) from None
     if answer == b"ok" and fds:
         return fds[0]
     for fd in fds:
@@ -123,7 +127,8 @@ def fetch(origin: Origin, key: str, what: str) -> int:
     if answer == b"gone":
         raise RuntimeError(
             f"process {origin.pid} no longer has {what}: keep the pool (or an array of it) "
-            "alive in the process that made it until the others have unpickled it")
+            "alive in the process that made it until the others have unpickled it"
+        )
     reason = answer[3:].decode(errors="replace") if answer.startswith(b"no:") else "no answer"
     raise RuntimeError(f"process {origin.pid} could not share {what}: {reason}")
 

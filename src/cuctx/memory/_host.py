@@ -51,8 +51,13 @@ class _PinnedMemory:
     __slots__ = ("__array_interface__", "__weakref__")
 
     def __init__(self, ctx: Context, ptr: int, nbytes: int, shape, dtype: np.dtype):
-        self.__array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": dtype.str,
-                                    "descr": dtype.descr, "version": 3}
+        self.__array_interface__ = {
+            "data": (ptr, False),
+            "shape": shape,
+            "typestr": dtype.str,
+            "descr": dtype.descr,
+            "version": 3,
+        }
         _lock_range(ptr, nbytes)
         finalize(self, _host_call, ctx, "cuMemFreeHost", ptr)
 
@@ -67,8 +72,9 @@ def _host_call(ctx: Context, operation: str, ptr: int) -> None:
             getattr(ctx._backend.driver, operation)(ptr)
 
 
-def pinned_empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
-                 device: Device | int | None = None) -> np.ndarray:
+def pinned_empty(
+    shape: int | tuple[int, ...], dtype: Any = np.float64, *, device: Device | int | None = None
+) -> np.ndarray:
     """An uninitialised NumPy array in page-locked host memory (cuMemHostAlloc, portable
     to all contexts). Copies to and from it are asynchronous and overlap with compute; it
     is freed when the array (and every view of it) is gone. It belongs to the primary
@@ -86,8 +92,13 @@ def pinned_empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
     with in_context(ctx, "pinned_empty"):
         err, ptr = ctx._backend.driver.cuMemHostAlloc(nbytes, _HOST_PORTABLE)
     if err:
-        fail(ctx._backend, err, "cuMemHostAlloc", ctx,
-             f"asked for {nbytes} bytes of page-locked host memory")
+        fail(
+            ctx._backend,
+            err,
+            "cuMemHostAlloc",
+            ctx,
+            f"asked for {nbytes} bytes of page-locked host memory",
+        )
     return np.asarray(_PinnedMemory(ctx, int(ptr), nbytes, shape, dtype))
 
 
@@ -104,11 +115,17 @@ def register_host(ary: np.ndarray, *, device: Device | int | None = None) -> np.
     ctx = context_for(device, primary=True)
     ptr = ary.__array_interface__["data"][0]
     with in_context(ctx, "register_host"):
-        err, = ctx._backend.driver.cuMemHostRegister(ptr, ary.nbytes, _HOST_PORTABLE)
+        (err,) = ctx._backend.driver.cuMemHostRegister(ptr, ary.nbytes, _HOST_PORTABLE)
     if err:
-        fail(ctx._backend, err, "cuMemHostRegister", ctx,
-             "this memory is already page-locked (pinned_empty or an earlier register_host)"
-             if int(err) == HOST_MEMORY_ALREADY_REGISTERED else "")
+        fail(
+            ctx._backend,
+            err,
+            "cuMemHostRegister",
+            ctx,
+            "this memory is already page-locked (pinned_empty or an earlier register_host)"
+            if int(err) == HOST_MEMORY_ALREADY_REGISTERED
+            else "",
+        )
     _lock_range(ptr, ary.nbytes)
     finalize(ary, _host_call, ctx, "cuMemHostUnregister", ptr)
     return ary
@@ -123,13 +140,22 @@ class HostBytes:
 
     def __init__(self, ptr: int, nbytes: int, keep: Any = None):
         self.ptr = ptr
-        self.__array_interface__ = {"data": (ptr, False), "shape": (nbytes,),
-                                    "typestr": "|u1", "version": 3}
+        self.__array_interface__ = {
+            "data": (ptr, False),
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "version": 3,
+        }
         self._keep = keep
 
     def host_view(self, arr: DeviceArray) -> np.ndarray:
         """``arr`` (a view of this memory) as a NumPy array over the same bytes."""
         if not arr.size:
             return np.empty(arr.shape, arr.dtype)
-        return np.ndarray(arr.shape, arr.dtype, buffer=np.asarray(self),
-                          offset=arr.ptr - self.ptr, strides=arr.strides)
+        return np.ndarray(
+            arr.shape,
+            arr.dtype,
+            buffer=np.asarray(self),
+            offset=arr.ptr - self.ptr,
+            strides=arr.strides,
+        )

@@ -71,9 +71,11 @@ class SharedPool:
         self.close()
 
     def __reduce__(self):
-        raise TypeError("a SharedPool's file descriptor travels over a Unix socket "
-                        "(socket.send_fds), not by pickle; send its key by pickle, or "
-                        "pickle the MemoryPool itself")
+        raise TypeError(
+            "a SharedPool's file descriptor travels over a Unix socket "
+            "(socket.send_fds), not by pickle; send its key by pickle, or "
+            "pickle the MemoryPool itself"
+        )
 
     def __repr__(self) -> str:
         state = "closed" if not self._closer.alive else f"fd {self.fd}"
@@ -124,6 +126,7 @@ _lock = threading.RLock()  # (a collection inside may run an import's free, whic
 
 # -- the pool -------------------------------------------------------------------------------
 
+
 def share(pool) -> SharedPool:
     """A new descriptor of ``pool`` for another process (cuMemPoolExportToShareableHandle)."""
     shareable(pool, "share")
@@ -136,18 +139,21 @@ def shareable(pool, operation: str, arr: DeviceArray | None = None) -> None:
     """Refuse to ``operation`` ("share", "pickle") ``pool`` (or ``arr`` of it) unless it is an
     ipc pool this process made."""
     if pool._imported:
-        raise TypeError(f"cannot {operation} {pool!r}: it was imported from another "
-                        "process, and only the process that made a pool can share it")
+        raise TypeError(
+            f"cannot {operation} {pool!r}: it was imported from another "
+            "process, and only the process that made a pool can share it"
+        )
     if not pool._ipc:
         what = "the device's default pool" if pool._default else repr(pool)
         if arr is not None:
             raise sharing_refused(arr, f"memory of {what}", operation)
-        raise TypeError(f"cannot {operation} memory of {what} with another process: "
-                        f"allocate it from a MemoryPool(device, ipc=True)")
+        raise TypeError(
+            f"cannot {operation} memory of {what} with another process: "
+            f"allocate it from a MemoryPool(device, ipc=True)"
+        )
 
 
-def import_pool(cls, device: Device, fd: int, key: str,
-                origin: _handoff.Origin | None = None):
+def import_pool(cls, device: Device, fd: int, key: str, origin: _handoff.Origin | None = None):
     """The pool another process shared (its descriptor ``fd``, its ``key``), on this
     process's ``device`` of the same GPU. One object per key while it is referenced; the
     descriptor stays the caller's to close. ``origin``: where it came from, so that it can
@@ -163,8 +169,12 @@ def import_pool(cls, device: Device, fd: int, key: str,
             with in_context(device.primary_context, "MemoryPool._import"):  # (see _init)
                 err, handle = backend.driver.cuMemPoolImportFromShareableHandle(fd, POSIX_FD, 0)
             if err:
-                fail(backend, err, "cuMemPoolImportFromShareableHandle", hint=(
-                    f"fd {fd} is not a pool another process shared (MemoryPool._share())"))
+                fail(
+                    backend,
+                    err,
+                    "cuMemPoolImportFromShareableHandle",
+                    hint=(f"fd {fd} is not a pool another process shared (MemoryPool._share())"),
+                )
             pool = object.__new__(cls)
             pool._init(device, handle, ipc=True, key=key, imported=True)
             _imported[(backend, key)] = pool
@@ -174,6 +184,7 @@ def import_pool(cls, device: Device, fd: int, key: str,
 
 
 # -- arrays ---------------------------------------------------------------------------------
+
 
 def describe(pool, arr: DeviceArray, operation: str = "share") -> IpcDescriptor:
     """``arr`` (an array of ``pool``) for `import_array` in another process; pickled, also an
@@ -192,8 +203,16 @@ def describe(pool, arr: DeviceArray, operation: str = "share") -> IpcDescriptor:
         alloc.shared = (next(_tokens), _export_bytes(data))
         _exported[alloc.shared[0]] = alloc
     token, data = alloc.shared
-    return IpcDescriptor(pool._ipc_key, token, data, alloc.nbytes, arr.ptr - alloc.ptr,
-                         arr.shape, arr.strides, arr.dtype)
+    return IpcDescriptor(
+        pool._ipc_key,
+        token,
+        data,
+        alloc.nbytes,
+        arr.ptr - alloc.ptr,
+        arr.shape,
+        arr.strides,
+        arr.dtype,
+    )
 
 
 def import_array(pool, desc: IpcDescriptor, stream: Stream | Any | None) -> DeviceArray:
@@ -202,11 +221,15 @@ def import_array(pool, desc: IpcDescriptor, stream: Stream | Any | None) -> Devi
     if not isinstance(desc, IpcDescriptor):
         raise TypeError(f"_import_array takes an IpcDescriptor, not {type(desc).__name__}")
     if not pool._imported or desc.key != pool._ipc_key:
-        raise ValueError(f"{desc.key} names another pool than {pool!r}: import it with "
-                         f"MemoryPool._import(device, fd, {desc.key!r})")
+        raise ValueError(
+            f"{desc.key} names another pool than {pool!r}: import it with "
+            f"MemoryPool._import(device, fd, {desc.key!r})"
+        )
     if desc.key in _made:  # the sim refuses it; an H100 maps the memory a second time
-        raise ValueError(f"{pool!r} is a pool of this very process: use the array itself "
-                         "rather than an import of it")
+        raise ValueError(
+            f"{pool!r} is a pool of this very process: use the array itself "
+            "rather than an import of it"
+        )
     ctx = context_for(pool._device)
     if not desc.token:
         return _empty(ctx, pool, desc)
@@ -220,27 +243,45 @@ def import_array(pool, desc: IpcDescriptor, stream: Stream | Any | None) -> Devi
             # else: its free is pending (deferred or held): the mapping is still there,
             # and the newer holder supersedes that free (`_release_import`).
             record.generation += 1
-            alloc = Allocation(record.ptr, min(desc.nbytes, record.size), stream, pool,
-                               _release_import, pool._imports, desc.token, record,
-                               record.generation)
+            alloc = Allocation(
+                record.ptr,
+                min(desc.nbytes, record.size),
+                stream,
+                pool,
+                _release_import,
+                pool._imports,
+                desc.token,
+                record,
+                record.generation,
+            )
             record.holder = weakref.ref(alloc)
             alloc.shared = (desc.token, desc.data)  # for pickling it on
             if _trace.sinks:
-                _trace.emit("alloc", ctx, stream,
-                            (_trace.Access(record.ptr, alloc.nbytes, _trace.WRITE),))
+                _trace.emit(
+                    "alloc", ctx, stream, (_trace.Access(record.ptr, alloc.nbytes, _trace.WRITE),)
+                )
     _check_extent(desc, record.size, pool)  # (a refused one is freed with ``alloc``)
-    return DeviceArray._make(ctx, alloc.ptr + desc.offset, tuple(desc.shape),
-                             np.dtype(desc.dtype), tuple(desc.strides), alloc)
+    return DeviceArray._make(
+        ctx,
+        alloc.ptr + desc.offset,
+        tuple(desc.shape),
+        np.dtype(desc.dtype),
+        tuple(desc.strides),
+        alloc,
+    )
 
 
 def _empty(ctx, pool, desc: IpcDescriptor) -> DeviceArray:
     if 0 not in tuple(desc.shape):
-        raise ValueError(f"the descriptor names no allocation but an array of shape "
-                         f"{tuple(desc.shape)}, which is not empty: it was not made by "
-                         "DeviceArray._ipc_descriptor")
+        raise ValueError(
+            f"the descriptor names no allocation but an array of shape "
+            f"{tuple(desc.shape)}, which is not empty: it was not made by "
+            "DeviceArray._ipc_descriptor"
+        )
     ctx._check("MemoryPool._import_array")
-    return DeviceArray._make(ctx, 0, tuple(desc.shape), np.dtype(desc.dtype),
-                             tuple(desc.strides), None, pool)
+    return DeviceArray._make(
+        ctx, 0, tuple(desc.shape), np.dtype(desc.dtype), tuple(desc.strides), None, pool
+    )
 
 
 def _check_extent(desc: IpcDescriptor, size: int, pool) -> None:
@@ -254,7 +295,8 @@ def _check_extent(desc: IpcDescriptor, size: int, pool) -> None:
             f"the descriptor of an array of {pool!r} claims bytes [{low}, {high + itemsize}) "
             f"of an allocation of {desc.nbytes} bytes, but the allocation it names holds "
             f"{size} bytes (cuMemGetAddressRange): it was not made by "
-            "DeviceArray._ipc_descriptor of an array of that allocation, or was altered")
+            "DeviceArray._ipc_descriptor of an array of that allocation, or was altered"
+        )
 
 
 def _map(pool, ctx, desc: IpcDescriptor) -> tuple[int, int]:
@@ -265,8 +307,13 @@ def _map(pool, ctx, desc: IpcDescriptor) -> tuple[int, int]:
     with in_context(ctx, "MemoryPool._import_array"):
         err, ptr = backend.driver.cuMemPoolImportPointer(pool._handle, data)
         if err:
-            fail(backend, err, "cuMemPoolImportPointer", ctx,
-                 "the exporting process may have freed the array or destroyed its pool")
+            fail(
+                backend,
+                err,
+                "cuMemPoolImportPointer",
+                ctx,
+                "the exporting process may have freed the array or destroyed its pool",
+            )
         err, base, size = backend.driver.cuMemGetAddressRange(ptr)
     if err:
         fail(backend, err, "cuMemGetAddressRange", ctx, "of an imported allocation")
@@ -274,6 +321,7 @@ def _map(pool, ctx, desc: IpcDescriptor) -> tuple[int, int]:
 
 
 # CUmemPoolPtrExportData is 64 opaque bytes; cuda.bindings exposes only its address.
+
 
 def _export_bytes(data: CUmemPoolPtrExportData) -> bytes:
     return ctypes.string_at(data.getPtr(), 64)
@@ -285,8 +333,17 @@ def _import_bytes(data: CUmemPoolPtrExportData, raw: bytes) -> None:
     ctypes.memmove(data.getPtr(), raw, 64)
 
 
-def _release_import(ptr: int, nbytes: int, stream: Stream, recorded: list, pool: Any,
-                    imports: dict, token: int, record: _Import, generation: int) -> bool:
+def _release_import(
+    ptr: int,
+    nbytes: int,
+    stream: Stream,
+    recorded: list,
+    pool: Any,
+    imports: dict,
+    token: int,
+    record: _Import,
+    generation: int,
+) -> bool:
     """Free this process's import unless a newer holder took it over; then wait for the free,
     so the mapping is gone before the exporting process frees the memory."""
     with _lock:
@@ -302,16 +359,20 @@ def _release_import(ptr: int, nbytes: int, stream: Stream, recorded: list, pool:
 
 # -- pickling -------------------------------------------------------------------------------
 
+
 def reduce_pool(pool) -> tuple:
     """``pool.__reduce__``: an ipc pool as its `PoolRef`; any other pool refuses."""
     if not pool._ipc:
-        raise TypeError(f"cannot pickle {pool!r}: only a MemoryPool(device, ipc=True) can be "
-                        "used by another process; make the pool with ipc=True, or pickle "
-                        "arr.to_host() to send an array's contents")
+        raise TypeError(
+            f"cannot pickle {pool!r}: only a MemoryPool(device, ipc=True) can be "
+            "used by another process; make the pool with ipc=True, or pickle "
+            "arr.to_host() to send an array's contents"
+        )
     origin = pool._origin if pool._imported else _handoff.serve(_shared_for_handoff)
     device = pool._device
-    return pool_from_pickle, (PoolRef(pool._backend.name, pool._ipc_key, device.uuid,
-                                      device.ordinal, origin),)
+    return pool_from_pickle, (
+        PoolRef(pool._backend.name, pool._ipc_key, device.uuid, device.ordinal, origin),
+    )
 
 
 def _shared_for_handoff(key: str) -> SharedPool | None:
@@ -324,10 +385,12 @@ def pool_from_pickle(ref: PoolRef):
     where it was imported, else imported now from the process that made it."""
     backend = _driver.active()
     if backend.name != ref.backend:
-        raise ValueError(f"an ipc pool of the {ref.backend} backend cannot be unpickled in a "
-                         f"process running the {backend.name} backend: select "
-                         f"{ref.backend} first (CUCTX_BACKEND={ref.backend} in the "
-                         "environment, or cuctx.set_backend)")
+        raise ValueError(
+            f"an ipc pool of the {ref.backend} backend cannot be unpickled in a "
+            f"process running the {backend.name} backend: select "
+            f"{ref.backend} first (CUCTX_BACKEND={ref.backend} in the "
+            "environment, or cuctx.set_backend)"
+        )
     pool = _made.get(ref.key)
     if pool is not None and pool._backend is backend:
         return pool
@@ -337,9 +400,11 @@ def pool_from_pickle(ref: PoolRef):
         return pool
     what = f"the ipc pool {ref.key} of device {ref.ordinal}"
     if ref.origin is None:
-        raise RuntimeError(f"{what} came to the process that pickled it by another way (the "
-                           "worker executor), which does not say where it came from: it "
-                           "pickles only back to the process that made it")
+        raise RuntimeError(
+            f"{what} came to the process that pickled it by another way (the "
+            "worker executor), which does not say where it came from: it "
+            "pickles only back to the process that made it"
+        )
     device = Device._with_uuid(ref.device, f"{what} (GPU {ref.device})")
     fd = _handoff.fetch(ref.origin, ref.key, what)
     try:
@@ -364,8 +429,16 @@ def array_from_pickle(pool, desc: IpcDescriptor) -> DeviceArray:
         return _empty(ctx, pool, desc)
     alloc = _exported.get(desc.token)
     if alloc is None or alloc.pool is not pool:
-        raise RuntimeError(f"the array of {pool!r} was freed after it was pickled: keep it "
-                           "alive in the process that made it until the others are done")
+        raise RuntimeError(
+            f"the array of {pool!r} was freed after it was pickled: keep it "
+            "alive in the process that made it until the others are done"
+        )
     _check_extent(desc, alloc.nbytes, pool)
-    return DeviceArray._make(alloc.stream._ctx, alloc.ptr + desc.offset, tuple(desc.shape),
-                             np.dtype(desc.dtype), tuple(desc.strides), alloc)
+    return DeviceArray._make(
+        alloc.stream._ctx,
+        alloc.ptr + desc.offset,
+        tuple(desc.shape),
+        np.dtype(desc.dtype),
+        tuple(desc.strides),
+        alloc,
+    )

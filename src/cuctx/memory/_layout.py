@@ -44,9 +44,11 @@ def nbytes_of(shape: tuple[int, ...], dtype: np.dtype, what: str) -> int:
     OUT_OF_MEMORY."""
     nbytes = prod(shape) * dtype.itemsize
     if nbytes > sys.maxsize:
-        raise ValueError(f"a {what} of shape {shape} and dtype {dtype} would take {nbytes} "
-                         f"bytes, more than any array can address (at most sys.maxsize = "
-                         f"{sys.maxsize}); check the shape")
+        raise ValueError(
+            f"a {what} of shape {shape} and dtype {dtype} would take {nbytes} "
+            f"bytes, more than any array can address (at most sys.maxsize = "
+            f"{sys.maxsize}); check the shape"
+        )
     return nbytes
 
 
@@ -60,8 +62,10 @@ _KNOWN_MOST = 256
 def dtype_of(dtype: Any) -> np.dtype:
     dt = np.dtype(dtype)
     if dt.kind not in "biufc" or not dt.isnative:
-        raise TypeError(f"device arrays hold bool, integer, float or complex values in native "
-                        f"byte order, not {dt}")
+        raise TypeError(
+            f"device arrays hold bool, integer, float or complex values in native "
+            f"byte order, not {dt}"
+        )
     if len(KNOWN_DTYPES) < _KNOWN_MOST:
         try:
             KNOWN_DTYPES[dtype] = (dt, dt.itemsize)
@@ -80,6 +84,7 @@ def c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
 
 def contiguity(shape, strides, itemsize) -> tuple[bool, bool]:
     """(C-contiguous, Fortran-contiguous), as NumPy decides them (size-1 axes don't count)."""
+
     def dense(axes):
         step = itemsize
         for d, s in axes:
@@ -87,6 +92,7 @@ def contiguity(shape, strides, itemsize) -> tuple[bool, bool]:
                 return False
             step *= d
         return True
+
     if prod(shape) == 0:
         return True, True
     pairs = list(zip(shape, strides))
@@ -108,8 +114,7 @@ def self_overlapping(shape, strides, itemsize) -> bool:
     if prod(shape) == 0:
         return False
     extent = itemsize
-    for n, s in sorted(((n, abs(s)) for n, s in zip(shape, strides) if n > 1),
-                       key=lambda a: a[1]):
+    for n, s in sorted(((n, abs(s)) for n, s in zip(shape, strides) if n > 1), key=lambda a: a[1]):
         if s < extent:
             return True
         extent = s * (n - 1) + extent
@@ -133,9 +138,11 @@ def _entry(k: Any) -> Any:
             return operator.index(k)
         except TypeError:
             pass
-    raise IndexError(f"device arrays take basic indices ({SUPPORTED}), not "
-                     f"{type(k).__name__}; copy to the host (arr.to_host()) for fancy or "
-                     "boolean indexing")
+    raise IndexError(
+        f"device arrays take basic indices ({SUPPORTED}), not "
+        f"{type(k).__name__}; copy to the host (arr.to_host()) for fancy or "
+        "boolean indexing"
+    )
 
 
 def index(shape, strides, key: Any) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
@@ -146,8 +153,9 @@ def index(shape, strides, key: Any) -> tuple[int, tuple[int, ...], tuple[int, ..
         raise IndexError("an index can only have a single ellipsis ('...')")
     used = sum(k is not None and k is not Ellipsis for k in entries)
     if used > len(shape):
-        raise IndexError(f"too many indices: the array is {len(shape)}-dimensional, but "
-                         f"{used} were indexed")
+        raise IndexError(
+            f"too many indices: the array is {len(shape)}-dimensional, but {used} were indexed"
+        )
     if not ellipses:
         entries.append(Ellipsis)
     offset, out_shape, out_strides, axis = 0, [], [], 0
@@ -181,16 +189,25 @@ def index(shape, strides, key: Any) -> tuple[int, tuple[int, ...], tuple[int, ..
 
 # -- reshape, dtype views, transpose -------------------------------------------------------
 
+
 def reshape(shape, strides, itemsize, new: tuple[int, ...], order: str) -> tuple[int, ...] | None:
     """The strides of the view with shape ``new`` (no -1 left) in ``order`` ("C" or "F"),
     or None when the layout needs a copy (NumPy's no-copy reshape rule)."""
     if prod(new) == 0 or prod(shape) == 0:
-        return c_strides(new, itemsize) if order == "C" else \
-            tuple(reversed(c_strides(tuple(reversed(new)), itemsize)))
+        return (
+            c_strides(new, itemsize)
+            if order == "C"
+            else tuple(reversed(c_strides(tuple(reversed(new)), itemsize)))
+        )
     old = [(n, s) for n, s in zip(shape, strides) if n != 1]
     if order == "F":  # F order is C order of the reversed axes
-        result = reshape(tuple(n for n, _ in reversed(old)), tuple(s for _, s in reversed(old)),
-                         itemsize, tuple(reversed(new)), "C")
+        result = reshape(
+            tuple(n for n, _ in reversed(old)),
+            tuple(s for _, s in reversed(old)),
+            itemsize,
+            tuple(reversed(new)),
+            "C",
+        )
         return None if result is None else tuple(reversed(result))
     out: list[int] = []
     i = j = 0
@@ -247,18 +264,25 @@ def view_dtype(shape, strides, old: np.dtype, new: np.dtype):
     if new.itemsize == old.itemsize:
         return shape, strides
     if not shape:
-        raise ValueError("changing the dtype of a 0-d array is only supported if the itemsize "
-                         "is unchanged")
+        raise ValueError(
+            "changing the dtype of a 0-d array is only supported if the itemsize is unchanged"
+        )
     if shape[-1] != 1 and prod(shape) and strides[-1] != old.itemsize:
-        raise ValueError("to change to a dtype of a different size, the last axis must be "
-                         "contiguous; copy the array first (arr.copy())")
+        raise ValueError(
+            "to change to a dtype of a different size, the last axis must be "
+            "contiguous; copy the array first (arr.copy())"
+        )
     last = shape[-1] * old.itemsize
     if new.itemsize < old.itemsize and old.itemsize % new.itemsize:
-        raise ValueError("when changing to a smaller dtype, its size must be a divisor of "
-                         "the size of the original dtype")
+        raise ValueError(
+            "when changing to a smaller dtype, its size must be a divisor of "
+            "the size of the original dtype"
+        )
     if last % new.itemsize:
-        raise ValueError("when changing to a larger dtype, its size must be a divisor of the "
-                         "total size in bytes of the last axis of the array")
+        raise ValueError(
+            "when changing to a larger dtype, its size must be a divisor of the "
+            "total size in bytes of the last axis of the array"
+        )
     return shape[:-1] + (last // new.itemsize,), strides[:-1] + (new.itemsize,)
 
 
@@ -278,6 +302,7 @@ def axes_order(ndim: int, axes: tuple) -> tuple[int, ...]:
 
 
 # -- copy plans -----------------------------------------------------------------------------
+
 
 class Plan(NamedTuple):
     """A copy of equal-shaped layouts as driver calls. Each call copies ``rows`` x ``slices``
@@ -308,8 +333,10 @@ def plan(shape, dst_strides, src_strides, itemsize: int) -> Plan:
             src_offset += (n - 1) * s
             d, s = -d, -s
         axes.append((n, d, s))
-    plans = [_build(sorted(axes, key=key, reverse=True), itemsize, dst_offset, src_offset)
-             for key in (lambda a: a[1], lambda a: abs(a[2]))]
+    plans = [
+        _build(sorted(axes, key=key, reverse=True), itemsize, dst_offset, src_offset)
+        for key in (lambda a: a[1], lambda a: abs(a[2]))
+    ]
     return min(plans, key=lambda p: p.calls)
 
 
@@ -328,8 +355,10 @@ def _build(axes, itemsize: int, dst_offset: int, src_offset: int) -> Plan:
         rows = merged.pop()
         if merged:
             n, d, s = merged[-1]
-            if all(p > 0 and p % pitch == 0 and p // pitch >= rows[0]
-                   for p, pitch in ((d, rows[1]), (s, rows[2]))):
+            if all(
+                p > 0 and p % pitch == 0 and p // pitch >= rows[0]
+                for p, pitch in ((d, rows[1]), (s, rows[2]))
+            ):
                 slices = merged.pop()
     return Plan(dst_offset, src_offset, width, rows, slices, tuple(merged))
 

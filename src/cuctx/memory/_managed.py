@@ -35,8 +35,9 @@ def _free(ctx: Context, ptr: int) -> None:
             ctx._backend.driver.cuMemFree(ptr)  # waits for the device's work
 
 
-def managed_empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
-                  device: Device | int | None = None) -> DeviceArray:
+def managed_empty(
+    shape: int | tuple[int, ...], dtype: Any = np.float64, *, device: Device | int | None = None
+) -> DeviceArray:
     """An uninitialised C-contiguous array in managed memory (cuMemAllocManaged, attached
     globally): a `DeviceArray` for kernels and copies, whose ``host`` is a NumPy array over
     the same memory.
@@ -54,9 +55,15 @@ def managed_empty(shape: int | tuple[int, ...], dtype: Any = np.float64, *,
         return DeviceArray._make(ctx, 0, shape, dtype, None, None, _ManagedMemory(None, 0, 0))
     with in_context(ctx, "managed_empty"):
         err, ptr = ctx._backend.driver.cuMemAllocManaged(
-            nbytes, CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL)
+            nbytes, CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL
+        )
     if err:
-        fail(ctx._backend, err, "cuMemAllocManaged", ctx,
-             f"asked for {nbytes} bytes of managed memory on device {ctx.device.ordinal}")
+        fail(
+            ctx._backend,
+            err,
+            "cuMemAllocManaged",
+            ctx,
+            f"asked for {nbytes} bytes of managed memory on device {ctx.device.ordinal}",
+        )
     owner = _ManagedMemory(ctx, int(ptr), nbytes)
     return DeviceArray._make(ctx, int(ptr), shape, dtype, None, None, owner)

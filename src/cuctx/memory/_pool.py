@@ -14,9 +14,17 @@ import uuid
 import weakref
 from typing import Any
 
-from cuda.bindings.driver import (CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType,
-                                  CUmemAllocationType, CUmemLocation, CUmemLocationType,
-                                  CUmemPool_attribute, CUmemPoolProps, cuuint64_t)
+from cuda.bindings.driver import (
+    CUmemAccess_flags,
+    CUmemAccessDesc,
+    CUmemAllocationHandleType,
+    CUmemAllocationType,
+    CUmemLocation,
+    CUmemLocationType,
+    CUmemPool_attribute,
+    CUmemPoolProps,
+    cuuint64_t,
+)
 
 from .. import _lifetimes
 from .._resource import upper
@@ -35,8 +43,11 @@ _F = CUmemAccess_flags
 _L = CUmemLocationType
 _U64 = 1 << 64
 LOCATIONS = ("device", "host", "managed")
-_ACCESS = {"rw": _F.CU_MEM_ACCESS_FLAGS_PROT_READWRITE, "r": _F.CU_MEM_ACCESS_FLAGS_PROT_READ,
-           None: _F.CU_MEM_ACCESS_FLAGS_PROT_NONE}
+_ACCESS = {
+    "rw": _F.CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    "r": _F.CU_MEM_ACCESS_FLAGS_PROT_READ,
+    None: _F.CU_MEM_ACCESS_FLAGS_PROT_NONE,
+}
 _MODES = {int(flags): mode for mode, flags in _ACCESS.items()}
 
 
@@ -46,8 +57,10 @@ def _size(value: Any, name: str, *, positive: bool) -> int:
     value = value.__index__()
     if value < (1 if positive else 0) or value >= _U64:
         least = "at least 1" if positive else "0 or more"
-        raise ValueError(f"{name} must be {least} and below 2**64 bytes, got {value}"
-                         + (" (None: no limit)" if positive else ""))
+        raise ValueError(
+            f"{name} must be {least} and below 2**64 bytes, got {value}"
+            + (" (None: no limit)" if positive else "")
+        )
     return value
 
 
@@ -73,21 +86,46 @@ class MemoryPool:
     then it is destroyed, and the driver frees its memory once the arrays' frees have run.
     """
 
-    __slots__ = ("_backend", "_device", "_handle", "_key", "_ipc", "_max_size", "_default",
-                 "_imported", "_ipc_key", "_shared", "_imports", "_origin", "_location",
-                 "_granted", "_freed_in", "_finalizer", "__weakref__")
+    __slots__ = (
+        "_backend",
+        "_device",
+        "_handle",
+        "_key",
+        "_ipc",
+        "_max_size",
+        "_default",
+        "_imported",
+        "_ipc_key",
+        "_shared",
+        "_imports",
+        "_origin",
+        "_location",
+        "_granted",
+        "_freed_in",
+        "_finalizer",
+        "__weakref__",
+    )
 
-    def __init__(self, device: Device | int, *, location: str = "device", ipc: bool = False,
-                 max_size: int | None = None, release_threshold: int | None = None):
+    def __init__(
+        self,
+        device: Device | int,
+        *,
+        location: str = "device",
+        ipc: bool = False,
+        max_size: int | None = None,
+        release_threshold: int | None = None,
+    ):
         device = upper.device(device)
         if not isinstance(ipc, bool):
             raise TypeError(f"ipc must be True or False, not {ipc!r}")
         if location not in LOCATIONS:
             raise ValueError(f"location must be one of {LOCATIONS}, not {location!r}")
         if ipc and location != "device":
-            raise ValueError(f"ipc=True is for device pools: a {location} pool cannot be shared "
-                             "with another process by cuctx; share a MemoryPool(device, "
-                             "ipc=True) and copy to or from it")
+            raise ValueError(
+                f"ipc=True is for device pools: a {location} pool cannot be shared "
+                "with another process by cuctx; share a MemoryPool(device, "
+                "ipc=True) and copy to or from it"
+            )
         limit = 0 if max_size is None else _size(max_size, "max_size", positive=True)
         if release_threshold is not None:
             release_threshold = _size(release_threshold, "release_threshold", positive=False)
@@ -101,13 +139,15 @@ class MemoryPool:
             props.location.type = _L.CU_MEM_LOCATION_TYPE_HOST
         elif location == "managed":  # the device is the memory's preferred location
             props.allocType = CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_MANAGED
-        props.handleTypes = _ipc.POSIX_FD if ipc else \
-            CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
+        props.handleTypes = (
+            _ipc.POSIX_FD if ipc else CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
+        )
         props.maxSize = limit
         with in_context(device.primary_context, "MemoryPool"):  # (see `_init`)
             handle = call(device._backend, "cuMemPoolCreate", props)
-        self._init(device, handle, ipc=ipc, max_size=max_size, key=uuid.uuid4().hex,
-                   location=location)
+        self._init(
+            device, handle, ipc=ipc, max_size=max_size, key=uuid.uuid4().hex, location=location
+        )
         if ipc:
             _ipc._made[self._ipc_key] = self
         if location == "host":  # host memory: the device it serves needs access too
@@ -116,8 +156,18 @@ class MemoryPool:
         if release_threshold is not None:
             self.release_threshold = release_threshold
 
-    def _init(self, device, handle, *, ipc=False, max_size=None, key=None, default=False,
-              imported=False, location="device") -> None:
+    def _init(
+        self,
+        device,
+        handle,
+        *,
+        ipc=False,
+        max_size=None,
+        key=None,
+        default=False,
+        imported=False,
+        location="device",
+    ) -> None:
         self._backend = device._backend
         self._device = device
         self._handle = handle
@@ -144,9 +194,19 @@ class MemoryPool:
         # The contexts in which frees of its memory were queued (by id; weakly: a destroyed
         # context's work has finished), which its destroy synchronizes first (`_destroy`).
         self._freed_in: dict[int, weakref.ref] = {}
-        self._finalizer = None if default else _lifetimes.finalize(
-            self, _destroy, self._backend, handle, device.primary_context, self._granted,
-            self._freed_in)
+        self._finalizer = (
+            None
+            if default
+            else _lifetimes.finalize(
+                self,
+                _destroy,
+                self._backend,
+                handle,
+                device.primary_context,
+                self._granted,
+                self._freed_in,
+            )
+        )
 
     @classmethod
     def _default_of(cls, device: Device) -> MemoryPool:
@@ -188,8 +248,10 @@ class MemoryPool:
 
     def _local(self, name: str) -> None:
         if self._imported:
-            raise ValueError(f"{self!r} was imported from another process; its {name} is the "
-                             "exporting process's: ask the pool there")
+            raise ValueError(
+                f"{self!r} was imported from another process; its {name} is the "
+                "exporting process's: ask the pool there"
+            )
 
     def _attribute(self, attr: CUmemPool_attribute, name: str) -> int:
         self._local(name)
@@ -219,8 +281,13 @@ class MemoryPool:
     def release_threshold(self, value: int) -> None:
         value = _size(value, "release_threshold", positive=False)
         self._local("release_threshold")
-        call(self._backend, "cuMemPoolSetAttribute", self._handle,
-             _A.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, cuuint64_t(value))
+        call(
+            self._backend,
+            "cuMemPoolSetAttribute",
+            self._handle,
+            _A.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            cuuint64_t(value),
+        )
 
     def trim(self, keep: int = 0) -> None:
         """Give unused memory back to the device, keeping at least ``keep`` bytes reserved
@@ -233,8 +300,15 @@ class MemoryPool:
         head = f"<MemoryPool {self._key:#x} of device {self._device.ordinal}"
         if self._imported:
             return f"{head} imported, key {self._ipc_key}>"
-        kind = " (default)" if self._default else " ipc" if self._ipc else \
-            "" if self._location == "device" else f" {self._location}"
+        kind = (
+            " (default)"
+            if self._default
+            else " ipc"
+            if self._ipc
+            else ""
+            if self._location == "device"
+            else f" {self._location}"
+        )
         limit = f", max_size {self._max_size}" if self._max_size is not None else ""
         try:
             state = f"used {self.used} B, reserved {self.reserved} B"
@@ -268,26 +342,35 @@ class MemoryPool:
             raise ValueError(f"mode must be 'rw', 'r' or None, not {mode!r}")
         device = self._device_arg(device, "set_access")
         if self._location == "managed":
-            raise ValueError(f"{self!r} holds managed memory, which every device may use: "
-                             "there is no access to set")
+            raise ValueError(
+                f"{self!r} holds managed memory, which every device may use: "
+                "there is no access to set"
+            )
         if device is self._device:
-            raise ValueError(f"{device!r} is the device {self!r} serves, which always has "
-                             "read-write access")
+            raise ValueError(
+                f"{device!r} is the device {self!r} serves, which always has read-write access"
+            )
         if self._location == "device" and not device.can_access_peer(self._device):
             raise NotSupportedError(
-                NOT_SUPPORTED, "MemoryPool.set_access", "",
+                NOT_SUPPORTED,
+                "MemoryPool.set_access",
+                "",
                 f"{device!r} cannot access memory of {self._device!r} (cuDeviceCanAccessPeer "
-                "is 0); copy the data with cuctx.copy instead (copies need no access)")
+                "is 0); copy the data with cuctx.copy instead (copies need no access)",
+            )
         if mode == "r" and int(call(self._backend, "cuDriverGetVersion")) < 13010:
             # Measured on two H200s, driver 580 (CUDA 13.0): the driver refuses read-only
             # access (NOT_SUPPORTED), and a process whose second device has a context then
             # crashes in a later cuMemAllocFromPoolAsync or cuMemPoolDestroy (a floating
             # point exception, a segmentation fault). So the driver is never asked.
             raise NotSupportedError(
-                NOT_SUPPORTED, "cuMemPoolSetAccess", "",
+                NOT_SUPPORTED,
+                "cuMemPoolSetAccess",
+                "",
                 "the driver gives no read-only access to a pool's memory (CUDA 13.0 and "
                 "older; asking it crashed the process later, measured on H200s, driver 580): "
-                "grant 'rw', or copy the data to the other device")
+                "grant 'rw', or copy the data to the other device",
+            )
         if mode != "rw" and self.access(device) is not None:
             device.synchronize()  # nothing of it may still use the memory
         self._set_access(device, mode)
@@ -297,7 +380,7 @@ class MemoryPool:
         desc.location.type = _L.CU_MEM_LOCATION_TYPE_DEVICE
         desc.location.id = device.ordinal
         desc.flags = _ACCESS[mode]
-        err, = self._backend.driver.cuMemPoolSetAccess(self._handle, [desc], 1)
+        (err,) = self._backend.driver.cuMemPoolSetAccess(self._handle, [desc], 1)
         if err:
             fail(self._backend, err, "cuMemPoolSetAccess")
         if device is not self._device:
@@ -327,8 +410,10 @@ class MemoryPool:
         if isinstance(device, int) and not isinstance(device, bool):
             device = Device._for_backend(self._backend, device)
         if not isinstance(device, Device) or device._backend is not self._backend:
-            raise TypeError(f"MemoryPool.{operation} needs a Device of the pool's backend "
-                            f"(or an ordinal), not {device!r}")
+            raise TypeError(
+                f"MemoryPool.{operation} needs a Device of the pool's backend "
+                f"(or an ordinal), not {device!r}"
+            )
         return device
 
     # -- IPC (the worker executor's seam, and pickling; see `_ipc`) ---------------------------
@@ -348,8 +433,7 @@ class MemoryPool:
         """``arr`` (an array of this pool) for `_import_array` in another process."""
         return _ipc.describe(self, arr)
 
-    def _import_array(self, desc: IpcDescriptor, stream: Stream | Any | None = None
-                      ) -> DeviceArray:
+    def _import_array(self, desc: IpcDescriptor, stream: Stream | Any | None = None) -> DeviceArray:
         """A DeviceArray over the memory ``desc`` (from `DeviceArray._ipc_descriptor` in the
         exporting process) describes. Imports are cached while any array of one lives;
         when the last goes, it is freed on ``stream`` (default: the current stream) and that

@@ -24,33 +24,44 @@ from ..errors import NOT_SUPPORTED, NotSupportedError
 
 def _supported(device: Device, location: str) -> None:
     """Refuse a host or managed pool the driver or device cannot make (NotSupportedError)."""
-    attribute = {"host": "host_memory_pools_supported",
-                 "managed": "concurrent_managed_access"}[location]
+    attribute = {"host": "host_memory_pools_supported", "managed": "concurrent_managed_access"}[
+        location
+    ]
     version = int(call(device._backend, "cuDriverGetVersion"))
     if location == "managed" and version // 10 == 1300:  # CUDA 13.0
         # Measured on two H200s, driver 580: the pool is made, and the first allocation from
         # it ends the process (a segmentation fault in cuMemAllocFromPoolAsync).
         raise NotSupportedError(
-            NOT_SUPPORTED, "MemoryPool", "",
+            NOT_SUPPORTED,
+            "MemoryPool",
+            "",
             "managed memory pools crash CUDA 13.0 drivers at their first allocation (a "
             "segmentation fault, measured); cuctx makes them on newer drivers only: use "
-            "cuctx.managed_empty for managed arrays")
+            "cuctx.managed_empty for managed arrays",
+        )
     try:
         supported = version >= 13000 and getattr(device.properties, attribute)
     except NotSupportedError:  # the driver predates the attribute
         supported = False
     if not supported:
         raise NotSupportedError(
-            NOT_SUPPORTED, "MemoryPool", "",
+            NOT_SUPPORTED,
+            "MemoryPool",
+            "",
             f"{location} memory pools need a CUDA 13 driver (this one is "
             f"{version // 1000}.{version % 1000 // 10}) and a device whose {attribute} is "
-            f"true ({device!r}); use " + ("cuctx.pinned_empty for page-locked host arrays"
-                                          if location == "host" else
-                                          "cuctx.managed_empty for managed arrays"))
+            f"true ({device!r}); use "
+            + (
+                "cuctx.pinned_empty for page-locked host arrays"
+                if location == "host"
+                else "cuctx.managed_empty for managed arrays"
+            ),
+        )
 
 
-def _destroy(backend, handle, primary: Context, granted: dict[int, Context],
-             freed_in: dict[int, weakref.ref]) -> None:
+def _destroy(
+    backend, handle, primary: Context, granted: dict[int, Context], freed_in: dict[int, weakref.ref]
+) -> None:
     """Destroy the pool with its device's primary context current, once the frees of its
     memory queued in ``freed_in``'s contexts have run (see the module's docstring); ``granted``
     (the other devices' primary contexts it keeps retained) is released after, with the

@@ -61,7 +61,8 @@ class CuptiSource(Source):
         except ImportError as exc:
             raise CuptiUnavailable(
                 f"cupti-python is not installed ({exc}); pip install 'cuctx[timeline]' for "
-                "exact device times") from None
+                "exact device times"
+            ) from None
         except Exception as exc:  # the package is there but libcupti could not be loaded
             raise CuptiUnavailable(f"CUPTI could not be loaded: {exc}") from None
         self._cupti = cupti
@@ -73,10 +74,15 @@ class CuptiSource(Source):
         except Exception as exc:  # cupti.cuptiError: MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED, ...
             raise CuptiUnavailable(
                 f"CUPTI is in use by another tool (Nsight Systems, a profiler: {exc}); run "
-                "without it for exact device times") from None
-        self._kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY,
-                       cupti.ActivityKind.MEMSET, cupti.ActivityKind.DRIVER,
-                       cupti.ActivityKind.EXTERNAL_CORRELATION]
+                "without it for exact device times"
+            ) from None
+        self._kinds = [
+            cupti.ActivityKind.CONCURRENT_KERNEL,
+            cupti.ActivityKind.MEMCPY,
+            cupti.ActivityKind.MEMSET,
+            cupti.ActivityKind.DRIVER,
+            cupti.ActivityKind.EXTERNAL_CORRELATION,
+        ]
         self._ext = cupti.ExternalCorrelationKind.CUSTOM2
         self._records: list[Any] = []
         self._streams: dict[tuple[int, int], tuple[int, int]] = {}  # CUPTI ids -> handles
@@ -140,10 +146,12 @@ class CuptiSource(Source):
 
     def _executions(self) -> list[Execution]:
         kinds = self._cupti.ActivityKind
-        external = {r.correlation_id: r.external_id for r in self._records
-                    if r.kind == kinds.EXTERNAL_CORRELATION and r.external_kind == self._ext}
-        lanes = {kinds.CONCURRENT_KERNEL: "kernel", kinds.MEMCPY: "copy",
-                 kinds.MEMSET: "memset"}
+        external = {
+            r.correlation_id: r.external_id
+            for r in self._records
+            if r.kind == kinds.EXTERNAL_CORRELATION and r.external_kind == self._ext
+        }
+        lanes = {kinds.CONCURRENT_KERNEL: "kernel", kinds.MEMCPY: "copy", kinds.MEMSET: "memset"}
         out = []
         for r in self._records:
             lane = lanes.get(r.kind)
@@ -155,15 +163,36 @@ class CuptiSource(Source):
                 name = f"memcpy {_COPY_KINDS.get(int(r.copy_kind), 'copy')}"
             else:
                 name = "memset"
-            ctx, stream = self._streams.get((r.context_id, r.stream_id),
-                                            (r.context_id, r.stream_id))
-            out.append(Execution(external.get(r.correlation_id), lane, name, r.device_id,
-                                 ctx, stream, r.start - self._offset, r.end - self._offset))
+            ctx, stream = self._streams.get(
+                (r.context_id, r.stream_id), (r.context_id, r.stream_id)
+            )
+            out.append(
+                Execution(
+                    external.get(r.correlation_id),
+                    lane,
+                    name,
+                    r.device_id,
+                    ctx,
+                    stream,
+                    r.start - self._offset,
+                    r.end - self._offset,
+                )
+            )
         self._records.clear()
         return out
 
 
 # CUpti_ActivityMemcpyKind: HTOD 1, DTOH 2, HTOA 3, ATOH 4, ATOA 5, ATOD 6, DTOA 7, DTOD 8,
 # HTOH 9, PTOP 10.
-_COPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
-               8: "DtoD", 9: "HtoH", 10: "PtoP"}
+_COPY_KINDS = {
+    1: "HtoD",
+    2: "DtoH",
+    3: "HtoA",
+    4: "AtoH",
+    5: "AtoA",
+    6: "AtoD",
+    7: "DtoA",
+    8: "DtoD",
+    9: "HtoH",
+    10: "PtoP",
+}

@@ -43,9 +43,11 @@ def names_of(obj: Any, scope: Scope) -> list[str]:
     (``streams[1]``, ``by_kind['copy']``), then attributes of ``self``
     (``self.copy_stream``); the locals' names, else the globals'. Names starting with "_"
     are skipped. Only identity is tested: no user ``__eq__`` runs."""
-    return _names_in(obj, scope.locals, search_self=True) or \
-        (_names_in(obj, scope.globals, search_self=False)
-         if scope.globals is not scope.locals else [])  # (a module's frame: one dict)
+    return _names_in(obj, scope.locals, search_self=True) or (
+        _names_in(obj, scope.globals, search_self=False)
+        if scope.globals is not scope.locals
+        else []
+    )  # (a module's frame: one dict)
 
 
 def _names_in(obj: Any, variables: dict[str, Any], search_self: bool) -> list[str]:
@@ -59,11 +61,17 @@ def _names_in(obj: Any, variables: dict[str, Any], search_self: bool) -> list[st
             if len(value) <= _SEARCHED and not name.startswith("_"):
                 inside += [f"{name}[{i}]" for i, item in enumerate(value) if item is obj]
         elif isinstance(value, dict) and len(value) <= _SEARCHED and not name.startswith("_"):
-            inside += [f"{name}[{key!r}]" for key, item in value.items()
-                       if item is obj and isinstance(key, str)]
+            inside += [
+                f"{name}[{key!r}]"
+                for key, item in value.items()
+                if item is obj and isinstance(key, str)
+            ]
     names = direct + inside
     attributes = getattr(variables.get("self"), "__dict__", None) if search_self else None
     if isinstance(attributes, dict):
-        names += [f"self.{name}" for name, value in attributes.items()
-                  if value is obj and not name.startswith("_")]
+        names += [
+            f"self.{name}"
+            for name, value in attributes.items()
+            if value is obj and not name.startswith("_")
+        ]
     return names

@@ -49,8 +49,7 @@ from .. import _lifetimes, _trace
 from .._resource import ACTIVE
 from ._racecheck_clocks import Clocks, join, ordered
 from ._racecheck_graphs import GraphChecks
-from ._racecheck_shadow import (FREE_IN_USE, RAW, USE_AFTER_FREE, WAR, WAW, Finding, OpInfo,
-                                Region)
+from ._racecheck_shadow import FREE_IN_USE, RAW, USE_AFTER_FREE, WAR, WAW, Finding, OpInfo, Region
 from ._racecheck_words import explain, kept_free, label_of, named_free, node_what
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -74,8 +73,10 @@ class Watch(GraphChecks):
         self.scopes: list[Any] = []
         self.on = False  # registered as a trace sink
         self.backend: Any = None  # the active backend: only its operations are checked
-        self._handlers = {kind: getattr(self, "_" + kind, self._accesses)  # launch, memset
-                          for kind in _trace.KINDS}
+        self._handlers = {
+            kind: getattr(self, "_" + kind, self._accesses)  # launch, memset
+            for kind in _trace.KINDS
+        }
         self.reset(None)
 
     def reset(self, backend: Any) -> None:
@@ -102,8 +103,11 @@ class Watch(GraphChecks):
         if op.context._backend is not self.backend:
             return  # an object of another backend (made before a switch): another address space
         stream = op.stream
-        if stream is not None and _lifetimes.capturing and \
-                (op.context._key, stream._key) in _lifetimes.capturing:
+        if (
+            stream is not None
+            and _lifetimes.capturing
+            and (op.context._key, stream._key) in _lifetimes.capturing
+        ):
             return  # captured into a graph: it runs when the graph is launched
         lock = self.lock
         lock.acquire()  # (not `with`: it costs a launch more than the rest of this method)
@@ -136,14 +140,19 @@ class Watch(GraphChecks):
         found = []
         region = self._region(acc.ptr, acc.ptr + acc.nbytes)
         if region is not None:
-            races = region.access(region.ptr, region.end, "w", (actor.id, clock[actor.id], info),
-                                  clock, self.clocks.host)
+            races = region.access(
+                region.ptr,
+                region.end,
+                "w",
+                (actor.id, clock[actor.id], info),
+                clock,
+                self.clocks.host,
+            )
             for _, earlier in races or ():
                 found += self._report(FREE_IN_USE, region, earlier[2], info)
             self._forget(region.ptr, region.end)
             bisect.insort(self._freed_starts, region.ptr)
-            self._freed[region.ptr] = (region.end, kept_free(info), region.label,
-                                       region.where)
+            self._freed[region.ptr] = (region.end, kept_free(info), region.label, region.where)
             if len(self._freed) > FREES_KEPT:
                 self._unfree(next(iter(self._freed)))
         clock[actor.id] += 1
@@ -164,8 +173,12 @@ class Watch(GraphChecks):
         stream = op.stream
         clocks = self.clocks
         entry = stream._checked  # (`Clocks.enter`'s common case, inline)
-        if entry is not None and entry[0] == clocks.generation and \
-                not entry[1].gone and not entry[1].blocking:
+        if (
+            entry is not None
+            and entry[0] == clocks.generation
+            and not entry[1].gone
+            and not entry[1].blocking
+        ):
             actor = entry[1]
         else:
             actor = self._enter(stream, op.thread)
@@ -182,8 +195,11 @@ class Watch(GraphChecks):
                 what = self._whats[name] = f"launch of {name!r}"
         elif kind == "graph_launch":  # each access names its node
             what = ""
-            stamps = [(aid, epoch, (node_what(node), stream, op.where, op.thread))
-                      for node, acc in op.fields["nodes"] for _ in acc]
+            stamps = [
+                (aid, epoch, (node_what(node), stream, op.where, op.thread))
+                for node, acc in op.fields["nodes"]
+                for _ in acc
+            ]
         else:
             what = "fill" if kind == "memset" else "copy"
         stamp = (aid, epoch, (what, stream, op.where, op.thread))
@@ -199,17 +215,24 @@ class Watch(GraphChecks):
                 if type(arg) is DeviceArray and arg._c:
                     region = regions.get(arg.ptr)
                     exact = region.exact if region is not None else None
-                    if exact is not None and arg.dtype is exact[0] and arg.shape == exact[1] \
-                            and len(region.segments) == 1:
+                    if (
+                        exact is not None
+                        and arg.dtype is exact[0]
+                        and arg.shape == exact[1]
+                        and len(region.segments) == 1
+                    ):
                         # `touch` inline (a call costs as much): the last writer, and the
                         # readers for a write, unless ordered before this
                         seg = region.segments[0]
                         mode = modes[i]
                         w = seg.writer
-                        if w is not None and w[0] != aid and clock.get(w[0], 0) <= w[1] \
-                                and host.get(w[0], 0) <= w[1]:  # (`ordered` inline)
-                            found += self._races([(RAW if mode != "w" else WAW, w)], region,
-                                                 stamp)
+                        if (
+                            w is not None
+                            and w[0] != aid
+                            and clock.get(w[0], 0) <= w[1]
+                            and host.get(w[0], 0) <= w[1]
+                        ):  # (`ordered` inline)
+                            found += self._races([(RAW if mode != "w" else WAW, w)], region, stamp)
                         if mode == "r":
                             seg.readers[aid] = stamp
                             continue
@@ -252,8 +275,7 @@ class Watch(GraphChecks):
         races = region.access(lo, hi, mode, stamp, clock, self.clocks.host)
         return self._races(races, region, stamp) if races else []
 
-    def _races(self, races: list[tuple[str, tuple]], region: Region,
-               stamp: tuple) -> list[Finding]:
+    def _races(self, races: list[tuple[str, tuple]], region: Region, stamp: tuple) -> list[Finding]:
         found: list[Finding] = []
         for kind, earlier in races:
             found += self._report(kind, region, earlier[2], stamp[2])
@@ -310,16 +332,20 @@ class Watch(GraphChecks):
         them again), events whose clock it covers or that went away, and what
         `Clocks.prune` drops."""
         host = self.clocks.host
-        idle = [start for start, region in self._regions.items()
-                if region.retire(host) and region.where is None]
+        idle = [
+            start
+            for start, region in self._regions.items()
+            if region.retire(host) and region.where is None
+        ]
         for start in idle:
             del self._regions[start]
         if idle:
             self._starts = sorted(self._regions)
         self._prune_events()
         self.clocks.prune()
-        self._sweep_after = max(SWEEP_EVERY, len(self._regions) + len(self._events)
-                                + len(self.clocks))
+        self._sweep_after = max(
+            SWEEP_EVERY, len(self._regions) + len(self._events) + len(self.clocks)
+        )
 
     def _prune_events(self) -> None:
         """Events that went away, or whose clock the host's covers, are forgotten (a wait for
@@ -377,8 +403,9 @@ class Watch(GraphChecks):
 
     # -- findings ---------------------------------------------------------------------------
 
-    def _report(self, kind: str, region: Region | None, first: tuple,
-                second: tuple) -> list[Finding]:
+    def _report(
+        self, kind: str, region: Region | None, first: tuple, second: tuple
+    ) -> list[Finding]:
         """A finding for the innermost scope, unless it reported this pair of lines already;
         every open scope lists it once. ``first`` and ``second``: `OpInfo`s, or stamps'
         infos (their where for the site)."""

@@ -82,8 +82,9 @@ class Clocks:
         full = (ctx_key, key, thread if key == PER_THREAD else 0)
         actor = self._table.get(full)
         if actor is None:
-            actor = self._table[full] = Actor(self._next, ctx_key, key == LEGACY,
-                                              _is_blocking(stream, key))
+            actor = self._table[full] = Actor(
+                self._next, ctx_key, key == LEGACY, _is_blocking(stream, key)
+            )
             self._next += 1
             self._of_ctx.setdefault(ctx_key, []).append(actor)
             if actor.legacy:
@@ -125,8 +126,9 @@ class Clocks:
                 del self._table[full]
                 actor.gone = True
             else:  # (a new dict: one that shrank keeps its size)
-                actor.clock = {a: e for a, e in actor.clock.items()
-                               if e > host.get(a, 0) or a == actor.id}
+                actor.clock = {
+                    a: e for a, e in actor.clock.items() if e > host.get(a, 0) or a == actor.id
+                }
             actor.mark = epoch
         if not gone:
             return gone

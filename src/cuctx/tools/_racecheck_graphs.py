@@ -26,8 +26,11 @@ class GraphChecks:
     def _graph_launch(self, op: _trace.Operation) -> list[Finding]:
         """The nodes' accesses; the graph's event wait nodes count as waits before them, its
         record nodes as records after them (ordering no more than the graph does)."""
-        events = [(node.kind, node.keep[0]) for node in op.fields["graph"].nodes
-                  if node.kind in ("record", "wait") and node.keep]
+        events = [
+            (node.kind, node.keep[0])
+            for node in op.fields["graph"].nodes
+            if node.kind in ("record", "wait") and node.keep
+        ]
         clock = self._enter(op.stream, op.thread).clock
         for kind, event in events:
             if kind == "wait":
@@ -48,8 +51,12 @@ class GraphChecks:
             return []
         self._graph_checked[exe] = key
         graph = op.fields["graph"]
-        conflicts = [(a, b) for i, (a, acc_a) in enumerate(nodes) for b, acc_b in nodes[i + 1:]
-                     if _conflict(acc_a, acc_b)]
+        conflicts = [
+            (a, b)
+            for i, (a, acc_a) in enumerate(nodes)
+            for b, acc_b in nodes[i + 1 :]
+            if _conflict(acc_a, acc_b)
+        ]
         if not conflicts:
             return []
         after: dict[Any, set] = {}
@@ -65,8 +72,12 @@ class GraphChecks:
 
 
 def _conflict(a: tuple, b: tuple) -> bool:
-    return any(x.ptr < y.ptr + y.nbytes and y.ptr < x.ptr + x.nbytes and
-               ("w" in x.mode or "w" in y.mode) for x in a for y in b if not x.host)
+    return any(
+        x.ptr < y.ptr + y.nbytes and y.ptr < x.ptr + x.nbytes and ("w" in x.mode or "w" in y.mode)
+        for x in a
+        for y in b
+        if not x.host
+    )
 
 
 def _reaches(after: dict, a: Any, b: Any) -> bool:

@@ -43,8 +43,7 @@ class RaceCheck:
 
     def __init__(self, mode: str = "raise") -> None:
         if mode not in MODES:
-            raise ValueError(f"racecheck mode {mode!r}: use 'raise', 'warn', 'collect' or "
-                             "'off'")
+            raise ValueError(f"racecheck mode {mode!r}: use 'raise', 'warn', 'collect' or 'off'")
         self.mode = mode
         self.findings: list[Finding] = []
         self._seen: set = set()  # (kind, first site/what, second site/what): reported once
@@ -163,10 +162,14 @@ def from_env() -> None:
     mode = value.strip().lower()
     mode = "off" if mode == "0" else mode
     if mode not in ("", "raise", "warn", "off"):
+
         def refuse(backend: _driver.Backend) -> None:
-            raise ValueError(f"CUCTX_RACECHECK={value!r}: use 'raise', 'warn' or 'off', or "
-                             "leave it unset (then the sim's runs are checked in 'warn' mode, "
-                             "a GPU's are not)")
+            raise ValueError(
+                f"CUCTX_RACECHECK={value!r}: use 'raise', 'warn' or 'off', or "
+                "leave it unset (then the sim's runs are checked in 'warn' mode, "
+                "a GPU's are not)"
+            )
+
         _driver.on_select(refuse)
         return
     _env = mode or None

@@ -29,6 +29,7 @@ Stamp = tuple  # (actor, epoch, info); info: (what, stream, site, thread), as Op
 
 class OpInfo(NamedTuple):
     """One operation as a finding names it."""
+
     what: str  # "fill", "copy", "launch of 'sum'", "graph launch: kernel 'k' (node at ...)"
     stream: Any
     site: tuple[str, int, str] | None
@@ -45,6 +46,7 @@ class Finding:
     free, free while in use), ``array`` (the memory, with the line that allocated it),
     ``first`` and ``second`` (the operations: what, stream, site), ``missing`` (the edge
     that would order them, in words) and ``fix``."""
+
     kind: str
     array: str
     first: OpInfo
@@ -53,22 +55,27 @@ class Finding:
     fix: str
 
     def __repr__(self) -> str:
-        return (f"<Finding {self.kind} race on {self.array}: {self.first.what} on "
-                f"{self.first.stream!r} at {line(self.first.site)}, then {self.second.what} "
-                f"on {self.second.stream!r} at {line(self.second.site)}>")
+        return (
+            f"<Finding {self.kind} race on {self.array}: {self.first.what} on "
+            f"{self.first.stream!r} at {line(self.first.site)}, then {self.second.what} "
+            f"on {self.second.stream!r} at {line(self.second.site)}>"
+        )
 
     def __str__(self) -> str:
-        return (f"{self.kind} race on {self.array}:\n"
-                f"  first:  {self.first.what} on {self.first.stream!r} at {line(self.first.site)}\n"
-                f"  second: {self.second.what} on {self.second.stream!r} at "
-                f"{line(self.second.site)}\n"
-                f"  missing: {self.missing}\n"
-                f"  fix: {self.fix}")
+        return (
+            f"{self.kind} race on {self.array}:\n"
+            f"  first:  {self.first.what} on {self.first.stream!r} at {line(self.first.site)}\n"
+            f"  second: {self.second.what} on {self.second.stream!r} at "
+            f"{line(self.second.site)}\n"
+            f"  missing: {self.missing}\n"
+            f"  fix: {self.fix}"
+        )
 
 
 class Segment:
     """Bytes ``[lo, hi)`` of a region with one history. Each segment owns its ``readers``
     dict (a split copies it), so a read updates it in place."""
+
     __slots__ = ("lo", "hi", "writer", "readers")
 
     def __init__(self, lo: int, hi: int, writer: Stamp | None, readers: dict[int, Stamp]):
@@ -84,6 +91,7 @@ class Region:
     (dtype, shape) of the first array seen in it, both put in words only for a finding;
     ``exact`` (dtype, shape) of a C-contiguous array that is all of it (so an array of
     that dtype and shape at its start is all of it)."""
+
     __slots__ = ("ptr", "end", "where", "segments", "label", "exact")
 
     def __init__(self, ptr: int, end: int, where: tuple | None) -> None:
@@ -102,8 +110,9 @@ class Region:
             return f"{what} (allocated outside the check, or by another library)"
         return f"{what} allocated at {line(site_of(self.where))}"
 
-    def access(self, lo: int, hi: int, mode: str, stamp: Stamp, clock: dict[int, int],
-               host: dict[int, int]) -> list[tuple[str, Stamp]] | None:
+    def access(
+        self, lo: int, hi: int, mode: str, stamp: Stamp, clock: dict[int, int], host: dict[int, int]
+    ) -> list[tuple[str, Stamp]] | None:
         """Check ``[lo, hi)`` accessed in ``mode`` by ``stamp`` (its actor's clock ``clock``
         beyond the host's ``host``: `_racecheck_clocks`) against the history and record it;
         returns (kind, earlier stamp) per race, or None."""
@@ -150,9 +159,15 @@ class Region:
         return idle
 
 
-def touch(seg: Segment, reads: bool, writes: bool, stamp: Stamp, clock: dict[int, int],
-          host: dict[int, int],
-          races: list[tuple[str, Stamp]] | None) -> list[tuple[str, Stamp]] | None:
+def touch(
+    seg: Segment,
+    reads: bool,
+    writes: bool,
+    stamp: Stamp,
+    clock: dict[int, int],
+    host: dict[int, int],
+    races: list[tuple[str, Stamp]] | None,
+) -> list[tuple[str, Stamp]] | None:
     """Check ``seg`` against ``stamp``'s access, then record the access in it."""
     actor = stamp[0]
     w = seg.writer
@@ -180,8 +195,12 @@ def _merged(segments: list[Segment]) -> list[Segment]:
     out: list[Segment] = []
     for seg in segments:
         last = out[-1] if out else None
-        if last is not None and last.hi == seg.lo and last.writer is seg.writer \
-                and last.readers == seg.readers:
+        if (
+            last is not None
+            and last.hi == seg.lo
+            and last.writer is seg.writer
+            and last.readers == seg.readers
+        ):
             last.hi = seg.hi
         else:
             out.append(seg)

@@ -23,29 +23,38 @@ def explain(kind: str, first: OpInfo, second: OpInfo, frame: Any) -> tuple[str, 
     at_a = f" at line {first.site[1]}" if first.site else ""
     before_b = f" before line {second.site[1]}" if second.site else ""
     if kind == USE_AFTER_FREE:
-        return (f"the memory was freed on {a}{at_a} (its last array went away) before this "
-                "use was queued",
-                f"keep a reference to the array until the work{before_b.replace('before', 'at')}"
-                " has run (synchronize its stream first)")
+        return (
+            f"the memory was freed on {a}{at_a} (its last array went away) before this "
+            "use was queued",
+            f"keep a reference to the array until the work{before_b.replace('before', 'at')}"
+            " has run (synchronize its stream first)",
+        )
     if kind == FREE_IN_USE:
-        return (f"the free on {b} is not ordered after the {first.what} on {a}{at_a}: the "
-                f"array's last reference went while {a} may still use it",
-                f"call array.record_stream({a}) after line {first.site[1] if first.site else '?'}"
-                f", or {b}.wait({a}) (or {a}.synchronize()) before its last reference goes")
+        return (
+            f"the free on {b} is not ordered after the {first.what} on {a}{at_a}: the "
+            f"array's last reference went while {a} may still use it",
+            f"call array.record_stream({a}) after line {first.site[1] if first.site else '?'}"
+            f", or {b}.wait({a}) (or {a}.synchronize()) before its last reference goes",
+        )
     if first.stream is second.stream:  # two nodes of one graph launch
-        return ("the graph has no path between the two nodes",
-                f"add the second node with after=[the first node] (line "
-                f"{second.site[1] if second.site else '?'})")
-    return (f"nothing orders the {second.what} on {b} after the {first.what} on {a}{at_a}: "
-            f"{b} did not wait for {a} (or for an event recorded on {a} after it), and the "
-            f"host did not synchronize {a} in between",
-            fix + before_b)
+        return (
+            "the graph has no path between the two nodes",
+            f"add the second node with after=[the first node] (line "
+            f"{second.site[1] if second.site else '?'})",
+        )
+    return (
+        f"nothing orders the {second.what} on {b} after the {first.what} on {a}{at_a}: "
+        f"{b} did not wait for {a} (or for an event recorded on {a} after it), and the "
+        f"host did not synchronize {a} in between",
+        fix + before_b,
+    )
 
 
 def node_what(node: Any) -> str:
     site = node.site
-    return f"graph launch, node {node.description!r} added at " + \
-        (f"{site[0]}:{site[1]}" if site else "?")
+    return f"graph launch, node {node.description!r} added at " + (
+        f"{site[0]}:{site[1]}" if site else "?"
+    )
 
 
 def label_of(array: Any) -> tuple[Any, Any] | None:

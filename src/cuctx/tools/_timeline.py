@@ -25,8 +25,7 @@ from ..context import in_context
 from ._timeline_export import chrome_trace, save_png, summarize
 from . import _cupti
 from ._names import names_of, user_scope
-from ._timeline_sources import (MARKERS, WORK, EventPairs, Execution, Record, SimActivity,
-                                Source)
+from ._timeline_sources import MARKERS, WORK, EventPairs, Execution, Record, SimActivity, Source
 from ._timeline_sources import stream_key as _key
 
 _RELAXED = CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
@@ -40,8 +39,9 @@ class Timeline:
 
     def __init__(self, source: str = "auto") -> None:
         if source not in ("auto", "activity", "events"):
-            raise ValueError(f"timeline source must be 'auto', 'activity' or 'events', "
-                             f"not {source!r}")
+            raise ValueError(
+                f"timeline source must be 'auto', 'activity' or 'events', not {source!r}"
+            )
         self._want = source
         self._source: Source | None = None
         self._ops: list[tuple[int | None, _trace.Operation, int]] = []
@@ -68,8 +68,7 @@ class Timeline:
         source = self._source
         self._advance, self._host_ns = source.advance, source.host_ns
         # a source that learns nothing from submissions is not called for them
-        self._submitted = None if type(source).submitted is Source.submitted \
-            else source.submitted
+        self._submitted = None if type(source).submitted is Source.submitted else source.submitted
         source.start(self._next)
         _trace.add_sink(self._sink)
         return self
@@ -94,15 +93,18 @@ class Timeline:
             corr = None
         self._ops.append((corr, op, self._host_ns(op)))
         if self._submitted is not None and not (
-                _lifetimes.capturing and op.stream is not None
-                and (op.context._key, op.stream._key) in _lifetimes.capturing):
+            _lifetimes.capturing
+            and op.stream is not None
+            and (op.context._key, op.stream._key) in _lifetimes.capturing
+        ):
             self._submitted(op, corr)  # work captured into a graph runs at its launches
         site = op.site
         if site is not None:
             looked = self._looked
             stream, other = op.stream, op.other
-            if (stream is not None and (id(stream), site) not in looked) \
-                    or (other is not None and (id(other), site) not in looked):
+            if (stream is not None and (id(stream), site) not in looked) or (
+                other is not None and (id(other), site) not in looked
+            ):
                 self._learn_names(op)
 
     def _learn_names(self, op: _trace.Operation) -> None:
@@ -139,8 +141,11 @@ class Timeline:
         contexts = [ctx for ctx in contexts if ctx._state is ACTIVE]
         if not contexts:
             return
-        streams = {(op.context._key, op.stream._key): op.stream for _, op, _ in self._ops
-                   if op.stream is not None}
+        streams = {
+            (op.context._key, op.stream._key): op.stream
+            for _, op, _ in self._ops
+            if op.stream is not None
+        }
         drv = contexts[0]._backend.driver
         _, mode = drv.cuThreadExchangeStreamCaptureMode(_RELAXED)
         try:
@@ -189,8 +194,7 @@ class Timeline:
     def summary(self) -> dict[str, Any]:
         """Busy time per stream, copy/compute overlap and gaps, as a dict; ``print()`` it for
         a table. See docs/timeline.md for each field."""
-        return summarize(self.records, self._source.describe, self._source.approximate,
-                         self._names)
+        return summarize(self.records, self._source.describe, self._source.approximate, self._names)
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write ``.json`` (Chrome trace event format: open it in https://ui.perfetto.dev or
@@ -200,29 +204,35 @@ class Timeline:
         ext = os.path.splitext(path)[1].lower()
         if ext == ".json":
             import json
+
             with open(path, "w") as f:
                 json.dump(chrome_trace(self.records, self.source, self._names), f)
         elif ext == ".png":
             save_png(self.records, path, self.source, self._names)
         else:
-            raise ValueError(f"cannot save a timeline as {path!r}: name a .json file (Chrome "
-                             "trace, for Perfetto) or a .png file (a picture)")
+            raise ValueError(
+                f"cannot save a timeline as {path!r}: name a .json file (Chrome "
+                "trace, for Perfetto) or a .png file (a picture)"
+            )
         return path
 
     def __repr__(self) -> str:
         if self._source is None:
             return f"<Timeline source={self._want!r}, not started>"
         if self._records is None:
-            return (f"<Timeline recording: {len(self._ops)} operations so far, times from "
-                    f"{self._source.describe}>")
+            return (
+                f"<Timeline recording: {len(self._ops)} operations so far, times from "
+                f"{self._source.describe}>"
+            )
         ran = [r for r in self._records if r.start_ns is not None]
-        span = max((r.end_ns for r in ran), default=0) - min((r.start_ns for r in ran),
-                                                             default=0)
+        span = max((r.end_ns for r in ran), default=0) - min((r.start_ns for r in ran), default=0)
         streams = len({(r.context, r.stream) for r in ran})
         contexts = len({r.context for r in ran})
-        return (f"<Timeline of {len(self._records)} records: {streams} stream"
-                f"{'s' * (streams != 1)} in {contexts} context{'s' * (contexts != 1)} over "
-                f"{span / 1e3:.1f} us, times from {self._source.describe}>")
+        return (
+            f"<Timeline of {len(self._records)} records: {streams} stream"
+            f"{'s' * (streams != 1)} in {contexts} context{'s' * (contexts != 1)} over "
+            f"{span / 1e3:.1f} us, times from {self._source.describe}>"
+        )
 
 
 # The operations that take a correlation id: what runs on the device, and the markers placed
@@ -259,14 +269,18 @@ def _name(op: _trace.Operation) -> str:
     return op.kind
 
 
-def _assemble(ops: list[tuple[int | None, _trace.Operation, int]],
-              executions: list[Execution], approximate: bool) -> list[Record]:
+def _assemble(
+    ops: list[tuple[int | None, _trace.Operation, int]],
+    executions: list[Execution],
+    approximate: bool,
+) -> list[Record]:
     """Match executions to operations by correlation id; place markers; sort by time."""
     by_corr: dict[int, list[Execution]] = {}
     foreign: list[Execution] = []
     for ex in executions:
-        (by_corr.setdefault(ex.correlation, []) if ex.correlation is not None
-         else foreign).append(ex)
+        (by_corr.setdefault(ex.correlation, []) if ex.correlation is not None else foreign).append(
+            ex
+        )
     records: list[Record] = []
     ends: dict[tuple[int, int], list[tuple[int, int]]] = {}  # stream -> [(corr, end)]
     for corr, op, submitted in ops:
@@ -275,28 +289,74 @@ def _assemble(ops: list[tuple[int | None, _trace.Operation, int]],
         mine = by_corr.pop(corr, []) if corr is not None else []
         if op.kind in MARKERS or not mine:
             lane = "marker" if op.kind in MARKERS else "host-only"
-            records.append(Record(op.kind, lane, _name(op), device, ctx_key, stream_key,
-                                  submitted, None, None, corr, op.site, approximate, op))
+            records.append(
+                Record(
+                    op.kind,
+                    lane,
+                    _name(op),
+                    device,
+                    ctx_key,
+                    stream_key,
+                    submitted,
+                    None,
+                    None,
+                    corr,
+                    op.site,
+                    approximate,
+                    op,
+                )
+            )
             continue
         for ex in mine:
-            records.append(Record(op.kind, ex.lane or WORK.get(op.kind, op.kind),
-                                  ex.name or _name(op), device, ctx_key, stream_key,
-                                  submitted, ex.start_ns, ex.end_ns, corr, op.site,
-                                  ex.approximate, op))
+            records.append(
+                Record(
+                    op.kind,
+                    ex.lane or WORK.get(op.kind, op.kind),
+                    ex.name or _name(op),
+                    device,
+                    ctx_key,
+                    stream_key,
+                    submitted,
+                    ex.start_ns,
+                    ex.end_ns,
+                    corr,
+                    op.site,
+                    ex.approximate,
+                    op,
+                )
+            )
             ends.setdefault((ctx_key, stream_key), []).append((corr or 0, ex.end_ns))
     leftover = [ex for group in by_corr.values() for ex in group] + foreign
     for ex in leftover:  # work cuctx did not submit inside the block (or another thread's)
-        records.append(Record(ex.lane, ex.lane, ex.name, ex.device, ex.context, ex.stream,
-                              None, ex.start_ns, ex.end_ns, ex.correlation, None,
-                              ex.approximate))
+        records.append(
+            Record(
+                ex.lane,
+                ex.lane,
+                ex.name,
+                ex.device,
+                ex.context,
+                ex.stream,
+                None,
+                ex.start_ns,
+                ex.end_ns,
+                ex.correlation,
+                None,
+                ex.approximate,
+            )
+        )
     records = _place_markers(records, ends)
-    records.sort(key=lambda r: (r.start_ns if r.start_ns is not None else r.submit_ns or 0,
-                                r.correlation or 0))
+    records.sort(
+        key=lambda r: (
+            r.start_ns if r.start_ns is not None else r.submit_ns or 0,
+            r.correlation or 0,
+        )
+    )
     return records
 
 
-def _place_markers(records: list[Record],
-                   ends: dict[tuple[int, int], list[tuple[int, int]]]) -> list[Record]:
+def _place_markers(
+    records: list[Record], ends: dict[tuple[int, int], list[tuple[int, int]]]
+) -> list[Record]:
     """An event record or a wait has no activity record: it sits on its stream where the
     stream reached it, the end of the stream's work submitted before it (or its submission,
     if later); a wait also not before what it waits for was reached."""
@@ -307,15 +367,38 @@ def _place_markers(records: list[Record],
             out.append(r)
             continue
         op = r.operation
-        t = max([r.submit_ns] + [end for corr, end in ends.get((r.context, r.stream), ())
-                                 if corr < r.correlation])
+        t = max(
+            [r.submit_ns]
+            + [end for corr, end in ends.get((r.context, r.stream), ()) if corr < r.correlation]
+        )
         if op.kind == "wait_event" and op.event is not None:
             t = max(t, recorded.get(op.event._key, t))
         elif op.kind == "wait_stream" and op.other is not None:
-            t = max([t] + [end for corr, end in ends.get(_key(op.other.context, op.other), ())
-                           if corr < r.correlation])
+            t = max(
+                [t]
+                + [
+                    end
+                    for corr, end in ends.get(_key(op.other.context, op.other), ())
+                    if corr < r.correlation
+                ]
+            )
         if op.kind == "record" and op.event is not None:
             recorded[op.event._key] = t
-        out.append(Record(r.kind, r.lane, r.name, r.device, r.context, r.stream, r.submit_ns,
-                          t, t, r.correlation, r.site, r.approximate, op))
+        out.append(
+            Record(
+                r.kind,
+                r.lane,
+                r.name,
+                r.device,
+                r.context,
+                r.stream,
+                r.submit_ns,
+                t,
+                t,
+                r.correlation,
+                r.site,
+                r.approximate,
+                op,
+            )
+        )
     return out

@@ -31,8 +31,13 @@ if TYPE_CHECKING:
 
 
 # What runs on the device, and the lane (colour) it gets.
-WORK = {"launch": "kernel", "graph_launch": "kernel", "copy": "copy", "memset": "memset",
-        "host_func": "host"}
+WORK = {
+    "launch": "kernel",
+    "graph_launch": "kernel",
+    "copy": "copy",
+    "memset": "memset",
+    "host_func": "host",
+}
 # Points in a stream's order with no activity record: placed where the stream reached them.
 MARKERS = frozenset({"record", "wait_event", "wait_stream"})
 
@@ -95,11 +100,14 @@ class Record:
             times = f"submitted at {self.submit_ns} ns, not run on the device"
         else:
             times = f"ran {self.start_ns}..{self.end_ns} ns" + (
-                "" if self.submit_ns is None else f", submitted at {self.submit_ns} ns")
+                "" if self.submit_ns is None else f", submitted at {self.submit_ns} ns"
+            )
         approx = " (approximate)" if self.approximate else ""
         where = f" at {self.site[0]}:{self.site[1]}" if self.site else ""
-        return (f"<Record {self.kind} {self.name!r} ({self.lane}) device {self.device} ctx "
-                f"{self.context:#x} stream {self.stream:#x}: {times}{approx}{where}>")
+        return (
+            f"<Record {self.kind} {self.name!r} ({self.lane}) device {self.device} ctx "
+            f"{self.context:#x} stream {self.stream:#x}: {times}{approx}{where}>"
+        )
 
 
 class Source:
@@ -152,11 +160,19 @@ class SimActivity(Source):
     def stop(self) -> list[Execution]:
         self._sim.pop_correlation()
         self._check(self._sim.unsubscribe_activity(self._activities.append), "unsubscribe")
-        return [Execution(a.correlation, _SIM_LANES.get(a.kind, "copy"),
-                          a.kind if a.kind.startswith("memcpy") else a.name,
-                          a.device, int(a.context), int(a.stream) or 1,
-                          a.start_ns, a.end_ns)
-                for a in self._activities]
+        return [
+            Execution(
+                a.correlation,
+                _SIM_LANES.get(a.kind, "copy"),
+                a.kind if a.kind.startswith("memcpy") else a.name,
+                a.device,
+                int(a.context),
+                int(a.stream) or 1,
+                a.start_ns,
+                a.end_ns,
+            )
+            for a in self._activities
+        ]
 
     @staticmethod
     def _check(result: tuple, what: str) -> None:
@@ -171,8 +187,11 @@ class EventPairs(Source):
 
     def __init__(self, backend: _driver.Backend, reason: str) -> None:
         self.describe = f"event pairs (approximate; {reason})"
-        self.clock = ("the sim's virtual clock (ns)" if backend.sim is not None
-                      else "the host's perf_counter_ns")
+        self.clock = (
+            "the sim's virtual clock (ns)"
+            if backend.sim is not None
+            else "the host's perf_counter_ns"
+        )
         self._backend = backend
         self._marks: list[tuple[int | None, Any, int, Any]] = []  # (id, op, submitted, CUevent)
         self._refs: dict[Any, tuple[Any, int]] = {}  # context -> (CUevent, host ns)
@@ -197,7 +216,7 @@ class EventPairs(Source):
         if ctx not in self._refs:
             self._refs[ctx] = self._reference(ctx)
         event = _take_event(ctx)
-        err, = stream._record(event, stream._handle)  # the driver's own: no trace
+        (err,) = stream._record(event, stream._handle)  # the driver's own: no trace
         if err:
             _give_back(ctx, [event])
         else:
@@ -214,8 +233,11 @@ class EventPairs(Source):
                 raise RuntimeError(f"timeline: cuStreamCreate failed with {err!r}")
             drv.cuEventRecord(event, stream)
             drv.cuStreamSynchronize(stream)
-            now = self._backend.sim.clock() if self._backend.sim is not None \
+            now = (
+                self._backend.sim.clock()
+                if self._backend.sim is not None
                 else time.perf_counter_ns()
+            )
             drv.cuStreamDestroy(stream)
         return event, now
 
@@ -234,8 +256,19 @@ class EventPairs(Source):
             start = min(end, max(submitted, last.get(key, submitted)))
             last[key] = end
             if op.kind in WORK:
-                out.append(Execution(correlation, WORK[op.kind], "", op.context.device.ordinal,
-                                     key[0], key[1], start, end, True))
+                out.append(
+                    Execution(
+                        correlation,
+                        WORK[op.kind],
+                        "",
+                        op.context.device.ordinal,
+                        key[0],
+                        key[1],
+                        start,
+                        end,
+                        True,
+                    )
+                )
         used: dict[Any, list[Any]] = {ctx: [ref] for ctx, (ref, _) in self._refs.items()}
         for _, op, _, event in self._marks:
             used[op.context].append(event)

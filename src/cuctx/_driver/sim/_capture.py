@@ -37,21 +37,38 @@ from __future__ import annotations
 import itertools
 import threading
 
-from cuda.bindings.driver import (CUgraph, CUgraphEdgeData, CUgraphNode, CUstreamCaptureMode,
-                                  CUstreamCaptureStatus, CUstreamUpdateCaptureDependencies_flags,
-                                  cuuint64_t)
+from cuda.bindings.driver import (
+    CUgraph,
+    CUgraphEdgeData,
+    CUgraphNode,
+    CUstreamCaptureMode,
+    CUstreamCaptureStatus,
+    CUstreamUpdateCaptureDependencies_flags,
+    cuuint64_t,
+)
 
-from ._common import (CAPTURE_IMPLICIT, CAPTURE_INVALIDATED, CAPTURE_UNJOINED,
-                      CAPTURE_UNMATCHED, CAPTURE_UNSUPPORTED, CAPTURE_WRONG_THREAD,
-                      CAPTURED_EVENT, ILLEGAL_STATE, INVALID_VALUE, OK)
+from ._common import (
+    CAPTURE_IMPLICIT,
+    CAPTURE_INVALIDATED,
+    CAPTURE_UNJOINED,
+    CAPTURE_UNMATCHED,
+    CAPTURE_UNSUPPORTED,
+    CAPTURE_WRONG_THREAD,
+    CAPTURED_EVENT,
+    ILLEGAL_STATE,
+    INVALID_VALUE,
+    OK,
+)
 
 M = CUstreamCaptureMode
 _ADD = int(CUstreamUpdateCaptureDependencies_flags.CU_STREAM_ADD_CAPTURE_DEPENDENCIES)
 _SET = int(CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES)
 S = CUstreamCaptureStatus
-GLOBAL, THREAD_LOCAL, RELAXED = (M.CU_STREAM_CAPTURE_MODE_GLOBAL,
-                                 M.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-                                 M.CU_STREAM_CAPTURE_MODE_RELAXED)
+GLOBAL, THREAD_LOCAL, RELAXED = (
+    M.CU_STREAM_CAPTURE_MODE_GLOBAL,
+    M.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+    M.CU_STREAM_CAPTURE_MODE_RELAXED,
+)
 
 
 class Capture:
@@ -109,8 +126,9 @@ class CaptureModel:
 
     def _implicit(self, legacy):
         """A capture of a blocking stream of ``legacy``'s context, or None."""
-        return next((c for s, c in self._captures.items()
-                     if s.ctx is legacy.ctx and s.blocking), None)
+        return next(
+            (c for s, c in self._captures.items() if s.ctx is legacy.ctx and s.blocking), None
+        )
 
     def _mode(self):
         return getattr(self._tls, "capture_mode", GLOBAL)
@@ -121,9 +139,15 @@ class CaptureModel:
         if not self._captures:
             return OK
         mode, me = self._mode(), threading.get_ident()
-        blocking = {c for c in self._captures.values() if not c.invalid and (
-            (c.thread == me and c.mode != RELAXED and mode != RELAXED)
-            or (c.thread != me and c.mode == GLOBAL and mode == GLOBAL))}
+        blocking = {
+            c
+            for c in self._captures.values()
+            if not c.invalid
+            and (
+                (c.thread == me and c.mode != RELAXED and mode != RELAXED)
+                or (c.thread != me and c.mode == GLOBAL and mode == GLOBAL)
+            )
+        }
         for capture in blocking:
             capture.invalid = True
         return CAPTURE_UNSUPPORTED if blocking else OK
@@ -172,8 +196,12 @@ class CaptureModel:
                 self._forget(capture.graph)
                 return (CAPTURE_WRONG_THREAD, None)
             joined = _ancestors(capture.frontier[stream])
-            unjoined = any(id(n) not in joined for s, nodes in capture.frontier.items()
-                           if s is not stream for n in nodes)
+            unjoined = any(
+                id(n) not in joined
+                for s, nodes in capture.frontier.items()
+                if s is not stream
+                for n in nodes
+            )
             if capture.invalid or unjoined:
                 self._forget(capture.graph)
                 return (CAPTURE_INVALIDATED if capture.invalid else CAPTURE_UNJOINED, None)
@@ -207,12 +235,19 @@ class CaptureModel:
             if status != S.CU_STREAM_CAPTURE_STATUS_ACTIVE:
                 return (OK, status, cuuint64_t(0), CUgraph(0), [], [], 0)
             deps = capture.frontier[stream]
-            return (OK, status, cuuint64_t(capture.id), CUgraph(capture.graph.handle),
-                    [CUgraphNode(n.handle) for n in deps], [CUgraphEdgeData() for _ in deps],
-                    len(deps))
+            return (
+                OK,
+                status,
+                cuuint64_t(capture.id),
+                CUgraph(capture.graph.handle),
+                [CUgraphNode(n.handle) for n in deps],
+                [CUgraphEdgeData() for _ in deps],
+                len(deps),
+            )
 
-    def cuStreamUpdateCaptureDependencies(self, hStream, dependencies, dependencyData,
-                                          numDependencies, flags):
+    def cuStreamUpdateCaptureDependencies(
+        self, hStream, dependencies, dependencyData, numDependencies, flags
+    ):
         """Set (CU_STREAM_SET_CAPTURE_DEPENDENCIES) or add to (0, ADD) the nodes the next
         work captured on the stream depends on; ILLEGAL_STATE when it does not capture."""
         with self._lock:
@@ -317,5 +352,8 @@ class CaptureModel:
 def _status(capture):
     if capture is None:
         return S.CU_STREAM_CAPTURE_STATUS_NONE
-    return S.CU_STREAM_CAPTURE_STATUS_INVALIDATED if capture.invalid \
+    return (
+        S.CU_STREAM_CAPTURE_STATUS_INVALIDATED
+        if capture.invalid
         else S.CU_STREAM_CAPTURE_STATUS_ACTIVE
+    )

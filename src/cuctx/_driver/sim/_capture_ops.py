@@ -21,20 +21,48 @@ capture allows it, by the CUDA programming guide's rules for such calls).
 
 from __future__ import annotations
 
-from cuda.bindings.driver import (CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUDA_MEMSET_NODE_PARAMS,
-                                  CUcontext, CUdeviceptr, CUmemorytype)
+from cuda.bindings.driver import (
+    CUDA_MEMCPY2D,
+    CUDA_MEMCPY3D,
+    CUDA_MEMSET_NODE_PARAMS,
+    CUcontext,
+    CUdeviceptr,
+    CUmemorytype,
+)
 
 from ._cargs import size_t, unsigned
-from ._common import (CAPTURE_ISOLATION, CAPTURE_MERGE, CAPTURE_UNSUPPORTED, INVALID_HANDLE,
-                      INVALID_VALUE, NOT_SUPPORTED, OK)
+from ._common import (
+    CAPTURE_ISOLATION,
+    CAPTURE_MERGE,
+    CAPTURE_UNSUPPORTED,
+    INVALID_HANDLE,
+    INVALID_VALUE,
+    NOT_SUPPORTED,
+    OK,
+)
 from ._graph_nodes import HostWork, KernelWork, copy_work, memset_work
 
 HOST, DEVICE = CUmemorytype.CU_MEMORYTYPE_HOST, CUmemorytype.CU_MEMORYTYPE_DEVICE
 UNIFIED = CUmemorytype.CU_MEMORYTYPE_UNIFIED
 EVENT_WAIT_EXTERNAL = 1
-_2D_FIELDS = ("srcXInBytes", "srcY", "srcMemoryType", "srcHost", "srcDevice", "srcArray",
-              "srcPitch", "dstXInBytes", "dstY", "dstMemoryType", "dstHost", "dstDevice",
-              "dstArray", "dstPitch", "WidthInBytes", "Height")
+_2D_FIELDS = (
+    "srcXInBytes",
+    "srcY",
+    "srcMemoryType",
+    "srcHost",
+    "srcDevice",
+    "srcArray",
+    "srcPitch",
+    "dstXInBytes",
+    "dstY",
+    "dstMemoryType",
+    "dstHost",
+    "dstDevice",
+    "dstArray",
+    "dstPitch",
+    "WidthInBytes",
+    "Height",
+)
 
 
 class CaptureOps:
@@ -69,42 +97,59 @@ class CaptureOps:
 
     # -- kernels, host functions, graphs ---------------------------------------------------
 
-    def _launch(self, f, grid, block, shared, hStream, kernelParams, extra, cluster,
-                cooperative):
+    def _launch(self, f, grid, block, shared, hStream, kernelParams, extra, cluster, cooperative):
         def make(stream):
             kernel = self._kernel(f)
             if kernel is None:
                 return INVALID_HANDLE, None
-            err, launch = self._prepared_launch(kernel, stream.ctx, grid, block, shared,
-                                                kernelParams, extra, cluster, cooperative)
+            err, launch = self._prepared_launch(
+                kernel, stream.ctx, grid, block, shared, kernelParams, extra, cluster, cooperative
+            )
             return err, (KernelWork(launch) if not err else None)
-        return self._capture_node(hStream, make, lambda: (super(CaptureOps, self)._launch(
-            f, grid, block, shared, hStream, kernelParams, extra, cluster, cooperative),))[0]
+
+        return self._capture_node(
+            hStream,
+            make,
+            lambda: (
+                super(CaptureOps, self)._launch(
+                    f, grid, block, shared, hStream, kernelParams, extra, cluster, cooperative
+                ),
+            ),
+        )[0]
 
     def cuLaunchHostFunc(self, hStream, fn, userData):
         def make(stream):
             if not int(fn or 0):
                 return INVALID_VALUE, None
             return OK, HostWork(int(fn), int(userData or 0))
-        return self._capture_node(hStream, make,
-                                  lambda: super(CaptureOps, self).cuLaunchHostFunc(
-                                      hStream, fn, userData))
+
+        return self._capture_node(
+            hStream, make, lambda: super(CaptureOps, self).cuLaunchHostFunc(hStream, fn, userData)
+        )
 
     def _no_graph_node(self, hGraphExec):
         """The ``make`` of a launch or upload of an executable onto a capturing stream: no
         node, CAPTURE_UNSUPPORTED (the capture is invalidated)."""
+
         def make(stream):
             exe = self._graph_exec(hGraphExec)
             return (INVALID_VALUE if exe is None else CAPTURE_UNSUPPORTED), None
+
         return make
 
     def cuGraphLaunch(self, hGraphExec, hStream):
-        return self._capture_node(hStream, self._no_graph_node(hGraphExec), lambda: super(
-            CaptureOps, self).cuGraphLaunch(hGraphExec, hStream))
+        return self._capture_node(
+            hStream,
+            self._no_graph_node(hGraphExec),
+            lambda: super(CaptureOps, self).cuGraphLaunch(hGraphExec, hStream),
+        )
 
     def cuGraphUpload(self, hGraphExec, hStream):
-        return self._capture_node(hStream, self._no_graph_node(hGraphExec), lambda: super(
-            CaptureOps, self).cuGraphUpload(hGraphExec, hStream))
+        return self._capture_node(
+            hStream,
+            self._no_graph_node(hGraphExec),
+            lambda: super(CaptureOps, self).cuGraphUpload(hGraphExec, hStream),
+        )
 
     def cuGraphInstantiate(self, hGraph, flags):
         if self._captures:
@@ -134,47 +179,55 @@ class CaptureOps:
                 getattr(copy, prefix + "MemoryType")
             except ValueError:
                 return INVALID_VALUE, None
-        return copy_work(self, copy, CUcontext(stream.ctx.handle),
-                         self._copy_context(stream.ctx))
+        return copy_work(self, copy, CUcontext(stream.ctx.handle), self._copy_context(stream.ctx))
 
     def cuMemcpyHtoDAsync(self, dstDevice, srcHost, ByteCount, hStream):
         n = size_t(ByteCount)
         return self._capture_node(
-            hStream, lambda s: self._linear_copy(s, DEVICE, int(dstDevice), HOST, int(srcHost), n),
-            lambda: super(CaptureOps, self).cuMemcpyHtoDAsync(dstDevice, srcHost, n, hStream))
+            hStream,
+            lambda s: self._linear_copy(s, DEVICE, int(dstDevice), HOST, int(srcHost), n),
+            lambda: super(CaptureOps, self).cuMemcpyHtoDAsync(dstDevice, srcHost, n, hStream),
+        )
 
     def cuMemcpyDtoHAsync(self, dstHost, srcDevice, ByteCount, hStream):
         n = size_t(ByteCount)
         return self._capture_node(
-            hStream, lambda s: self._linear_copy(s, HOST, int(dstHost), DEVICE, int(srcDevice), n),
-            lambda: super(CaptureOps, self).cuMemcpyDtoHAsync(dstHost, srcDevice, n, hStream))
+            hStream,
+            lambda s: self._linear_copy(s, HOST, int(dstHost), DEVICE, int(srcDevice), n),
+            lambda: super(CaptureOps, self).cuMemcpyDtoHAsync(dstHost, srcDevice, n, hStream),
+        )
 
     def cuMemcpyDtoDAsync(self, dstDevice, srcDevice, ByteCount, hStream):
         n = size_t(ByteCount)
         return self._capture_node(
-            hStream, lambda s: self._linear_copy(s, DEVICE, int(dstDevice), DEVICE,
-                                                 int(srcDevice), n),
-            lambda: super(CaptureOps, self).cuMemcpyDtoDAsync(dstDevice, srcDevice, n, hStream))
+            hStream,
+            lambda s: self._linear_copy(s, DEVICE, int(dstDevice), DEVICE, int(srcDevice), n),
+            lambda: super(CaptureOps, self).cuMemcpyDtoDAsync(dstDevice, srcDevice, n, hStream),
+        )
 
     def cuMemcpyAsync(self, dst, src, ByteCount, hStream):
         """Captured: a memcpy node whose sides the driver infers from the addresses
         (CU_MEMORYTYPE_UNIFIED)."""
         n = size_t(ByteCount)
         return self._capture_node(
-            hStream, lambda s: self._linear_copy(s, UNIFIED, int(dst), UNIFIED, int(src), n),
-            lambda: super(CaptureOps, self).cuMemcpyAsync(dst, src, n, hStream))
+            hStream,
+            lambda s: self._linear_copy(s, UNIFIED, int(dst), UNIFIED, int(src), n),
+            lambda: super(CaptureOps, self).cuMemcpyAsync(dst, src, n, hStream),
+        )
 
-    def cuMemcpyPeerAsync(self, dstDevice, dstContext, srcDevice, srcContext, ByteCount,
-                          hStream):
+    def cuMemcpyPeerAsync(self, dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream):
         """Not capturable: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (two H200s, driver 580, issue
         21), the capture invalidated as by other unsupported work (scripts/
         probe_multi_device.py asks a GPU both). A copy between devices in a graph is a memcpy
         node of device pointers (cuMemcpyDtoDAsync, under unified addressing)."""
         n = size_t(ByteCount)
         return self._capture_node(
-            hStream, lambda s: (CAPTURE_UNSUPPORTED, None),
+            hStream,
+            lambda s: (CAPTURE_UNSUPPORTED, None),
             lambda: super(CaptureOps, self).cuMemcpyPeerAsync(
-                dstDevice, dstContext, srcDevice, srcContext, n, hStream))
+                dstDevice, dstContext, srcDevice, srcContext, n, hStream
+            ),
+        )
 
     def cuMemcpy2DAsync(self, pCopy, hStream):
         def make(stream):
@@ -187,10 +240,15 @@ class CaptureOps:
                 except ValueError:  # a memory type never set: the copy's checks refuse it
                     pass
             copy.Depth = 1
-            return self._captured_copy(stream, copy) if pCopy.WidthInBytes and pCopy.Height \
+            return (
+                self._captured_copy(stream, copy)
+                if pCopy.WidthInBytes and pCopy.Height
                 else (OK, None)
-        return self._capture_node(hStream, make, lambda: super(CaptureOps, self)
-                                  .cuMemcpy2DAsync(pCopy, hStream))
+            )
+
+        return self._capture_node(
+            hStream, make, lambda: super(CaptureOps, self).cuMemcpy2DAsync(pCopy, hStream)
+        )
 
     def cuMemcpy3DAsync(self, pCopy, hStream):
         def make(stream):
@@ -198,8 +256,10 @@ class CaptureOps:
                 return INVALID_VALUE, None
             empty = not (pCopy.WidthInBytes and pCopy.Height and pCopy.Depth)
             return (OK, None) if empty else self._captured_copy(stream, pCopy)
-        return self._capture_node(hStream, make, lambda: super(CaptureOps, self)
-                                  .cuMemcpy3DAsync(pCopy, hStream))
+
+        return self._capture_node(
+            hStream, make, lambda: super(CaptureOps, self).cuMemcpy3DAsync(pCopy, hStream)
+        )
 
     def _captured_memset(self, stream, dst, value, size, width, height=1, pitch=0):
         if width == 0 or height == 0:
@@ -212,36 +272,48 @@ class CaptureOps:
     def cuMemsetD8Async(self, dstDevice, uc, N, hStream):
         value, n = unsigned(uc, 8, "unsigned char"), size_t(N)
         return self._capture_node(
-            hStream, lambda s: self._captured_memset(s, int(dstDevice), value, 1, n),
-            lambda: super(CaptureOps, self).cuMemsetD8Async(dstDevice, uc, N, hStream))
+            hStream,
+            lambda s: self._captured_memset(s, int(dstDevice), value, 1, n),
+            lambda: super(CaptureOps, self).cuMemsetD8Async(dstDevice, uc, N, hStream),
+        )
 
     def cuMemsetD16Async(self, dstDevice, us, N, hStream):
         value, n = unsigned(us, 16, "unsigned short"), size_t(N)
         return self._capture_node(
-            hStream, lambda s: self._captured_memset(s, int(dstDevice), value, 2, n),
-            lambda: super(CaptureOps, self).cuMemsetD16Async(dstDevice, us, N, hStream))
+            hStream,
+            lambda s: self._captured_memset(s, int(dstDevice), value, 2, n),
+            lambda: super(CaptureOps, self).cuMemsetD16Async(dstDevice, us, N, hStream),
+        )
 
     def cuMemsetD32Async(self, dstDevice, ui, N, hStream):
         value, n = unsigned(ui, 32, "unsigned int"), size_t(N)
         return self._capture_node(
-            hStream, lambda s: self._captured_memset(s, int(dstDevice), value, 4, n),
-            lambda: super(CaptureOps, self).cuMemsetD32Async(dstDevice, ui, N, hStream))
+            hStream,
+            lambda s: self._captured_memset(s, int(dstDevice), value, 4, n),
+            lambda: super(CaptureOps, self).cuMemsetD32Async(dstDevice, ui, N, hStream),
+        )
 
     def cuMemsetD2D32Async(self, dstDevice, dstPitch, ui, Width, Height, hStream):
         value = unsigned(ui, 32, "unsigned int")
         pitch, width, height = size_t(dstPitch), size_t(Width), size_t(Height)
         return self._capture_node(
-            hStream, lambda s: self._captured_memset(s, int(dstDevice), value, 4, width,
-                                                     height, pitch),
-            lambda: super(CaptureOps, self).cuMemsetD2D32Async(dstDevice, dstPitch, ui, Width,
-                                                               Height, hStream))
+            hStream,
+            lambda s: self._captured_memset(s, int(dstDevice), value, 4, width, height, pitch),
+            lambda: super(CaptureOps, self).cuMemsetD2D32Async(
+                dstDevice, dstPitch, ui, Width, Height, hStream
+            ),
+        )
 
     # -- stream-ordered memory --------------------------------------------------------------
 
     def cuMemAllocAsync(self, bytesize, hStream):
         nbytes = size_t(bytesize)
-        return self._captured_alloc(hStream, nbytes, lambda: OK, lambda: super(
-            CaptureOps, self).cuMemAllocAsync(nbytes, hStream))
+        return self._captured_alloc(
+            hStream,
+            nbytes,
+            lambda: OK,
+            lambda: super(CaptureOps, self).cuMemAllocAsync(nbytes, hStream),
+        )
 
     def cuMemAllocFromPoolAsync(self, bytesize, pool, hStream):
         """Captured: a memory node the graph owns, as cuMemAllocAsync; an IPC pool's is
@@ -253,8 +325,13 @@ class CaptureOps:
             if found is None or found.imported:
                 return INVALID_VALUE
             return NOT_SUPPORTED if found.ipc else OK
-        return self._captured_alloc(hStream, nbytes, usable, lambda: super(
-            CaptureOps, self).cuMemAllocFromPoolAsync(nbytes, pool, hStream))
+
+        return self._captured_alloc(
+            hStream,
+            nbytes,
+            usable,
+            lambda: super(CaptureOps, self).cuMemAllocFromPoolAsync(nbytes, pool, hStream),
+        )
 
     def _captured_alloc(self, hStream, nbytes: int, usable, eager):
         """A stream-ordered allocation: a memory node of the capture when ``hStream`` is
@@ -268,6 +345,7 @@ class CaptureOps:
             err, work = self._graph_alloc(self._captures[stream].graph, stream.ctx, nbytes)
             made.append(work)
             return err, work
+
         result = self._capture_node(hStream, make, eager)
         if len(result) == 2:
             return result  # not capturing: the eager allocation's answer
@@ -277,8 +355,10 @@ class CaptureOps:
 
     def cuMemFreeAsync(self, dptr, hStream):
         return self._capture_node(
-            hStream, lambda s: self._graph_free(self._captures[s].graph, dptr),
-            lambda: super(CaptureOps, self).cuMemFreeAsync(dptr, hStream))
+            hStream,
+            lambda s: self._graph_free(self._captures[s].graph, dptr),
+            lambda: super(CaptureOps, self).cuMemFreeAsync(dptr, hStream),
+        )
 
     # -- events -----------------------------------------------------------------------------
 
@@ -331,4 +411,3 @@ class CaptureOps:
                 known = {id(n) for n in source.frontier[stream]}
                 source.frontier[stream] += [n for n in nodes if id(n) not in known]
         return (OK,)
-

@@ -8,8 +8,16 @@ import itertools
 
 from cuda.bindings.driver import CUcontext, CUctx_flags, CUdevice
 
-from ._common import (CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_DEVICE, INVALID_VALUE,
-                      NOT_INITIALIZED, NOT_PERMITTED, NOT_SUPPORTED, OK)
+from ._common import (
+    CONTEXT_IS_DESTROYED,
+    INVALID_CONTEXT,
+    INVALID_DEVICE,
+    INVALID_VALUE,
+    NOT_INITIALIZED,
+    NOT_PERMITTED,
+    NOT_SUPPORTED,
+    OK,
+)
 
 _VALID_FLAGS = 0
 for _flag in CUctx_flags:

@@ -44,8 +44,7 @@ class SimControls:
         ``hstream`` (a stand-in for a long kernel, to test timing and races)."""
         if int(ns) < 0:
             return (INVALID_VALUE,)
-        return (self._driver._enqueue(hstream, None, cost_ns=int(ns), label="busy",
-                                      kind=BUSY),)
+        return (self._driver._enqueue(hstream, None, cost_ns=int(ns), label="busy", kind=BUSY),)
 
     def subscribe_activity(self, callback) -> tuple[CUresult]:
         """Call ``callback(record)`` with an `Activity` for every operation the sim executes
@@ -65,7 +64,7 @@ class SimControls:
             if callback not in listening:
                 return (INVALID_VALUE,)
             i = listening.index(callback)
-            self._driver._activity = listening[:i] + listening[i + 1:]
+            self._driver._activity = listening[:i] + listening[i + 1 :]
         return (OK,)
 
     def push_correlation(self, correlation: int) -> tuple[CUresult]:

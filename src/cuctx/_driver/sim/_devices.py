@@ -17,8 +17,11 @@ class SimDevice:
         self.ordinal = ordinal
         self.name = spec["name"] + " (cuctx sim)"
         self.total_mem = spec["total_mem"]
-        self.attributes = {getattr(CUdevice_attribute, k): v for k, v in spec["attributes"].items()
-                           if hasattr(CUdevice_attribute, k)}
+        self.attributes = {
+            getattr(CUdevice_attribute, k): v
+            for k, v in spec["attributes"].items()
+            if hasattr(CUdevice_attribute, k)
+        }
         self.uuid = hashlib.sha256(f"cuctx-sim-gpu-{ordinal}".encode()).digest()[:16]
         self.pci_bus_id = f"0000:{0x18 + 0x10 * ordinal:02x}:00.0"
         # Memory other than ours in use on a fresh GPU (the driver's own reservation).

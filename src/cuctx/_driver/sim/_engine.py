@@ -64,8 +64,20 @@ if TYPE_CHECKING:
 class Op:
     """One queued operation."""
 
-    __slots__ = ("stream", "fn", "cost", "label", "deps", "submit", "done", "end", "kind",
-                 "nbytes", "width", "correlation")
+    __slots__ = (
+        "stream",
+        "fn",
+        "cost",
+        "label",
+        "deps",
+        "submit",
+        "done",
+        "end",
+        "kind",
+        "nbytes",
+        "width",
+        "correlation",
+    )
 
     def __init__(self, stream, fn, cost, label, deps, submit, kind, nbytes, width, correlation):
         self.stream = stream
@@ -87,8 +99,9 @@ class EngineModel:
     streams (`_stream`, `_ctx_streams`) and makes the engine's state (`_init_streams`: the
     host's clock, the devices' `Engines`, the activity subscribers, the seeded generator)."""
 
-    def _enqueue(self, hStream, op, *, nbytes=0, cost_ns=None, label="", kind=None,
-                 pageable=False, width=1.0):
+    def _enqueue(
+        self, hStream, op, *, nbytes=0, cost_ns=None, label="", kind=None, pageable=False, width=1.0
+    ):
         with self._lock:
             err, stream = self._stream(hStream)
             if err:
@@ -97,19 +110,42 @@ class EngineModel:
             self._push(stream, op, cost, label, kind=kind, nbytes=nbytes, width=width)
             return OK
 
-    def _push(self, stream: SimStream, fn, cost: int, label: str, deps=(), *, kind=None,
-              nbytes=0, width=1.0) -> Op:
+    def _push(
+        self,
+        stream: SimStream,
+        fn,
+        cost: int,
+        label: str,
+        deps=(),
+        *,
+        kind=None,
+        nbytes=0,
+        width=1.0,
+    ) -> Op:
         deps = [d for d in deps if not d.done]
         if stream.kind == "legacy":  # waits for the blocking streams' earlier work
-            deps += [s.last for s in self._ctx_streams(stream.ctx).values()
-                     if s.blocking and s.last is not None and not s.last.done]
+            deps += [
+                s.last
+                for s in self._ctx_streams(stream.ctx).values()
+                if s.blocking and s.last is not None and not s.last.done
+            ]
         elif stream.blocking:  # waits for the legacy stream's earlier work
             legacy = self._ctx_streams(stream.ctx).get("legacy")
             if legacy is not None and legacy.last is not None and not legacy.last.done:
                 deps.append(legacy.last)
         stack = self._tls.correlation
-        op = Op(stream, fn, int(cost), label, deps, self._now, kind, nbytes, width,
-                stack[-1] if stack else None)
+        op = Op(
+            stream,
+            fn,
+            int(cost),
+            label,
+            deps,
+            self._now,
+            kind,
+            nbytes,
+            width,
+            stack[-1] if stack else None,
+        )
         stream.queue.append(op)
         stream.last = op
         return op
@@ -117,8 +153,11 @@ class EngineModel:
     def _execute(self, op: Op) -> None:
         stream = op.stream
         stream.queue.popleft()
-        start = max(stream.clock, op.submit, *(d.end for d in op.deps)) if op.deps \
+        start = (
+            max(stream.clock, op.submit, *(d.end for d in op.deps))
+            if op.deps
             else max(stream.clock, op.submit)
+        )
         fn, op.fn, op.deps = op.fn, None, ()  # drop references as soon as the op ran
         stream.running = op
         kernel = op.kind == KERNEL
@@ -130,16 +169,30 @@ class EngineModel:
             stream.running = None
             if kernel:
                 op.nbytes = self._touched
-                op.cost += kernel_time(self._touched, op.width) if self._declared is None \
+                op.cost += (
+                    kernel_time(self._touched, op.width)
+                    if self._declared is None
                     else self._declared
+                )
             ctx = stream.ctx
-            start = self._engines[ctx.device].place(op.kind, start, op.cost, ctx.handle,
-                                                    ctx.sms, op.width)
+            start = self._engines[ctx.device].place(
+                op.kind, start, op.cost, ctx.handle, ctx.sms, op.width
+            )
             op.end = stream.clock = start + op.cost
             op.done = True
         if op.kind is not None and self._activity:
-            record = Activity(op.kind, op.label, ctx.device, ctx.handle, stream.handle,
-                              op.submit, start, op.end, op.correlation, op.nbytes)
+            record = Activity(
+                op.kind,
+                op.label,
+                ctx.device,
+                ctx.handle,
+                stream.handle,
+                op.submit,
+                start,
+                op.end,
+                op.correlation,
+                op.nbytes,
+            )
             for callback in self._activity:
                 callback(record)
         if result is not None and result != OK:

@@ -25,13 +25,19 @@ import struct
 
 from cuda.bindings.driver import CUevent, CUevent_flags, CUipcEventHandle
 
-from ._common import (CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE,
-                      NOT_PERMITTED, NOT_READY, OK)
+from ._common import (
+    CONTEXT_IS_DESTROYED,
+    INVALID_CONTEXT,
+    INVALID_HANDLE,
+    INVALID_VALUE,
+    NOT_PERMITTED,
+    NOT_READY,
+    OK,
+)
 
 EVENT_DISABLE_TIMING = int(CUevent_flags.CU_EVENT_DISABLE_TIMING)
 EVENT_INTERPROCESS = int(CUevent_flags.CU_EVENT_INTERPROCESS)
-_EVENT_FLAGS = (int(CUevent_flags.CU_EVENT_BLOCKING_SYNC) | EVENT_DISABLE_TIMING
-                | EVENT_INTERPROCESS)
+_EVENT_FLAGS = int(CUevent_flags.CU_EVENT_BLOCKING_SYNC) | EVENT_DISABLE_TIMING | EVENT_INTERPROCESS
 _IPC_HANDLE = struct.Struct("<8sqQ16s")  # magic, exporting pid, its event, a nonce (64 padded)
 _MAGIC = b"cuctxevt"
 
@@ -156,19 +162,21 @@ class EventModel:
             if not found.flags & EVENT_INTERPROCESS:
                 return (INVALID_VALUE, None)
             if found.ipc_handle is None:
-                found.ipc_handle = _IPC_HANDLE.pack(_MAGIC, os.getpid(), found.handle,
-                                                    secrets.token_bytes(16))
+                found.ipc_handle = _IPC_HANDLE.pack(
+                    _MAGIC, os.getpid(), found.handle, secrets.token_bytes(16)
+                )
         handle = CUipcEventHandle()
         ctypes.memmove(handle.getPtr(), found.ipc_handle, _IPC_HANDLE.size)
         return (OK, handle)
 
     def cuIpcOpenEventHandle(self, handle):
         if not isinstance(handle, CUipcEventHandle):
-            raise TypeError("Argument 'handle' has incorrect type (expected "
-                            "cuda.bindings.driver.CUipcEventHandle, got "
-                            f"{type(handle).__name__})")
-        magic, pid, _, _ = _IPC_HANDLE.unpack(ctypes.string_at(handle.getPtr(),
-                                                               _IPC_HANDLE.size))
+            raise TypeError(
+                "Argument 'handle' has incorrect type (expected "
+                "cuda.bindings.driver.CUipcEventHandle, got "
+                f"{type(handle).__name__})"
+            )
+        magic, pid, _, _ = _IPC_HANDLE.unpack(ctypes.string_at(handle.getPtr(), _IPC_HANDLE.size))
         if magic != _MAGIC:
             return (INVALID_VALUE, None)
         if pid == os.getpid():
@@ -177,7 +185,8 @@ class EventModel:
         if err:
             return (err, None)
         with self._lock:
-            event = SimEvent(next(self._event_handles), ctx,
-                             EVENT_DISABLE_TIMING | EVENT_INTERPROCESS)
+            event = SimEvent(
+                next(self._event_handles), ctx, EVENT_DISABLE_TIMING | EVENT_INTERPROCESS
+            )
             self._events[event.handle] = event
         return (OK, CUevent(event.handle))

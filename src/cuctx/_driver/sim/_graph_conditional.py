@@ -31,9 +31,14 @@ from __future__ import annotations
 import ctypes
 import itertools
 
-from cuda.bindings.driver import (CU_GRAPH_COND_ASSIGN_DEFAULT, CUgraphConditionalHandle,
-                                  CUgraphConditionalNodeType, CUgraphNodeParams, CUgraphNodeType,
-                                  CUresult)
+from cuda.bindings.driver import (
+    CU_GRAPH_COND_ASSIGN_DEFAULT,
+    CUgraphConditionalHandle,
+    CUgraphConditionalNodeType,
+    CUgraphNodeParams,
+    CUgraphNodeType,
+    CUresult,
+)
 
 from ._cargs import size_t, unsigned
 from ._common import INVALID_VALUE, NOT_INITIALIZED, NOT_SUPPORTED, OK
@@ -48,9 +53,14 @@ MAX_ROUNDS = 1 << 16  # of a WHILE node's body in one run: docs/graphs.md says s
 LAUNCH_TIMEOUT = CUresult.CUDA_ERROR_LAUNCH_TIMEOUT
 _OUT_OFFSET = 16  # of phGraph_out in CUDA_CONDITIONAL_NODE_PARAMS (handle, type, size, ...)
 # What a conditional node's body may hold.
-BODY_TYPES = (T.CU_GRAPH_NODE_TYPE_KERNEL, T.CU_GRAPH_NODE_TYPE_MEMCPY,
-              T.CU_GRAPH_NODE_TYPE_MEMSET, T.CU_GRAPH_NODE_TYPE_EMPTY,
-              T.CU_GRAPH_NODE_TYPE_GRAPH, T.CU_GRAPH_NODE_TYPE_CONDITIONAL)
+BODY_TYPES = (
+    T.CU_GRAPH_NODE_TYPE_KERNEL,
+    T.CU_GRAPH_NODE_TYPE_MEMCPY,
+    T.CU_GRAPH_NODE_TYPE_MEMSET,
+    T.CU_GRAPH_NODE_TYPE_EMPTY,
+    T.CU_GRAPH_NODE_TYPE_GRAPH,
+    T.CU_GRAPH_NODE_TYPE_CONDITIONAL,
+)
 
 
 class SimCondition:
@@ -105,24 +115,31 @@ class ConditionalModel:
             err, target = self._work_context(target)
             if err:
                 return (err, None)
-            condition = SimCondition(next(self._condition_handles), graph, target, default,
-                                     bool(flags & CU_GRAPH_COND_ASSIGN_DEFAULT))
+            condition = SimCondition(
+                next(self._condition_handles),
+                graph,
+                target,
+                default,
+                bool(flags & CU_GRAPH_COND_ASSIGN_DEFAULT),
+            )
             self._conditions[condition.handle] = condition
         return (OK, CUgraphConditionalHandle(condition.handle))
 
-    def cuGraphAddNode(self, hGraph, dependencies, dependencyData, numDependencies,
-                       nodeParams):
+    def cuGraphAddNode(self, hGraph, dependencies, dependencyData, numDependencies, nodeParams):
         if not isinstance(nodeParams, CUgraphNodeParams):
-            raise TypeError(f"Argument 'nodeParams' has incorrect type (expected "
-                            f"cuda.bindings.driver.CUgraphNodeParams, got "
-                            f"{type(nodeParams).__name__})")
-        if any(int(e.type) or int(e.from_port) or int(e.to_port)
-               for e in list(dependencyData or [])[:size_t(numDependencies)]):
+            raise TypeError(
+                f"Argument 'nodeParams' has incorrect type (expected "
+                f"cuda.bindings.driver.CUgraphNodeParams, got "
+                f"{type(nodeParams).__name__})"
+            )
+        if any(
+            int(e.type) or int(e.from_port) or int(e.to_port)
+            for e in list(dependencyData or [])[: size_t(numDependencies)]
+        ):
             return (NOT_SUPPORTED, None)  # the sim has default edges only
         kind = nodeParams.type
         if kind == T.CU_GRAPH_NODE_TYPE_EMPTY:
-            return self._add_node(hGraph, dependencies, numDependencies,
-                                  lambda: (OK, EmptyWork()))
+            return self._add_node(hGraph, dependencies, numDependencies, lambda: (OK, EmptyWork()))
         if kind != T.CU_GRAPH_NODE_TYPE_CONDITIONAL:
             return (NOT_SUPPORTED, None)  # the sim makes other nodes by their own functions
         params = nodeParams.conditional
@@ -132,15 +149,23 @@ class ConditionalModel:
             condition = self._conditions.get(int(params.handle))
             graph = self._graph(hGraph)
             size = int(params.size)
-            fits = {C.CU_GRAPH_COND_TYPE_IF: size in (1, 2), C.CU_GRAPH_COND_TYPE_WHILE: size == 1,
-                    C.CU_GRAPH_COND_TYPE_SWITCH: size >= 1}
-            if condition is None or condition.node is not None \
-                    or not fits.get(params.type, False) or not _within(graph, condition.graph) \
-                    or (int(params.ctx) and int(params.ctx) != condition.ctx.handle):
+            fits = {
+                C.CU_GRAPH_COND_TYPE_IF: size in (1, 2),
+                C.CU_GRAPH_COND_TYPE_WHILE: size == 1,
+                C.CU_GRAPH_COND_TYPE_SWITCH: size >= 1,
+            }
+            if (
+                condition is None
+                or condition.node is not None
+                or not fits.get(params.type, False)
+                or not _within(graph, condition.graph)
+                or (int(params.ctx) and int(params.ctx) != condition.ctx.handle)
+            ):
                 return INVALID_VALUE, None
             work = CondWork(params.type, condition, [], condition.ctx)
             made.append(work)
             return OK, work
+
         err, handle = self._add_node(hGraph, dependencies, numDependencies, make)
         if err:
             return (err, None)
@@ -148,8 +173,9 @@ class ConditionalModel:
         work.condition.node = node
         work.bodies = [self._new_graph(node) for _ in range(int(params.size))]
         work.out = (ctypes.c_void_p * len(work.bodies))(*[b.handle for b in work.bodies])
-        ctypes.c_void_p.from_address(params.getPtr() + _OUT_OFFSET).value = \
-            ctypes.addressof(work.out)
+        ctypes.c_void_p.from_address(params.getPtr() + _OUT_OFFSET).value = ctypes.addressof(
+            work.out
+        )
         return (OK, handle)
 
     # -- instantiation and launches ----------------------------------------------------------
@@ -159,23 +185,33 @@ class ConditionalModel:
         used = {id(work.condition) for work in conditionals}
         if any(c.graph is graph and id(c) not in used for c in self._conditions.values()):
             return INVALID_VALUE  # CUDA_GRAPH_INSTANTIATE_CONDITIONAL_HANDLE_UNUSED
-        if any(n.type not in BODY_TYPES for work in conditionals for body in work.bodies
-               for n in body.walk()):
+        if any(
+            n.type not in BODY_TYPES
+            for work in conditionals
+            for body in work.bodies
+            for n in body.walk()
+        ):
             return INVALID_VALUE
         return super()._check_instantiable(graph)
 
     def _launch_graph(self, exe, stream):
-        conditions = {id(n.work.condition): n.work.condition for n in exe.graph.walk()
-                      if isinstance(n.work, CondWork) and n.work.condition.assign}
+        conditions = {
+            id(n.work.condition): n.work.condition
+            for n in exe.graph.walk()
+            if isinstance(n.work, CondWork) and n.work.condition.assign
+        }
         if conditions:
+
             def assign():
                 for condition in conditions.values():
                     condition.value = condition.default
+
             self._push(stream, assign, 0, "conditional defaults")
         return super()._launch_graph(exe, stream)
 
     def _conditional_op(self, exe, work: CondWork, stream):
         """The operation of a conditional node of ``exe`` launched on ``stream``."""
+
         def run():
             condition = work.condition
             if work.kind == C.CU_GRAPH_COND_TYPE_WHILE:
@@ -194,6 +230,7 @@ class ConditionalModel:
             if index < len(work.bodies):
                 return self._run_inline(exe, work.bodies[index], stream)
             return None
+
         return run
 
     def _run_inline(self, exe, graph, stream):
@@ -219,9 +256,11 @@ class ConditionalModel:
 def _stopped(work: CondWork) -> str:
     """The sentence for a WHILE node the sim stopped."""
     node = work.name or f"a WHILE conditional node (condition {work.condition.handle:#x})"
-    return (f"the sim stopped {node} after {MAX_ROUNDS} rounds with its condition still "
-            "non-zero, where a GPU would loop for ever: a kernel must set the condition to 0 "
-            "(cudaGraphSetConditional(handle, 0)) for the loop to end")
+    return (
+        f"the sim stopped {node} after {MAX_ROUNDS} rounds with its condition still "
+        "non-zero, where a GPU would loop for ever: a kernel must set the condition to 0 "
+        "(cudaGraphSetConditional(handle, 0)) for the loop to end"
+    )
 
 
 def _within(graph, home) -> bool:

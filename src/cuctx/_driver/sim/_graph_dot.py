@@ -37,8 +37,11 @@ def _lines(graph, prefix: str, handles: bool, out: list[str]) -> None:
     for i, node in enumerate(graph.nodes):
         names[id(node)] = name = f"{prefix}n{i}"
         out.append(f'  {name} [shape=box, label="{_describe(node, handles)}"];')
-        inner = [node.work.graph] if isinstance(node.work, ChildWork) \
+        inner = (
+            [node.work.graph]
+            if isinstance(node.work, ChildWork)
             else list(getattr(node.work, "bodies", ()))
+        )
         for j, body in enumerate(inner):
             out.append(f'  subgraph cluster_{name}_{j} {{ label="{name} body {j}";')
             _lines(body, f"{name}_{j}_", handles, out)

@@ -23,8 +23,12 @@ from __future__ import annotations
 
 import itertools
 
-from cuda.bindings.driver import (CUDA_HOST_NODE_PARAMS, CUgraphExec, CUgraphInstantiate_flags,
-                                  CUgraphNodeType)
+from cuda.bindings.driver import (
+    CUDA_HOST_NODE_PARAMS,
+    CUgraphExec,
+    CUgraphInstantiate_flags,
+    CUgraphNodeType,
+)
 
 from ._cargs import unsigned
 from ._common import CONTEXT_IS_DESTROYED, INVALID_VALUE, NOT_INITIALIZED, NOT_SUPPORTED, OK
@@ -37,12 +41,19 @@ F = CUgraphInstantiate_flags
 AUTO_FREE = int(F.CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
 DEVICE_LAUNCH = int(F.CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH)
 NODE_PRIORITY = int(F.CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY)
-_DEVICE_LAUNCH_TYPES = (T.CU_GRAPH_NODE_TYPE_KERNEL, T.CU_GRAPH_NODE_TYPE_MEMCPY,
-                        T.CU_GRAPH_NODE_TYPE_MEMSET, T.CU_GRAPH_NODE_TYPE_GRAPH,
-                        T.CU_GRAPH_NODE_TYPE_EMPTY)
+_DEVICE_LAUNCH_TYPES = (
+    T.CU_GRAPH_NODE_TYPE_KERNEL,
+    T.CU_GRAPH_NODE_TYPE_MEMCPY,
+    T.CU_GRAPH_NODE_TYPE_MEMSET,
+    T.CU_GRAPH_NODE_TYPE_GRAPH,
+    T.CU_GRAPH_NODE_TYPE_EMPTY,
+)
 # The nodes cuGraphNodeSetEnabled / GetEnabled take.
-_CAN_DISABLE = (T.CU_GRAPH_NODE_TYPE_KERNEL, T.CU_GRAPH_NODE_TYPE_MEMSET,
-                T.CU_GRAPH_NODE_TYPE_MEMCPY)
+_CAN_DISABLE = (
+    T.CU_GRAPH_NODE_TYPE_KERNEL,
+    T.CU_GRAPH_NODE_TYPE_MEMSET,
+    T.CU_GRAPH_NODE_TYPE_MEMCPY,
+)
 
 
 class SimGraphExec:
@@ -100,8 +111,11 @@ class GraphExecModel:
         flags = unsigned(flags, 64, "unsigned long long")
         with self._lock:
             graph = self._graph(hGraph)
-            if graph is None or flags & ~(AUTO_FREE | DEVICE_LAUNCH | NODE_PRIORITY) \
-                    or (flags & AUTO_FREE and flags & DEVICE_LAUNCH):
+            if (
+                graph is None
+                or flags & ~(AUTO_FREE | DEVICE_LAUNCH | NODE_PRIORITY)
+                or (flags & AUTO_FREE and flags & DEVICE_LAUNCH)
+            ):
                 return (INVALID_VALUE, None)
             nodes = list(graph.walk())
             has_memory = any(n.type in MEMORY_NODES for n in nodes)
@@ -125,9 +139,12 @@ class GraphExecModel:
     @staticmethod
     def _device_launchable(nodes: list[SimNode]) -> bool:
         contexts = {id(n.work.ctx) for n in nodes if n.work.ctx is not None}
-        return bool(nodes) and len(contexts) <= 1 \
-            and all(n.type in _DEVICE_LAUNCH_TYPES for n in nodes) \
+        return (
+            bool(nodes)
+            and len(contexts) <= 1
+            and all(n.type in _DEVICE_LAUNCH_TYPES for n in nodes)
             and any(n.type != T.CU_GRAPH_NODE_TYPE_EMPTY for n in nodes)
+        )
 
     def cuGraphExecDestroy(self, hGraphExec):
         with self._lock:
@@ -187,19 +204,36 @@ class GraphExecModel:
             elif isinstance(work, ChildWork):
                 self._emit(exe, work.graph, stream)
             elif work.type == T.CU_GRAPH_NODE_TYPE_CONDITIONAL:
-                self._push(stream, self._conditional_op(exe, work, stream), LAUNCH_NS,
-                           work.label(), kind=KERNEL)  # its body runs inline, as one kernel
+                self._push(
+                    stream,
+                    self._conditional_op(exe, work, stream),
+                    LAUNCH_NS,
+                    work.label(),
+                    kind=KERNEL,
+                )  # its body runs inline, as one kernel
             elif work.type == T.CU_GRAPH_NODE_TYPE_EVENT_RECORD:
                 work.event.marker = self._push(stream, None, 0, "event record node")
             elif work.type == T.CU_GRAPH_NODE_TYPE_WAIT_EVENT:
                 marker = work.event.marker
-                self._push(stream, None, 0, "event wait node",
-                           [marker] if marker is not None and not marker.done else [])
+                self._push(
+                    stream,
+                    None,
+                    0,
+                    "event wait node",
+                    [marker] if marker is not None and not marker.done else [],
+                )
             else:
                 kind = getattr(work, "activity", None)
                 width = self._width(work.ctx, work.launch.grid) if kind == KERNEL else 1.0
-                self._push(stream, work.op(self), work.cost(), work.label(), kind=kind,
-                           nbytes=getattr(work, "nbytes", 0), width=width)
+                self._push(
+                    stream,
+                    work.op(self),
+                    work.cost(),
+                    work.label(),
+                    kind=kind,
+                    nbytes=getattr(work, "nbytes", 0),
+                    width=width,
+                )
 
     # -- per node -------------------------------------------------------------------------
 
@@ -246,27 +280,48 @@ class GraphExecModel:
         return (OK,)
 
     def cuGraphExecKernelNodeSetParams(self, hGraphExec, hNode, nodeParams):
-        return self._set_exec_work(hGraphExec, hNode, T.CU_GRAPH_NODE_TYPE_KERNEL,
-                                   lambda: kernel_work(self, nodeParams), kernel_update_ok)
+        return self._set_exec_work(
+            hGraphExec,
+            hNode,
+            T.CU_GRAPH_NODE_TYPE_KERNEL,
+            lambda: kernel_work(self, nodeParams),
+            kernel_update_ok,
+        )
 
     def cuGraphExecMemcpyNodeSetParams(self, hGraphExec, hNode, copyParams, ctx):
-        return self._set_exec_work(hGraphExec, hNode, T.CU_GRAPH_NODE_TYPE_MEMCPY,
-                                   lambda: copy_work(self, copyParams, ctx), copy_set_ok)
+        return self._set_exec_work(
+            hGraphExec,
+            hNode,
+            T.CU_GRAPH_NODE_TYPE_MEMCPY,
+            lambda: copy_work(self, copyParams, ctx),
+            copy_set_ok,
+        )
 
     def cuGraphExecMemsetNodeSetParams(self, hGraphExec, hNode, memsetParams, ctx):
-        return self._set_exec_work(hGraphExec, hNode, T.CU_GRAPH_NODE_TYPE_MEMSET,
-                                   lambda: memset_work(self, memsetParams, ctx), memset_update_ok)
+        return self._set_exec_work(
+            hGraphExec,
+            hNode,
+            T.CU_GRAPH_NODE_TYPE_MEMSET,
+            lambda: memset_work(self, memsetParams, ctx),
+            memset_update_ok,
+        )
 
     def cuGraphExecHostNodeSetParams(self, hGraphExec, hNode, nodeParams: CUDA_HOST_NODE_PARAMS):
-        return self._set_exec_work(hGraphExec, hNode, T.CU_GRAPH_NODE_TYPE_HOST,
-                                   lambda: host_work(nodeParams), lambda old, new: True)
+        return self._set_exec_work(
+            hGraphExec,
+            hNode,
+            T.CU_GRAPH_NODE_TYPE_HOST,
+            lambda: host_work(nodeParams),
+            lambda old, new: True,
+        )
 
 
 # -- the driver's rules for changing a node of an executable in place ----------------------
 # (cuGraphExec*NodeSetParams and cuGraphExecUpdate share them.)
 
+
 def kernel_update_ok(old, new) -> bool:
-    """"The owning context of the function cannot change"."""
+    """ "The owning context of the function cannot change"."""
     return old.launch.ctx is new.launch.ctx
 
 

@@ -21,8 +21,13 @@ CUDA_ERROR_INVALID_VALUE.
 
 from __future__ import annotations
 
-from cuda.bindings.driver import (CUDA_MEM_ALLOC_NODE_PARAMS, CUdeviceptr, CUgraphNodeType,
-                                  CUmemAllocationType, CUmemLocationType)
+from cuda.bindings.driver import (
+    CUDA_MEM_ALLOC_NODE_PARAMS,
+    CUdeviceptr,
+    CUgraphNodeType,
+    CUmemAllocationType,
+    CUmemLocationType,
+)
 
 from ._cargs import size_t
 from ._common import INVALID_VALUE, NOT_PERMITTED, NOT_SUPPORTED, OK, OUT_OF_MEMORY
@@ -60,6 +65,7 @@ class AllocWork:
         def run():
             if not block.live:
                 block.allocate(nbytes, ctx)
+
         return run
 
     def label(self) -> str:
@@ -88,6 +94,7 @@ def _ender(block):
     def run():
         if block.live:
             block.end(block.current)
+
     return run
 
 
@@ -117,9 +124,11 @@ class GraphMemoryModel:
 
     def cuGraphAddMemAllocNode(self, hGraph, dependencies, numDependencies, nodeParams):
         if not isinstance(nodeParams, CUDA_MEM_ALLOC_NODE_PARAMS):
-            raise TypeError(f"Argument 'nodeParams' has incorrect type (expected "
-                            f"cuda.bindings.driver.CUDA_MEM_ALLOC_NODE_PARAMS, got "
-                            f"{type(nodeParams).__name__})")
+            raise TypeError(
+                f"Argument 'nodeParams' has incorrect type (expected "
+                f"cuda.bindings.driver.CUDA_MEM_ALLOC_NODE_PARAMS, got "
+                f"{type(nodeParams).__name__})"
+            )
         nbytes = size_t(nodeParams.bytesize)
         made = []
 
@@ -128,24 +137,33 @@ class GraphMemoryModel:
             err, ctx = self._work_context()
             if err:
                 return err, None
-            if props.allocType != CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED \
-                    or props.location.type != CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE:
-                return (INVALID_VALUE if props.allocType
-                        == CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_INVALID
-                        else NOT_SUPPORTED), None
+            if (
+                props.allocType != CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+                or props.location.type != CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+            ):
+                return (
+                    INVALID_VALUE
+                    if props.allocType == CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_INVALID
+                    else NOT_SUPPORTED
+                ), None
             if props.location.id != ctx.device:
                 return INVALID_VALUE, None  # the sim allocates for the current context's device
             err, work = self._graph_alloc(self._graph(hGraph), ctx, nbytes)
             made.append(work)
             return err, work
+
         result = self._add_node(hGraph, dependencies, numDependencies, make)
         if not result[0]:
             nodeParams.dptr = CUdeviceptr(made[0].block.base)  # the driver's out parameter
         return result
 
     def cuGraphAddMemFreeNode(self, hGraph, dependencies, numDependencies, dptr):
-        return self._add_node(hGraph, dependencies, numDependencies,
-                              lambda: self._graph_free(self._graph(hGraph), dptr))
+        return self._add_node(
+            hGraph,
+            dependencies,
+            numDependencies,
+            lambda: self._graph_free(self._graph(hGraph), dptr),
+        )
 
     def cuGraphMemAllocNodeGetParams(self, hNode):
         node = self._graph_node(hNode)

@@ -14,9 +14,16 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
-from cuda.bindings.driver import (CUDA_KERNEL_NODE_PARAMS, CUDA_MEMCPY3D,
-                                  CUDA_MEMSET_NODE_PARAMS, CUcontext, CUfunction, CUgraphNodeType,
-                                  CUkernel, CUmemorytype)
+from cuda.bindings.driver import (
+    CUDA_KERNEL_NODE_PARAMS,
+    CUDA_MEMCPY3D,
+    CUDA_MEMSET_NODE_PARAMS,
+    CUcontext,
+    CUfunction,
+    CUgraphNodeType,
+    CUkernel,
+    CUmemorytype,
+)
 
 from ._cargs import size_t, unsigned
 from ._common import ILLEGAL_ADDRESS, INVALID_VALUE, OK
@@ -26,8 +33,9 @@ from ._timing import HOST, KERNEL, LAUNCH_NS, MEMSET, copy_kind, duration
 from ._unified import host_located
 
 T = CUgraphNodeType
-_COPY_FIELDS = tuple(name for name in dir(CUDA_MEMCPY3D()) if not name.startswith("_")
-                     and name != "getPtr")
+_COPY_FIELDS = tuple(
+    name for name in dir(CUDA_MEMCPY3D()) if not name.startswith("_") and name != "getPtr"
+)
 _ELEMENT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 
 
@@ -62,7 +70,8 @@ class KernelWork:
         if self._params is None:
             buffers = [ctypes.create_string_buffer(raw, max(len(raw), 1)) for raw in launch.raw]
             array = (ctypes.c_void_p * max(len(buffers), 1))(
-                *[ctypes.addressof(b) for b in buffers])
+                *[ctypes.addressof(b) for b in buffers]
+            )
             self._params = (array, buffers)
         out = CUDA_KERNEL_NODE_PARAMS()
         if isinstance(launch.kernel.owner, SimModule):
@@ -106,6 +115,7 @@ class CopyWork:
             if err:
                 return ILLEGAL_ADDRESS  # its memory went away since the node was made
             return plan[1]() if plan is not None else None
+
         return run
 
     def label(self) -> str:
@@ -148,9 +158,14 @@ class MemsetWork:
             err, view = span.get()
             if err:
                 return err
-            rows = np.ndarray((height, width), _ELEMENT[size], buffer=view,
-                              strides=(pitch if height > 1 else width * size, size))
+            rows = np.ndarray(
+                (height, width),
+                _ELEMENT[size],
+                buffer=view,
+                strides=(pitch if height > 1 else width * size, size),
+            )
             rows[...] = value
+
         return run
 
     def label(self) -> str:
@@ -221,14 +236,17 @@ class ChildWork:
 
 # -- making works from the driver's parameter structs, with its checks ------------------------
 
+
 def kernel_work(driver, params: CUDA_KERNEL_NODE_PARAMS):
     """(CUresult, KernelWork): ``func`` when set (a CUfunction runs in its module's context,
     a CUkernel cast to one in the current context), else ``kern`` in ``ctx`` (null: the
     current context)."""
     if not isinstance(params, CUDA_KERNEL_NODE_PARAMS):
-        raise TypeError(f"Argument 'nodeParams' has incorrect type (expected "
-                        f"cuda.bindings.driver.CUDA_KERNEL_NODE_PARAMS, got "
-                        f"{type(params).__name__})")
+        raise TypeError(
+            f"Argument 'nodeParams' has incorrect type (expected "
+            f"cuda.bindings.driver.CUDA_KERNEL_NODE_PARAMS, got "
+            f"{type(params).__name__})"
+        )
     handle = int(params.func) or int(params.kern)
     kernel = driver._kernel(handle)
     if kernel is None:
@@ -247,8 +265,15 @@ def kernel_work(driver, params: CUDA_KERNEL_NODE_PARAMS):
         return err, None
     grid = (int(params.gridDimX), int(params.gridDimY), int(params.gridDimZ))
     block = (int(params.blockDimX), int(params.blockDimY), int(params.blockDimZ))
-    err, launch = driver._prepared_launch(kernel, ctx, grid, block, int(params.sharedMemBytes),
-                                          int(params.kernelParams or 0), int(params.extra or 0))
+    err, launch = driver._prepared_launch(
+        kernel,
+        ctx,
+        grid,
+        block,
+        int(params.sharedMemBytes),
+        int(params.kernelParams or 0),
+        int(params.extra or 0),
+    )
     if err:
         return err, None
     return OK, KernelWork(launch)
@@ -258,8 +283,10 @@ def copy_work(driver, copy: CUDA_MEMCPY3D, ctx, reach_from=None):
     """(CUresult, CopyWork), checked now as cuMemcpy3DAsync checks its copy: its device
     memory against ``reach_from`` (a context; default: the node's)."""
     if not isinstance(copy, CUDA_MEMCPY3D):
-        raise TypeError(f"Argument 'copyParams' has incorrect type (expected "
-                        f"cuda.bindings.driver.CUDA_MEMCPY3D, got {type(copy).__name__})")
+        raise TypeError(
+            f"Argument 'copyParams' has incorrect type (expected "
+            f"cuda.bindings.driver.CUDA_MEMCPY3D, got {type(copy).__name__})"
+        )
     err, ctx = _node_context(driver, ctx)
     if err:
         return err, None
@@ -275,8 +302,9 @@ def copy_work(driver, copy: CUDA_MEMCPY3D, ctx, reach_from=None):
     kinds, devices = [], []
     for prefix in ("src", "dst"):
         kind = getattr(own, prefix + "MemoryType")
-        address = int(getattr(own, prefix + ("Host" if kind == CUmemorytype.CU_MEMORYTYPE_HOST
-                                             else "Device")))
+        address = int(
+            getattr(own, prefix + ("Host" if kind == CUmemorytype.CU_MEMORYTYPE_HOST else "Device"))
+        )
         block = driver._block_at(address) if kind != CUmemorytype.CU_MEMORYTYPE_HOST else None
         kinds.append(kind)
         # (a host pool's memory is host memory: `_unified`)
@@ -289,17 +317,24 @@ def memset_work(driver, params: CUDA_MEMSET_NODE_PARAMS, ctx):
     """(CUresult, MemsetWork): element size 1, 2 or 4, an aligned destination, rows that
     fit their pitch, all inside one live allocation."""
     if not isinstance(params, CUDA_MEMSET_NODE_PARAMS):
-        raise TypeError(f"Argument 'memsetParams' has incorrect type (expected "
-                        f"cuda.bindings.driver.CUDA_MEMSET_NODE_PARAMS, got "
-                        f"{type(params).__name__})")
+        raise TypeError(
+            f"Argument 'memsetParams' has incorrect type (expected "
+            f"cuda.bindings.driver.CUDA_MEMSET_NODE_PARAMS, got "
+            f"{type(params).__name__})"
+        )
     err, ctx = _node_context(driver, ctx)
     if err:
         return err, None
     size, width, height = int(params.elementSize), size_t(params.width), size_t(params.height)
     pitch, dst = size_t(params.pitch), int(params.dst)
     value = unsigned(params.value, 32, "unsigned int")
-    if size not in _ELEMENT or dst % size or not width or not height \
-            or (height > 1 and pitch < width * size):
+    if (
+        size not in _ELEMENT
+        or dst % size
+        or not width
+        or not height
+        or (height > 1 and pitch < width * size)
+    ):
         return INVALID_VALUE, None
     work = MemsetWork(dst, pitch, value, size, width, height, ctx, None)
     block = driver._live_range(dst, work.extent)

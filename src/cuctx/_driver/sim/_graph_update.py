@@ -26,8 +26,7 @@ by its partner's handle.
 
 from __future__ import annotations
 
-from cuda.bindings.driver import (CUgraphExecUpdateResult, CUgraphExecUpdateResultInfo,
-                                  CUgraphNode)
+from cuda.bindings.driver import CUgraphExecUpdateResult, CUgraphExecUpdateResultInfo, CUgraphNode
 
 from ._common import GRAPH_EXEC_UPDATE_FAILURE, INVALID_VALUE, OK
 from ._graph_exec import copy_update_ok, kernel_update_ok, memset_update_ok
@@ -47,9 +46,12 @@ def _pairs(old_graph, new_graph):
     where_old = {id(n): i for i, n in enumerate(old_graph.nodes)}
     pairs = []
     for old, new in zip(old_graph.nodes, new_graph.nodes):
-        if len(old.deps) != len(new.deps) or old.type != new.type \
-                or any(where_old[id(a)] != where[id(b)] for a, b in zip(old.deps, new.deps)) \
-                or not _node_ok(old.work, new.work):
+        if (
+            len(old.deps) != len(new.deps)
+            or old.type != new.type
+            or any(where_old[id(a)] != where[id(b)] for a, b in zip(old.deps, new.deps))
+            or not _node_ok(old.work, new.work)
+        ):
             raise _Refused
         pairs.append((old, new))
         old_inner, new_inner = _inner(old), _inner(new)

@@ -18,13 +18,25 @@ from __future__ import annotations
 
 import itertools
 
-from cuda.bindings.driver import (CUDA_HOST_NODE_PARAMS, CUgraph, CUgraphEdgeData, CUgraphNode,
-                                  CUgraphNodeType)
+from cuda.bindings.driver import (
+    CUDA_HOST_NODE_PARAMS,
+    CUgraph,
+    CUgraphEdgeData,
+    CUgraphNode,
+    CUgraphNodeType,
+)
 
 from ._cargs import size_t
 from ._common import INVALID_VALUE, NOT_INITIALIZED, NOT_SUPPORTED, OK
-from ._graph_nodes import (ChildWork, EmptyWork, EventWork, HostWork, copy_work, kernel_work,
-                           memset_work)
+from ._graph_nodes import (
+    ChildWork,
+    EmptyWork,
+    EventWork,
+    HostWork,
+    copy_work,
+    kernel_work,
+    memset_work,
+)
 
 T = CUgraphNodeType
 
@@ -132,13 +144,16 @@ class GraphModel:
         count = size_t(numDependencies)
         given = list(dependencies or [])
         if not all(isinstance(d, CUgraphNode) for d in given):
-            raise TypeError("Argument 'dependencies' is not instance of type (expected "
-                            "tuple[cydriver.CUgraphNode,] or list[cydriver.CUgraphNode,]")
+            raise TypeError(
+                "Argument 'dependencies' is not instance of type (expected "
+                "tuple[cydriver.CUgraphNode,] or list[cydriver.CUgraphNode,]"
+            )
         if count > len(given):
             raise RuntimeError(f"List is too small: {len(given)} < {count}")
         deps = [self._graph_node(d) for d in given[:count]]
-        if any(d is None or d.graph is not graph for d in deps) or len(set(map(id, deps))) \
-                != len(deps):
+        if any(d is None or d.graph is not graph for d in deps) or len(set(map(id, deps))) != len(
+            deps
+        ):
             return INVALID_VALUE, None
         return OK, deps
 
@@ -200,32 +215,41 @@ class GraphModel:
     # -- nodes ----------------------------------------------------------------------------
 
     def cuGraphAddKernelNode(self, hGraph, dependencies, numDependencies, nodeParams):
-        return self._add_node(hGraph, dependencies, numDependencies,
-                              lambda: kernel_work(self, nodeParams))
+        return self._add_node(
+            hGraph, dependencies, numDependencies, lambda: kernel_work(self, nodeParams)
+        )
 
     def cuGraphAddMemcpyNode(self, hGraph, dependencies, numDependencies, copyParams, ctx):
-        return self._add_node(hGraph, dependencies, numDependencies,
-                              lambda: copy_work(self, copyParams, ctx))
+        return self._add_node(
+            hGraph, dependencies, numDependencies, lambda: copy_work(self, copyParams, ctx)
+        )
 
     def cuGraphAddMemsetNode(self, hGraph, dependencies, numDependencies, memsetParams, ctx):
-        return self._add_node(hGraph, dependencies, numDependencies,
-                              lambda: memset_work(self, memsetParams, ctx))
+        return self._add_node(
+            hGraph, dependencies, numDependencies, lambda: memset_work(self, memsetParams, ctx)
+        )
 
     def cuGraphAddHostNode(self, hGraph, dependencies, numDependencies, nodeParams):
-        return self._add_node(hGraph, dependencies, numDependencies,
-                              lambda: host_work(nodeParams))
+        return self._add_node(hGraph, dependencies, numDependencies, lambda: host_work(nodeParams))
 
     def cuGraphAddEmptyNode(self, hGraph, dependencies, numDependencies):
-        return self._add_node(hGraph, dependencies, numDependencies,
-                              lambda: (OK, EmptyWork()))
+        return self._add_node(hGraph, dependencies, numDependencies, lambda: (OK, EmptyWork()))
 
     def cuGraphAddEventRecordNode(self, hGraph, dependencies, numDependencies, event):
-        return self._add_node(hGraph, dependencies, numDependencies,
-                              lambda: self._event_work(T.CU_GRAPH_NODE_TYPE_EVENT_RECORD, event))
+        return self._add_node(
+            hGraph,
+            dependencies,
+            numDependencies,
+            lambda: self._event_work(T.CU_GRAPH_NODE_TYPE_EVENT_RECORD, event),
+        )
 
     def cuGraphAddEventWaitNode(self, hGraph, dependencies, numDependencies, event):
-        return self._add_node(hGraph, dependencies, numDependencies,
-                              lambda: self._event_work(T.CU_GRAPH_NODE_TYPE_WAIT_EVENT, event))
+        return self._add_node(
+            hGraph,
+            dependencies,
+            numDependencies,
+            lambda: self._event_work(T.CU_GRAPH_NODE_TYPE_WAIT_EVENT, event),
+        )
 
     def _event_work(self, kind, hEvent):
         err, event = self._event(hEvent)
@@ -237,10 +261,13 @@ class GraphModel:
             if child is None or child is self._graph(hGraph):
                 return INVALID_VALUE, None
             # "contains allocation or free nodes", or conditional nodes (H100, driver 580)
-            if any(n.type in MEMORY_NODES or n.type == T.CU_GRAPH_NODE_TYPE_CONDITIONAL
-                   for n in child.walk()):
+            if any(
+                n.type in MEMORY_NODES or n.type == T.CU_GRAPH_NODE_TYPE_CONDITIONAL
+                for n in child.walk()
+            ):
                 return NOT_SUPPORTED, None
             return OK, ChildWork(child)
+
         err, handle = self._add_node(hGraph, dependencies, numDependencies, make)
         if not err:
             node = self._graph_node(handle)
@@ -275,17 +302,25 @@ class GraphModel:
                 out[id(dep)].append(node)
         edges = [(n.handle, user.handle) for n in graph.nodes for user in out[id(n)]]
         asked = size_t(numEdges)
-        return (OK, padded([e[0] for e in edges], asked, CUgraphNode),
-                padded([e[1] for e in edges], asked, CUgraphNode),
-                [CUgraphEdgeData() for _ in range(asked)], len(edges))
+        return (
+            OK,
+            padded([e[0] for e in edges], asked, CUgraphNode),
+            padded([e[1] for e in edges], asked, CUgraphNode),
+            [CUgraphEdgeData() for _ in range(asked)],
+            len(edges),
+        )
 
     def cuGraphNodeGetDependencies(self, hNode, numDependencies=0):
         node = self._graph_node(hNode)
         if node is None:
             return (INVALID_VALUE, None, None, None)
         asked = size_t(numDependencies)
-        return (OK, padded([d.handle for d in node.deps], asked, CUgraphNode),
-                [CUgraphEdgeData() for _ in range(asked)], len(node.deps))
+        return (
+            OK,
+            padded([d.handle for d in node.deps], asked, CUgraphNode),
+            [CUgraphEdgeData() for _ in range(asked)],
+            len(node.deps),
+        )
 
     def cuGraphNodeGetType(self, hNode):
         node = self._graph_node(hNode)
@@ -309,9 +344,11 @@ MEMORY_NODES = (T.CU_GRAPH_NODE_TYPE_MEM_ALLOC, T.CU_GRAPH_NODE_TYPE_MEM_FREE)
 
 def host_work(params: CUDA_HOST_NODE_PARAMS):
     if not isinstance(params, CUDA_HOST_NODE_PARAMS):
-        raise TypeError(f"Argument 'nodeParams' has incorrect type (expected "
-                        f"cuda.bindings.driver.CUDA_HOST_NODE_PARAMS, got "
-                        f"{type(params).__name__})")
+        raise TypeError(
+            f"Argument 'nodeParams' has incorrect type (expected "
+            f"cuda.bindings.driver.CUDA_HOST_NODE_PARAMS, got "
+            f"{type(params).__name__})"
+        )
     if not int(params.fn or 0):
         return INVALID_VALUE, None  # calling it would crash the interpreter
     return OK, HostWork(int(params.fn), int(params.userData or 0))

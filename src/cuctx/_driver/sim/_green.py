@@ -20,8 +20,15 @@ from __future__ import annotations
 
 import itertools
 
-from cuda.bindings.driver import (CUcontext, CUdevice_attribute, CUdevResource, CUdevResourceDesc,
-                                  CUdevResourceType, CUgreenCtx, CUresult)
+from cuda.bindings.driver import (
+    CUcontext,
+    CUdevice_attribute,
+    CUdevResource,
+    CUdevResourceDesc,
+    CUdevResourceType,
+    CUgreenCtx,
+    CUresult,
+)
 
 from ._common import CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_VALUE, NOT_INITIALIZED, OK
 
@@ -62,7 +69,8 @@ class GreenModel:
         if self._device(device) is None or typename != SM:
             return (INVALID_VALUE, None)
         count = self._devices[int(device)].attributes[
-            CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT]
+            CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+        ]
         return (OK, self._resource(int(device), frozenset(range(count))))
 
     def cuDevSmResourceSplitByCount(self, nbGroups, input_, flags, minCount):
@@ -74,11 +82,16 @@ class GreenModel:
             return (INVALID_RESOURCE_CONFIGURATION, None, None, None)
         size = min(max(GRANULARITY, -(-int(minCount) // GRANULARITY) * GRANULARITY), len(sms))
         ordered = sorted(sms)
-        groups = min(int(nbGroups), len(ordered) // size,
-                     _FEWER_GROUPS.get((len(ordered), size), len(ordered)))
-        result = [self._resource(device, frozenset(ordered[i * size:(i + 1) * size]), True)
-                  for i in range(groups)]
-        remainder = self._resource(device, frozenset(ordered[groups * size:]), True)
+        groups = min(
+            int(nbGroups),
+            len(ordered) // size,
+            _FEWER_GROUPS.get((len(ordered), size), len(ordered)),
+        )
+        result = [
+            self._resource(device, frozenset(ordered[i * size : (i + 1) * size]), True)
+            for i in range(groups)
+        ]
+        remainder = self._resource(device, frozenset(ordered[groups * size :]), True)
         return (OK, result, groups, remainder)
 
     def cuDevResourceGenerateDesc(self, resources, nbResources):

@@ -27,19 +27,36 @@ import ctypes
 import mmap
 
 import numpy as np
-from cuda.bindings.driver import (CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE,
-                                  CU_MEMHOSTALLOC_WRITECOMBINED, CU_MEMHOSTREGISTER_DEVICEMAP,
-                                  CU_MEMHOSTREGISTER_IOMEMORY, CU_MEMHOSTREGISTER_PORTABLE,
-                                  CU_MEMHOSTREGISTER_READ_ONLY, CUresult)
+from cuda.bindings.driver import (
+    CU_MEMHOSTALLOC_DEVICEMAP,
+    CU_MEMHOSTALLOC_PORTABLE,
+    CU_MEMHOSTALLOC_WRITECOMBINED,
+    CU_MEMHOSTREGISTER_DEVICEMAP,
+    CU_MEMHOSTREGISTER_IOMEMORY,
+    CU_MEMHOSTREGISTER_PORTABLE,
+    CU_MEMHOSTREGISTER_READ_ONLY,
+    CUresult,
+)
 
 from ._cargs import size_t
-from ._common import (HOST_MEMORY_ALREADY_REGISTERED, HOST_MEMORY_NOT_REGISTERED,
-                      ILLEGAL_ADDRESS, INVALID_VALUE, OK, OUT_OF_MEMORY)
+from ._common import (
+    HOST_MEMORY_ALREADY_REGISTERED,
+    HOST_MEMORY_NOT_REGISTERED,
+    ILLEGAL_ADDRESS,
+    INVALID_VALUE,
+    OK,
+    OUT_OF_MEMORY,
+)
 
-_HOST_ALLOC_FLAGS = (CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP
-                     | CU_MEMHOSTALLOC_WRITECOMBINED)
-_HOST_REGISTER_FLAGS = (CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP
-                        | CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY)
+_HOST_ALLOC_FLAGS = (
+    CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED
+)
+_HOST_REGISTER_FLAGS = (
+    CU_MEMHOSTREGISTER_PORTABLE
+    | CU_MEMHOSTREGISTER_DEVICEMAP
+    | CU_MEMHOSTREGISTER_IOMEMORY
+    | CU_MEMHOSTREGISTER_READ_ONLY
+)
 _ADDRESS_LIMIT = 1 << 57  # above every user address, even with 5-level page tables
 _PAGE = mmap.PAGESIZE
 _CHUNK = 1 << 30  # mincore's answer vector is one byte a page: ask 1 GiB at a time
@@ -79,8 +96,12 @@ class _Raw:
     """Exposes raw host memory to NumPy without copying."""
 
     def __init__(self, address: int, nbytes: int):
-        self.__array_interface__ = {"data": (address, False), "shape": (nbytes,),
-                                    "typestr": "|u1", "version": 3}
+        self.__array_interface__ = {
+            "data": (address, False),
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "version": 3,
+        }
 
 
 class HostSide:
@@ -126,10 +147,13 @@ class HostMemory:
         start, end, buffer = self._host_range(address)
         inside = start is not None and address + nbytes <= end
         if inside and buffer is not None:
-            view = buffer[address - start:address - start + nbytes]
+            view = buffer[address - start : address - start + nbytes]
             return HostSide(address, nbytes, view, True, True)
-        if self._block_at(address) is not None or self._block_at(address + nbytes - 1) is not None \
-                or not mapped(address, nbytes):
+        if (
+            self._block_at(address) is not None
+            or self._block_at(address + nbytes - 1) is not None
+            or not mapped(address, nbytes)
+        ):
             return None
         return HostSide(address, nbytes, np.asarray(_Raw(address, nbytes)), False, inside)
 
@@ -141,8 +165,9 @@ class HostMemory:
         i = bisect.bisect_left(self._host_starts, start)
         before = self._host_starts[i - 1] if i else None
         after = self._host_starts[i] if i < len(self._host_starts) else None
-        if (before is not None and self._host_ranges[before][0] > start) \
-                or (after is not None and after < end):
+        if (before is not None and self._host_ranges[before][0] > start) or (
+            after is not None and after < end
+        ):
             return HOST_MEMORY_ALREADY_REGISTERED
         self._host_starts.insert(i, start)
         self._host_ranges[start] = (end, buffer)

@@ -159,8 +159,13 @@ class IpcModel:
         if not self._initialized:
             return (NOT_INITIALIZED, None)
         found = self._pool(pool)
-        if (found is None or found.imported or not found.ipc or handleType != POSIX_FD
-                or int(flags) != 0):
+        if (
+            found is None
+            or found.imported
+            or not found.ipc
+            or handleType != POSIX_FD
+            or int(flags) != 0
+        ):
             return (INVALID_VALUE, None)
         found.shared = True  # its pointers may be exported from now on
         return (OK, os.dup(found.segment.fd))  # a new descriptor, the caller's to close
@@ -168,8 +173,10 @@ class IpcModel:
     def cuMemPoolImportFromShareableHandle(self, handle, handleType, flags):
         _check_handle_type(handleType)
         if not isinstance(handle, int):
-            raise TypeError(f"Provided argument is of type {type(handle)} but expected Type "
-                            f"{type(None)}, {int} or object with Buffer Protocol")
+            raise TypeError(
+                f"Provided argument is of type {type(handle)} but expected Type "
+                f"{type(None)}, {int} or object with Buffer Protocol"
+            )
         if not self._initialized:
             return (NOT_INITIALIZED, None)
         if handleType != POSIX_FD or flags:
@@ -182,10 +189,10 @@ class IpcModel:
             pool = self._imported_pools.get(key)
             if pool is None:  # an H100 gives the same pool for a second import
                 pool = SimPool(next(self._pool_handles), device, imported=True)
-                used = {p.segment.base for p in self._mempools.values()
-                        if p.segment is not None}
-                pool.segment = Segment(os.dup(handle), key, device,
-                                       base if base not in used else self._free_slot())
+                used = {p.segment.base for p in self._mempools.values() if p.segment is not None}
+                pool.segment = Segment(
+                    os.dup(handle), key, device, base if base not in used else self._free_slot()
+                )
                 self._imported_pools[key] = pool
                 self._mempools[pool.handle] = pool
         return (OK, CUmemoryPool(pool.handle))
@@ -206,29 +213,37 @@ class IpcModel:
     def cuMemPoolExportPointer(self, ptr):
         block = self._blocks.get(int(ptr or 0))
         pool = block.pool if block is not None else None
-        if (pool is None or pool.imported or not pool.shared or not block.live
-                or block.pooled):
+        if pool is None or pool.imported or not pool.shared or not block.live or block.pooled:
             return (INVALID_VALUE, None)
         data = CUmemPoolPtrExportData()
-        payload = _EXPORT.pack(_MAGIC, pool.segment.key, block.base - pool.segment.base,
-                               block.size, block.base)
+        payload = _EXPORT.pack(
+            _MAGIC, pool.segment.key, block.base - pool.segment.base, block.size, block.base
+        )
         ctypes.memmove(data.getPtr(), payload, len(payload))
         return (OK, data)
 
     def cuMemPoolImportPointer(self, pool, shareData):
         if not isinstance(shareData, CUmemPoolPtrExportData):
-            raise TypeError("Argument 'shareData' has incorrect type (expected "
-                            "cuda.bindings.driver.CUmemPoolPtrExportData, got "
-                            f"{type(shareData).__name__})")
+            raise TypeError(
+                "Argument 'shareData' has incorrect type (expected "
+                "cuda.bindings.driver.CUmemPoolPtrExportData, got "
+                f"{type(shareData).__name__})"
+            )
         magic, key, offset, size, _ = _EXPORT.unpack(
-            ctypes.string_at(shareData.getPtr(), _EXPORT.size))
+            ctypes.string_at(shareData.getPtr(), _EXPORT.size)
+        )
         err, ctx = self._work_context()
         if err:
             return (err, None)
         with self._lock:
             found = self._pool(pool)
-            if (found is None or not found.imported or magic != _MAGIC
-                    or key != found.segment.key or self._exporter_of(key) is not None):
+            if (
+                found is None
+                or not found.imported
+                or magic != _MAGIC
+                or key != found.segment.key
+                or self._exporter_of(key) is not None
+            ):
                 return (INVALID_VALUE, None)  # an own pool's pointer too (H100)
             address = found.segment.base + offset
             old = self._blocks.get(address)
@@ -258,8 +273,9 @@ class IpcModel:
 
     def _imported(self, dptr):
         block = self._blocks.get(int(dptr or 0))
-        return block if block is not None and block.pool is not None \
-            and block.pool.imported else None
+        return (
+            block if block is not None and block.pool is not None and block.pool.imported else None
+        )
 
     def cuMemFreeAsync(self, dptr, hStream):
         block = self._imported(dptr)
@@ -278,6 +294,7 @@ class IpcModel:
                 block.end(alloc)
                 if self._blocks.get(block.base) is block:
                     self._drop_block(block)
+
             return (self._enqueue(hStream, unmap, label="free"),)
 
     def cuMemFree(self, dptr):

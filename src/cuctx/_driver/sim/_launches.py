@@ -17,8 +17,16 @@ import ctypes
 
 from cuda.bindings.driver import CUdevice_attribute, CUlaunchAttributeID, CUresult
 
-from ._common import (COOPERATIVE_TOO_LARGE, INVALID_HANDLE, INVALID_VALUE, NOT_INITIALIZED,
-                      NOT_SUPPORTED, OK, OUT_OF_MEMORY, OUT_OF_RESOURCES)
+from ._common import (
+    COOPERATIVE_TOO_LARGE,
+    INVALID_HANDLE,
+    INVALID_VALUE,
+    NOT_INITIALIZED,
+    NOT_SUPPORTED,
+    OK,
+    OUT_OF_MEMORY,
+    OUT_OF_RESOURCES,
+)
 from ._library import SimKernel, SimLibrary, SimModule
 from ._occupancy import dynamic_limit, max_threads, occupancy
 from ._timing import KERNEL, LAUNCH_NS
@@ -30,16 +38,31 @@ A = CUdevice_attribute
 class LaunchModel:
     """cuLaunchKernel, cuLaunchKernelEx (cluster dimensions, cooperative)."""
 
-    def cuLaunchKernel(self, f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
-                       sharedMemBytes, hStream, kernelParams, extra):
+    def cuLaunchKernel(
+        self,
+        f,
+        gridDimX,
+        gridDimY,
+        gridDimZ,
+        blockDimX,
+        blockDimY,
+        blockDimZ,
+        sharedMemBytes,
+        hStream,
+        kernelParams,
+        extra,
+    ):
         grid = (int(gridDimX), int(gridDimY), int(gridDimZ))
         block = (int(blockDimX), int(blockDimY), int(blockDimZ))
-        return (self._launch(f, grid, block, int(sharedMemBytes), hStream, kernelParams,
-                             extra, None, False),)
+        return (
+            self._launch(
+                f, grid, block, int(sharedMemBytes), hStream, kernelParams, extra, None, False
+            ),
+        )
 
     def cuLaunchKernelEx(self, config, f, kernelParams, extra):
         cluster, cooperative = None, False
-        for attr in list(config.attrs)[:int(config.numAttrs)]:
+        for attr in list(config.attrs)[: int(config.numAttrs)]:
             if attr.id == CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
                 dim = attr.value.clusterDim
                 cluster = (int(dim.x), int(dim.y), int(dim.z))
@@ -49,11 +72,23 @@ class LaunchModel:
                 return (NOT_SUPPORTED,)
         grid = (int(config.gridDimX), int(config.gridDimY), int(config.gridDimZ))
         block = (int(config.blockDimX), int(config.blockDimY), int(config.blockDimZ))
-        return (self._launch(f, grid, block, int(config.sharedMemBytes), config.hStream,
-                             kernelParams, extra, cluster, cooperative),)
+        return (
+            self._launch(
+                f,
+                grid,
+                block,
+                int(config.sharedMemBytes),
+                config.hStream,
+                kernelParams,
+                extra,
+                cluster,
+                cooperative,
+            ),
+        )
 
-    def _launch(self, f, grid, block, shared, hStream, kernelParams, extra, cluster,
-                cooperative) -> CUresult:
+    def _launch(
+        self, f, grid, block, shared, hStream, kernelParams, extra, cluster, cooperative
+    ) -> CUresult:
         if not self._initialized:
             return NOT_INITIALIZED
         kernel = self._kernel(f)
@@ -62,21 +97,41 @@ class LaunchModel:
         err, ctx = self._stream_context(hStream)
         if err:
             return err
-        err, launch = self._prepared_launch(kernel, ctx, grid, block, shared, kernelParams,
-                                            extra, cluster, cooperative)
+        err, launch = self._prepared_launch(
+            kernel, ctx, grid, block, shared, kernelParams, extra, cluster, cooperative
+        )
         if err:
             return err
-        return self._enqueue(hStream, launch.run(self), cost_ns=LAUNCH_NS, label=kernel.name,
-                             kind=KERNEL, width=self._width(ctx, grid))
+        return self._enqueue(
+            hStream,
+            launch.run(self),
+            cost_ns=LAUNCH_NS,
+            label=kernel.name,
+            kind=KERNEL,
+            width=self._width(ctx, grid),
+        )
 
     def _width(self, ctx, grid) -> float:
         """The share of ``ctx``'s SMs a grid fills (one block per SM: `_timing`)."""
-        sms = len(ctx.sms) if ctx.sms is not None else \
-            self._devices[ctx.device].attributes[A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT]
+        sms = (
+            len(ctx.sms)
+            if ctx.sms is not None
+            else self._devices[ctx.device].attributes[A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT]
+        )
         return min(1.0, grid[0] * grid[1] * grid[2] / sms)
 
-    def _prepared_launch(self, kernel: SimKernel, ctx, grid, block, shared, kernelParams,
-                         extra, cluster=None, cooperative=False):
+    def _prepared_launch(
+        self,
+        kernel: SimKernel,
+        ctx,
+        grid,
+        block,
+        shared,
+        kernelParams,
+        extra,
+        cluster=None,
+        cooperative=False,
+    ):
         """(CUresult, `Launch`): the driver's checks of a launch in ``ctx`` and its parameter
         bytes, copied now. Launches and kernel graph nodes share it."""
         if isinstance(kernel.owner, SimModule) and kernel.owner.ctx is not ctx:
@@ -91,8 +146,11 @@ class LaunchModel:
             return err, None
         if kernel.twin is None:
             return NOT_SUPPORTED, None  # the sim has nothing to run (cuctx says so before this)
-        if isinstance(kernel.owner, SimLibrary) and ctx.handle not in kernel.owner.copies \
-                and kernel.owner.image.variables:
+        if (
+            isinstance(kernel.owner, SimLibrary)
+            and ctx.handle not in kernel.owner.copies
+            and kernel.owner.image.variables
+        ):
             with self._lock:  # the library's variables come to this context with its first use
                 copies = self._allocate_variables(ctx, kernel.owner.image.variables)
                 if copies is None:
@@ -100,18 +158,24 @@ class LaunchModel:
                 kernel.owner.copies[ctx.handle] = copies
         return OK, Launch(kernel, ctx, grid, block, shared, raw)
 
-    def _check_config(self, kernel: SimKernel, device: int, grid, block, shared, cluster,
-                      cooperative) -> CUresult:
+    def _check_config(
+        self, kernel: SimKernel, device: int, grid, block, shared, cluster, cooperative
+    ) -> CUresult:
         """The driver's own checks of a launch (cuctx makes them first, with clear errors)."""
         spec = self._devices[device].attributes
-        limits_grid = (spec[A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X],
-                       spec[A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y],
-                       spec[A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z])
-        limits_block = (spec[A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X],
-                        spec[A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y],
-                        spec[A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z])
-        if any(not 1 <= g <= m for g, m in zip(grid, limits_grid)) \
-                or any(not 1 <= b <= m for b, m in zip(block, limits_block)):
+        limits_grid = (
+            spec[A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X],
+            spec[A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y],
+            spec[A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z],
+        )
+        limits_block = (
+            spec[A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X],
+            spec[A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y],
+            spec[A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z],
+        )
+        if any(not 1 <= g <= m for g, m in zip(grid, limits_grid)) or any(
+            not 1 <= b <= m for b, m in zip(block, limits_block)
+        ):
             return INVALID_VALUE
         threads = block[0] * block[1] * block[2]
         if threads > spec[A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK]:
@@ -121,9 +185,11 @@ class LaunchModel:
         if shared > dynamic_limit(kernel, device, spec):
             return INVALID_VALUE
         if cluster is not None:
-            if not spec.get(A.CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH) \
-                    or any(c < 1 or g % c for c, g in zip(cluster, grid)) \
-                    or cluster[0] * cluster[1] * cluster[2] > 8:
+            if (
+                not spec.get(A.CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)
+                or any(c < 1 or g % c for c, g in zip(cluster, grid))
+                or cluster[0] * cluster[1] * cluster[2] > 8
+            ):
                 return INVALID_VALUE
         if cooperative:
             per_sm = occupancy(kernel, threads, shared, spec)
@@ -154,6 +220,7 @@ class Launch:
 
         def run():
             return run_twin(driver, ctx, name, twin, grid, block, kinds, raw)
+
         return run
 
 

@@ -19,15 +19,34 @@ import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
-from cuda.bindings.driver import (CUdevice_attribute, CUdeviceptr, CUfunction,
-                                  CUfunction_attribute, CUkernel, CUlibrary, CUmodule, CUresult)
+from cuda.bindings.driver import (
+    CUdevice_attribute,
+    CUdeviceptr,
+    CUfunction,
+    CUfunction_attribute,
+    CUkernel,
+    CUlibrary,
+    CUmodule,
+    CUresult,
+)
 
 from ...devcode._image import read_image
 from ...devcode._kinds import is_fatbin, is_ptx
 from ...devcode._layout import Image, KernelImage
-from ._common import (ILLEGAL_ADDRESS, INVALID_DEVICE, INVALID_HANDLE, INVALID_IMAGE,
-                      INVALID_PTX, INVALID_VALUE, JIT_COMPILER_NOT_FOUND, NOT_FOUND,
-                      NOT_INITIALIZED, NOT_SUPPORTED, OK, OUT_OF_MEMORY)
+from ._common import (
+    ILLEGAL_ADDRESS,
+    INVALID_DEVICE,
+    INVALID_HANDLE,
+    INVALID_IMAGE,
+    INVALID_PTX,
+    INVALID_VALUE,
+    JIT_COMPILER_NOT_FOUND,
+    NOT_FOUND,
+    NOT_INITIALIZED,
+    NOT_SUPPORTED,
+    OK,
+    OUT_OF_MEMORY,
+)
 from ._occupancy import dynamic_limit, max_threads
 
 A = CUdevice_attribute
@@ -35,6 +54,7 @@ F = CUfunction_attribute
 
 
 # -- the objects behind the handles -------------------------------------------------------
+
 
 @dataclass(eq=False)
 class SimLibrary:
@@ -60,6 +80,7 @@ class SimModule:
 @dataclass(eq=False)
 class SimKernel:
     """A CUkernel (owner is a SimLibrary) or a CUfunction (owner is a SimModule)."""
+
     handle: int
     name: str
     owner: object
@@ -106,22 +127,27 @@ class LibraryModel:
                 return ILLEGAL_ADDRESS, (
                     f"memory of {self._owner_of(block)} from device {ctx.device} without "
                     f"access to its pool (pool.set_access(cuctx.Device({ctx.device}), 'rw') "
-                    "grants it)")
+                    "grants it)"
+                )
             if reach is None:
                 return ILLEGAL_ADDRESS, (
                     f"memory of device {block.device} from device {ctx.device} without peer "
                     f"access (cuctx.Device({ctx.device}).enable_peer_access("
-                    f"cuctx.Device({block.device})) grants it)")
+                    f"cuctx.Device({block.device})) grants it)"
+                )
             return self._device_view(ptr, nbytes)
         start, end, data = found
         if ptr + nbytes > end:
             return ILLEGAL_ADDRESS, None
-        return OK, data[ptr - start:ptr - start + nbytes]
+        return OK, data[ptr - start : ptr - start + nbytes]
 
     @staticmethod
     def _owner_of(block) -> str:
-        return "a host memory pool" if block.pool is not None and block.pool.location == \
-            "host" else f"device {block.device}"
+        return (
+            "a host memory pool"
+            if block.pool is not None and block.pool.location == "host"
+            else f"device {block.device}"
+        )
 
     def _extent(self, ptr: int) -> int:
         """Bytes from ``ptr`` to the end of its allocation (0 outside every one)."""
@@ -144,7 +170,7 @@ class LibraryModel:
                     self._drop_block(made)
                 return None
             block.allocate(len(data), ctx)
-            block.data[:len(data)] = np.frombuffer(data, np.uint8)
+            block.data[: len(data)] = np.frombuffer(data, np.uint8)
             blocks[name] = block
         return blocks
 
@@ -185,8 +211,16 @@ class LibraryModel:
                 return NOT_SUPPORTED, None
             return (INVALID_PTX if is_ptx(data) else INVALID_IMAGE), None
 
-    def cuLibraryLoadData(self, code, jitOptions, jitOptionsValues, numJitOptions,
-                          libraryOptions, libraryOptionValues, numLibraryOptions):
+    def cuLibraryLoadData(
+        self,
+        code,
+        jitOptions,
+        jitOptionsValues,
+        numJitOptions,
+        libraryOptions,
+        libraryOptionValues,
+        numLibraryOptions,
+    ):
         err, image = self._load(code)
         if err:
             return (err, None)
@@ -246,7 +280,7 @@ class LibraryModel:
         found = self._library(lib)
         if found is None:
             return (INVALID_HANDLE, None)
-        handles = [CUkernel(k.handle) for k in found.kernels.values()][:int(numKernels)]
+        handles = [CUkernel(k.handle) for k in found.kernels.values()][: int(numKernels)]
         return (OK, handles)
 
     def cuLibraryGetGlobal(self, library, name):
@@ -276,8 +310,11 @@ class LibraryModel:
         array = found.managed.get(_text(name))
         if array is None:
             return (NOT_FOUND, None, None)
-        return (OK, CUdeviceptr(array.__array_interface__["data"][0]),
-                len(found.image.managed[_text(name)]))
+        return (
+            OK,
+            CUdeviceptr(array.__array_interface__["data"][0]),
+            len(found.image.managed[_text(name)]),
+        )
 
     # -- kernels --------------------------------------------------------------------------
 
@@ -347,8 +384,11 @@ class LibraryModel:
         if attrib != F.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
             return (NOT_SUPPORTED,)  # the one attribute cuctx sets
         spec = self._devices[device].attributes
-        if not 0 <= value <= spec[A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN] \
-                - kernel.image.shared:
+        if (
+            not 0
+            <= value
+            <= spec[A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN] - kernel.image.shared
+        ):
             return (INVALID_VALUE,)
         kernel.max_dynamic_shared[device] = value
         return (OK,)
@@ -432,4 +472,3 @@ class LibraryModel:
 
 def _text(name) -> str:
     return name.decode() if isinstance(name, (bytes, bytearray)) else str(name)
-

@@ -94,8 +94,11 @@ class ManagedModel:
     def _reach(self, ctx, block) -> str | None:
         # Managed memory is reachable from every device (concurrent managed access: H100),
         # a managed pool's too.
-        if block.base in self._managed or block.pool is not None \
-                and block.pool.location == "managed":
+        if (
+            block.base in self._managed
+            or block.pool is not None
+            and block.pool.location == "managed"
+        ):
             return "rw"
         return super()._reach(ctx, block)
 

@@ -36,8 +36,17 @@ import numpy as np
 from cuda.bindings.driver import CUdeviceptr, CUpointer_attribute
 
 from ._cargs import size_t
-from ._common import (CONTEXT_IS_DESTROYED, ILLEGAL_ADDRESS, INVALID_CONTEXT, INVALID_VALUE,
-                      NOT_FOUND, NOT_PERMITTED, NOT_SUPPORTED, OK, OUT_OF_MEMORY)
+from ._common import (
+    CONTEXT_IS_DESTROYED,
+    ILLEGAL_ADDRESS,
+    INVALID_CONTEXT,
+    INVALID_VALUE,
+    NOT_FOUND,
+    NOT_PERMITTED,
+    NOT_SUPPORTED,
+    OK,
+    OUT_OF_MEMORY,
+)
 from ._host import HostMemory, HostSide
 from ._memsets import Memsets
 from ._pitched import PitchedCopies
@@ -65,8 +74,22 @@ class Allocation:
 class Block:
     """A range of device addresses with bytes behind it, used by one allocation at a time."""
 
-    __slots__ = ("base", "size", "device", "ctx", "data", "current", "valid", "pooled",
-                 "free_stream", "released", "ordered", "graph", "pool", "counted")
+    __slots__ = (
+        "base",
+        "size",
+        "device",
+        "ctx",
+        "data",
+        "current",
+        "valid",
+        "pooled",
+        "free_stream",
+        "released",
+        "ordered",
+        "graph",
+        "pool",
+        "counted",
+    )
 
     def __init__(self, base: int, size: int, device: int, ctx, data=None, pool=None):
         self.base = base
@@ -135,7 +158,7 @@ class DeviceSpan:
         end = self.offset + self.nbytes
         if not self.alloc.live and end > block.reach():
             return ILLEGAL_ADDRESS, None
-        return OK, block.data[self.offset:end]
+        return OK, block.data[self.offset : end]
 
 
 class MemoryModel(PitchedCopies, UnifiedCopies, Memsets, HostMemory):
@@ -182,7 +205,7 @@ class MemoryModel(PitchedCopies, UnifiedCopies, Memsets, HostMemory):
         if block is None or nbytes < 0 or ptr + nbytes > block.base + block.reach():
             return ILLEGAL_ADDRESS, None
         offset = ptr - block.base
-        return OK, block.data[offset:offset + nbytes]
+        return OK, block.data[offset : offset + nbytes]
 
     @staticmethod
     def _block_size(nbytes: int) -> int:
@@ -219,8 +242,11 @@ class MemoryModel(PitchedCopies, UnifiedCopies, Memsets, HostMemory):
 
     def _drop_block(self, block: Block) -> None:
         i = bisect.bisect_left(self._bases, block.base)
-        if i < len(self._bases) and self._bases[i] == block.base \
-                and self._blocks.get(block.base) is block:
+        if (
+            i < len(self._bases)
+            and self._bases[i] == block.base
+            and self._blocks.get(block.base) is block
+        ):
             del self._bases[i]
             del self._blocks[block.base]
         if block.counted:
@@ -283,20 +309,28 @@ class MemoryModel(PitchedCopies, UnifiedCopies, Memsets, HostMemory):
 
     # -- copies ---------------------------------------------------------------------------
 
-    def _copy(self, hStream, nbytes: int, run, host: HostSide | None, label: str, kind: str,
-              cost_ns: int | None = None):
+    def _copy(
+        self,
+        hStream,
+        nbytes: int,
+        run,
+        host: HostSide | None,
+        label: str,
+        kind: str,
+        cost_ns: int | None = None,
+    ):
         """Queue ``run`` (which copies); drain the stream when the host side is pageable."""
         pageable = host is not None and not host.pinned
         if pageable and self._in_host_function():
             return (NOT_PERMITTED,)  # a synchronous copy would wait for this host function
-        err = self._enqueue(hStream, run, nbytes=nbytes, label=label, kind=kind,
-                            pageable=pageable, cost_ns=cost_ns)
+        err = self._enqueue(
+            hStream, run, nbytes=nbytes, label=label, kind=kind, pageable=pageable, cost_ns=cost_ns
+        )
         if err or not pageable:
             return (err,)
         return (self._drain(hStream),)
 
-    def _checked(self, hStream, *device_ranges, in_current: bool = True,
-                 device_only: bool = True):
+    def _checked(self, hStream, *device_ranges, in_current: bool = True, device_only: bool = True):
         """The call-time checks of a copy or memset: a usable stream, live device ranges
         that, ``in_current``, the context a copy is checked against reaches
         (`_copy_context`; memsets and peer copies, which name their contexts, are not
@@ -306,8 +340,7 @@ class MemoryModel(PitchedCopies, UnifiedCopies, Memsets, HostMemory):
         if err:
             return err, None
         spans = [self._device_span(p, n) for p, n in device_ranges]
-        if any(span is None or device_only and host_located(span.alloc.block)
-               for span in spans):
+        if any(span is None or device_only and host_located(span.alloc.block) for span in spans):
             return INVALID_VALUE, None
         if in_current:
             checker = self._copy_context(ctx)
@@ -334,8 +367,9 @@ class MemoryModel(PitchedCopies, UnifiedCopies, Memsets, HostMemory):
         if side is None:
             return (INVALID_VALUE,)
         run = copy_bytes(side, spans[0]) if to_device else copy_bytes(spans[0], side)
-        return self._copy(hStream, n, run, side, "HtoD" if to_device else "DtoH",
-                          HTOD if to_device else DTOH)
+        return self._copy(
+            hStream, n, run, side, "HtoD" if to_device else "DtoH", HTOD if to_device else DTOH
+        )
 
     def cuMemcpyHtoDAsync(self, dstDevice, srcHost, ByteCount, hStream):
         return self._host_copy(hStream, int(dstDevice), int(srcHost), size_t(ByteCount), True)
@@ -343,14 +377,12 @@ class MemoryModel(PitchedCopies, UnifiedCopies, Memsets, HostMemory):
     def cuMemcpyDtoHAsync(self, dstHost, srcDevice, ByteCount, hStream):
         return self._host_copy(hStream, int(srcDevice), int(dstHost), size_t(ByteCount), False)
 
-    def _device_copy(self, hStream, dst: int, src: int, n: int, label: str,
-                     peer_contexts=None):
+    def _device_copy(self, hStream, dst: int, src: int, n: int, label: str, peer_contexts=None):
         """A copy between device pointers; with ``peer_contexts`` (the destination's and the
         source's SimContext), cuMemcpyPeerAsync's, which names them: its memory is not
         checked against the current context, and it goes over the link only where one of the
         two reaches the other's memory (else staged, `_timing`)."""
-        err, spans = self._checked(hStream, (dst, n), (src, n),
-                                   in_current=peer_contexts is None)
+        err, spans = self._checked(hStream, (dst, n), (src, n), in_current=peer_contexts is None)
         if err or n == 0:
             return (err,)
         target, source = spans
@@ -361,12 +393,12 @@ class MemoryModel(PitchedCopies, UnifiedCopies, Memsets, HostMemory):
         # Between devices: checked against a context that reaches both sides, or a peer copy.
         direct = peer_contexts is None or any(
             self._may_reach(ctx, span.alloc.block)
-            for ctx, span in zip(peer_contexts, (source, target)))
+            for ctx, span in zip(peer_contexts, (source, target))
+        )
         return self._copy(hStream, n, run, None, label, PTOP, peer_copy_time(n, direct))
 
     def cuMemcpyDtoDAsync(self, dstDevice, srcDevice, ByteCount, hStream):
-        return self._device_copy(hStream, int(dstDevice), int(srcDevice), size_t(ByteCount),
-                                 "DtoD")
+        return self._device_copy(hStream, int(dstDevice), int(srcDevice), size_t(ByteCount), "DtoD")
 
     def cuMemcpyPeerAsync(self, dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream):
         n, dst, src = size_t(ByteCount), int(dstDevice), int(srcDevice)
@@ -405,8 +437,12 @@ class MemoryModel(PitchedCopies, UnifiedCopies, Memsets, HostMemory):
         if err:
             return (err, None, None)
         block = self._block_at(int(dptr or 0))
-        if block is None or not block.live or block.pooled \
-                or int(dptr) >= block.base + block.length:
+        if (
+            block is None
+            or not block.live
+            or block.pooled
+            or int(dptr) >= block.base + block.length
+        ):
             return (NOT_FOUND, None, None)
         return (OK, CUdeviceptr(block.base), block.length)
 

@@ -37,6 +37,7 @@ class Memsets:
             if err:
                 return err
             write(view)
+
         return (self._enqueue(hStream, run, nbytes=span, label=label, kind=MEMSET),)
 
     def cuMemsetD8Async(self, dstDevice, uc, N, hStream):
@@ -44,6 +45,7 @@ class Memsets:
 
         def write(view):
             view[:] = value
+
         return self._memset(hStream, int(dstDevice), size_t(N), 1, write, "memset8")
 
     def cuMemsetD16Async(self, dstDevice, us, N, hStream):
@@ -51,6 +53,7 @@ class Memsets:
 
         def write(view):
             view.view(np.uint16)[:] = value
+
         return self._memset(hStream, int(dstDevice), 2 * size_t(N), 2, write, "memset16")
 
     def cuMemsetD32Async(self, dstDevice, ui, N, hStream):
@@ -58,6 +61,7 @@ class Memsets:
 
         def write(view):
             view.view(np.uint32)[:] = value
+
         return self._memset(hStream, int(dstDevice), 4 * size_t(N), 4, write, "memset32")
 
     def cuMemsetD2D32Async(self, dstDevice, dstPitch, ui, Width, Height, hStream):
@@ -70,4 +74,5 @@ class Memsets:
         def write(view):
             rows = np.ndarray((height, width), np.uint32, buffer=view, strides=(pitch, 4))
             rows[...] = value
+
         return self._memset(hStream, int(dstDevice), span, 4, write, "memset2D32")

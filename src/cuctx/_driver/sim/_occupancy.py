@@ -64,8 +64,9 @@ class OccupancyModel:
             return (err, None)
         return (OK, occupancy(kernel, int(blockSize), int(dynamicSMemSize), spec))
 
-    def cuOccupancyMaxPotentialBlockSize(self, func, blockSizeToDynamicSMemSize,
-                                         dynamicSMemSize, blockSizeLimit):
+    def cuOccupancyMaxPotentialBlockSize(
+        self, func, blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit
+    ):
         """The CUDA occupancy calculator's search: from the largest block size down in
         warps, the one with the most resident threads (the largest among equals), its
         dynamic shared memory from the callback when there is one (a C function pointer,
@@ -101,8 +102,11 @@ class OccupancyModel:
         if blocks <= 0 or occupancy(kernel, threads, 0, spec) < blocks:
             return (INVALID_VALUE, None)
         share = spec[A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR] // blocks
-        share = share // 128 * 128 - kernel.image.shared \
+        share = (
+            share // 128 * 128
+            - kernel.image.shared
             - spec[A.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK]
+        )
         limit = dynamic_limit(kernel, self._work_context()[1].device, spec)
         return (OK, max(min(share, limit), 0))
 
@@ -165,7 +169,7 @@ def _threads(config) -> int:
 
 
 def _cluster_size(config) -> int | None:
-    for attr in list(config.attrs or ())[:int(config.numAttrs)]:
+    for attr in list(config.attrs or ())[: int(config.numAttrs)]:
         if attr.id == _CLUSTER_ATTRIBUTE:
             dim = attr.value.clusterDim
             return int(dim.x) * int(dim.y) * int(dim.z)
@@ -195,15 +199,19 @@ def occupancy(kernel: SimKernel, threads: int, dynamic_shared: int, spec: dict) 
     if threads <= 0 or threads > max_threads(kernel.image, spec):
         return 0
     warps = -(-threads // 32)
-    limits = [spec[A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR] // 32 // warps,
-              spec[A.CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR]]
+    limits = [
+        spec[A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR] // 32 // warps,
+        spec[A.CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR],
+    ]
     if kernel.image.regs:
         per_warp = -(-kernel.image.regs * 32 // 256) * 256
-        limits.append(spec[A.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR]
-                      // per_warp // warps)
+        limits.append(
+            spec[A.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR] // per_warp // warps
+        )
     shared = kernel.image.shared + dynamic_shared
     if shared:
-        per_block = -(-(shared + spec[A.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK])
-                      // 128) * 128
+        per_block = (
+            -(-(shared + spec[A.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK]) // 128) * 128
+        )
         limits.append(spec[A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR] // per_block)
     return max(min(limits), 0)

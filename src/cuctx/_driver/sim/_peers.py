@@ -26,9 +26,18 @@ from __future__ import annotations
 
 from cuda.bindings.driver import CUmemAccess_flags, CUmemLocationType
 
-from ._common import (CONTEXT_IS_DESTROYED, INVALID_CONTEXT, INVALID_DEVICE, INVALID_VALUE,
-                      NOT_INITIALIZED, NOT_SUPPORTED, OK, PEER_ACCESS_ALREADY_ENABLED,
-                      PEER_ACCESS_NOT_ENABLED, PEER_ACCESS_UNSUPPORTED)
+from ._common import (
+    CONTEXT_IS_DESTROYED,
+    INVALID_CONTEXT,
+    INVALID_DEVICE,
+    INVALID_VALUE,
+    NOT_INITIALIZED,
+    NOT_SUPPORTED,
+    OK,
+    PEER_ACCESS_ALREADY_ENABLED,
+    PEER_ACCESS_NOT_ENABLED,
+    PEER_ACCESS_UNSUPPORTED,
+)
 
 NONE = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE
 READ = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ

@@ -53,8 +53,10 @@ class _Side:
 def _checked_type(copy, expected):
     if copy is not None and not isinstance(copy, expected):
         # What cuda.bindings raises, so code that runs on the sim runs on the driver.
-        raise TypeError(f"Argument 'pCopy' has incorrect type (expected "
-                        f"cuda.bindings.driver.{expected.__name__}, got {type(copy).__name__})")
+        raise TypeError(
+            f"Argument 'pCopy' has incorrect type (expected "
+            f"cuda.bindings.driver.{expected.__name__}, got {type(copy).__name__})"
+        )
 
 
 class PitchedCopies:
@@ -95,8 +97,7 @@ class PitchedCopies:
         width, height = copy.WidthInBytes, copy.Height
         sides = []
         for prefix in ("src", "dst"):
-            err, side = self._pitched_side(copy, prefix, width, height, depth, three_d,
-                                           reach_from)
+            err, side = self._pitched_side(copy, prefix, width, height, depth, three_d, reach_from)
             if err:
                 return err, None
             sides.append(side)
@@ -114,16 +115,26 @@ class PitchedCopies:
             src = np.ndarray(shape, np.uint8, src_bytes, strides=(source.slice, source.pitch, 1))
             dst = np.ndarray(shape, np.uint8, dst_bytes, strides=(target.slice, target.pitch, 1))
             dst[...] = src  # NumPy copies through a buffer when the two overlap
-        between = not (source.host or target.host) \
-            and source.bytes.alloc.block.device != target.bytes.alloc.block.device
-        return OK, (width * height * depth, run, pageable_side(source.bytes, target.bytes),
-                    copy_kind(source.host, target.host, between))
 
-    def _pitched_side(self, copy, prefix: str, width: int, height: int, depth: int,
-                      three_d: bool, reach_from=None):
+        between = (
+            not (source.host or target.host)
+            and source.bytes.alloc.block.device != target.bytes.alloc.block.device
+        )
+        return OK, (
+            width * height * depth,
+            run,
+            pageable_side(source.bytes, target.bytes),
+            copy_kind(source.host, target.host, between),
+        )
+
+    def _pitched_side(
+        self, copy, prefix: str, width: int, height: int, depth: int, three_d: bool, reach_from=None
+    ):
         """(CUresult, _Side) for the source (``prefix`` "src") or destination ("dst")."""
+
         def field(name: str):
             return getattr(copy, prefix + name)
+
         try:
             kind = field("MemoryType")
         except ValueError:  # never set, or not a CUmemorytype: cuda.bindings cannot read it
@@ -149,13 +160,21 @@ class PitchedCopies:
             err, side.bytes, side.host = self._unified_side(start, extent, reach_from)
             return err, (None if err else side)
         block = self._block_at(address) if kind == DEVICE else None
-        if kind == DEVICE and (block is None and not self._pinned(start, extent)
-                               or block is not None and host_located(block)):
+        if kind == DEVICE and (
+            block is None
+            and not self._pinned(start, extent)
+            or block is not None
+            and host_located(block)
+        ):
             return INVALID_VALUE, None  # neither device memory nor cuMemHostAlloc'd memory
         side.host = block is None
-        side.bytes = self._host_side(start, extent) if side.host \
-            else self._device_span(start, extent)
-        if side.bytes is None or (reach_from is not None and not side.host
-                                  and not self._may_reach(reach_from, side.bytes.alloc.block)):
+        side.bytes = (
+            self._host_side(start, extent) if side.host else self._device_span(start, extent)
+        )
+        if side.bytes is None or (
+            reach_from is not None
+            and not side.host
+            and not self._may_reach(reach_from, side.bytes.alloc.block)
+        ):
             return INVALID_VALUE, None
         return OK, side

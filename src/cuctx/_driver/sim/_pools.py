@@ -32,26 +32,45 @@ from __future__ import annotations
 
 import itertools
 
-from cuda.bindings.driver import (CUdeviceptr, CUmemAllocationHandleType, CUmemAllocationType,
-                                  CUmemLocationType, CUmemoryPool, CUmemPool_attribute,
-                                  CUmemPoolProps, cuuint64_t)
+from cuda.bindings.driver import (
+    CUdeviceptr,
+    CUmemAllocationHandleType,
+    CUmemAllocationType,
+    CUmemLocationType,
+    CUmemoryPool,
+    CUmemPool_attribute,
+    CUmemPoolProps,
+    cuuint64_t,
+)
 
 from ._cargs import size_t
-from ._common import (INVALID_DEVICE, INVALID_VALUE, NOT_INITIALIZED, NOT_SUPPORTED, OK,
-                      OUT_OF_MEMORY)
+from ._common import (
+    INVALID_DEVICE,
+    INVALID_VALUE,
+    NOT_INITIALIZED,
+    NOT_SUPPORTED,
+    OK,
+    OUT_OF_MEMORY,
+)
 
 A = CUmemPool_attribute
 POSIX_FD = CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 GRANULE = 32 << 20  # an H100 pool's reservation chunk, to which maxSize rounds up
 _POOL_BASE, _POOL_STEP = 0x9001_0000_0000, 0x100  # default-pool handles, one per device
-_REUSE = (A.CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES,
-          A.CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
-          A.CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES)
+_REUSE = (
+    A.CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES,
+    A.CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+    A.CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+)
 # cuda.bindings 13 reads and writes these five as cuuint64_t, the reuse flags as int, and
 # raises TypeError for every other attribute before calling the driver.
-_SIZES = (A.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, A.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-          A.CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, A.CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
-          A.CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+_SIZES = (
+    A.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+    A.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+    A.CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+    A.CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+    A.CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+)
 
 
 class SimPool:
@@ -59,12 +78,39 @@ class SimPool:
     An IPC pool has a shared-memory ``segment`` (`_ipc`); an imported one maps another
     process's segment and allocates nothing."""
 
-    __slots__ = ("handle", "device", "default", "free", "limit", "threshold", "used",
-                 "used_high", "reserved", "reserved_high", "reuse", "access", "destroyed",
-                 "ipc", "shared", "imported", "segment", "location", "__weakref__")
+    __slots__ = (
+        "handle",
+        "device",
+        "default",
+        "free",
+        "limit",
+        "threshold",
+        "used",
+        "used_high",
+        "reserved",
+        "reserved_high",
+        "reuse",
+        "access",
+        "destroyed",
+        "ipc",
+        "shared",
+        "imported",
+        "segment",
+        "location",
+        "__weakref__",
+    )
 
-    def __init__(self, handle: int, device: int, *, default: bool = False, limit: int = 0,
-                 ipc: bool = False, imported: bool = False, location: str = "device"):
+    def __init__(
+        self,
+        handle: int,
+        device: int,
+        *,
+        default: bool = False,
+        limit: int = 0,
+        ipc: bool = False,
+        imported: bool = False,
+        location: str = "device",
+    ):
         self.handle = handle
         self.device = device  # a host pool's: -1 (it serves every device granted access)
         self.location = location  # "device", "host" (page-locked) or "managed"
@@ -91,8 +137,9 @@ class PoolModel:
         self._pool_handles = itertools.count(0x9002_0000_0000, _POOL_STEP)
         self._mempools: dict[int, SimPool] = {}  # by handle; destroyed ones until emptied
         self._pools_destroyed_early = 0  # destroyed with frees of their memory still queued
-        self._default_pools = [SimPool(_POOL_BASE + _POOL_STEP * i, i, default=True)
-                               for i in range(len(self._devices))]
+        self._default_pools = [
+            SimPool(_POOL_BASE + _POOL_STEP * i, i, default=True) for i in range(len(self._devices))
+        ]
         for pool in self._default_pools:
             self._mempools[pool.handle] = pool
 
@@ -104,8 +151,7 @@ class PoolModel:
     def _device_pools(self, device: int):
         """The pools whose memory a synchronize of ``device`` may give back (host pools' too:
         any device's streams may free into them)."""
-        return [p for p in self._mempools.values()
-                if p.device in (device, -1) and not p.imported]
+        return [p for p in self._mempools.values() if p.device in (device, -1) and not p.imported]
 
     # -- creation and destruction ------------------------------------------------------------
 
@@ -118,9 +164,11 @@ class PoolModel:
 
     def cuMemPoolCreate(self, poolProps):
         if poolProps is not None and not isinstance(poolProps, CUmemPoolProps):
-            raise TypeError("Argument 'poolProps' has incorrect type (expected "
-                            "cuda.bindings.driver.CUmemPoolProps, got "
-                            f"{type(poolProps).__name__})")
+            raise TypeError(
+                "Argument 'poolProps' has incorrect type (expected "
+                "cuda.bindings.driver.CUmemPoolProps, got "
+                f"{type(poolProps).__name__})"
+            )
         if not self._initialized:
             return (NOT_INITIALIZED, None)
         err, location, device = self._pool_location(poolProps)
@@ -131,9 +179,13 @@ class PoolModel:
             return (INVALID_VALUE, None)  # host and managed pools: no IPC (CUDA 13 docs)
         max_size = size_t(poolProps.maxSize)
         with self._lock:
-            pool = SimPool(next(self._pool_handles), device,
-                           limit=-(-max_size // GRANULE) * GRANULE, ipc=bool(handle_types),
-                           location=location)
+            pool = SimPool(
+                next(self._pool_handles),
+                device,
+                limit=-(-max_size // GRANULE) * GRANULE,
+                ipc=bool(handle_types),
+                location=location,
+            )
             self._open_pool(pool)
             self._mempools[pool.handle] = pool
         return (OK, CUmemoryPool(pool.handle))
@@ -145,11 +197,15 @@ class PoolModel:
         if props is None:
             return INVALID_VALUE, None, None
         kind, where = props.allocType, props.location
-        if kind == CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED \
-                and where.type == CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST:
+        if (
+            kind == CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+            and where.type == CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST
+        ):
             return OK, "host", -1
-        if kind not in (CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED,
-                        CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_MANAGED):
+        if kind not in (
+            CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED,
+            CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_MANAGED,
+        ):
             return INVALID_VALUE, None, None
         if where.type != CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE:
             return NOT_SUPPORTED, None, None  # host NUMA nodes and the rest: not modelled
@@ -212,8 +268,11 @@ class PoolModel:
     def _reusable(self, nbytes: int, pool: SimPool, stream):
         """The smallest block of the pool that fits and that ``stream`` may use now: one freed
         on it, or one whose free has run. Blocks more than twice too big are left alone."""
-        fits = [b for b in pool.free if nbytes <= b.size <= 2 * nbytes + 512
-                and (b.free_stream is stream or b.released)]
+        fits = [
+            b
+            for b in pool.free
+            if nbytes <= b.size <= 2 * nbytes + 512 and (b.free_stream is stream or b.released)
+        ]
         if not fits:
             return None
         block = min(fits, key=lambda b: b.size)
@@ -263,6 +322,7 @@ class PoolModel:
 
             def free():
                 block.end(alloc)
+
             return (self._enqueue(hStream, free, label="free"),)
 
     # -- release ---------------------------------------------------------------------------------
@@ -326,11 +386,13 @@ class PoolModel:
             return (INVALID_VALUE, None)
         if attr in _REUSE:
             return (OK, found.reuse[attr])
-        value = {A.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: found.threshold,
-                 A.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: found.reserved,
-                 A.CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: found.reserved_high,
-                 A.CU_MEMPOOL_ATTR_USED_MEM_CURRENT: found.used,
-                 A.CU_MEMPOOL_ATTR_USED_MEM_HIGH: found.used_high}[attr]
+        value = {
+            A.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: found.threshold,
+            A.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: found.reserved,
+            A.CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: found.reserved_high,
+            A.CU_MEMPOOL_ATTR_USED_MEM_CURRENT: found.used,
+            A.CU_MEMPOOL_ATTR_USED_MEM_HIGH: found.used_high,
+        }[attr]
         return (OK, cuuint64_t(value))
 
     def cuMemPoolSetAttribute(self, pool, attr, value):

@@ -25,11 +25,23 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING
 
-from cuda.bindings.driver import (CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUcontext, CUdevice,
-                                  CUstream, CUstream_flags)
+from cuda.bindings.driver import (
+    CU_STREAM_LEGACY,
+    CU_STREAM_PER_THREAD,
+    CUcontext,
+    CUdevice,
+    CUstream,
+    CUstream_flags,
+)
 
-from ._common import (CONTEXT_IS_DESTROYED, INVALID_HANDLE, INVALID_VALUE, NOT_PERMITTED,
-                      NOT_READY, OK)
+from ._common import (
+    CONTEXT_IS_DESTROYED,
+    INVALID_HANDLE,
+    INVALID_VALUE,
+    NOT_PERMITTED,
+    NOT_READY,
+    OK,
+)
 from ._engine import EngineModel
 from ._events import EventModel
 from ._timing import CROSS_DEVICE_WAIT_NS, HOST, Engines
@@ -228,8 +240,9 @@ class StreamModel(EngineModel, EventModel):
     def cuLaunchHostFunc(self, hStream, fn, userData):
         if not int(fn or 0):
             return (INVALID_VALUE,)  # calling it would crash the interpreter
-        return (self._enqueue(hStream, self._host_call(fn, userData), label="host function",
-                              kind=HOST),)
+        return (
+            self._enqueue(hStream, self._host_call(fn, userData), label="host function", kind=HOST),
+        )
 
     def _host_call(self, fn, userData):
         """The operation that calls the C function pointer ``fn`` (non-null) with
@@ -246,4 +259,5 @@ class StreamModel(EngineModel, EventModel):
                 call(data)
             finally:
                 tls.host_functions -= 1
+
         return run

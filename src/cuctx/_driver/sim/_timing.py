@@ -113,8 +113,13 @@ HOST_BUILD_NODE_NS = 5_630
 # (about as much again as an instantiation): an estimate, not measured.
 HOST_WHOLE_NODE_NS = 5_000
 
-KERNEL, HTOD, DTOH, DTOD, HTOH = "kernel", "memcpy HtoD", "memcpy DtoH", "memcpy DtoD", \
-    "memcpy HtoH"
+KERNEL, HTOD, DTOH, DTOD, HTOH = (
+    "kernel",
+    "memcpy HtoD",
+    "memcpy DtoH",
+    "memcpy DtoD",
+    "memcpy HtoH",
+)
 PTOP = "memcpy PtoP"  # between devices (CUPTI's name)
 MEMSET, HOST, BUSY = "memset", "host", "busy"
 ON_SMS = (KERNEL, DTOD, MEMSET)  # kinds that run on the SMs
@@ -186,11 +191,11 @@ class Engines:
     """The engines of one device and what is booked on them."""
 
     def __init__(self) -> None:
-        self._booked: dict[str, list[_Booking]] = {"HtoD": [], "DtoH": [], "peer": [],
-                                                   "sms": []}
+        self._booked: dict[str, list[_Booking]] = {"HtoD": [], "DtoH": [], "peer": [], "sms": []}
 
-    def place(self, kind: str, ready: int, length: int, owner: int, sms: frozenset | None,
-              width: float) -> int:
+    def place(
+        self, kind: str, ready: int, length: int, owner: int, sms: frozenset | None, width: float
+    ) -> int:
         """Book ``length`` ns for an operation of ``kind`` ready at ``ready`` and return its
         start. ``owner``: its context's handle; ``sms``: its green context's SM partition
         (None: all SMs); ``width``: its share of them."""
@@ -206,7 +211,7 @@ class Engines:
         booked.append(_Booking(start, start + length, owner, sms, width))
         if len(booked) > _KEEP:
             booked.sort(key=lambda b: b.end)
-            del booked[:len(booked) - _KEEP]
+            del booked[: len(booked) - _KEEP]
         return start
 
     @staticmethod

@@ -82,10 +82,10 @@ def decoders(fn, params: tuple[Param, ...], kinds: tuple | None) -> list[str]:
     "float" -> a float, "struct" -> the raw bytes, "int" (and unknown) -> by size: a
     `SimPointer` for 8 bytes, a signed integer for 1, 2 and 4, the raw bytes otherwise."""
     try:
-        positional = (inspect.Parameter.POSITIONAL_ONLY,
-                      inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        annotated = [p for p in inspect.signature(fn).parameters.values()
-                     if p.kind in positional][2:]
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        annotated = [p for p in inspect.signature(fn).parameters.values() if p.kind in positional][
+            2:
+        ]
     except (TypeError, ValueError):
         annotated = []
     out = []
@@ -116,7 +116,7 @@ def decode_args(driver, kinds: list[str], raw: list[bytes]) -> list:
         elif kind == "bytes":
             out.append(data)
         elif kind.startswith("complex"):
-            out.append(complex(*struct.unpack(kind[len("complex"):], data)))
+            out.append(complex(*struct.unpack(kind[len("complex") :], data)))
         else:
             out.append(struct.unpack(kind, data)[0])
     return out
@@ -130,19 +130,25 @@ def run_twin(driver, ctx, name: str, twin, grid, block, kinds, raw):
         twin(grid, block, *args)
         declared = getattr(twin, "cost_ns", None)  # the twin's own time (`_timing`)
         if declared is not None:
-            driver._declared = int(declared(grid, block, *args) if callable(declared)
-                                   else declared)
+            driver._declared = int(declared(grid, block, *args) if callable(declared) else declared)
     except _Fault as fault:
         what = fault.why or "memory it may not"
-        remember_fault(ctx, None, f"the sim twin of kernel {name!r} ({where(twin)}) accessed "
-                  f"{what} at {_line_of(fault, twin)}")
+        remember_fault(
+            ctx,
+            None,
+            f"the sim twin of kernel {name!r} ({where(twin)}) accessed "
+            f"{what} at {_line_of(fault, twin)}",
+        )
         return fault.code
     except Exception as exc:  # noqa: BLE001 - a twin's bug fails the launch, as a trap
         at = _line_of(exc, twin)
         remember_fault(ctx, exc, f"the sim twin of kernel {name!r} raised {exc!r} at {at}")
-        warnings.warn(f"the sim twin of kernel {name!r} raised {exc!r} at {at}; the launch "
-                      f"fails with CUDA_ERROR_LAUNCH_FAILED\n{traceback.format_exc()}",
-                      SimTwinWarning, stacklevel=2)
+        warnings.warn(
+            f"the sim twin of kernel {name!r} raised {exc!r} at {at}; the launch "
+            f"fails with CUDA_ERROR_LAUNCH_FAILED\n{traceback.format_exc()}",
+            SimTwinWarning,
+            stacklevel=2,
+        )
         return LAUNCH_FAILED
     finally:
         driver._twin_ctx = None

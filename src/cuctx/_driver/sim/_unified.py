@@ -28,6 +28,7 @@ from ._timing import copy_kind
 
 def copy_bytes(source, target):
     """The work of a copy between two spans (device or host): their bytes, at run time."""
+
     def run():
         err, src_bytes = source.get()
         if not err:
@@ -35,6 +36,7 @@ def copy_bytes(source, target):
         if err:
             return err
         dst_bytes[:] = src_bytes  # NumPy copies through a buffer when the ranges overlap
+
     return run
 
 
@@ -87,11 +89,14 @@ class UnifiedCopies:
             return (err,)
 
         run = copy_bytes(source, target)
-        between = not (source_host or target_host) \
+        between = (
+            not (source_host or target_host)
             and source.alloc.block.device != target.alloc.block.device
+        )
         kind = copy_kind(source_host, target_host, between)
-        return self._copy(hStream, n, run, pageable_side(source, target),
-                          kind.removeprefix("memcpy "), kind)
+        return self._copy(
+            hStream, n, run, pageable_side(source, target), kind.removeprefix("memcpy "), kind
+        )
 
     def cuMemcpy(self, dst, src, ByteCount):
         return self._synchronous(self.cuMemcpyAsync(dst, src, ByteCount, 0))

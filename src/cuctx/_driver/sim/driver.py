@@ -99,6 +99,7 @@ def from_env() -> SimDriver:
     except ValueError:
         count = -1
     if count < 0:
-        raise ValueError(f"CUCTX_SIM_DEVICES must be a whole number of devices (0 or "
-                         f"more), got {text!r}")
+        raise ValueError(
+            f"CUCTX_SIM_DEVICES must be a whole number of devices (0 or more), got {text!r}"
+        )
     return SimDriver(count)
