@@ -22,7 +22,7 @@ def test_the_package_ships_its_type_hints():
     assert "py.typed" in config["tool"]["setuptools"]["package-data"]["cuctx"]
 
 
-SAMPLE = '''
+SAMPLE = """
 import pytest
 
 @pytest.mark.skip(reason="reason one")
@@ -37,18 +37,38 @@ def test_d(): assert False
 
 @pytest.mark.xfail(reason="known")
 def test_e(): assert False
-'''
+"""
 
 
 def run_pytest(tmp_path, *args):
     """pytest with this project's settings and tests/conftest.py, on a sample test file."""
     (tmp_path / "test_sample.py").write_text(textwrap.dedent(SAMPLE))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"),
-                                                       os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+    )
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "-p", "conftest",
-         "-p", "no:cacheprovider", "--rootdir", str(tmp_path), *args, "test_sample.py"],
-        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-c",
+            str(ROOT / "pyproject.toml"),
+            "-p",
+            "conftest",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            *args,
+            "test_sample.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 def test_skips_are_summarised_by_reason(tmp_path):
@@ -67,12 +87,28 @@ def test_asking_for_skip_lines_gets_pytests_own(tmp_path):
     assert "by reason" not in out
 
 
+CODE = ("src", "tests", "benchmarks", "scripts")
+
+
+def ruff(*args: str) -> subprocess.CompletedProcess:
+    pytest.importorskip("ruff", reason="ruff comes with the test extra: pip install -e '.[test]'")
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args, *CODE], cwd=ROOT, capture_output=True, text=True
+    )
+
+
 def test_the_code_passes_the_one_lint_configuration():
     """pyproject.toml's [tool.ruff] is the one linter configuration (pyflakes, pycodestyle with
     the 100-column limit, bugbear); CI runs it through this test."""
-    pytest.importorskip("ruff", reason="ruff comes with the test extra: pip install -e '.[test]'")
-    run = subprocess.run([sys.executable, "-m", "ruff", "check", "src", "tests", "benchmarks",
-                          "scripts"], cwd=ROOT, capture_output=True, text=True)
+    run = ruff("check")
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_the_code_is_as_the_one_formatter_writes_it():
+    """`ruff format` (the version the test extra pins, pyproject.toml's [tool.ruff]) is the one
+    formatter; CI runs its check through this test. To mend: ruff format src tests benchmarks
+    scripts."""
+    run = ruff("format", "--check")
     assert run.returncode == 0, run.stdout + run.stderr
 
 
@@ -85,6 +121,9 @@ def test_families_live_in_their_subpackages_and_modules_stay_small():
     assert len(root_sources) <= 16, sorted(root_sources)
     for family in ("kernels", "memory", "graphs", "tools", "csrc", "_driver"):
         assert (package / family).is_dir(), family
-    too_long = {str(p.relative_to(package)): n for p in package.rglob("*.py")
-                if "examples" not in p.parts and (n := len(p.read_text().splitlines())) > 500}
+    too_long = {
+        str(p.relative_to(package)): n
+        for p in package.rglob("*.py")
+        if "examples" not in p.parts and (n := len(p.read_text().splitlines())) > 500
+    }
     assert not too_long, too_long
