@@ -30,6 +30,21 @@ def run(main: Callable[[], None]) -> None:
         main()
 
 
+def one_cpu() -> None:
+    """Keep this process, and the programs it starts (the C baselines, which run while it
+    waits for them), on the CPU it runs on now, and print which. On a GPU machine's shared
+    cores the same launch loop took 2.5 us on one CPU and 3.7 on another, so a C program the
+    scheduler put elsewhere made a ratio of 0.98 or 1.55 of one that was 1.12-1.22 on every
+    single CPU (an H100 host). ``CUCTX_BENCH_CPUS=any`` leaves the scheduler free."""
+    if os.environ.get("CUCTX_BENCH_CPUS") == "any" or not hasattr(os, "sched_setaffinity"):
+        print("CPU: any (the scheduler's choice, for this process and its baselines)")
+        return
+    with open("/proc/self/stat") as stat:  # field 39, "processor": the CPU it last ran on
+        cpu = int(stat.read().rsplit(")", 1)[1].split()[36])
+    os.sched_setaffinity(0, {cpu})
+    print(f"CPU: {cpu} alone, for this process and its baselines (CUCTX_BENCH_CPUS=any: any)")
+
+
 def start(sim_note: str):
     """Print the backend and whether the race checker runs; return the backend and the name
     of the raw baseline ("cuda.bindings" on a GPU; on the sim, its driver, with

@@ -40,7 +40,8 @@ skipped with the reason, and its times are the sim's host times, not a GPU's.
 ``--decisions STEPS SMALL_CALLS TOKENS CHAIN`` prints the decisions alone, as JSON.
 ``--processes N`` runs the whole benchmark in N processes, one after another, and ends with
 each goal line's median over them (a process lands fast or slow as a whole: a line near its
-goal can flip from one process to the next).
+goal can flip from one process to the next). Each process stays on one CPU with its C
+baselines (`_bench.one_cpu`).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ import numpy as np
 from cuda.bindings.driver import CUstream_flags, CUstreamCaptureMode
 
 import cuctx
-from _bench import compare, run, start
+from _bench import compare, one_cpu, run, start
 from _autograph_loops import (
     FMA_SOURCE,
     FORMS,
@@ -576,6 +577,7 @@ def main() -> None:
         "the sim runs small sizes as a smoke test; its times are its host "
         "times, and the raw baseline is the sim's driver"
     )
+    one_cpu()
     sizes = GPU if backend.name == "cuda" else SIM
     c, why_no_c = None, "the C program needs a GPU; this run is on the sim"
     if backend.name == "cuda":

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 import cuctx
-from _bench import run, start
+from _bench import one_cpu, run, start
 from cuctx.kernels._compiler import compile_source
 
 STEP_SOURCE = r"""
@@ -265,6 +265,7 @@ def c_for(sizes: Sizes) -> tuple[dict[str, float] | None, str | None]:
 
 def main() -> None:
     backend, _ = start("the sim runs small sizes as a smoke test; its times are its host times")
+    one_cpu()
     sizes = GPU_SIZES if backend.name == "cuda" else SIM_SIZES
     c, why_no_c = c_for(sizes)
     if why_no_c:

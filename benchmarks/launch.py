@@ -13,7 +13,7 @@ paths with their generated fast paths, as with CUCTX_NATIVE=0). The C baseline
 `Library.from_source` on a cold cache against a cache hit.
 
 Run on a GPU machine: ``python benchmarks/launch.py``. Peers that are not installed are
-skipped with a note.
+skipped with a note. The process and its C program stay on one CPU (`_bench.one_cpu`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import cuctx  # noqa: E402
+from _bench import one_cpu  # noqa: E402
 from cuctx.kernels._compiler import compile_source  # noqa: E402
 
 SOURCE = 'extern "C" __global__ void empty(float* p, int n) {}'
@@ -302,6 +303,7 @@ def compile_times() -> None:
 def main() -> None:
     if cuctx.backend().name != "cuda":
         sys.exit(f"benchmarks/launch.py needs a GPU ({cuctx.backend()})")
+    one_cpu()
     device = cuctx.Device(0)
     cc = device.compute_capability
     image = compile_source(SOURCE, arch=f"sm_{cc.major}{cc.minor}", cache_dir=False).image
