@@ -7,6 +7,8 @@ really serves the calls it is made for. Sim and GPU."""
 from __future__ import annotations
 
 import ctypes
+import gc
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -348,3 +350,33 @@ def test_a_build_of_kernels_on_one_stream_is_made_in_c_as_python_makes_it(lib, b
         with pytest.raises(cuctx.CudaError, match="adding kernel 'add'"):
             _autograph_build.kernel_chain(refused, recording, site, builder)
     assert len(refused.nodes) == 0 and len(added) == 2
+
+
+def test_a_graph_autograph_lets_go_is_freed_at_once_not_by_the_garbage_collector(lib):
+    """A graph and its nodes refer to each other. An AutoGraph's graph is its own (never
+    handed out), so once its executable is destroyed (clear, eviction, a rebuild) the nodes
+    let go of it: the graph, and its driver graph, are freed when the streams it ran on are
+    known idle (synchronized), with the garbage collector off, not at its next pass inside
+    whatever runs then. A graph of the user's keeps its nodes' ``graph`` after its
+    executable is gone."""
+    step = cuctx.autograph(token(lib["add"]))
+    outs = [cuctx.empty(N, np.float32) for _ in range(3)]
+    for i, out in enumerate(outs):
+        step(out, arange(i), float(i))
+    assert step.stats()["builds"] == 1
+    graph = weakref.ref(step._last.exe.graph)
+    gc.disable()
+    try:
+        step.clear()
+        cuctx.current_stream().synchronize()
+        assert graph() is None
+    finally:
+        gc.enable()
+    for i, out in enumerate(outs):  # what the calls made is unchanged
+        np.testing.assert_array_equal(out.to_host(), np.arange(i, i + N) + 2 * i + 3)
+
+    mine = cuctx.Graph()
+    node = mine.launch(lib["add"], 1, 32, outs[0], outs[1], np.float32(1), N)
+    exe = mine.instantiate()
+    exe.destroy()
+    assert node.graph is mine

@@ -26,7 +26,7 @@ from .. import _lifetimes, _trace
 from .._driver import in_host_function
 from ..kernels._launch_config import make_config, validate
 from .._resource import Resource
-from ..context import ACTIVE, DESTROYED, Context, in_context
+from ..context import ACTIVE, Context, in_context
 from .._calls import fail, refuse_in_host_function
 from ..errors import CONTEXT_IS_DESTROYED, CudaError, GraphUpdateError
 from ..stream import Stream, resolve_stream
@@ -35,24 +35,13 @@ from ._conditions import check_condition_args, with_bodies
 from ._nodes import KernelParams, copy_params, fill_params
 from ._trace_launch import announce
 from ._update import TOPOLOGY, UPDATE_REASONS, refusal
+from ._exec_lifetime import _destroy_exec, _forget_context, _Held, _live, _retire, _unlink_private
 
 if TYPE_CHECKING:
     from ._graph import Graph
     from ._graph_node import GraphNode
 
 _F = CUgraphInstantiate_flags
-
-
-class _Held:
-    """What an executable's work uses; its finalizer hands it to the queues of the streams
-    it was launched on, so the objects outlive the launches still running."""
-
-    __slots__ = ("objects", "slots", "streams")
-
-    def __init__(self) -> None:
-        self.objects: tuple = ()
-        self.slots: dict[int, Any] = {}  # position -> per-node update state (its arguments)
-        self.streams: set[Stream] = set()
 
 
 class GraphExec(Resource):
@@ -90,7 +79,21 @@ class GraphExec(Resource):
             err, handle = drv.cuGraphInstantiate(graph._handle, flags)
         if err:
             fail(backend, err, "cuGraphInstantiate", ctx, hint=f"instantiating {graph!r}")
-        self._backend = backend
+        self._own(graph, handle)
+        if stream is not None:  # what CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD does, in one more call
+            self.upload(stream)
+
+    @classmethod
+    def _made(cls, graph: Graph, handle) -> GraphExec:
+        """The GraphExec of ``handle``, just instantiated from ``graph`` (an AutoGraph
+        build, which made the checks of __init__ itself)."""
+        exe = cls.__new__(cls)
+        exe._own(graph, handle)
+        return exe
+
+    def _own(self, graph: Graph, handle) -> None:
+        ctx = graph._ctx
+        self._backend = ctx._backend
         self._ctx = ctx
         self._handle = handle
         self._key = int(handle)
@@ -98,14 +101,14 @@ class GraphExec(Resource):
         self._held = _Held()
         self._take(graph)
         self._handles = [node._handle for node in self._specs]
-        self._finalizer = _lifetimes.finalize(self, _destroy_exec, drv, handle, ctx, self._held)
+        self._finalizer = _lifetimes.finalize(
+            self, _destroy_exec, self._backend.driver, handle, ctx, self._held
+        )
         live = _live.get(ctx._key)
         if live is None:  # (not setdefault: a WeakSet made for nothing costs a microsecond)
             live = _live[ctx._key] = weakref.WeakSet()
         live.add(self)
         ctx._on_teardown(_forget_context)
-        if stream is not None:  # what CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD does, in one more call
-            self.upload(stream)
 
     def _take(self, graph: Graph) -> None:
         """Keep what ``graph``'s nodes use; its nodes, and those of its conditional bodies,
@@ -118,6 +121,7 @@ class GraphExec(Resource):
         self._events = tuple(events)
         held = self._held
         _retire(held, (held.objects, list(held.slots.values())))
+        _unlink_private(held.objects[1:2], keep=(self._origin, graph))  # (an update's, replaced)
         held.objects = (self._origin, graph, *host)  # (each graph's nodes keep their objects)
         held.slots.clear()
         self._specs = with_bodies(graph)
@@ -441,29 +445,3 @@ def _stream_for(ctx: Context, stream: Any, operation: str) -> Stream:
             "(with exe.context: cuctx.Stream()) or instantiate a graph of that context"
         )
     return stream
-
-
-def _retire(held: _Held, objects: Any) -> None:
-    """Objects the executable no longer uses, which launches still queued may: the streams
-    it ran on keep them until they are known idle."""
-    if objects:
-        for stream in held.streams:
-            stream._hold(objects)
-
-
-def _destroy_exec(drv, handle, ctx: Context, held: _Held) -> None:
-    if ctx._state is ACTIVE:  # launches may still run: keep it all until they ran
-        _retire(held, (held.objects, list(held.slots.values())))
-    held.objects, held.slots, held.streams = (), {}, set()
-    if ctx._state != DESTROYED:  # the driver freed it with the context, and must not see it
-        drv.cuGraphExecDestroy(handle)
-
-
-# Executables by context key, to let go of what they keep when their context is torn down.
-_live: dict[int, weakref.WeakSet] = {}
-
-
-def _forget_context(ctx: Context) -> None:
-    for exe in list(_live.pop(ctx._key, ())):
-        held = exe._held
-        held.objects, held.slots, held.streams = (), {}, set()
