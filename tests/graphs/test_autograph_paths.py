@@ -357,19 +357,24 @@ def test_a_graph_autograph_lets_go_is_freed_at_once_not_by_the_garbage_collector
     handed out), so once its executable is destroyed (clear, eviction, a rebuild) the nodes
     let go of it: the graph, and its driver graph, are freed when the streams it ran on are
     known idle (synchronized), with the garbage collector off, not at its next pass inside
-    whatever runs then. A graph of the user's keeps its nodes' ``graph`` after its
-    executable is gone."""
+    whatever runs then; so are those of a function dropped. A graph of the user's keeps its
+    nodes' ``graph`` after its executable is gone."""
     step = cuctx.autograph(token(lib["add"]))
     outs = [cuctx.empty(N, np.float32) for _ in range(3)]
     for i, out in enumerate(outs):
         step(out, arange(i), float(i))
     assert step.stats()["builds"] == 1
     graph = weakref.ref(step._last.exe.graph)
+    dropped = cuctx.autograph(token(lib["add"]))
+    for i in range(3):
+        dropped(cuctx.empty(N, np.float32), arange(i), float(i))
+    dropped_graph = weakref.ref(dropped._last.exe.graph)
     gc.disable()
     try:
         step.clear()
+        del dropped
         cuctx.current_stream().synchronize()
-        assert graph() is None
+        assert graph() is None and dropped_graph() is None
     finally:
         gc.enable()
     for i, out in enumerate(outs):  # what the calls made is unchanged
