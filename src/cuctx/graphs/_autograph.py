@@ -44,7 +44,7 @@ from ..kernels._launcher import Launcher
 from .._lifetimes import defer_cleanup
 from ..errors import CudaError
 from ._autograph_arena import Arena
-from ._autograph_build import construct, instantiate, launch, patch, patchable, patcher
+from ._autograph_build import construct, launch, patch, patchable, patcher
 from ._autograph_policy import MARGIN, SWITCH_AFTER, Policy, Why, mean, us
 from ._autograph_record import _DEFERRED, Recording
 from ._autograph_state import EAGER, GRAPH, Entry, Tally, difference, said, site_of
@@ -260,7 +260,7 @@ class AutoGraph:
                 raise ValueError(
                     f"its graph (about {size} bytes) would exceed max_bytes={self.max_bytes}"
                 )
-            exe = instantiate(graph)
+            exe = graph.instantiate()
         except (CudaError, TypeError, ValueError) as exc:
             entry.blocked = f"building its graph failed: {exc}"
             entry.values = recording.values

@@ -25,21 +25,19 @@ from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 import numpy as np
 from cuda.bindings.driver import CUgraphNode, CUkernel, CUresult
 
-from .. import _lifetimes, _trace
+from .. import _trace
 from .._driver.native import extension
 from .._calls import fail
-from ..context import in_context
 from ..kernels._launcher import Launcher
 from ._autograph_arena import anchor
 from ._autograph_record import COPY, FILL, HOST, RECORD, Recording
-from ._capture_rules import _refuse_instantiation
-from ._exec import GraphExec
 from ._graph import Graph
 from ._graph_node import GraphNode
 from ._nodes import KernelParams, NodeInfo, describe_kernel
 
 if TYPE_CHECKING:
     from ._autograph_state import Entry
+    from ._exec import GraphExec
 
 # Node kinds `GraphExec.update_node` changes; other changed nodes need a whole update.
 PATCHABLE = frozenset({"kernel", "copy", "fill"})
@@ -73,10 +71,8 @@ def construct(recording: Recording) -> tuple[Graph, list[GraphNode | None], int]
     builds = native if native is not None and native.builds else None
     site = _trace.user_site()  # (the call's line, for every node: what errors name)
     with ctx:
-        err, handle = ctx._backend.driver.cuGraphCreate(0)
-        if err:
-            fail(ctx._backend, err, "cuGraphCreate", ctx)
-        graph = Graph._made(ctx, handle)
+        graph = Graph()
+        graph._private = True  # never handed out: see `_exec_lifetime._unlink_private`
         if (
             builds is not None
             and len(recording.streams) == 1
@@ -102,19 +98,6 @@ def construct(recording: Recording) -> tuple[Graph, list[GraphNode | None], int]
                 continue
             size += _node(graph, recording, i, tails, at_record, nodes)
     return graph, nodes, size
-
-
-def instantiate(graph: Graph) -> GraphExec:
-    """An executable of a build's graph: `Graph.instantiate` without the checks a recording's
-    graph passes by construction (its context alive, no condition left unused)."""
-    ctx = graph._ctx
-    if _lifetimes.capturing:
-        _refuse_instantiation("AutoGraph build")
-    with in_context(ctx, "AutoGraph build"):
-        err, handle = ctx._backend.driver.cuGraphInstantiate(graph._handle, 0)
-    if err:
-        fail(ctx._backend, err, "cuGraphInstantiate", ctx, hint=f"instantiating {graph!r}")
-    return GraphExec._made(graph, handle)
 
 
 class NodeSpec(NamedTuple):

@@ -79,21 +79,7 @@ class GraphExec(Resource):
             err, handle = drv.cuGraphInstantiate(graph._handle, flags)
         if err:
             fail(backend, err, "cuGraphInstantiate", ctx, hint=f"instantiating {graph!r}")
-        self._own(graph, handle)
-        if stream is not None:  # what CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD does, in one more call
-            self.upload(stream)
-
-    @classmethod
-    def _made(cls, graph: Graph, handle) -> GraphExec:
-        """The GraphExec of ``handle``, just instantiated from ``graph`` (an AutoGraph
-        build, which made the checks of __init__ itself)."""
-        exe = cls.__new__(cls)
-        exe._own(graph, handle)
-        return exe
-
-    def _own(self, graph: Graph, handle) -> None:
-        ctx = graph._ctx
-        self._backend = ctx._backend
+        self._backend = backend
         self._ctx = ctx
         self._handle = handle
         self._key = int(handle)
@@ -101,14 +87,14 @@ class GraphExec(Resource):
         self._held = _Held()
         self._take(graph)
         self._handles = [node._handle for node in self._specs]
-        self._finalizer = _lifetimes.finalize(
-            self, _destroy_exec, self._backend.driver, handle, ctx, self._held
-        )
+        self._finalizer = _lifetimes.finalize(self, _destroy_exec, drv, handle, ctx, self._held)
         live = _live.get(ctx._key)
         if live is None:  # (not setdefault: a WeakSet made for nothing costs a microsecond)
             live = _live[ctx._key] = weakref.WeakSet()
         live.add(self)
         ctx._on_teardown(_forget_context)
+        if stream is not None:  # what CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD does, in one more call
+            self.upload(stream)
 
     def _take(self, graph: Graph) -> None:
         """Keep what ``graph``'s nodes use; its nodes, and those of its conditional bodies,

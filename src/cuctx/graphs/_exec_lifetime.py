@@ -40,12 +40,12 @@ def _retire(held: _Held, objects: Any) -> None:
 
 def _unlink_private(graphs: tuple, keep: tuple = ()) -> None:
     """Drop the nodes' references to each of ``graphs`` (an executable's graph and its
-    latest whole update's) that is private (AutoGraph's, `Graph._made`), those in ``keep``
-    aside, once no executable uses it. A graph and its nodes refer to each other: without
-    this the graph (and its driver graph) lived until the garbage collector's next pass,
-    which then destroyed it inside whatever ran (on an H100, builds of 1000 kernels took
-    4.0-5.3 ms so, and 8-13 ms where a pass freed several; 3.2-3.3 with graphs freed when
-    let go)."""
+    latest whole update's) that is private (AutoGraph's: `_autograph_build.construct`),
+    those in ``keep`` aside, once no executable uses it. A graph and its nodes refer to each
+    other: without this the graph (and its driver graph) lived until the garbage
+    collector's next pass, which then destroyed it inside whatever ran (on an H100, builds
+    of 1000 kernels took 4.0-5.3 ms so, and 8-13 ms where a pass freed several; 3.2-3.3
+    with graphs freed when let go)."""
     for graph in graphs:
         if graph._private and not any(graph is k for k in keep):
             for node in graph._nodes:

@@ -81,21 +81,8 @@ class Graph(Resource):
             err, handle = drv.cuGraphCreate(0)
         if err:
             fail(ctx._backend, err, "cuGraphCreate", ctx)
-        self._own(ctx, handle)
-
-    @classmethod
-    def _made(cls, ctx: Context, handle) -> Graph:
-        """The private Graph of ``handle``, just created in ``ctx`` (current): an AutoGraph
-        build's, never handed out (see `_exec_lifetime._unlink_private`), made without
-        __init__'s lookups."""
-        graph = cls.__new__(cls)
-        graph._own(ctx, handle)
-        graph._private = True
-        return graph
-
-    def _own(self, ctx: Context, handle) -> None:
         self._setup(ctx, handle, None)
-        self._finalizer = finalize(self, _destroy_graph, ctx._backend.driver, handle, ctx)
+        self._finalizer = finalize(self, _destroy_graph, drv, handle, ctx)
 
     def _setup(self, ctx: Context, handle, home: tuple[GraphNode, int] | None) -> None:
         self._backend = ctx._backend
@@ -115,6 +102,7 @@ class Graph(Resource):
         self._home = home
         self._conditions: list[Condition] = []  # made for this graph (Graph.condition)
         self._finalizer = None
+        # AutoGraph's own graph, never handed out: see `_exec_lifetime._unlink_private`.
         self._private = False
 
     def _append(self, node: GraphNode) -> GraphNode:
