@@ -6,8 +6,9 @@ write (`Owner.keep`), host functions with their arguments (`Owner.add_host_funct
 the failures of those host functions until someone asks. Two kinds:
 
 - `StreamQueue`: the work queued on one stream (by context and handle, since several Stream
-  objects can name one stream). Kept objects go when the stream is known idle (a synchronize,
-  or a query every so often; a Stream's finalizer, `_destroy_stream`, synchronizes first while
+  objects can name one stream). Kept objects go when the stream is known idle (a synchronize
+  of it or of its context, or a query every so often: only those kept before the wait
+  began, see `marks`; a Stream's finalizer, `_destroy_stream`, synchronizes first while
   they are kept); a host function goes once it ran. No driver query is made while
   ``capturing`` is set (a stream being captured into a graph must not be queried; see
   "stream capture" below for what the lower layers ask about active captures).
@@ -77,12 +78,13 @@ class Owner:
 
 
 class StreamQueue(Owner):
-    __slots__ = ("capturing",)
+    __slots__ = ("capturing", "_released")
     one_shot = True
 
     def __init__(self, key: tuple[int, int]) -> None:
         super().__init__(key)
         self.capturing: Any = None  # the capture the stream takes part in: no query meanwhile
+        self._released = 0  # kept objects let go so far: `mark` counts every one ever kept
 
     def keep(self, obj: Any, idle: Callable[[], bool] | None = None) -> None:
         """Keep ``obj`` until the stream is known idle; past HOLD_CHECK objects, ask
@@ -90,8 +92,30 @@ class StreamQueue(Owner):
         a capture invalidates it (measured on an H100)."""
         kept = self._kept
         kept.append(obj)
-        if len(kept) > HOLD_CHECK and idle is not None and not capturing and idle():
-            kept.clear()
+        if len(kept) > HOLD_CHECK and idle is not None and not capturing:
+            mark = self.mark()  # the query releases the GIL: another thread may keep more
+            if idle():
+                self.release_to(mark)
+
+    def mark(self) -> int:
+        """How many objects this queue has kept so far, counted from its start: taken before
+        a synchronize or a query, it says which objects that wait covers (`release_to`)."""
+        return self._released + len(self._kept)
+
+    def release_to(self, mark: int) -> None:
+        """Drop the objects kept before ``mark``: the work that used them is done. Objects
+        kept since (by another thread while the driver waited) stay."""
+        count = mark - self._released
+        if count > 0:
+            kept = self._kept
+            dropped = kept[:count]  # their finalizers run once the count is right again
+            del kept[:count]
+            self._released = mark
+            del dropped
+
+    def release(self) -> None:
+        self._released += len(self._kept)
+        super().release()
 
 
 class GraphOwner(Owner):
@@ -113,20 +137,35 @@ def queue(ctx: Context, stream_key: int) -> StreamQueue:
     return owner
 
 
-def stream_idle(ctx_key: int, stream_key: int) -> None:
-    """The stream is known idle (synchronized): drop what its queue kept."""
+def marks(ctx_key: int, stream_key: int | None = None) -> list[tuple[StreamQueue, int]]:
+    """Marks of what the queue of a stream (or of every stream of a context, with
+    ``stream_key`` None) kept so far. Take them before a synchronize; once it returned, give
+    them to `idle`, which drops only what they cover: another thread can queue work (and
+    keep its host arrays) while the driver waits, and that work may still run."""
+    if stream_key is not None:
+        owner = _queues.get((ctx_key, stream_key))
+        return [] if owner is None else [(owner, owner.mark())]
+    return [(owner, owner.mark()) for key, owner in list(_queues.items()) if key[0] == ctx_key]
+
+
+def idle(taken: list[tuple[StreamQueue, int]]) -> None:
+    """A synchronize that began after ``taken`` (from `marks`) returned: drop what the marks
+    cover. The queue itself stays filed until its stream is destroyed (or its context): a
+    thread that just looked it up may be about to keep an object in it."""
     if _held:
         run_held_finalizers()
-    owner = _queues.pop((ctx_key, stream_key), None)
-    if owner is not None:
-        owner.release()
+    for owner, mark in taken:
+        owner.release_to(mark)
 
 
 def _destroy_stream(drv, handle, ctx: Context) -> None:
-    if ctx._state != DESTROYED:  # the driver freed it with the context, and must not see it
-        if holds(ctx._key, int(handle)):  # its copies still use host arrays
-            drv.cuStreamSynchronize(handle)
-            stream_idle(ctx._key, int(handle))
+    alive = ctx._state != DESTROYED  # else the driver freed it with the context
+    if alive and holds(ctx._key, int(handle)):  # its copies still use host arrays
+        drv.cuStreamSynchronize(handle)
+    owner = _queues.pop((ctx._key, int(handle)), None)  # before the handle can be reused
+    if owner is not None:
+        owner.release()
+    if alive:
         drv.cuStreamDestroy(handle)
 
 

@@ -352,12 +352,15 @@ class Context(Resource):
             _lifetimes.refuse_in_capture("Context.synchronize", ctx=self)
         if _lifetimes.orphans:  # freed first, so this synchronize gives their memory back
             _lifetimes.free_orphans(self)
+        held = _lifetimes.marks(self._key) if _lifetimes._queues else None
         with _InContext(self, "Context.synchronize"):
             (err,) = self._drv.cuCtxSynchronize()
         if err:
             fail(self._backend, err, "cuCtxSynchronize", self)
         if _trace.sinks:
             _trace.emit("sync_context", self, None)
+        if held is not None:  # every stream of the context is idle
+            _lifetimes.idle(held)
         raise_host_func_errors(self)
 
     def __repr__(self) -> str:

@@ -272,13 +272,14 @@ class Stream(Resource):
             _record.interrupt("Stream.synchronize")
         if _lifetimes.capturing:
             _lifetimes.refuse_in_capture("Stream.synchronize", stream=self)
+        held = _lifetimes.marks(ctx._key, self._key) if _lifetimes._queues else None
         (err,) = self._sync(self._handle)
         if err:
             fail(self._backend, err, "cuStreamSynchronize", ctx)
         if _trace.sinks:
             _trace.emit("sync_stream", ctx, self)
-        if _lifetimes._queues:
-            _lifetimes.stream_idle(ctx._key, self._key)
+        if held is not None:
+            _lifetimes.idle(held)
         if _lifetimes._failures:
             failures = _lifetimes.take_failures(lambda k: k == (ctx._key, self._key))
             if failures:

@@ -5,6 +5,9 @@ callbacks."""
 
 from __future__ import annotations
 
+import weakref
+
+import numpy as np
 import pytest
 
 import cuctx
@@ -100,3 +103,67 @@ def test_a_destroyed_context_drops_its_queues(sim):
     assert not _lifetimes.holds(ctx._key, stream._key)
     with pytest.raises(cuctx.ContextDestroyedError):
         stream.synchronize()
+
+
+def test_an_idle_query_lets_go_only_of_what_was_kept_before_it():
+    """The driver's query releases the GIL: an object another thread keeps meanwhile belongs
+    to work the query did not see, and stays."""
+    owner = _lifetimes.StreamQueue((-5, 1))
+    for i in range(_lifetimes.HOLD_CHECK):
+        owner.keep(i)
+
+    def idle():
+        owner.keep("queued while the driver answered")
+        return True
+
+    owner.keep("last", idle)
+    assert owner._kept == ["queued while the driver answered"]
+
+
+def _copy_from_pinned(device_array, stream) -> weakref.ref:
+    """Queue an asynchronous copy from a new page-locked array, dropping the caller's only
+    reference to it: what stays is the stream's hold."""
+    host = cuctx.pinned_empty(device_array.shape, np.float32)
+    host[:] = 1.0
+    device_array.copy_from(host, stream)
+    return weakref.ref(host)
+
+
+@pytest.mark.paths("python", "native")
+def test_a_synchronize_keeps_a_host_array_another_thread_queued_while_it_waited(backend):
+    with cuctx.Device(0):
+        stream = Stream()
+        device_array = cuctx.zeros(1 << 16, np.float32, stream=stream)
+        early = _copy_from_pinned(device_array, stream)
+        assert early() is not None  # the copy may still run: the stream keeps its host array
+        wait = stream._sync
+        late = []
+
+        def wait_while_another_thread_copies(handle):
+            result = wait(handle)  # the driver waits without the GIL
+            late.append(_copy_from_pinned(device_array, stream))
+            return result
+
+        stream._sync = wait_while_another_thread_copies
+        stream.synchronize()
+        stream._sync = wait
+        assert early() is None  # the wait covered its copy
+        assert late[0]() is not None  # queued after the wait began: it may still run
+        stream.synchronize()
+        assert late[0]() is None
+        assert (device_array.to_host() == 1.0).all()
+
+
+@pytest.mark.parametrize("wait", ["Context.synchronize", "Device.synchronize", "cuctx.synchronize"])
+def test_a_context_or_device_synchronize_lets_go_of_every_streams_host_arrays(backend, wait):
+    with cuctx.Device(0) as ctx:
+        streams = [Stream(), Stream(), cuctx.current_stream()]
+        arrays = [cuctx.empty(1 << 12, np.float32) for _ in streams]
+        kept = [_copy_from_pinned(a, s) for a, s in zip(arrays, streams)]
+        assert all(ref() is not None for ref in kept)
+        {
+            "Context.synchronize": ctx.synchronize,
+            "Device.synchronize": ctx.device.synchronize,
+            "cuctx.synchronize": cuctx.synchronize,
+        }[wait]()
+        assert [ref() for ref in kept] == [None] * 3
