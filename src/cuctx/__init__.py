@@ -41,7 +41,7 @@ from .kernels import (
     Module,
     compile_source,
 )
-from ._native_hooks import empty, launch  # the compiled paths', where they are built
+from ._native_hooks import current_stream, empty, launch  # the compiled paths', where built
 from .memory import (
     DeviceArray,
     MemoryPool,
@@ -55,7 +55,7 @@ from .memory import (
     to_device,
     zeros,
 )
-from .stream import HostFunctionError, Stream, current_stream, legacy_stream, per_thread_stream
+from .stream import HostFunctionError, Stream, legacy_stream, per_thread_stream
 from .errors import RaceError, RaceWarning
 from .tools import racecheck, timeline
 from .isolated import IsolatedExecutor

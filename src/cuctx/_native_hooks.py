@@ -48,6 +48,7 @@ from .device import Device
 from .event import Event
 from .memory import _alloc, _array, _construct, _layout
 from .memory._array import DeviceArray
+from . import stream
 from .stream import Stream
 
 STEP_ASIDE = (
@@ -97,11 +98,12 @@ METHODS = (
 
 
 def _install():
-    """Put the compiled methods on the classes; return the public `launch` and `empty`
-    (`empty` also in the modules that call it: `full`, `zeros`, `to_device` use it)."""
+    """Put the compiled methods on the classes; return the public `launch`, `empty` and
+    `current_stream` (`empty` also in the modules that call it: `full`, `zeros`,
+    `to_device` use it)."""
     module, _ = native.extension()
     if module is None:
-        return _launcher.launch, _array.empty
+        return _launcher.launch, _array.empty, stream.current_stream
     for cls, name in METHODS:
         python = vars(cls)[name]
         if isinstance(python, staticmethod):
@@ -161,7 +163,9 @@ def _install():
     )
     compiled_empty = module.Method("empty", _array.empty)
     _array.empty = _construct.empty = memory.empty = compiled_empty
-    return module.Method("launch", _launcher.launch), compiled_empty
+    current_stream = module.Method("current_stream", stream.current_stream)
+    stream.current_stream = current_stream
+    return module.Method("launch", _launcher.launch), compiled_empty, current_stream
 
 
-launch, empty = _install()
+launch, empty, current_stream = _install()

@@ -258,6 +258,45 @@ def test_a_launch_without_a_stream_finds_the_current_streams_launcher_on_both_pa
     other.destroy()
 
 
+def test_cuctx_current_stream_is_found_in_c_as_the_python_path_finds_it(native, monkeypatch):
+    """cuctx.current_stream() without a device: the innermost `with stream:` of the current
+    device (whichever context it is of), else the current context's legacy stream, found in
+    C, and the same stream as the Python path finds however the stack changes."""
+    side, other = cuctx.Stream(), cuctx.Context.create()
+    inner = cuctx.Stream()  # of other
+    cuctx.Context.pop()
+
+    def found() -> list:
+        streams = [cuctx.current_stream()]
+        with side:
+            streams.append(cuctx.current_stream())
+            with other:
+                streams.append(cuctx.current_stream())  # side: the device's innermost block
+                with inner:
+                    streams.append(cuctx.current_stream())
+            streams.append(cuctx.current_stream())
+        with other:
+            streams.append(cuctx.current_stream())
+        return streams + [cuctx.current_stream(0)]
+
+    resolve = cuctx.stream.resolve_stream
+    asked = []
+    monkeypatch.setattr(
+        cuctx.stream, "resolve_stream", lambda *a, **k: asked.append(a) or resolve(*a, **k)
+    )
+    found()  # (the Python path makes the default streams at first use)
+    asked.clear()
+    compiled = found()
+    assert len(asked) == 1  # only current_stream(0), a device given, takes the Python path
+    with python_paths(cuctx.backend()):
+        assert found() == compiled
+    legacy, other_legacy = cuctx.legacy_stream(), compiled[-2]
+    assert other_legacy.kind == "legacy" and other_legacy.context is other
+    assert compiled[:-2] == [legacy, side, side, inner, side]
+    assert compiled[-1] is legacy
+    other.destroy()
+
+
 @requires_fast_paths
 @pytest.mark.parametrize("kind", [{"cooperative": True}, {"cluster": 2}])
 def test_cluster_and_cooperative_launches_take_the_compiled_path(lib, native, kind):
