@@ -293,11 +293,15 @@ class Stream(Resource):
             _record.interrupt("Stream.done")
         if _lifetimes.capturing:
             _lifetimes.refuse_in_capture("Stream.done", stream=self)
+        held = _lifetimes.marks(self._ctx._key, self._key) if _lifetimes._queues else None
         (err,) = self._call(self._backend.driver.cuStreamQuery, self._handle)
         if err and int(err) != NOT_READY:
             fail(self._backend, err, "cuStreamQuery", self._ctx)
-        if not err and _trace.sinks:  # the host saw the work finish, as a synchronize does
-            _trace.emit("sync_stream", self._ctx, self, query=True)
+        if not err:  # the host saw the work finish, as a synchronize does
+            if _trace.sinks:
+                _trace.emit("sync_stream", self._ctx, self, query=True)
+            if held is not None:
+                _lifetimes.idle(held)
         return not err
 
     @property

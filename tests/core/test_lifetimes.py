@@ -154,6 +154,16 @@ def test_a_synchronize_keeps_a_host_array_another_thread_queued_while_it_waited(
         assert (device_array.to_host() == 1.0).all()
 
 
+def test_a_stream_found_done_lets_go_of_its_host_arrays(backend):
+    with cuctx.Device(0):
+        stream = Stream()
+        device_array = cuctx.empty(1 << 12, np.float32, stream=stream)
+        kept = _copy_from_pinned(device_array, stream)
+        while not stream.done:
+            pass
+        assert kept() is None
+
+
 @pytest.mark.parametrize("wait", ["Context.synchronize", "Device.synchronize", "cuctx.synchronize"])
 def test_a_context_or_device_synchronize_lets_go_of_every_streams_host_arrays(backend, wait):
     with cuctx.Device(0) as ctx:
