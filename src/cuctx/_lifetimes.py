@@ -8,10 +8,10 @@ the failures of those host functions until someone asks. Two kinds:
 - `StreamQueue`: the work queued on one stream (by context and handle, since several Stream
   objects can name one stream). Kept objects go when the stream is known idle (a synchronize
   of it or of its context, `Stream.done` answering True, or a query every so often: only
-  those kept before the wait began, see `marks`; a Stream's finalizer, `_destroy_stream`, synchronizes first while
-  they are kept); a host function goes once it ran. No driver query is made while
-  ``capturing`` is set (a stream being captured into a graph must not be queried; see
-  "stream capture" below for what the lower layers ask about active captures).
+  those kept before the wait began, see `marks`; a Stream's finalizer, `_destroy_stream`,
+  synchronizes first while they are kept); a host function goes once it ran. No driver
+  query is made while ``capturing`` is set (a stream being captured into a graph must not be
+  queried; see "stream capture" below for what the lower layers ask about active captures).
 - `GraphOwner`: a graph executable's. Its host functions run on every replay, so they stay
   registered until `release` (when the graph is destroyed).
 
