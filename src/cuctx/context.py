@@ -353,12 +353,12 @@ class Context(Resource):
         if _lifetimes.orphans:  # freed first, so this synchronize gives their memory back
             _lifetimes.free_orphans(self)
         held = _lifetimes.marks(self._key) if _lifetimes._queues else None
+        if _trace.sinks:  # before the wait: what other threads queue meanwhile is not seen
+            _trace.emit("sync_context", self, None)
         with _InContext(self, "Context.synchronize"):
             (err,) = self._drv.cuCtxSynchronize()
         if err:
             fail(self._backend, err, "cuCtxSynchronize", self)
-        if _trace.sinks:
-            _trace.emit("sync_context", self, None)
         if held is not None:  # every stream of the context is idle
             _lifetimes.idle(held)
         raise_host_func_errors(self)

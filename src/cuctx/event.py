@@ -148,11 +148,11 @@ class Event(Resource):
             _record.interrupt("Event.synchronize")
         if _lifetimes.capturing:
             _lifetimes.refuse_in_capture("Event.synchronize", event=self)
+        if _trace.sinks:  # before the wait: a record another thread makes meanwhile is not seen
+            _trace.emit("sync_event", self._ctx, None, event=self)
         (err,) = self._backend.driver.cuEventSynchronize(self._handle)
         if err:
             fail(self._backend, err, "cuEventSynchronize", self._ctx)
-        if _trace.sinks:
-            _trace.emit("sync_event", self._ctx, None, event=self)
 
     @property
     def done(self) -> bool:

@@ -273,11 +273,11 @@ class Stream(Resource):
         if _lifetimes.capturing:
             _lifetimes.refuse_in_capture("Stream.synchronize", stream=self)
         held = _lifetimes.marks(ctx._key, self._key) if _lifetimes._queues else None
+        if _trace.sinks:  # before the wait: what other threads queue meanwhile is not seen
+            _trace.emit("sync_stream", ctx, self)
         (err,) = self._sync(self._handle)
         if err:
             fail(self._backend, err, "cuStreamSynchronize", ctx)
-        if _trace.sinks:
-            _trace.emit("sync_stream", ctx, self)
         if held is not None:
             _lifetimes.idle(held)
         if _lifetimes._failures:

@@ -341,3 +341,34 @@ def test_event_nodes_order_graph_launches(lib):
         race.launch(s2)
     assert [f.kind for f in rc.findings] == ["read-after-write"]
     cuctx.synchronize()
+
+
+@pytest.mark.parametrize("wait", ["stream", "event", "context"])
+def test_work_queued_while_a_synchronize_waits_is_not_counted_as_seen(lib, wait, monkeypatch):
+    """Another thread can queue work while a synchronize waits (the driver call releases the
+    GIL): the host has not seen that work finish, so a read unordered after it is a race."""
+    s1, s2 = cuctx.Stream(), cuctx.Stream()
+    x = cuctx.zeros(N, np.float32, stream=s1)
+    out = cuctx.zeros(1, np.float32, stream=s2)
+    cuctx.synchronize()
+    event = s1.record()
+    owner, name, synchronize = {
+        "stream": (s1, "_sync", s1.synchronize),
+        "event": (cuctx.backend().driver, "cuEventSynchronize", event.synchronize),
+        "context": (cuctx.backend().driver, "cuCtxSynchronize", cuctx.synchronize),
+    }[wait]
+    real = getattr(owner, name)
+
+    def waiting_while_another_thread_writes(*args):
+        result = real(*args)
+        lib["init"][4, 256, 0, s1](x, 2.0, N)
+        s1.record(event)  # (recorded again, after that write)
+        return result
+
+    with cuctx.racecheck("collect") as rc:
+        monkeypatch.setattr(owner, name, waiting_while_another_thread_writes)
+        synchronize()
+        monkeypatch.undo()
+        lib["total"][1, 1, 0, s2](x, out, N)  # unordered after the write
+    assert [f.kind for f in rc.findings] == ["read-after-write"]
+    cuctx.synchronize()
