@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from .context import Context
 
 HOLD_CHECK = 64  # past this many kept objects, ask whether the stream is idle
+_release_lock = threading.Lock()  # see StreamQueue.release_to
 
 
 class Owner:
@@ -104,18 +105,25 @@ class StreamQueue(Owner):
 
     def release_to(self, mark: int) -> None:
         """Drop the objects kept before ``mark``: the work that used them is done. Objects
-        kept since (by another thread while the driver waited) stay."""
-        count = mark - self._released
-        if count > 0:
+        kept since (by another thread while the driver waited) stay. Two threads' waits may
+        release at once: the count and the cut are made under a lock (`keep` appends without
+        one; `mark`, read meanwhile, can only come out lower, which keeps more)."""
+        with _release_lock:
+            count = mark - self._released
+            if count <= 0:
+                return
             kept = self._kept
-            dropped = kept[:count]  # their finalizers run once the count is right again
+            dropped = kept[:count]
             del kept[:count]
             self._released = mark
-            del dropped
+        del dropped  # (their finalizers run outside the lock)
 
     def release(self) -> None:
-        self._released += len(self._kept)
-        super().release()
+        with _release_lock:
+            dropped = self._kept[:]
+            self._released += len(dropped)
+            super().release()
+        del dropped
 
 
 class GraphOwner(Owner):
