@@ -13,7 +13,9 @@ frame outside cuctx: kept as ``where``, (code, instruction offset), and put as (
 function) in ``site`` only when asked, since a line number costs a walk of the code's line
 table). Sinks are called on the submitting thread, after the operation was enqueued; a
 synchronize is announced as its wait begins, so that what other threads enqueue while it
-waits comes after it (a query, answered done, after it answered). A sink that raises makes
+waits comes after it (a query, answered done, after it answered), and a free before the driver
+frees the memory, so that another thread's allocation of the same memory comes after it. A
+sink that raises makes
 the call raise (a checker in "raise" mode does that).
 """
 
@@ -36,6 +38,7 @@ KINDS = frozenset(
     {
         "alloc",  # accesses: the new allocation (mode w); stream: where it is ordered
         "free",  # accesses: the allocation freed; stream: where the free is ordered
+        #          (announced before the driver frees it)
         "copy",  # accesses: source (r) and destination (w); host sides have device=None
         "memset",  # accesses: the range written (w)
         "launch",  # accesses: pointer arguments (mode from annotation, const, else rw)

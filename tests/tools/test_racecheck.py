@@ -372,3 +372,30 @@ def test_work_queued_while_a_synchronize_waits_is_not_counted_as_seen(lib, wait,
         lib["total"][1, 1, 0, s2](x, out, N)  # unordered after the write
     assert [f.kind for f in rc.findings] == ["read-after-write"]
     cuctx.synchronize()
+
+
+def test_memory_another_thread_is_given_while_a_free_runs_is_its_own(lib, monkeypatch):
+    """The driver may hand freed memory to another thread's allocation as soon as the free
+    is queued; the free is announced before, so the checker does not take the new array's
+    memory for the freed one (a use after free on every use of it)."""
+    from cuctx.memory import _alloc
+
+    s = cuctx.Stream()
+    x = cuctx.zeros(N, np.float32, stream=s)
+    freed, given = x.ptr, {}
+    real = _alloc._driver_free
+
+    def freeing_while_another_thread_allocates(*args):
+        err = real(*args)
+        given["y"] = cuctx.empty(N, np.float32, stream=s)
+        return err
+
+    with cuctx.racecheck("collect") as rc:
+        monkeypatch.setattr(_alloc, "_driver_free", freeing_while_another_thread_allocates)
+        del x
+        monkeypatch.undo()
+        y = given["y"]
+        lib["init"][4, 256, 0, s](y, 1.0, N)
+        assert y.to_host(stream=s).tolist() == [1.0] * N
+    assert y.ptr == freed  # (the memory was handed on, as the driver does on one stream)
+    assert rc.findings == []

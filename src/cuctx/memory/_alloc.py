@@ -150,18 +150,30 @@ def _release(ptr: int, nbytes: int, stream: Stream, recorded: list[Stream], pool
     for other in recorded:
         if other._ctx._state is ACTIVE:
             stream.wait(other)  # the free is queued after that stream's work so far
-    # At garbage collection there is no caller to raise to: a refusal (the context faulted
-    # unnoticed) is for the teardown to handle (`_free_live`).
+    # Announced before the driver frees it: from then on another thread may be given the
+    # same memory and announce its allocation, which the trace must see after this free (a
+    # free announced after it would retire the new array's memory in the race checker). A
+    # refused free is a fault of the context, which ends its use anyway. A sink that raises
+    # does not keep the memory from being freed.
+    try:
+        if _trace.sinks:
+            _trace.emit("free", ctx, stream, (_trace.Access(ptr, nbytes, _trace.WRITE),))
+    finally:
+        # At garbage collection there is no caller to raise to: a refusal (the context
+        # faulted unnoticed) is for the teardown to handle (`_free_live`).
+        err = _driver_free(ctx, stream, ptr)
+        if pool is not None:  # its destroy waits for this free (`_pool_lifetime._destroy`)
+            pool._queued_free(ctx)
+    return not err
+
+
+def _driver_free(ctx, stream: Stream, ptr: int) -> int:
+    """cuMemFreeAsync of ``ptr`` on ``stream``, in C where the backend has it; the error."""
     native = stream._backend.native
     if native is not None and not in_host_function:
-        err = native.mem_free(ctx, stream, ptr)
-    else:
-        (err,) = stream._call(stream._backend.driver.cuMemFreeAsync, ptr, stream._handle)
-    if pool is not None:  # its destroy waits for this free (`_pool_lifetime._destroy`)
-        pool._queued_free(ctx)
-    if not err and _trace.sinks:
-        _trace.emit("free", ctx, stream, (_trace.Access(ptr, nbytes, _trace.WRITE),))
-    return not err
+        return native.mem_free(ctx, stream, ptr)
+    (err,) = stream._call(stream._backend.driver.cuMemFreeAsync, ptr, stream._handle)
+    return err
 
 
 # Whether a MemoryPool of host memory (location="host") was made in this process: until one
