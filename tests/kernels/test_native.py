@@ -297,6 +297,24 @@ def test_cuctx_current_stream_is_found_in_c_as_the_python_path_finds_it(native, 
     other.destroy()
 
 
+def test_a_block_of_a_stream_subclass_makes_it_current_on_both_paths(native):
+    """`with s:` of a Stream subclass makes s the current stream, on the compiled path as on
+    the Python path, also once the context's legacy stream exists (the compiled lookup's
+    answer when the thread has no block)."""
+
+    class MyStream(cuctx.Stream):
+        pass
+
+    cuctx.legacy_stream()
+    s = MyStream()
+    with s:
+        compiled = cuctx.current_stream()
+        with python_paths(cuctx.backend()):
+            checked = cuctx.current_stream()
+    assert compiled is s and checked is s
+    assert cuctx.current_stream() is cuctx.legacy_stream()
+
+
 @requires_fast_paths
 @pytest.mark.parametrize("kind", [{"cooperative": True}, {"cluster": 2}])
 def test_cluster_and_cooperative_launches_take_the_compiled_path(lib, native, kind):

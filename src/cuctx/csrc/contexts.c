@@ -271,7 +271,9 @@ PyObject *current_stream(PyObject *backend, PyObject *ctx, int any_context)
     PyObject *stack = PyDict_GetItemWithError(streams, SLOT(ctx, L.device));
     if (stack != NULL && PyList_CheckExact(stack) && PyList_GET_SIZE(stack) > 0) {
         PyObject *top = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
-        if (Py_IS_TYPE(top, L.Stream) && (any_context || SLOT(top, L.ctx) == ctx))
+        if (!Py_IS_TYPE(top, L.Stream))
+            return NULL; /* a subclass's block: the Python path (not the default stream) */
+        if (any_context || SLOT(top, L.ctx) == ctx)
             return top;
     }
     PyObject *defaults = SLOT(ctx, L.default_streams);
