@@ -315,6 +315,28 @@ def test_a_block_of_a_stream_subclass_makes_it_current_on_both_paths(native):
     assert cuctx.current_stream() is cuctx.legacy_stream()
 
 
+def test_the_compiled_lookup_finds_a_primary_context_made_again_after_a_reset(native, monkeypatch):
+    """A device reset destroys its primary context, and the next one may get the same handle
+    (it does on the sim): the compiled lookup of the current stream finds the new context,
+    not the destroyed one it had found before, which sent every later lookup to the Python
+    path."""
+    device = cuctx.Device(0)
+    with device:
+        cuctx.current_stream()
+    device.reset()
+    resolve = cuctx.stream.resolve_stream
+    asked = []
+    monkeypatch.setattr(
+        cuctx.stream, "resolve_stream", lambda *a, **k: asked.append(a) or resolve(*a, **k)
+    )
+    with device:
+        cuctx.current_stream()  # (the Python path makes the new context's default stream)
+        asked.clear()
+        found = cuctx.current_stream()
+        legacy = cuctx.legacy_stream()
+    assert asked == [] and found is legacy and legacy.context.state == "active"
+
+
 @requires_fast_paths
 @pytest.mark.parametrize("kind", [{"cooperative": True}, {"cluster": 2}])
 def test_cluster_and_cooperative_launches_take_the_compiled_path(lib, native, kind):

@@ -210,7 +210,9 @@ PyObject *device_exit(PyObject *const *args, Py_ssize_t nargs)
 
 /* The context whose handle the driver called current last time (a strong reference): most
  * programs work in one context, so the handle -> Context lookup (a WeakValueDictionary in
- * Python) is made once. Verified by handle and backend at every use. */
+ * Python) is made once. Verified by handle, backend and state at every use: a context made
+ * after one was destroyed may get its handle (a device's primary context after a reset
+ * does), and is then looked up again. */
 static PyObject *known_ctx;
 
 /* The calling thread's current context of ``backend`` (borrowed, valid until Python code
@@ -228,7 +230,8 @@ static PyObject *current_context(PyObject *backend, Driver *d)
     if (current == NULL)
         return NULL;
     PyObject *ctx = known_ctx;
-    if (ctx == NULL || key_of(ctx) != current || SLOT(ctx, L.backend) != backend) {
+    if (ctx == NULL || key_of(ctx) != current || SLOT(ctx, L.backend) != backend
+            || SLOT(ctx, L.state) != L.ACTIVE) {
         PyObject *contexts = PyObject_GetAttr(backend, S_contexts);
         PyObject *key = PyLong_FromVoidPtr(current);
         ctx = contexts && key ? PyObject_GetItem(contexts, key) : NULL;
