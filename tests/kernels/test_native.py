@@ -5,6 +5,7 @@ off. Sim and GPU (on the sim the compiled code runs too and ends in the sim's dr
 
 from __future__ import annotations
 
+import gc
 import inspect
 import threading
 
@@ -335,6 +336,19 @@ def test_the_compiled_lookup_finds_a_primary_context_made_again_after_a_reset(na
         found = cuctx.current_stream()
         legacy = cuctx.legacy_stream()
     assert asked == [] and found is legacy and legacy.context.state == "active"
+
+
+@pytest.mark.primary_unheld
+def test_the_compiled_lookup_keeps_no_context_alive(native):
+    """The compiled lookup remembers the context it found last without holding it: once the
+    program lets go of the primary context it found, the primary context is released."""
+    device = cuctx.Device(0)
+    with device:
+        cuctx.current_stream()  # (the Python path makes the default stream)
+        assert cuctx.current_stream().context is device.primary_context  # (found in C)
+    gc.collect()
+    err, _, active = device._backend.driver.cuDevicePrimaryCtxGetState(device._handle)
+    assert not err and not active
 
 
 @requires_fast_paths

@@ -208,11 +208,12 @@ PyObject *device_exit(PyObject *const *args, Py_ssize_t nargs)
 
 /* -- the current stream, as resolve_stream(None, ctx) finds it ---------------------------- */
 
-/* The context whose handle the driver called current last time (a strong reference): most
+/* A weak reference to the context whose handle the driver called current last time: most
  * programs work in one context, so the handle -> Context lookup (a WeakValueDictionary in
- * Python) is made once. Verified by handle, backend and state at every use: a context made
- * after one was destroyed may get its handle (a device's primary context after a reset
- * does), and is then looked up again. */
+ * Python) is made once. Weak, so that it keeps no context alive (a primary context is
+ * released when its last Context goes). Verified by handle, backend and state at every
+ * use: a context made after one was destroyed may get its handle (a device's primary
+ * context after a reset does), and is then looked up again. */
 static PyObject *known_ctx;
 
 /* The calling thread's current context of ``backend`` (borrowed, valid until Python code
@@ -229,21 +230,23 @@ static PyObject *current_context(PyObject *backend, Driver *d)
     }
     if (current == NULL)
         return NULL;
-    PyObject *ctx = known_ctx;
-    if (ctx == NULL || key_of(ctx) != current || SLOT(ctx, L.backend) != backend
-            || SLOT(ctx, L.state) != L.ACTIVE) {
+    PyObject *ctx = known_ctx ? PyWeakref_GetObject(known_ctx) : NULL;
+    if (ctx == NULL || !Py_IS_TYPE(ctx, L.Context) || key_of(ctx) != current
+            || SLOT(ctx, L.backend) != backend || SLOT(ctx, L.state) != L.ACTIVE) {
         PyObject *contexts = PyObject_GetAttr(backend, S_contexts);
         PyObject *key = PyLong_FromVoidPtr(current);
         ctx = contexts && key ? PyObject_GetItem(contexts, key) : NULL;
         Py_XDECREF(contexts);
         Py_XDECREF(key);
-        if (ctx == NULL || !Py_IS_TYPE(ctx, L.Context)) {
+        PyObject *ref = ctx && Py_IS_TYPE(ctx, L.Context) ? PyWeakref_NewRef(ctx, NULL) : NULL;
+        Py_XDECREF(ctx); /* (what made it current holds it; code may run: check again) */
+        if (ref == NULL) {
             PyErr_Clear();
-            Py_XDECREF(ctx);
             return NULL;
         }
-        Py_XSETREF(known_ctx, ctx); /* (code may have run: take it as found, then check) */
-        if (key_of(ctx) != current)
+        Py_XSETREF(known_ctx, ref);
+        ctx = PyWeakref_GetObject(ref);
+        if (!Py_IS_TYPE(ctx, L.Context) || key_of(ctx) != current)
             return NULL;
     }
     return SLOT(ctx, L.state) == L.ACTIVE ? ctx : NULL;
