@@ -79,11 +79,15 @@ class Owner:
 
 
 class StreamQueue(Owner):
-    __slots__ = ("capturing", "_released")
+    __slots__ = ("capturing", "_released", "context")
     one_shot = True
 
-    def __init__(self, key: tuple[int, int]) -> None:
+    def __init__(self, key: tuple[int, int], ctx: Context) -> None:
         super().__init__(key)
+        # The Context object whose streams it serves (weakly): its handles may go to another
+        # context once it is destroyed, and a stream of it that is collected later must not
+        # take that context's queue (`_destroy_stream`).
+        self.context = weakref.ref(ctx)
         self.capturing: Any = None  # the capture the stream takes part in: no query meanwhile
         self._released = 0  # kept objects let go so far: `mark` counts every one ever kept
 
@@ -138,7 +142,9 @@ def queue(ctx: Context, stream_key: int) -> StreamQueue:
     key = (ctx._key, stream_key)
     owner = _queues.get(key)
     if owner is None:
-        owner = _queues[key] = StreamQueue(key)
+        owner = _queues[key] = StreamQueue(key, ctx)
+    elif owner.context() is not ctx:  # the handle's next Context object (see below)
+        owner.context = weakref.ref(ctx)
     # Per Context object: a handle outlives a released primary context's object, and the
     # queue filed under it then serves the next object for that handle.
     ctx._on_teardown(forget_context)
@@ -168,10 +174,16 @@ def idle(taken: list[tuple[StreamQueue, int]]) -> None:
 
 def _destroy_stream(drv, handle, ctx: Context) -> None:
     alive = ctx._state != DESTROYED  # else the driver freed it with the context
-    if alive and holds(ctx._key, int(handle)):  # its copies still use host arrays
+    key = (ctx._key, int(handle))
+    owner = _queues.get(key)
+    if owner is not None and owner.context() is not ctx:
+        # Filed for another Context object that got the same handles after this stream's
+        # context went (its own queues went with it): that context's, not this stream's.
+        owner = None
+    if alive and owner is not None and owner._kept:  # its copies still use host arrays
         drv.cuStreamSynchronize(handle)
-    owner = _queues.pop((ctx._key, int(handle)), None)  # before the handle can be reused
     if owner is not None:
+        del _queues[key]  # before the handle can be reused
         owner.release()
     if alive:
         drv.cuStreamDestroy(handle)

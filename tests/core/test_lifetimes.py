@@ -14,6 +14,13 @@ import cuctx
 from cuctx import Context, Stream, _lifetimes
 
 
+class _Standin:
+    """Stands for the Context a queue serves, in tests of a queue alone."""
+
+
+ANY_CONTEXT = _Standin()
+
+
 def test_a_graph_owner_keeps_its_host_functions_for_every_replay():
     owner = _lifetimes.GraphOwner((-1, 7))
     calls = []
@@ -39,7 +46,7 @@ def test_a_graph_host_functions_failures_are_filed_under_its_owner():
 
 
 def test_a_stream_queue_drops_a_host_function_once_it_ran():
-    owner = _lifetimes.StreamQueue((-3, 1))
+    owner = _lifetimes.StreamQueue((-3, 1), ANY_CONTEXT)
     calls = []
     key = owner.add_host_function(calls.append, (1,), False)
     _lifetimes._run_host_func(key)
@@ -50,7 +57,7 @@ def test_a_stream_queue_drops_a_host_function_once_it_ran():
 def test_no_idle_query_while_a_capture_is_active(monkeypatch):
     """A query of any stream invalidates an active capture (global and thread-local modes,
     measured on an H100), so no queue asks while one is active, its own stream's or not."""
-    owner = _lifetimes.StreamQueue((-4, 1))
+    owner = _lifetimes.StreamQueue((-4, 1), ANY_CONTEXT)
 
     def idle():
         raise AssertionError("queried while capturing")
@@ -105,10 +112,34 @@ def test_a_destroyed_context_drops_its_queues(sim):
         stream.synchronize()
 
 
+def test_a_stream_collected_after_its_context_went_leaves_the_next_contexts_queue(sim, monkeypatch):
+    """The driver may give a destroyed context's handles to the next context it makes. A
+    stream of the destroyed one collected later (from a reference cycle, say) must leave the
+    new context's queue alone: taking it let go of a pinned array whose copy was queued."""
+
+    class Pinned:  # (stands for a host array a queued copy reads)
+        pass
+
+    old = Context.create(0)
+    Context.pop()
+    old.destroy()
+    with cuctx.Device(0) as ctx:
+        stream = Stream()
+        array = Pinned()
+        alive = weakref.ref(array)
+        stream._hold(array)
+        del array
+        monkeypatch.setattr(old, "_key", ctx._key)  # (its handle went to the new context)
+        _lifetimes._destroy_stream(sim.driver, stream._handle, old)  # its stream, late
+        assert _lifetimes.holds(ctx._key, stream._key) and alive() is not None
+        stream.synchronize()
+        assert alive() is None
+
+
 def test_an_idle_query_lets_go_only_of_what_was_kept_before_it():
     """The driver's query releases the GIL: an object another thread keeps meanwhile belongs
     to work the query did not see, and stays."""
-    owner = _lifetimes.StreamQueue((-5, 1))
+    owner = _lifetimes.StreamQueue((-5, 1), ANY_CONTEXT)
     for i in range(_lifetimes.HOLD_CHECK):
         owner.keep(i)
 
