@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import os
+import random
 import sys
 import time
 from collections import Counter, defaultdict
@@ -328,6 +329,32 @@ def busy(stream, ms: float) -> None:
         cuctx.sim.stream_busy(stream, int(ms * 1_000_000))
     else:
         stream.launch_host_func(time.sleep, ms / 1000)
+
+
+# CUCTX_TEST_SHUFFLE=SEED: the tests run in an order shuffled by the integer SEED (the same
+# order in every process of pytest -n, as xdist requires), to show a test that passes only
+# after or before another. Such orders found state that outlived its test and hid bugs: a
+# stream's queue taken by a late stream of an earlier context with the same handles, and a
+# compiled lookup that kept a destroyed context. The Ray tests are not ready for it: their
+# clusters are set up per module, and a shuffle sets them up again and again.
+_SHUFFLE = os.environ.get("CUCTX_TEST_SHUFFLE")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not _SHUFFLE:
+        return
+    try:
+        seed = int(_SHUFFLE)
+    except ValueError:
+        raise pytest.UsageError(
+            f"CUCTX_TEST_SHUFFLE={_SHUFFLE!r}: give an integer seed (the order it shuffles "
+            "the tests in is the same for the same seed)"
+        ) from None
+    random.Random(seed).shuffle(items)
+
+
+def pytest_report_header(config):
+    return f"tests shuffled: CUCTX_TEST_SHUFFLE={_SHUFFLE}" if _SHUFFLE else None
 
 
 def pytest_collection_finish(session):
