@@ -11,12 +11,12 @@ context and stream, the byte ranges it reads and writes (`Access`), the kernel a
 configuration, the event, the other stream of a wait, and the user's call site (the first
 frame outside cuctx: kept as ``where``, (code, instruction offset), and put as (file, line,
 function) in ``site`` only when asked, since a line number costs a walk of the code's line
-table). Sinks are called on the submitting thread, after the operation was enqueued; a
-synchronize is announced as its wait begins, so that what other threads enqueue while it
-waits comes after it (a query, answered done, after it answered), and a free before the driver
-frees the memory, so that another thread's allocation of the same memory comes after it. A
-sink that raises makes
-the call raise (a checker in "raise" mode does that).
+table). Sinks are called on the submitting thread, after the operation was enqueued, with
+two exceptions: a synchronize is announced as its wait begins, so that what other threads
+enqueue while it waits comes after it (a query, answered done, after it answered); a free is
+announced before the driver frees the memory, so that another thread's allocation of the same
+memory comes after it. A sink that raises makes the call raise (a checker in "raise" mode
+does that).
 """
 
 from __future__ import annotations
